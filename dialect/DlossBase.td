@@ -1,0 +1,95 @@
+// The dloss dialect, its enums and the type constraints its ops share.
+#ifndef DLOSS_BASE_TD
+#define DLOSS_BASE_TD
+
+include "mlir/IR/OpBase.td"
+include "mlir/IR/AttrTypeBase.td"
+include "mlir/IR/EnumAttr.td"
+
+def Dloss_Dialect : Dialect {
+  let name = "dloss";
+  let cppNamespace = "::mlir::dloss";
+  let summary = "Distributed loss functions written as the program one rank runs (SPMD).";
+  let description = [{
+    A `dloss` program is the per-rank program of a data-parallel loss: every
+    rank runs the same function on its own shard of the global batch, and
+    communicates through explicit collectives (`dloss.all_gather`,
+    `dloss.all_reduce`, `dloss.reduce_scatter`, `dloss.broadcast`,
+    `dloss.ring_shift`). The meaning of a loss is the single-device function of
+    the concatenated global batch; the compiler derives its backward pass with
+    exact collective adjoints.
+
+    Tensors are builtin ranked tensors. Batch dimensions are dynamic (`?`)
+    because ranks may hold different numbers of rows; `dloss.dim`,
+    `dloss.shard_offset` and `dloss.global_size` give the sizes at run time.
+
+    Entry points are `func.func` operations carrying these attributes:
+
+    * `dloss.loss` (unit, on the function): a loss entry point. It returns one
+      0-d floating-point tensor, the loss, which must be invariant (equal on
+      every rank).
+    * `dloss.grad_mode = "ddp" | "global"` (on the function, default `"ddp"`):
+      the gradient contract. `ddp` gives rank r `N * dF/dx_r`, so that DDP's
+      gradient average yields the single-device gradient; `global` gives
+      `dF/dx_r` and the full gradient of replicated parameters on every rank.
+    * `dloss.grad` (unit, on a floating-point tensor argument): differentiate
+      the loss with respect to this argument.
+    * `dloss.replicated` (unit, on an argument): the argument holds the same
+      value on every rank (a loss parameter such as a logit scale or ArcFace's
+      class weights). Arguments are varying otherwise.
+  }];
+  let hasConstantMaterializer = 1;
+  let hasOperationAttrVerify = 1;
+  let hasRegionArgAttrVerify = 1;
+  let dependentDialects = ["::mlir::arith::ArithDialect"];
+  let extraClassDeclaration = [{
+    // Attribute names of the entry-point contract (see the dialect description).
+    static constexpr ::llvm::StringLiteral kLossAttrName = "dloss.loss";
+    static constexpr ::llvm::StringLiteral kGradModeAttrName = "dloss.grad_mode";
+    static constexpr ::llvm::StringLiteral kGradAttrName = "dloss.grad";
+    static constexpr ::llvm::StringLiteral kReplicatedAttrName = "dloss.replicated";
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Enums
+//===----------------------------------------------------------------------===//
+
+// Integer-backed enums print as a bare keyword in the ops (`dloss.all_reduce sum`).
+def Dloss_ReduceKindAttr : I32EnumAttr<"ReduceKind", "how values are combined", [
+    I32EnumAttrCase<"sum", 0>,
+    I32EnumAttrCase<"mean", 1>,
+    I32EnumAttrCase<"max", 2>,
+    I32EnumAttrCase<"min", 3>]> {
+  let cppNamespace = "::mlir::dloss";
+}
+
+def Dloss_GatherGradAttr : I32EnumAttr<"GatherGrad",
+    "which gradient flows back through an all_gather", [
+    I32EnumAttrCase<"exact", 0>,
+    I32EnumAttrCase<"local", 1>,
+    I32EnumAttrCase<"none", 2>]> {
+  let cppNamespace = "::mlir::dloss";
+  let description = [{
+    * `exact`: the true adjoint, a `reduce_scatter(sum)` of the cotangent; the
+      gradient equals single-device training on the global batch.
+    * `local`: only the cotangent of this rank's own slot flows back (the
+      TorchMetrics / OpenCLIP "put the local tensor back" behaviour). Differs
+      from single-device training; the compiler warns.
+    * `none`: no gradient flows back. Differs from single-device training; the
+      compiler warns.
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Type constraints
+//===----------------------------------------------------------------------===//
+
+def Dloss_FloatTensor : RankedTensorOf<[AnyFloat]>;
+def Dloss_IntTensor : RankedTensorOf<[AnySignlessInteger]>;
+def Dloss_NumTensor : RankedTensorOf<[AnyFloat, AnySignlessInteger]>;
+
+class Dloss_Op<string mnemonic, list<Trait> traits = []>
+    : Op<Dloss_Dialect, mnemonic, traits>;
+
+#endif // DLOSS_BASE_TD

@@ -1,0 +1,113 @@
+// The dloss dialect: registration, constant materialization and the entry-point attribute rules.
+#include "dialect/DlossOps.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/DialectImplementation.h"
+#include "mlir/Interfaces/FunctionInterfaces.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+using namespace mlir;
+using namespace mlir::dloss;
+
+#include "dialect/DlossOpsDialect.cpp.inc"
+
+#include "dialect/DlossEnums.cpp.inc"
+
+void DlossDialect::initialize() {
+  addOperations<
+#define GET_OP_LIST
+#include "dialect/DlossOps.cpp.inc"
+      >();
+}
+
+Operation *DlossDialect::materializeConstant(OpBuilder &builder, Attribute value,
+                                             Type type, Location loc) {
+  return arith::ConstantOp::materialize(builder, value, type, loc);
+}
+
+static constexpr StringLiteral kKnownAttrs =
+    "dloss knows dloss.loss and dloss.grad_mode on functions, dloss.grad and "
+    "dloss.replicated on arguments";
+
+static bool isScalarFloatTensor(Type type) {
+  auto tensor = dyn_cast<RankedTensorType>(type);
+  return tensor && tensor.getRank() == 0 &&
+         isa<FloatType>(tensor.getElementType());
+}
+
+LogicalResult DlossDialect::verifyOperationAttribute(Operation *op,
+                                                     NamedAttribute attr) {
+  StringRef name = attr.getName().getValue();
+  if (name == kLossAttrName) {
+    if (!isa<UnitAttr>(attr.getValue()))
+      return op->emitError() << "'" << name << "' is a unit attribute; write `"
+                             << name << "` without a value";
+    auto func = dyn_cast<FunctionOpInterface>(op);
+    if (!func)
+      return op->emitError() << "'" << name
+                             << "' marks a loss entry point and belongs on a "
+                                "func.func, not on '"
+                             << op->getName() << "'";
+    if (func.isExternal())
+      return op->emitError() << "loss entry point @" << func.getName()
+                             << " has no body; a dloss.loss function must "
+                                "define the per-rank program";
+    ArrayRef<Type> results = func.getResultTypes();
+    if (results.size() != 1 || !isScalarFloatTensor(results.front()))
+      return op->emitError()
+             << "loss entry point @" << func.getName()
+             << " must return exactly one 0-d floating-point tensor (the loss), "
+                "got ("
+             << results << "); reduce the loss to a scalar with dloss.reduce "
+                           "and dloss.all_reduce";
+    return success();
+  }
+  if (name == kGradModeAttrName) {
+    auto mode = dyn_cast<StringAttr>(attr.getValue());
+    if (!mode || (mode.getValue() != "ddp" && mode.getValue() != "global"))
+      return op->emitError() << "'" << name
+                             << "' must be \"ddp\" or \"global\", got "
+                             << attr.getValue();
+    if (!op->hasAttr(kLossAttrName))
+      return op->emitError() << "'" << name
+                             << "' only applies to a loss entry point; add `"
+                             << kLossAttrName << "` to the function";
+    return success();
+  }
+  if (name == kGradAttrName || name == kReplicatedAttrName)
+    return op->emitError() << "'" << name
+                           << "' belongs on a function argument, not on '"
+                           << op->getName() << "'";
+  return op->emitError() << "unknown attribute '" << name << "'; "
+                         << kKnownAttrs;
+}
+
+LogicalResult DlossDialect::verifyRegionArgAttribute(Operation *op,
+                                                     unsigned regionIndex,
+                                                     unsigned argIndex,
+                                                     NamedAttribute attr) {
+  StringRef name = attr.getName().getValue();
+  if (name != kGradAttrName && name != kReplicatedAttrName)
+    return op->emitError() << "unknown argument attribute '" << name
+                           << "' on argument " << argIndex << "; "
+                           << kKnownAttrs;
+  if (!isa<UnitAttr>(attr.getValue()))
+    return op->emitError() << "'" << name << "' on argument " << argIndex
+                           << " is a unit attribute; write `" << name
+                           << "` without a value";
+  if (name == kGradAttrName) {
+    if (!op->hasAttr(kLossAttrName))
+      return op->emitError() << "'" << name << "' on argument " << argIndex
+                             << " needs a loss entry point; add `"
+                             << kLossAttrName << "` to the function";
+    auto func = dyn_cast<FunctionOpInterface>(op);
+    Type type = func ? func.getArgumentTypes()[argIndex] : Type();
+    auto tensor = dyn_cast_or_null<RankedTensorType>(type);
+    if (!tensor || !isa<FloatType>(tensor.getElementType()))
+      return op->emitError() << "'" << name << "' on argument " << argIndex
+                             << " of type " << type
+                             << ": only floating-point tensors have gradients";
+  }
+  return success();
+}

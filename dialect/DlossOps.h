@@ -1,0 +1,20 @@
+// The dloss dialect: declarations of the dialect, its enums, attributes and ops.
+#ifndef DLOSS_DIALECT_DLOSSOPS_H
+#define DLOSS_DIALECT_DLOSSOPS_H
+
+#include "mlir/Bytecode/BytecodeOpInterface.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/Dialect.h"
+#include "mlir/IR/OpDefinition.h"
+#include "mlir/IR/OpImplementation.h"
+#include "mlir/Interfaces/InferTypeOpInterface.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+
+#include "dialect/DlossOpsDialect.h.inc"
+
+#include "dialect/DlossEnums.h.inc"
+
+#define GET_OP_CLASSES
+#include "dialect/DlossOps.h.inc"
+
+#endif // DLOSS_DIALECT_DLOSSOPS_H

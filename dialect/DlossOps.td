@@ -1,0 +1,417 @@
+// Operations of the dloss dialect: collectives, rank facts and compute.
+#ifndef DLOSS_OPS_TD
+#define DLOSS_OPS_TD
+
+include "dialect/DlossBase.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+
+//===----------------------------------------------------------------------===//
+// Collectives. None is Pure: a collective must never be CSE'd, hoisted or
+// dropped, or the ranks could disagree on which collectives they run.
+//===----------------------------------------------------------------------===//
+
+def Dloss_AllGatherOp : Dloss_Op<"all_gather",
+    [InferTypeOpAdaptor]> {
+  let summary = "concatenates every rank's tensor along an axis";
+  let description = [{
+    Every rank contributes its local tensor; every rank receives the
+    concatenation in rank order along `axis`. Ranks may contribute different
+    sizes along `axis` (uneven batches); all other dimensions must agree. The
+    result is invariant (equal on every rank) and its `axis` dimension is
+    dynamic.
+
+    `grad` selects the gradient that flows back: `exact` (default), `local`
+    or `none` (see the GatherGrad enum below).
+
+    ```mlir
+    %all = dloss.all_gather %text axis 0 : tensor<?x256xf32>
+    %ids = dloss.all_gather %labels axis 0 grad none : tensor<?xi64>
+    ```
+  }];
+  let arguments = (ins Dloss_NumTensor:$input, I64Attr:$axis,
+                   DefaultValuedAttr<Dloss_GatherGradAttr, "GatherGrad::exact">:$grad);
+  let results = (outs Dloss_NumTensor:$result);
+  let assemblyFormat = "$input `axis` $axis (`grad` $grad^)? attr-dict `:` type($input)";
+}
+
+def Dloss_AllReduceOp : Dloss_Op<"all_reduce", [SameOperandsAndResultType]> {
+  let summary = "combines a tensor element-wise across all ranks";
+  let description = [{
+    Every rank receives the element-wise `sum`, `mean`, `max` or `min` of the
+    ranks' tensors, which must all have the same shape. The result is
+    invariant.
+
+    ```mlir
+    %total = dloss.all_reduce sum %local : tensor<f32>
+    ```
+  }];
+  let arguments = (ins Dloss_ReduceKindAttr:$kind, Dloss_NumTensor:$input);
+  let results = (outs Dloss_NumTensor:$result);
+  let assemblyFormat = "$kind $input attr-dict `:` type($input)";
+}
+
+def Dloss_ReduceScatterOp : Dloss_Op<"reduce_scatter",
+    [InferTypeOpAdaptor]> {
+  let summary = "sums a tensor across ranks and keeps this rank's slice";
+  let description = [{
+    The inverse layout of `dloss.all_gather`: every rank holds a tensor whose
+    `axis` dimension is the global size; the ranks' tensors are combined
+    element-wise (`sum` or `mean`) and rank r keeps rows
+    `[offset_r, offset_r + size_r)` along `axis`.
+
+    `size` is this rank's slice length. The slices of all ranks must add up to
+    the `axis` dimension of the input; the runtime exchanges the sizes. Without
+    `size` the axis is split evenly (it must divide by the number of ranks).
+    The adjoint of an `all_gather` of `%x` is a `reduce_scatter` with
+    `size = dloss.dim %x`, so uneven batches round-trip exactly.
+
+    ```mlir
+    %n = dloss.dim %x axis 0 : tensor<?x256xf32>
+    %mine = dloss.reduce_scatter sum %ct axis 0 size %n : tensor<?x256xf32>
+    ```
+  }];
+  let arguments = (ins Dloss_ReduceKindAttr:$kind, Dloss_NumTensor:$input,
+                   I64Attr:$axis, Optional<Index>:$size);
+  let results = (outs Dloss_NumTensor:$result);
+  let assemblyFormat = [{
+    $kind $input `axis` $axis (`size` $size^)? attr-dict `:` type($input)
+  }];
+  let hasVerifier = 1;
+}
+
+def Dloss_BroadcastOp : Dloss_Op<"broadcast", [SameOperandsAndResultType]> {
+  let summary = "sends the root rank's tensor to every rank";
+  let description = [{
+    Every rank receives the tensor held by rank `root`; the other ranks' inputs
+    only provide the shape, which must agree. The result is invariant.
+
+    ```mlir
+    %w0 = dloss.broadcast %w root 0 : tensor<1000x256xf32>
+    ```
+  }];
+  let arguments = (ins Dloss_NumTensor:$input, I64Attr:$root);
+  let results = (outs Dloss_NumTensor:$result);
+  let assemblyFormat = "$input `root` $root attr-dict `:` type($input)";
+  let hasVerifier = 1;
+}
+
+def Dloss_RingShiftOp : Dloss_Op<"ring_shift", [SameOperandsAndResultType]> {
+  let summary = "sends a tensor to rank + k and receives rank - k's tensor";
+  let description = [{
+    Rank r sends its tensor to rank `(r + shift) mod N` and receives the tensor
+    of rank `(r - shift) mod N`. This is the step of ring algorithms; tensors
+    of different sizes along dynamic dimensions travel as they are. A shift of
+    0 (or a multiple of N) is the identity.
+
+    ```mlir
+    %next = dloss.ring_shift %chunk by 1 : tensor<?x256xf32>
+    ```
+  }];
+  let arguments = (ins Dloss_NumTensor:$input, I64Attr:$shift);
+  let results = (outs Dloss_NumTensor:$result);
+  let assemblyFormat = "$input `by` $shift attr-dict `:` type($input)";
+  let hasFolder = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Rank facts
+//===----------------------------------------------------------------------===//
+
+def Dloss_RankOp : Dloss_Op<"rank", [Pure]> {
+  let summary = "this rank's index in [0, world_size)";
+  let description = [{
+    ```mlir
+    %r = dloss.rank
+    ```
+    Varying: code whose control flow depends on it must not contain
+    collectives.
+  }];
+  let results = (outs Index:$result);
+  let assemblyFormat = "attr-dict";
+}
+
+def Dloss_WorldSizeOp : Dloss_Op<"world_size", [Pure]> {
+  let summary = "the number of ranks";
+  let description = [{
+    ```mlir
+    %n = dloss.world_size
+    ```
+  }];
+  let results = (outs Index:$result);
+  let assemblyFormat = "attr-dict";
+}
+
+class Dloss_AxisSizeOp<string mnemonic, string summaryText, string descriptionText>
+    : Dloss_Op<mnemonic, [Pure]> {
+  let summary = summaryText;
+  let description = descriptionText;
+  let arguments = (ins AnyRankedTensor:$input, I64Attr:$axis);
+  let results = (outs Index:$result);
+  let assemblyFormat = "$input `axis` $axis attr-dict `:` type($input)";
+  let hasVerifier = 1;
+}
+
+def Dloss_DimOp : Dloss_AxisSizeOp<"dim", "this rank's size along an axis", [{
+    The local size of `axis`; folds to a constant when the dimension is static.
+
+    ```mlir
+    %n = dloss.dim %x axis 0 : tensor<?x256xf32>
+    ```
+  }]> {
+  let hasFolder = 1;
+}
+
+def Dloss_ShardOffsetOp : Dloss_AxisSizeOp<"shard_offset",
+    "the sum of the sizes of the lower ranks along an axis", [{
+    Where this rank's rows start in the global batch: the sum over ranks
+    `0 .. rank-1` of their sizes along `axis`. Use it, never `n * rank`, to
+    label positives: it is right for uneven batches.
+
+    ```mlir
+    %off = dloss.shard_offset %x axis 0 : tensor<?x256xf32>
+    ```
+  }]>;
+
+def Dloss_GlobalSizeOp : Dloss_AxisSizeOp<"global_size",
+    "the sum over all ranks of the sizes along an axis", [{
+    The size of the global batch along `axis` (invariant).
+
+    ```mlir
+    %b = dloss.global_size %x axis 0 : tensor<?x256xf32>
+    ```
+  }]>;
+
+//===----------------------------------------------------------------------===//
+// Compute
+//===----------------------------------------------------------------------===//
+
+def Dloss_MatmulOp : Dloss_Op<"matmul",
+    [Pure, InferTypeOpAdaptor]> {
+  let summary = "matrix product of two 2-D tensors, either transposed";
+  let description = [{
+    `op(lhs) x op(rhs)` where `op` transposes its operand when
+    `transpose_lhs` / `transpose_rhs` is set. Both operands are 2-D with the
+    same element type; their inner dimensions must agree when static.
+
+    ```mlir
+    %logits = dloss.matmul %img, %txt_all transpose_rhs
+        : tensor<?x256xf32>, tensor<?x256xf32>
+    ```
+  }];
+  let arguments = (ins Dloss_FloatTensor:$lhs, Dloss_FloatTensor:$rhs,
+                   UnitAttr:$transpose_lhs, UnitAttr:$transpose_rhs);
+  let results = (outs Dloss_FloatTensor:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs (`transpose_lhs` $transpose_lhs^)? (`transpose_rhs` $transpose_rhs^)?
+    attr-dict `:` type($lhs) `,` type($rhs)
+  }];
+}
+
+// Element-wise ops with 0-d broadcasting.
+class Dloss_BinaryOp<string mnemonic, Type operandType, string what>
+    : Dloss_Op<mnemonic, [Pure, InferTypeOpAdaptor]> {
+  let summary = "element-wise " # what;
+  let description = [{
+    Element-wise on operands of the same shape and element type; a 0-d operand
+    is broadcast to the other's shape.
+
+    ```mlir
+    %y = dloss.}] # mnemonic # [{ %a, %b : tensor<?x?xf32>, tensor<f32>
+    ```
+  }];
+  let arguments = (ins operandType:$lhs, operandType:$rhs);
+  let results = (outs operandType:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs)";
+}
+
+def Dloss_AddOp : Dloss_BinaryOp<"add", Dloss_NumTensor, "addition">;
+def Dloss_SubOp : Dloss_BinaryOp<"sub", Dloss_NumTensor, "subtraction">;
+def Dloss_MulOp : Dloss_BinaryOp<"mul", Dloss_NumTensor, "multiplication">;
+def Dloss_DivOp : Dloss_BinaryOp<"div", Dloss_FloatTensor, "division">;
+
+class Dloss_UnaryOp<string mnemonic, string what, list<Trait> traits = []>
+    : Dloss_Op<mnemonic, !listconcat([Pure, SameOperandsAndResultType], traits)> {
+  let summary = "element-wise " # what;
+  let description = [{
+    ```mlir
+    %y = dloss.}] # mnemonic # [{ %x : tensor<?x?xf32>
+    ```
+  }];
+  let arguments = (ins Dloss_FloatTensor:$input);
+  let results = (outs Dloss_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input)";
+}
+
+def Dloss_NegOp : Dloss_UnaryOp<"neg", "negation">;
+def Dloss_ExpOp : Dloss_UnaryOp<"exp", "exponential">;
+def Dloss_LogOp : Dloss_UnaryOp<"log", "natural logarithm">;
+def Dloss_SoftplusOp : Dloss_UnaryOp<"softplus", "softplus, log(1 + exp(x)), computed stably">;
+def Dloss_LogSigmoidOp : Dloss_UnaryOp<"log_sigmoid", "log-sigmoid, -softplus(-x), computed stably">;
+def Dloss_CosOp : Dloss_UnaryOp<"cos", "cosine">;
+def Dloss_AcosOp : Dloss_UnaryOp<"acos", "arc cosine (clamp the input into [-1, 1] first)">;
+
+def Dloss_ClampOp : Dloss_Op<"clamp", [Pure, SameOperandsAndResultType]> {
+  let summary = "element-wise clamp into [min, max]";
+  let description = [{
+    Either bound may be omitted, not both. The gradient is zero where the input
+    was clamped. ArcFace clamps cosines before `dloss.acos`:
+
+    ```mlir
+    %c = dloss.clamp %cos min -0.9999999 max 0.9999999 : tensor<?xf32>
+    ```
+  }];
+  let arguments = (ins Dloss_FloatTensor:$input, OptionalAttr<F64Attr>:$min,
+                   OptionalAttr<F64Attr>:$max);
+  let results = (outs Dloss_FloatTensor:$result);
+  let assemblyFormat = "$input (`min` $min^)? (`max` $max^)? attr-dict `:` type($input)";
+  let hasVerifier = 1;
+}
+
+def Dloss_CastOp : Dloss_Op<"cast", [Pure]> {
+  let summary = "converts element types, or an index into a 0-d tensor";
+  let description = [{
+    Converts a tensor to another element type of the same shape, or an `index`
+    (such as `dloss.global_size`) into a 0-d tensor, for example to divide a
+    sum by the global batch size.
+
+    ```mlir
+    %h = dloss.cast %x : tensor<?x256xf32> to tensor<?x256xbf16>
+    %b = dloss.cast %n : index to tensor<f32>
+    ```
+  }];
+  let arguments = (ins AnyTypeOf<[Dloss_NumTensor, Index]>:$input);
+  let results = (outs Dloss_NumTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `to` type($result)";
+  let hasVerifier = 1;
+  let hasFolder = 1;
+}
+
+def Dloss_L2NormalizeOp : Dloss_Op<"l2_normalize", [Pure, SameOperandsAndResultType]> {
+  let summary = "divides by the L2 norm along an axis";
+  let description = [{
+    `x / max(||x||_2, eps)` along `axis` (as `torch.nn.functional.normalize`).
+
+    ```mlir
+    %u = dloss.l2_normalize %x axis 1 : tensor<?x256xf32>
+    %v = dloss.l2_normalize %x axis 1 eps 1.0e-06 : tensor<?x256xf32>
+    ```
+  }];
+  let arguments = (ins Dloss_FloatTensor:$input, I64Attr:$axis,
+                   DefaultValuedAttr<F64Attr, "1.0e-12">:$eps);
+  let results = (outs Dloss_FloatTensor:$result);
+  let assemblyFormat = "$input `axis` $axis (`eps` $eps^)? attr-dict `:` type($input)";
+  let hasVerifier = 1;
+}
+
+def Dloss_ReduceOp : Dloss_Op<"reduce",
+    [Pure, InferTypeOpAdaptor]> {
+  let summary = "reduces a tensor over some of its axes on this rank";
+  let description = [{
+    Local reduction (`sum`, `mean`, `max`, `min`) over `axes`, which are
+    removed from the result. For a global reduction follow it with
+    `dloss.all_reduce`.
+
+    ```mlir
+    %s = dloss.reduce sum %x axes [0, 1] : tensor<?x?xf32>
+    ```
+  }];
+  let arguments = (ins Dloss_ReduceKindAttr:$kind, Dloss_NumTensor:$input,
+                   DenseI64ArrayAttr:$axes);
+  let results = (outs Dloss_NumTensor:$result);
+  let assemblyFormat = "$kind $input `axes` $axes attr-dict `:` type($input)";
+}
+
+def Dloss_LogSumExpOp : Dloss_Op<"logsumexp",
+    [Pure, InferTypeOpAdaptor]> {
+  let summary = "log(sum(exp(x))) along an axis, computed stably";
+  let description = [{
+    The axis is removed from the result.
+
+    ```mlir
+    %lse = dloss.logsumexp %logits axis 1 : tensor<?x?xf32>
+    ```
+  }];
+  let arguments = (ins Dloss_FloatTensor:$input, I64Attr:$axis);
+  let results = (outs Dloss_FloatTensor:$result);
+  let assemblyFormat = "$input `axis` $axis attr-dict `:` type($input)";
+}
+
+def Dloss_TakeAlongOp : Dloss_Op<"take_along",
+    [Pure, InferTypeOpAdaptor]> {
+  let summary = "picks one element per row along an axis";
+  let description = [{
+    `result[i] = input[i, indices[i]]` for `axis = 1` (in general, `indices`
+    has the shape of `input` without `axis` and selects one element along it).
+    Picks the target logit of each row.
+
+    ```mlir
+    %t = dloss.take_along %logits, %labels axis 1 : tensor<?x?xf32>, tensor<?xi64>
+    ```
+  }];
+  let arguments = (ins Dloss_NumTensor:$input, Dloss_IntTensor:$indices, I64Attr:$axis);
+  let results = (outs Dloss_NumTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $indices `axis` $axis attr-dict `:` type($input) `,` type($indices)
+  }];
+}
+
+def Dloss_PutAlongOp : Dloss_Op<"put_along",
+    [Pure, InferTypeOpAdaptor]> {
+  let summary = "replaces one element per row along an axis";
+  let description = [{
+    A copy of `input` with `input[i, indices[i]] = values[i]` for `axis = 1`
+    (in general, `indices` and `values` have the shape of `input` without
+    `axis`). ArcFace and CosFace put the margin-adjusted target logit back this
+    way.
+
+    ```mlir
+    %m = dloss.put_along %cos, %labels, %target axis 1
+        : tensor<?x?xf32>, tensor<?xi64>, tensor<?xf32>
+    ```
+  }];
+  let arguments = (ins Dloss_NumTensor:$input, Dloss_IntTensor:$indices,
+                   Dloss_NumTensor:$values, I64Attr:$axis);
+  let results = (outs Dloss_NumTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $indices `,` $values `axis` $axis attr-dict `:` type($input) `,`
+    type($indices) `,` type($values)
+  }];
+}
+
+def Dloss_ArangeOp : Dloss_Op<"arange", [Pure]> {
+  let summary = "the 1-D tensor start, start + 1, ..., start + count - 1";
+  let description = [{
+    Labels of the positives on this rank are its global row numbers:
+
+    ```mlir
+    %off = dloss.shard_offset %img axis 0 : tensor<?x256xf32>
+    %n = dloss.dim %img axis 0 : tensor<?x256xf32>
+    %labels = dloss.arange %off, %n : tensor<?xi64>
+    ```
+  }];
+  let arguments = (ins Index:$start, Index:$count);
+  let results = (outs Dloss_NumTensor:$result);
+  let assemblyFormat = "$start `,` $count attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Dloss_CrossEntropyOp : Dloss_Op<"cross_entropy",
+    [Pure, InferTypeOpAdaptor]> {
+  let summary = "per-row softmax cross-entropy against integer targets";
+  let description = [{
+    `logsumexp(logits, axis) - take_along(logits, targets, axis)`: one loss per
+    row, not reduced.
+
+    ```mlir
+    %l = dloss.cross_entropy %logits, %labels axis 1 : tensor<?x?xf32>, tensor<?xi64>
+    ```
+  }];
+  let arguments = (ins Dloss_FloatTensor:$logits, Dloss_IntTensor:$targets, I64Attr:$axis);
+  let results = (outs Dloss_FloatTensor:$result);
+  let assemblyFormat = [{
+    $logits `,` $targets `axis` $axis attr-dict `:` type($logits) `,` type($targets)
+  }];
+}
+
+#endif // DLOSS_OPS_TD

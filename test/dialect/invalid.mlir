@@ -1,0 +1,422 @@
+// RUN: dloss-opt %s --split-input-file --verify-diagnostics
+// One case per verifier rule, named after the rule.
+
+// -----
+
+func.func @all_gather_axis_out_of_range(%x: tensor<?x8xf32>) {
+  // expected-error@+1 {{'dloss.all_gather' op axis 2 is out of range for the rank-2 operand 'tensor<?x8xf32>'; axes count from 0}}
+  %0 = dloss.all_gather %x axis 2 : tensor<?x8xf32>
+  return
+}
+
+// -----
+
+func.func @all_gather_negative_axis(%x: tensor<?x8xf32>) {
+  // expected-error@+1 {{'dloss.all_gather' op axis -1 is out of range for the rank-2 operand}}
+  %0 = dloss.all_gather %x axis -1 : tensor<?x8xf32>
+  return
+}
+
+// -----
+
+func.func @all_gather_scalar(%x: tensor<f32>) {
+  // expected-error@+1 {{'dloss.all_gather' op axis 0 is out of range for the rank-0 operand}}
+  %0 = dloss.all_gather %x axis 0 : tensor<f32>
+  return
+}
+
+// -----
+
+func.func @all_gather_unknown_grad(%x: tensor<?x8xf32>) {
+  // expected-error@+1 {{custom op 'dloss.all_gather' expected string or keyword containing one of the following enum values for attribute 'grad' [exact, local, none]}}
+  %0 = dloss.all_gather %x axis 0 grad partial : tensor<?x8xf32>
+  return
+}
+
+// -----
+
+func.func @all_gather_result_type_differs(%x: tensor<4x8xf32>) {
+  // The gathered axis is dynamic: the global size is known only at run time.
+  // expected-error@+2 {{'dloss.all_gather' op inferred type(s) 'tensor<?x8xf32>' are incompatible with return type(s) of operation 'tensor<4x8xf32>'}}
+  // expected-error@+1 {{'dloss.all_gather' op failed to infer returned types}}
+  %0 = "dloss.all_gather"(%x) <{axis = 0 : i64, grad = 0 : i32}> : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  return
+}
+
+// -----
+
+func.func @all_reduce_unknown_kind(%x: tensor<f32>) {
+  // expected-error@+1 {{custom op 'dloss.all_reduce' expected string or keyword containing one of the following enum values for attribute 'kind' [sum, mean, max, min]}}
+  %0 = dloss.all_reduce prod %x : tensor<f32>
+  return
+}
+
+// -----
+
+func.func @all_reduce_result_type_differs(%x: tensor<4xf32>) {
+  // expected-error@+1 {{'dloss.all_reduce' op requires the same type for all operands and results}}
+  %0 = "dloss.all_reduce"(%x) <{kind = 0 : i32}> : (tensor<4xf32>) -> tensor<4xf64>
+  return
+}
+
+// -----
+
+func.func @collective_of_non_tensor(%x: f32) {
+  // expected-error@+1 {{'dloss.all_reduce' op operand #0 must be ranked tensor of floating-point or signless integer values, but got 'f32'}}
+  %0 = "dloss.all_reduce"(%x) <{kind = 0 : i32}> : (f32) -> f32
+  return
+}
+
+// -----
+
+func.func @reduce_scatter_axis_out_of_range(%x: tensor<?xf32>) {
+  // expected-error@+1 {{'dloss.reduce_scatter' op axis 1 is out of range for the rank-1 operand}}
+  %0 = dloss.reduce_scatter sum %x axis 1 : tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @reduce_scatter_kind_not_sum_or_mean(%x: tensor<?xf32>) {
+  // expected-error@+1 {{'dloss.reduce_scatter' op combines with sum or mean, not max; use dloss.all_reduce max and keep this rank's slice}}
+  %0 = dloss.reduce_scatter max %x axis 0 : tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @broadcast_negative_root(%x: tensor<4xf32>) {
+  // expected-error@+1 {{'dloss.broadcast' op root -1 is negative; ranks count from 0}}
+  %0 = dloss.broadcast %x root -1 : tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @dim_axis_out_of_range(%x: tensor<?x8xf32>) {
+  // expected-error@+1 {{'dloss.dim' op axis 2 is out of range for the rank-2 operand}}
+  %0 = dloss.dim %x axis 2 : tensor<?x8xf32>
+  return
+}
+
+// -----
+
+func.func @shard_offset_axis_out_of_range(%x: tensor<?x8xf32>) {
+  // expected-error@+1 {{'dloss.shard_offset' op axis 3 is out of range for the rank-2 operand}}
+  %0 = dloss.shard_offset %x axis 3 : tensor<?x8xf32>
+  return
+}
+
+// -----
+
+func.func @global_size_axis_out_of_range(%x: tensor<f32>) {
+  // expected-error@+1 {{'dloss.global_size' op axis 0 is out of range for the rank-0 operand}}
+  %0 = dloss.global_size %x axis 0 : tensor<f32>
+  return
+}
+
+// -----
+
+func.func @matmul_not_2d(%a: tensor<2x3x4xf32>, %b: tensor<4x5xf32>) {
+  // expected-error@+1 {{'dloss.matmul' op multiplies 2-D tensors, got 'tensor<2x3x4xf32>' and 'tensor<4x5xf32>'}}
+  %0 = dloss.matmul %a, %b : tensor<2x3x4xf32>, tensor<4x5xf32>
+  return
+}
+
+// -----
+
+func.func @matmul_element_types_differ(%a: tensor<2x4xf32>, %b: tensor<4x5xbf16>) {
+  // expected-error@+1 {{'dloss.matmul' op operand element types differ: 'f32' and 'bf16'; insert a dloss.cast}}
+  %0 = dloss.matmul %a, %b : tensor<2x4xf32>, tensor<4x5xbf16>
+  return
+}
+
+// -----
+
+func.func @matmul_inner_dims_differ(%a: tensor<?x256xf32>, %b: tensor<?x512xf32>) {
+  // expected-error@+1 {{'dloss.matmul' op inner dimensions differ: 256 (lhs) vs 512 (rhs, transposed); check the operands or the transpose flags}}
+  %0 = dloss.matmul %a, %b transpose_rhs : tensor<?x256xf32>, tensor<?x512xf32>
+  return
+}
+
+// -----
+
+func.func @matmul_of_integers(%a: tensor<2x4xi32>, %b: tensor<4x5xi32>) {
+  // expected-error@+1 {{'dloss.matmul' op operand #0 must be ranked tensor of floating-point values, but got 'tensor<2x4xi32>'}}
+  %0 = "dloss.matmul"(%a, %b) : (tensor<2x4xi32>, tensor<4x5xi32>) -> tensor<2x5xi32>
+  return
+}
+
+// -----
+
+func.func @elementwise_element_types_differ(%a: tensor<?xf32>, %b: tensor<?xf16>) {
+  // expected-error@+1 {{'dloss.add' op operand element types differ: 'f32' and 'f16'; insert a dloss.cast}}
+  %0 = dloss.add %a, %b : tensor<?xf32>, tensor<?xf16>
+  return
+}
+
+// -----
+
+func.func @elementwise_shapes_differ(%a: tensor<?x4xf32>, %b: tensor<?x8xf32>) {
+  // expected-error@+1 {{'dloss.mul' op operand shapes [?, 4] and [?, 8] differ; element-wise ops broadcast only 0-d operands}}
+  %0 = dloss.mul %a, %b : tensor<?x4xf32>, tensor<?x8xf32>
+  return
+}
+
+// -----
+
+func.func @elementwise_ranks_differ(%a: tensor<?x4xf32>, %b: tensor<4xf32>) {
+  // expected-error@+1 {{'dloss.sub' op operand shapes [?, 4] and [4] differ; element-wise ops broadcast only 0-d operands}}
+  %0 = dloss.sub %a, %b : tensor<?x4xf32>, tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @div_of_integers(%a: tensor<4xi64>) {
+  // expected-error@+1 {{'dloss.div' op operand #0 must be ranked tensor of floating-point values, but got 'tensor<4xi64>'}}
+  %0 = "dloss.div"(%a, %a) : (tensor<4xi64>, tensor<4xi64>) -> tensor<4xi64>
+  return
+}
+
+// -----
+
+func.func @unary_of_integers(%a: tensor<4xi64>) {
+  // expected-error@+1 {{'dloss.exp' op operand #0 must be ranked tensor of floating-point values, but got 'tensor<4xi64>'}}
+  %0 = "dloss.exp"(%a) : (tensor<4xi64>) -> tensor<4xi64>
+  return
+}
+
+// -----
+
+func.func @clamp_without_bounds(%x: tensor<?xf32>) {
+  // expected-error@+1 {{'dloss.clamp' op needs a min, a max or both}}
+  %0 = dloss.clamp %x : tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @clamp_min_above_max(%x: tensor<?xf32>) {
+  // expected-error@+1 {{'dloss.clamp' op min 1.000000e+00 is greater than max -1.000000e+00}}
+  %0 = dloss.clamp %x min 1.0 max -1.0 : tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @cast_index_to_non_scalar(%n: index) {
+  // expected-error@+1 {{'dloss.cast' op casts an index to a 0-d tensor, not to 'tensor<1xf32>'}}
+  %0 = dloss.cast %n : index to tensor<1xf32>
+  return
+}
+
+// -----
+
+func.func @cast_changes_shape(%x: tensor<?x4xf32>) {
+  // expected-error@+1 {{'dloss.cast' op changes only the element type; shapes [?, 4] and [4, 4, 1] differ}}
+  %0 = dloss.cast %x : tensor<?x4xf32> to tensor<4x4x1xf32>
+  return
+}
+
+// -----
+
+func.func @l2_normalize_axis_out_of_range(%x: tensor<?x4xf32>) {
+  // expected-error@+1 {{'dloss.l2_normalize' op axis 2 is out of range for the rank-2 operand}}
+  %0 = dloss.l2_normalize %x axis 2 : tensor<?x4xf32>
+  return
+}
+
+// -----
+
+func.func @l2_normalize_eps_not_positive(%x: tensor<?x4xf32>) {
+  // expected-error@+1 {{'dloss.l2_normalize' op eps must be positive, got 0.000000e+00}}
+  %0 = dloss.l2_normalize %x axis 1 eps 0.0 : tensor<?x4xf32>
+  return
+}
+
+// -----
+
+func.func @reduce_without_axes(%x: tensor<?x4xf32>) {
+  // expected-error@+1 {{'dloss.reduce' op needs at least one axis to reduce}}
+  %0 = dloss.reduce sum %x axes [] : tensor<?x4xf32>
+  return
+}
+
+// -----
+
+func.func @reduce_axis_out_of_range(%x: tensor<?x4xf32>) {
+  // expected-error@+1 {{'dloss.reduce' op axis 2 is out of range for the rank-2 operand}}
+  %0 = dloss.reduce sum %x axes [0, 2] : tensor<?x4xf32>
+  return
+}
+
+// -----
+
+func.func @reduce_axis_twice(%x: tensor<?x4xf32>) {
+  // expected-error@+1 {{'dloss.reduce' op axis 1 is listed twice}}
+  %0 = dloss.reduce mean %x axes [1, 1] : tensor<?x4xf32>
+  return
+}
+
+// -----
+
+func.func @logsumexp_axis_out_of_range(%x: tensor<?xf32>) {
+  // expected-error@+1 {{'dloss.logsumexp' op axis 1 is out of range for the rank-1 operand}}
+  %0 = dloss.logsumexp %x axis 1 : tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @take_along_axis_out_of_range(%x: tensor<?x4xf32>, %i: tensor<?xi64>) {
+  // expected-error@+1 {{'dloss.take_along' op axis 2 is out of range for the rank-2 operand}}
+  %0 = dloss.take_along %x, %i axis 2 : tensor<?x4xf32>, tensor<?xi64>
+  return
+}
+
+// -----
+
+func.func @take_along_indices_shape(%x: tensor<?x4xf32>, %i: tensor<?x4xi64>) {
+  // expected-error@+1 {{'dloss.take_along' op indices must have the shape of the input without axis 1, [?], got [?, 4]}}
+  %0 = dloss.take_along %x, %i axis 1 : tensor<?x4xf32>, tensor<?x4xi64>
+  return
+}
+
+// -----
+
+func.func @take_along_float_indices(%x: tensor<?x4xf32>, %i: tensor<?xf32>) {
+  // expected-error@+1 {{'dloss.take_along' op operand #1 must be ranked tensor of signless integer values, but got 'tensor<?xf32>'}}
+  %0 = "dloss.take_along"(%x, %i) <{axis = 1 : i64}> : (tensor<?x4xf32>, tensor<?xf32>) -> tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @cross_entropy_targets_shape(%x: tensor<8x4xf32>, %t: tensor<7xi64>) {
+  // expected-error@+1 {{'dloss.cross_entropy' op indices must have the shape of the input without axis 1, [8], got [7]}}
+  %0 = dloss.cross_entropy %x, %t axis 1 : tensor<8x4xf32>, tensor<7xi64>
+  return
+}
+
+// -----
+
+func.func @put_along_values_element_type(%x: tensor<?x4xf32>, %i: tensor<?xi64>, %v: tensor<?xf16>) {
+  // expected-error@+1 {{'dloss.put_along' op values have element type 'f16' but the input has 'f32'; insert a dloss.cast}}
+  %0 = dloss.put_along %x, %i, %v axis 1 : tensor<?x4xf32>, tensor<?xi64>, tensor<?xf16>
+  return
+}
+
+// -----
+
+func.func @put_along_values_shape(%x: tensor<?x4xf32>, %i: tensor<?xi64>, %v: tensor<?x4xf32>) {
+  // expected-error@+1 {{'dloss.put_along' op values must have the shape of the input without axis 1, [?], got [?, 4]}}
+  %0 = dloss.put_along %x, %i, %v axis 1 : tensor<?x4xf32>, tensor<?xi64>, tensor<?x4xf32>
+  return
+}
+
+// -----
+
+func.func @arange_not_1d(%s: index, %n: index) {
+  // expected-error@+1 {{'dloss.arange' op produces a 1-D tensor, not 'tensor<?x1xi64>'}}
+  %0 = dloss.arange %s, %n : tensor<?x1xi64>
+  return
+}
+
+// -----
+// Entry-point attributes.
+
+// expected-error@+1 {{'dloss.loss' is a unit attribute; write `dloss.loss` without a value}}
+func.func @loss_attr_not_unit(%x: tensor<f32>) -> tensor<f32> attributes {dloss.loss = true} {
+  return %x : tensor<f32>
+}
+
+// -----
+
+func.func @loss_attr_not_on_function(%x: tensor<f32>) -> tensor<f32> {
+  // expected-error@+1 {{'dloss.loss' marks a loss entry point and belongs on a func.func, not on 'dloss.all_reduce'}}
+  %0 = dloss.all_reduce sum %x {dloss.loss} : tensor<f32>
+  return %0 : tensor<f32>
+}
+
+// -----
+
+// expected-error@+1 {{loss entry point @loss_without_body has no body; a dloss.loss function must define the per-rank program}}
+func.func private @loss_without_body(%x: tensor<f32>) -> tensor<f32> attributes {dloss.loss}
+
+// -----
+
+// expected-error@+1 {{loss entry point @loss_returns_non_scalar must return exactly one 0-d floating-point tensor (the loss), got ('tensor<?xf32>'); reduce the loss to a scalar with dloss.reduce and dloss.all_reduce}}
+func.func @loss_returns_non_scalar(%x: tensor<?xf32>) -> tensor<?xf32> attributes {dloss.loss} {
+  return %x : tensor<?xf32>
+}
+
+// -----
+
+// expected-error@+1 {{loss entry point @loss_returns_two_values must return exactly one 0-d floating-point tensor (the loss)}}
+func.func @loss_returns_two_values(%x: tensor<f32>) -> (tensor<f32>, tensor<f32>) attributes {dloss.loss} {
+  return %x, %x : tensor<f32>, tensor<f32>
+}
+
+// -----
+
+// expected-error@+1 {{loss entry point @loss_returns_integer must return exactly one 0-d floating-point tensor (the loss), got ('tensor<i64>')}}
+func.func @loss_returns_integer(%x: tensor<i64>) -> tensor<i64> attributes {dloss.loss} {
+  return %x : tensor<i64>
+}
+
+// -----
+
+// expected-error@+1 {{'dloss.grad_mode' must be "ddp" or "global", got "mean"}}
+func.func @grad_mode_unknown(%x: tensor<f32>) -> tensor<f32> attributes {dloss.loss, dloss.grad_mode = "mean"} {
+  return %x : tensor<f32>
+}
+
+// -----
+
+// expected-error@+1 {{'dloss.grad_mode' only applies to a loss entry point; add `dloss.loss` to the function}}
+func.func @grad_mode_without_loss(%x: tensor<f32>) -> tensor<f32> attributes {dloss.grad_mode = "ddp"} {
+  return %x : tensor<f32>
+}
+
+// -----
+
+// expected-error@+1 {{'dloss.grad' belongs on a function argument, not on 'func.func'}}
+func.func @grad_attr_on_function(%x: tensor<f32>) -> tensor<f32> attributes {dloss.loss, dloss.grad} {
+  return %x : tensor<f32>
+}
+
+// -----
+
+// expected-error@+1 {{unknown attribute 'dloss.los'; dloss knows dloss.loss and dloss.grad_mode on functions, dloss.grad and dloss.replicated on arguments}}
+func.func @unknown_function_attr(%x: tensor<f32>) -> tensor<f32> attributes {dloss.los} {
+  return %x : tensor<f32>
+}
+
+// -----
+
+// expected-error@+1 {{unknown argument attribute 'dloss.replicate' on argument 0; dloss knows}}
+func.func @unknown_argument_attr(%x: tensor<f32> {dloss.replicate}) -> tensor<f32> attributes {dloss.loss} {
+  return %x : tensor<f32>
+}
+
+// -----
+
+// expected-error@+1 {{'dloss.replicated' on argument 0 is a unit attribute; write `dloss.replicated` without a value}}
+func.func @argument_attr_not_unit(%x: tensor<f32> {dloss.replicated = 1 : i64}) -> tensor<f32> attributes {dloss.loss} {
+  return %x : tensor<f32>
+}
+
+// -----
+
+// expected-error@+1 {{'dloss.grad' on argument 0 needs a loss entry point; add `dloss.loss` to the function}}
+func.func @grad_without_loss(%x: tensor<f32> {dloss.grad}) -> tensor<f32> {
+  return %x : tensor<f32>
+}
+
+// -----
+
+// expected-error@+1 {{'dloss.grad' on argument 1 of type 'tensor<?xi64>': only floating-point tensors have gradients}}
+func.func @grad_of_integer_argument(%x: tensor<f32>, %labels: tensor<?xi64> {dloss.grad}) -> tensor<f32> attributes {dloss.loss} {
+  return %x : tensor<f32>
+}
