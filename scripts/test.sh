@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: install packages, build, run every test (lit + GoogleTest) under ctest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+bash scripts/build.sh
+ctest --test-dir "${DLOSS_BUILD_DIR:-build}" --output-on-failure -j "$(nproc)"
