@@ -5,6 +5,7 @@
 include "mlir/IR/OpBase.td"
 include "mlir/IR/AttrTypeBase.td"
 include "mlir/IR/EnumAttr.td"
+include "dialect/DlossInterfaces.td"
 
 def Dloss_Dialect : Dialect {
   let name = "dloss";
@@ -48,6 +49,8 @@ def Dloss_Dialect : Dialect {
     static constexpr ::llvm::StringLiteral kGradModeAttrName = "dloss.grad_mode";
     static constexpr ::llvm::StringLiteral kGradAttrName = "dloss.grad";
     static constexpr ::llvm::StringLiteral kReplicatedAttrName = "dloss.replicated";
+    // Written by `dloss-infer-replication{annotate}` on any op.
+    static constexpr ::llvm::StringLiteral kReplicationAttrName = "dloss.replication";
   }];
 }
 
@@ -89,7 +92,22 @@ def Dloss_FloatTensor : RankedTensorOf<[AnyFloat]>;
 def Dloss_IntTensor : RankedTensorOf<[AnySignlessInteger]>;
 def Dloss_NumTensor : RankedTensorOf<[AnyFloat, AnySignlessInteger]>;
 
+// Every op has an adjoint rule (dialect/DlossAdjoints.cpp).
+class Dloss_BaseOp<string mnemonic, list<Trait> traits>
+    : Op<Dloss_Dialect, mnemonic,
+         !listconcat(traits, [DeclareOpInterfaceMethods<Dloss_AdjointOpInterface>])>;
+
+// Local computation: its results are invariant when all its operands are.
 class Dloss_Op<string mnemonic, list<Trait> traits = []>
-    : Op<Dloss_Dialect, mnemonic, traits>;
+    : Dloss_BaseOp<mnemonic, !listconcat(traits, [Dloss_ReplicationOpInterface])>;
+
+// Ops with their own replication rule (inferReplication in DlossOps.cpp).
+class Dloss_ReplicationRuleOp<string mnemonic, list<Trait> traits = []>
+    : Dloss_BaseOp<mnemonic, !listconcat(traits,
+        [DeclareOpInterfaceMethods<Dloss_ReplicationOpInterface, ["inferReplication"]>])>;
+
+// Collectives communicate: never Pure, never CSE'd, hoisted or dropped.
+class Dloss_CollectiveOp<string mnemonic, list<Trait> traits = []>
+    : Dloss_ReplicationRuleOp<mnemonic, !listconcat(traits, [Dloss_Collective])>;
 
 #endif // DLOSS_BASE_TD

@@ -14,6 +14,8 @@ using namespace mlir::dloss;
 
 #include "dialect/DlossEnums.cpp.inc"
 
+#include "dialect/DlossInterfaces.cpp.inc"
+
 void DlossDialect::initialize() {
   addOperations<
 #define GET_OP_LIST
@@ -28,7 +30,12 @@ Operation *DlossDialect::materializeConstant(OpBuilder &builder, Attribute value
 
 static constexpr StringLiteral kKnownAttrs =
     "dloss knows dloss.loss and dloss.grad_mode on functions, dloss.grad and "
-    "dloss.replicated on arguments";
+    "dloss.replicated on arguments, dloss.replication on ops";
+
+static bool isReplicationName(Attribute attr) {
+  auto name = dyn_cast<StringAttr>(attr);
+  return name && (name.getValue() == "invariant" || name.getValue() == "varying");
+}
 
 static bool isScalarFloatTensor(Type type) {
   auto tensor = dyn_cast<RankedTensorType>(type);
@@ -73,6 +80,17 @@ LogicalResult DlossDialect::verifyOperationAttribute(Operation *op,
       return op->emitError() << "'" << name
                              << "' only applies to a loss entry point; add `"
                              << kLossAttrName << "` to the function";
+    return success();
+  }
+  if (name == kReplicationAttrName) {
+    auto each = dyn_cast<ArrayAttr>(attr.getValue());
+    bool valid = each ? llvm::all_of(each, isReplicationName)
+                      : isReplicationName(attr.getValue());
+    if (!valid)
+      return op->emitError() << "'" << name
+                             << "' must be \"invariant\" or \"varying\", or "
+                                "an array of them (one per result), got "
+                             << attr.getValue();
     return success();
   }
   if (name == kGradAttrName || name == kReplicatedAttrName)

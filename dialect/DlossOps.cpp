@@ -161,9 +161,41 @@ OpFoldResult RingShiftOp::fold(FoldAdaptor) {
   return {};
 }
 
+// Replication rules of the collectives (the table in DESIGN.md).
+Replication AllGatherOp::inferReplication(ArrayRef<Replication>) {
+  return Replication::Invariant;
+}
+Replication AllReduceOp::inferReplication(ArrayRef<Replication>) {
+  return Replication::Invariant;
+}
+Replication BroadcastOp::inferReplication(ArrayRef<Replication>) {
+  return Replication::Invariant;
+}
+Replication ReduceScatterOp::inferReplication(ArrayRef<Replication>) {
+  return Replication::Varying;
+}
+Replication RingShiftOp::inferReplication(ArrayRef<Replication> operands) {
+  // Every rank receives a copy of an equal value: still equal.
+  return operands.front();
+}
+
 //===----------------------------------------------------------------------===//
 // Rank facts
 //===----------------------------------------------------------------------===//
+
+Replication RankOp::inferReplication(ArrayRef<Replication>) {
+  return Replication::Varying;
+}
+Replication DimOp::inferReplication(ArrayRef<Replication> operands) {
+  // Invariant tensors have the same shape everywhere.
+  return operands.front();
+}
+Replication ShardOffsetOp::inferReplication(ArrayRef<Replication>) {
+  return Replication::Varying;
+}
+Replication GlobalSizeOp::inferReplication(ArrayRef<Replication>) {
+  return Replication::Invariant;
+}
 
 template <typename OpT>
 static LogicalResult verifyAxisSizeOp(OpT op) {
@@ -247,6 +279,7 @@ DLOSS_ELEMENTWISE_INFER(AddOp)
 DLOSS_ELEMENTWISE_INFER(SubOp)
 DLOSS_ELEMENTWISE_INFER(MulOp)
 DLOSS_ELEMENTWISE_INFER(DivOp)
+DLOSS_ELEMENTWISE_INFER(EqOp)
 #undef DLOSS_ELEMENTWISE_INFER
 
 LogicalResult ClampOp::verify() {
@@ -391,6 +424,62 @@ LogicalResult ArangeOp::verify() {
   if (result.getRank() != 1)
     return emitOpError("produces a 1-D tensor, not ") << Type(result);
   return success();
+}
+
+LogicalResult ExpandOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                         Adaptor adaptor,
+                                         SmallVectorImpl<Type> &results) {
+  auto error = errorsFor<ExpandOp>(loc);
+  auto input = cast<RankedTensorType>(adaptor.getInput().getType());
+  auto like = cast<RankedTensorType>(adaptor.getLike().getType());
+  llvm::SmallSet<int64_t, 4> axes;
+  for (int64_t axis : adaptor.getAxes()) {
+    if (failed(checkAxis(error, like, axis, "'like' operand")))
+      return failure();
+    if (!axes.insert(axis).second)
+      return error("axis ", axis, " is listed twice");
+  }
+  SmallVector<int64_t> kept;
+  for (auto [i, size] : llvm::enumerate(like.getShape()))
+    if (!axes.contains(i))
+      kept.push_back(size);
+  FailureOr<SmallVector<int64_t>> joined = joinShapes(kept, input.getShape());
+  if (failed(joined))
+    return error("input shape ", formatShape(input.getShape()),
+                 " must be the shape of 'like' without the expanded axes, ",
+                 formatShape(kept));
+  SmallVector<int64_t> shape;
+  unsigned next = 0;
+  for (auto [i, size] : llvm::enumerate(like.getShape()))
+    shape.push_back(axes.contains(i) ? size : (*joined)[next++]);
+  results.push_back(RankedTensorType::get(shape, input.getElementType()));
+  return success();
+}
+
+/// Slice and pad change one axis by run-time amounts: it becomes dynamic.
+template <typename OpT>
+static LogicalResult inferDynamicAxis(std::optional<Location> loc, Value inputValue,
+                                      int64_t axis, SmallVectorImpl<Type> &results) {
+  auto input = cast<RankedTensorType>(inputValue.getType());
+  if (failed(checkAxis(errorsFor<OpT>(loc), input, axis)))
+    return failure();
+  results.push_back(
+      RankedTensorType::get(dynamicAxis(input.getShape(), axis), input.getElementType()));
+  return success();
+}
+
+LogicalResult SliceOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                        Adaptor adaptor,
+                                        SmallVectorImpl<Type> &results) {
+  return inferDynamicAxis<SliceOp>(loc, adaptor.getInput(), adaptor.getAxis(),
+                                   results);
+}
+
+LogicalResult PadOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                      Adaptor adaptor,
+                                      SmallVectorImpl<Type> &results) {
+  return inferDynamicAxis<PadOp>(loc, adaptor.getInput(), adaptor.getAxis(),
+                                 results);
 }
 
 #define GET_OP_CLASSES

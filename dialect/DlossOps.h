@@ -10,6 +10,16 @@
 #include "mlir/Interfaces/InferTypeOpInterface.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
+#include "dialect/Adjoint.h"
+
+namespace mlir::dloss {
+/// Trait of the ops that communicate: every rank must run them, in order.
+template <typename ConcreteType>
+class IsCollective : public OpTrait::TraitBase<ConcreteType, IsCollective> {};
+} // namespace mlir::dloss
+
+#include "dialect/DlossInterfaces.h.inc"
+
 #include "dialect/DlossOpsDialect.h.inc"
 
 #include "dialect/DlossEnums.h.inc"

@@ -11,7 +11,7 @@ include "mlir/Interfaces/SideEffectInterfaces.td"
 // dropped, or the ranks could disagree on which collectives they run.
 //===----------------------------------------------------------------------===//
 
-def Dloss_AllGatherOp : Dloss_Op<"all_gather",
+def Dloss_AllGatherOp : Dloss_CollectiveOp<"all_gather",
     [InferTypeOpAdaptor]> {
   let summary = "concatenates every rank's tensor along an axis";
   let description = [{
@@ -35,7 +35,7 @@ def Dloss_AllGatherOp : Dloss_Op<"all_gather",
   let assemblyFormat = "$input `axis` $axis (`grad` $grad^)? attr-dict `:` type($input)";
 }
 
-def Dloss_AllReduceOp : Dloss_Op<"all_reduce", [SameOperandsAndResultType]> {
+def Dloss_AllReduceOp : Dloss_CollectiveOp<"all_reduce", [SameOperandsAndResultType]> {
   let summary = "combines a tensor element-wise across all ranks";
   let description = [{
     Every rank receives the element-wise `sum`, `mean`, `max` or `min` of the
@@ -51,7 +51,7 @@ def Dloss_AllReduceOp : Dloss_Op<"all_reduce", [SameOperandsAndResultType]> {
   let assemblyFormat = "$kind $input attr-dict `:` type($input)";
 }
 
-def Dloss_ReduceScatterOp : Dloss_Op<"reduce_scatter",
+def Dloss_ReduceScatterOp : Dloss_CollectiveOp<"reduce_scatter",
     [InferTypeOpAdaptor]> {
   let summary = "sums a tensor across ranks and keeps this rank's slice";
   let description = [{
@@ -80,7 +80,7 @@ def Dloss_ReduceScatterOp : Dloss_Op<"reduce_scatter",
   let hasVerifier = 1;
 }
 
-def Dloss_BroadcastOp : Dloss_Op<"broadcast", [SameOperandsAndResultType]> {
+def Dloss_BroadcastOp : Dloss_CollectiveOp<"broadcast", [SameOperandsAndResultType]> {
   let summary = "sends the root rank's tensor to every rank";
   let description = [{
     Every rank receives the tensor held by rank `root`; the other ranks' inputs
@@ -96,7 +96,7 @@ def Dloss_BroadcastOp : Dloss_Op<"broadcast", [SameOperandsAndResultType]> {
   let hasVerifier = 1;
 }
 
-def Dloss_RingShiftOp : Dloss_Op<"ring_shift", [SameOperandsAndResultType]> {
+def Dloss_RingShiftOp : Dloss_CollectiveOp<"ring_shift", [SameOperandsAndResultType]> {
   let summary = "sends a tensor to rank + k and receives rank - k's tensor";
   let description = [{
     Rank r sends its tensor to rank `(r + shift) mod N` and receives the tensor
@@ -118,7 +118,7 @@ def Dloss_RingShiftOp : Dloss_Op<"ring_shift", [SameOperandsAndResultType]> {
 // Rank facts
 //===----------------------------------------------------------------------===//
 
-def Dloss_RankOp : Dloss_Op<"rank", [Pure]> {
+def Dloss_RankOp : Dloss_ReplicationRuleOp<"rank", [Pure]> {
   let summary = "this rank's index in [0, world_size)";
   let description = [{
     ```mlir
@@ -143,7 +143,7 @@ def Dloss_WorldSizeOp : Dloss_Op<"world_size", [Pure]> {
 }
 
 class Dloss_AxisSizeOp<string mnemonic, string summaryText, string descriptionText>
-    : Dloss_Op<mnemonic, [Pure]> {
+    : Dloss_ReplicationRuleOp<mnemonic, [Pure]> {
   let summary = summaryText;
   let description = descriptionText;
   let arguments = (ins AnyRankedTensor:$input, I64Attr:$axis);
@@ -229,6 +229,18 @@ def Dloss_AddOp : Dloss_BinaryOp<"add", Dloss_NumTensor, "addition">;
 def Dloss_SubOp : Dloss_BinaryOp<"sub", Dloss_NumTensor, "subtraction">;
 def Dloss_MulOp : Dloss_BinaryOp<"mul", Dloss_NumTensor, "multiplication">;
 def Dloss_DivOp : Dloss_BinaryOp<"div", Dloss_FloatTensor, "division">;
+def Dloss_EqOp : Dloss_BinaryOp<"eq", Dloss_NumTensor,
+    "equality indicator: 1 where the operands are equal, 0 elsewhere, in their element type"> {
+  let description = [{
+    An indicator, not a boolean: masks such as "where was the maximum" or
+    "which rank is the root" multiply cotangents directly. It carries no
+    gradient.
+
+    ```mlir
+    %is_max = dloss.eq %x, %max : tensor<?x?xf32>, tensor<?x?xf32>
+    ```
+  }];
+}
 
 class Dloss_UnaryOp<string mnemonic, string what, list<Trait> traits = []>
     : Dloss_Op<mnemonic, !listconcat([Pure, SameOperandsAndResultType], traits)> {
@@ -250,6 +262,9 @@ def Dloss_SoftplusOp : Dloss_UnaryOp<"softplus", "softplus, log(1 + exp(x)), com
 def Dloss_LogSigmoidOp : Dloss_UnaryOp<"log_sigmoid", "log-sigmoid, -softplus(-x), computed stably">;
 def Dloss_CosOp : Dloss_UnaryOp<"cos", "cosine">;
 def Dloss_AcosOp : Dloss_UnaryOp<"acos", "arc cosine (clamp the input into [-1, 1] first)">;
+def Dloss_SinOp : Dloss_UnaryOp<"sin", "sine">;
+def Dloss_SqrtOp : Dloss_UnaryOp<"sqrt", "square root">;
+def Dloss_SigmoidOp : Dloss_UnaryOp<"sigmoid", "logistic sigmoid, 1 / (1 + exp(-x))">;
 
 def Dloss_ClampOp : Dloss_Op<"clamp", [Pure, SameOperandsAndResultType]> {
   let summary = "element-wise clamp into [min, max]";
@@ -411,6 +426,78 @@ def Dloss_CrossEntropyOp : Dloss_Op<"cross_entropy",
   let results = (outs Dloss_FloatTensor:$result);
   let assemblyFormat = [{
     $logits `,` $targets `axis` $axis attr-dict `:` type($logits) `,` type($targets)
+  }];
+}
+
+
+//===----------------------------------------------------------------------===//
+// Shapes: the structural ops that reverse mode needs (and users may use).
+//===----------------------------------------------------------------------===//
+
+def Dloss_ZerosLikeOp : Dloss_Op<"zeros_like", [Pure, SameOperandsAndResultType]> {
+  let summary = "a tensor of zeros with the type and shape of another";
+  let description = [{
+    ```mlir
+    %z = dloss.zeros_like %x : tensor<?x?xf32>
+    ```
+  }];
+  let arguments = (ins Dloss_NumTensor:$input);
+  let results = (outs Dloss_NumTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input)";
+}
+
+def Dloss_ExpandOp : Dloss_Op<"expand", [Pure, InferTypeOpAdaptor]> {
+  let summary = "repeats a tensor along new axes to the shape of another";
+  let description = [{
+    Inserts `axes` into `input` and repeats it to the shape of `like`, whose
+    shape without `axes` must be `input`'s: `result[i, j] = input[i]` for
+    `axes = [1]`. The adjoint of a reduction over `axes`; it also broadcasts
+    per-row statistics against a matrix. The result has `like`'s shape and
+    `input`'s element type.
+
+    ```mlir
+    %row_max = dloss.expand %max axes [1] like %logits : tensor<?xf32>, tensor<?x?xf32>
+    ```
+  }];
+  let arguments = (ins Dloss_NumTensor:$input, DenseI64ArrayAttr:$axes,
+                   AnyRankedTensor:$like);
+  let results = (outs Dloss_NumTensor:$result);
+  let assemblyFormat = [{
+    $input `axes` $axes `like` $like attr-dict `:` type($input) `,` type($like)
+  }];
+}
+
+def Dloss_SliceOp : Dloss_Op<"slice", [Pure, InferTypeOpAdaptor]> {
+  let summary = "the rows [offset, offset + size) along an axis";
+  let description = [{
+    Offsets and sizes are run-time values, so the sliced axis is dynamic.
+    Picks this rank's block out of a gathered tensor:
+
+    ```mlir
+    %mine = dloss.slice %all axis 0 offset %off size %n : tensor<?x256xf32>
+    ```
+  }];
+  let arguments = (ins Dloss_NumTensor:$input, I64Attr:$axis, Index:$offset, Index:$size);
+  let results = (outs Dloss_NumTensor:$result);
+  let assemblyFormat = [{
+    $input `axis` $axis `offset` $offset `size` $size attr-dict `:` type($input)
+  }];
+}
+
+def Dloss_PadOp : Dloss_Op<"pad", [Pure, InferTypeOpAdaptor]> {
+  let summary = "adds zeros before and after along an axis";
+  let description = [{
+    `low` zeros before and `high` zeros after along `axis` (the adjoint of
+    `dloss.slice`).
+
+    ```mlir
+    %full = dloss.pad %mine axis 0 low %before high %after : tensor<?x256xf32>
+    ```
+  }];
+  let arguments = (ins Dloss_NumTensor:$input, I64Attr:$axis, Index:$low, Index:$high);
+  let results = (outs Dloss_NumTensor:$result);
+  let assemblyFormat = [{
+    $input `axis` $axis `low` $low `high` $high attr-dict `:` type($input)
   }];
 }
 

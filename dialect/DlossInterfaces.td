@@ -1,0 +1,48 @@
+// Per-op rules of the dloss compiler: replication (invariant/varying) and reverse-mode adjoints.
+#ifndef DLOSS_INTERFACES_TD
+#define DLOSS_INTERFACES_TD
+
+include "mlir/IR/OpBase.td"
+
+// Marks the ops that communicate: every rank must run them, in the same order.
+def Dloss_Collective : NativeOpTrait<"IsCollective"> {
+  let cppNamespace = "::mlir::dloss";
+}
+
+def Dloss_ReplicationOpInterface : OpInterface<"ReplicationOpInterface"> {
+  let cppNamespace = "::mlir::dloss";
+  let description = [{
+    The replication rule of an op: whether each result is invariant (equal on
+    every rank) or varying, given the replication of its operands. The default
+    is the rule of local computation: invariant when every operand is.
+  }];
+  let methods = [
+    InterfaceMethod<
+      "Returns the replication of the op's results.",
+      "::mlir::dloss::Replication", "inferReplication",
+      (ins "::llvm::ArrayRef<::mlir::dloss::Replication>":$operands), [{}], [{
+        return ::mlir::dloss::joinReplication(operands);
+      }]>,
+  ];
+}
+
+def Dloss_AdjointOpInterface : OpInterface<"AdjointOpInterface"> {
+  let cppNamespace = "::mlir::dloss";
+  let description = [{
+    The reverse-mode rule of an op (as Enzyme-MLIR's
+    ReverseAutoDiffOpInterface): given the cotangents of its results, build the
+    cotangent contributions to its operands with `AdjointBuilder`. Ops whose
+    results carry no gradient (integers, indices, indicators) contribute
+    nothing. The autodiff pass owns the bookkeeping: accumulation, the kind of
+    an invariant value's cotangent (reduced or per-rank partial) and the
+    gradient contract's scaling.
+  }];
+  let methods = [
+    InterfaceMethod<
+      "Adds the cotangent contributions of the op's operands.",
+      "::llvm::LogicalResult", "buildAdjoint",
+      (ins "::mlir::dloss::AdjointBuilder &":$adjoint)>,
+  ];
+}
+
+#endif // DLOSS_INTERFACES_TD
