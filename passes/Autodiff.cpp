@@ -153,7 +153,9 @@ struct AutodiffPass : dloss::impl::AutodiffPassBase<AutodiffPass> {
           << "cannot differentiate @" << loss.getName()
           << ": its loss varies across ranks (run dloss-infer-replication for "
              "details)";
-      analysis.explainVarying(lossValue, diag);
+      // Explain on the user's function, not on the clone.
+      ReplicationAnalysis(loss).explainVarying(
+          loss.getBody().back().getTerminator()->getOperand(0), diag);
       gradFunc.erase();
       return failure();
     }

@@ -144,6 +144,11 @@ void ReplicationAnalysis::explainVarying(Value value,
     Value next;
     if (auto ifOp = dyn_cast<scf::IfOp>(def); ifOp && isVarying(ifOp.getCondition()))
       next = ifOp.getCondition();
+    // Prefer an operand computed by an op: loop-carried block arguments
+    // explain less than the op that made them vary.
+    for (Value operand : def->getOperands())
+      if (!next && isVarying(operand) && operand.getDefiningOp())
+        next = operand;
     for (Value operand : def->getOperands())
       if (!next && isVarying(operand))
         next = operand;

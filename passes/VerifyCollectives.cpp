@@ -85,10 +85,9 @@ struct VerifyCollectivesPass
              << control.what
              << " invariant (combine it across ranks with dloss.all_reduce "
                 "first)";
-        Location where = control.value.getDefiningOp()
-                             ? control.value.getDefiningOp()->getLoc()
-                             : parent->getLoc();
-        diag.attachNote(where) << "the " << control.what << " is computed here";
+        if (Operation *def = control.value.getDefiningOp())
+          diag.attachNote(def->getLoc())
+              << "the " << control.what << " is computed here";
         analysis.explainVarying(control.value, diag);
         return failure();
       }

@@ -35,6 +35,16 @@ func.func @binary(%x: tensor<?x4xf32>, %y: tensor<8x?xf32>, %s: tensor<f32>, %i:
   return %0, %1, %2, %3, %4 : tensor<8x4xf32>, tensor<?x4xf32>, tensor<?x4xf32>, tensor<?x4xf32>, tensor<?xi64>
 }
 
+// CHECK-LABEL: func.func @eq
+func.func @eq(%x: tensor<?x4xf32>, %m: tensor<f32>, %i: tensor<?xi64>) -> (tensor<?x4xf32>, tensor<?xi64>) {
+  // An indicator in the operands' element type.
+  // CHECK: dloss.eq %{{.*}}, %{{.*}} : tensor<?x4xf32>, tensor<f32>
+  %0 = dloss.eq %x, %m : tensor<?x4xf32>, tensor<f32>
+  // CHECK: dloss.eq %{{.*}}, %{{.*}} : tensor<?xi64>, tensor<?xi64>
+  %1 = dloss.eq %i, %i : tensor<?xi64>, tensor<?xi64>
+  return %0, %1 : tensor<?x4xf32>, tensor<?xi64>
+}
+
 // CHECK-LABEL: func.func @unary
 func.func @unary(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
   // CHECK: dloss.neg
@@ -57,7 +67,13 @@ func.func @unary(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
   %8 = dloss.clamp %7 min 0.0 : tensor<?x4xf32>
   // CHECK: dloss.clamp %{{.*}} max 3.000000e+00 : tensor<?x4xf32>
   %9 = dloss.clamp %8 max 3.0 : tensor<?x4xf32>
-  return %9 : tensor<?x4xf32>
+  // CHECK: dloss.sin
+  %10 = dloss.sin %9 : tensor<?x4xf32>
+  // CHECK: dloss.sqrt
+  %11 = dloss.sqrt %10 : tensor<?x4xf32>
+  // CHECK: dloss.sigmoid
+  %12 = dloss.sigmoid %11 : tensor<?x4xf32>
+  return %12 : tensor<?x4xf32>
 }
 
 // CHECK-LABEL: func.func @cast

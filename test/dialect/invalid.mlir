@@ -420,3 +420,60 @@ func.func @grad_without_loss(%x: tensor<f32> {dloss.grad}) -> tensor<f32> {
 func.func @grad_of_integer_argument(%x: tensor<f32>, %labels: tensor<?xi64> {dloss.grad}) -> tensor<f32> attributes {dloss.loss} {
   return %x : tensor<f32>
 }
+
+// -----
+// Structural ops.
+
+func.func @expand_axis_out_of_range(%v: tensor<?xf32>, %x: tensor<?x8xf32>) {
+  // expected-error@+1 {{'dloss.expand' op axis 2 is out of range for the rank-2 'like' operand 'tensor<?x8xf32>'; axes count from 0}}
+  %0 = dloss.expand %v axes [2] like %x : tensor<?xf32>, tensor<?x8xf32>
+  return
+}
+
+// -----
+
+func.func @expand_axis_twice(%v: tensor<f32>, %x: tensor<?x8xf32>) {
+  // expected-error@+1 {{'dloss.expand' op axis 1 is listed twice}}
+  %0 = dloss.expand %v axes [1, 1] like %x : tensor<f32>, tensor<?x8xf32>
+  return
+}
+
+// -----
+
+func.func @expand_input_shape(%v: tensor<4xf32>, %x: tensor<?x8xf32>) {
+  // expected-error@+1 {{'dloss.expand' op input shape [4] must be the shape of 'like' without the expanded axes, [8]}}
+  %0 = dloss.expand %v axes [0] like %x : tensor<4xf32>, tensor<?x8xf32>
+  return
+}
+
+// -----
+
+func.func @slice_axis_out_of_range(%x: tensor<?x8xf32>, %o: index) {
+  // expected-error@+1 {{'dloss.slice' op axis 2 is out of range for the rank-2 operand}}
+  %0 = dloss.slice %x axis 2 offset %o size %o : tensor<?x8xf32>
+  return
+}
+
+// -----
+
+func.func @pad_axis_out_of_range(%x: tensor<f32>, %o: index) {
+  // expected-error@+1 {{'dloss.pad' op axis 0 is out of range for the rank-0 operand}}
+  %0 = dloss.pad %x axis 0 low %o high %o : tensor<f32>
+  return
+}
+
+// -----
+
+func.func @eq_element_types_differ(%a: tensor<?xf32>, %b: tensor<?xi32>) {
+  // expected-error@+1 {{'dloss.eq' op operand element types differ: 'f32' and 'i32'; insert a dloss.cast}}
+  %0 = dloss.eq %a, %b : tensor<?xf32>, tensor<?xi32>
+  return
+}
+
+// -----
+
+func.func @replication_annotation_unknown(%x: tensor<f32>) {
+  // expected-error@+1 {{'dloss.replication' must be "invariant" or "varying", or an array of them (one per result), got "replicated"}}
+  %0 = dloss.neg %x {dloss.replication = "replicated"} : tensor<f32>
+  return
+}
