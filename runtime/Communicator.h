@@ -1,0 +1,88 @@
+// The communicator interface: the collectives and point-to-point transfers a plan needs.
+#ifndef DLOSS_RUNTIME_COMMUNICATOR_H
+#define DLOSS_RUNTIME_COMMUNICATOR_H
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dloss {
+
+enum class Reduction { Sum, Mean, Max, Min };
+
+/// Collectives across the ranks of one job. Every call is collective: all
+/// ranks make the same calls in the same order (the compiler's
+/// dloss-verify-collectives and the runtime's preflight see to it). Tensors
+/// are CPU tensors for the Gloo engine. Failures (a peer gone, a deadline
+/// passed) raise dloss::Error naming the operation and the ranks involved.
+class Communicator {
+public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int worldSize() const = 0;
+
+  /// Concatenation along `axis` of every rank's tensor, in rank order.
+  /// `sizes[r]` is rank r's size along `axis` (uneven batches); all other
+  /// dimensions agree.
+  virtual at::Tensor allGather(const at::Tensor &input, int64_t axis,
+                               const std::vector<int64_t> &sizes) = 0;
+  /// Element-wise reduction of equally-shaped tensors, result on every rank.
+  virtual at::Tensor allReduce(const at::Tensor &input, Reduction op) = 0;
+  /// Reduces equally-shaped tensors (axis length = sum of `sizes`) and keeps
+  /// rank r's slice [offset_r, offset_r + sizes[r]) along `axis`.
+  virtual at::Tensor reduceScatter(const at::Tensor &input, Reduction op,
+                                   int64_t axis,
+                                   const std::vector<int64_t> &sizes) = 0;
+  /// Rank `root`'s tensor on every rank (`input` gives the shape elsewhere).
+  virtual at::Tensor broadcast(const at::Tensor &input, int root) = 0;
+  /// Sends `input` to rank (r + shift) mod N and returns the tensor received
+  /// from rank (r - shift) mod N, whose shape may differ along any dimension
+  /// (its shape travels with it).
+  virtual at::Tensor ringShift(const at::Tensor &input, int64_t shift) = 0;
+  /// Every rank's `values` (same length on every rank), concatenated in rank
+  /// order: the small exchanges of sizes, fingerprints and status.
+  virtual std::vector<int64_t> allGatherInts(const std::vector<int64_t> &values) = 0;
+
+  /// Point-to-point transfers for ring schedules: nonblocking, completed by
+  /// wait(). Shapes must be known on both sides.
+  class Request {
+  public:
+    virtual ~Request() = default;
+    virtual void wait() = 0;
+  };
+  virtual std::unique_ptr<Request> send(const at::Tensor &tensor, int peer,
+                                        int tag) = 0;
+  virtual std::unique_ptr<Request> recv(at::Tensor &tensor, int peer, int tag) = 0;
+};
+
+/// How to reach the other ranks, as torchrun describes it.
+struct RendezvousOptions {
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 29500;
+  int rank = 0;
+  int worldSize = 1;
+  /// Deadline of every collective and of the rendezvous itself.
+  std::chrono::milliseconds timeout = std::chrono::seconds(300);
+
+  /// From MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (and DLOSS_TIMEOUT_S);
+  /// a missing or malformed variable is a dloss::Error saying which.
+  static RendezvousOptions fromEnvironment();
+};
+
+/// The Gloo engine (c10d ProcessGroupGloo over a c10d TCPStore; rank 0 hosts
+/// the store). Returns once every rank has joined, or raises dloss::Error at
+/// the deadline naming the ranks that never arrived.
+std::unique_ptr<Communicator> connectGloo(const RendezvousOptions &options);
+
+/// The communicator of a single process (world size 1): every collective is
+/// the identity. Used for single-device reference runs.
+std::unique_ptr<Communicator> makeSingleProcessCommunicator();
+
+} // namespace dloss
+
+#endif // DLOSS_RUNTIME_COMMUNICATOR_H
