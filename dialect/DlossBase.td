@@ -38,6 +38,11 @@ def Dloss_Dialect : Dialect {
     * `dloss.replicated` (unit, on an argument): the argument holds the same
       value on every rank (a loss parameter such as a logit scale or ArcFace's
       class weights). Arguments are varying otherwise.
+    * `dloss.name = "text"` (string, on an argument): the input's name in
+      plans and tools (`dloss-run --input text=...`). `dlossc` takes it from
+      the SSA name in the source (`%text`) when absent.
+    * `dloss.gradient_of = @clip` (on a function): written by
+      `dloss-autodiff` on `@clip_grad`.
   }];
   let hasConstantMaterializer = 1;
   let hasOperationAttrVerify = 1;
@@ -49,6 +54,10 @@ def Dloss_Dialect : Dialect {
     static constexpr ::llvm::StringLiteral kGradModeAttrName = "dloss.grad_mode";
     static constexpr ::llvm::StringLiteral kGradAttrName = "dloss.grad";
     static constexpr ::llvm::StringLiteral kReplicatedAttrName = "dloss.replicated";
+    // On @<loss>_grad (written by dloss-autodiff): the loss it differentiates.
+    static constexpr ::llvm::StringLiteral kGradientOfAttrName = "dloss.gradient_of";
+    // On an argument: the name users give its input (dloss-run --input NAME=...).
+    static constexpr ::llvm::StringLiteral kNameAttrName = "dloss.name";
     // Written by `dloss-infer-replication{annotate}` on any op.
     static constexpr ::llvm::StringLiteral kReplicationAttrName = "dloss.replication";
   }];

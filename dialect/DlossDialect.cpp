@@ -29,8 +29,11 @@ Operation *DlossDialect::materializeConstant(OpBuilder &builder, Attribute value
 }
 
 static constexpr StringLiteral kKnownAttrs =
-    "dloss knows dloss.loss and dloss.grad_mode on functions, dloss.grad and "
-    "dloss.replicated on arguments, dloss.replication on ops";
+    "dloss knows dloss.loss, dloss.grad_mode and dloss.gradient_of on "
+    "functions, dloss.grad, dloss.replicated and dloss.name on arguments, "
+    "dloss.replication on ops";
+static constexpr StringLiteral kKnownArgAttrs =
+    "dloss knows dloss.grad, dloss.replicated and dloss.name on arguments";
 
 static bool isReplicationName(Attribute attr) {
   auto name = dyn_cast<StringAttr>(attr);
@@ -93,7 +96,15 @@ LogicalResult DlossDialect::verifyOperationAttribute(Operation *op,
                              << attr.getValue();
     return success();
   }
-  if (name == kGradAttrName || name == kReplicatedAttrName)
+  if (name == kGradientOfAttrName) {
+    auto symbol = dyn_cast<FlatSymbolRefAttr>(attr.getValue());
+    if (!symbol || !isa<FunctionOpInterface>(op))
+      return op->emitError() << "'" << name
+                             << "' names the loss a function differentiates, "
+                                "as a symbol (@loss) on a func.func";
+    return success();
+  }
+  if (name == kGradAttrName || name == kReplicatedAttrName || name == kNameAttrName)
     return op->emitError() << "'" << name
                            << "' belongs on a function argument, not on '"
                            << op->getName() << "'";
@@ -106,10 +117,16 @@ LogicalResult DlossDialect::verifyRegionArgAttribute(Operation *op,
                                                      unsigned argIndex,
                                                      NamedAttribute attr) {
   StringRef name = attr.getName().getValue();
+  if (name == kNameAttrName) {
+    if (!isa<StringAttr>(attr.getValue()))
+      return op->emitError() << "'" << name << "' on argument " << argIndex
+                             << " must be a string, got " << attr.getValue();
+    return success();
+  }
   if (name != kGradAttrName && name != kReplicatedAttrName)
     return op->emitError() << "unknown argument attribute '" << name
                            << "' on argument " << argIndex << "; "
-                           << kKnownAttrs;
+                           << kKnownArgAttrs;
   if (!isa<UnitAttr>(attr.getValue()))
     return op->emitError() << "'" << name << "' on argument " << argIndex
                            << " is a unit attribute; write `" << name

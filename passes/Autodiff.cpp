@@ -137,6 +137,8 @@ struct AutodiffPass : dloss::impl::AutodiffPassBase<AutodiffPass> {
         moduleBuilder, loss.getLoc(), name,
         moduleBuilder.getFunctionType(loss.getArgumentTypes(), resultTypes));
     gradFunc.setVisibility(loss.getVisibility());
+    gradFunc->setAttr(DlossDialect::kGradientOfAttrName,
+                      FlatSymbolRefAttr::get(loss.getNameAttr()));
     for (unsigned i = 0, e = loss.getNumArguments(); i < e; ++i)
       for (NamedAttribute attr : loss.getArgAttrDict(i) ? loss.getArgAttrDict(i).getValue() : ArrayRef<NamedAttribute>{})
         if (attr.getName() != DlossDialect::kGradAttrName)

@@ -58,4 +58,22 @@ def AutodiffPass : Pass<"dloss-autodiff", "ModuleOp"> {
   let dependentDialects = ["::mlir::dloss::DlossDialect", "::mlir::arith::ArithDialect"];
 }
 
+def LowerToPlanPass : Pass<"dloss-lower-to-plan", "ModuleOp"> {
+  let summary = "Writes the module's functions as a runtime plan";
+  let description = [{
+    Lowers every function with a body to the plan that the MLIR-free runtime
+    executes (`runtime/Plan.fbs`): one step per op over numbered registers,
+    with its attributes, its source location and the registers whose last use
+    it is. Fails, pointing at the op, on what the runtime cannot run (control
+    flow, calls, unsupported types). `dlossc -o x.plan` runs it after the
+    derive-backward pipeline.
+  }];
+  let options = [
+    Option<"output", "output", "std::string", "\"\"",
+           "Write the binary plan to this file">,
+    Option<"text", "text", "std::string", "\"\"",
+           "Write the plan's text form to this file ('-' for stdout)">,
+  ];
+}
+
 #endif // DLOSS_PASSES_TD

@@ -11,7 +11,7 @@ config.suffixes = [".mlir", ".test"]
 config.test_source_root = os.path.dirname(__file__)
 config.test_exec_root = os.path.join(config.dloss_obj_root, "test")
 # runtime/ holds GoogleTest sources, run by ctest directly.
-config.excludes = ["CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py", "runtime"]
+config.excludes = ["CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py", "runtime", "numeric", "Inputs"]
 
 config.environment["FILECHECK_OPTS"] = "-enable-var-scope --allow-unused-prefixes=false"
 config.substitutions.append(("%PATH%", config.environment["PATH"]))
@@ -26,5 +26,5 @@ llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 llvm_config.with_environment("PATH", config.dloss_tools_dir, append_path=True)
 
 tool_dirs = [config.dloss_tools_dir, config.llvm_tools_dir]
-tools = ["dloss-opt", "not", "count"]
+tools = ["dloss-opt", "dlossc", "not", "count"]
 llvm_config.add_tool_substitutions(tools, tool_dirs)

@@ -388,14 +388,14 @@ func.func @grad_attr_on_function(%x: tensor<f32>) -> tensor<f32> attributes {dlo
 
 // -----
 
-// expected-error@+1 {{unknown attribute 'dloss.los'; dloss knows dloss.loss and dloss.grad_mode on functions, dloss.grad and dloss.replicated on arguments}}
+// expected-error@+1 {{unknown attribute 'dloss.los'; dloss knows dloss.loss, dloss.grad_mode and dloss.gradient_of on functions, dloss.grad, dloss.replicated and dloss.name on arguments, dloss.replication on ops}}
 func.func @unknown_function_attr(%x: tensor<f32>) -> tensor<f32> attributes {dloss.los} {
   return %x : tensor<f32>
 }
 
 // -----
 
-// expected-error@+1 {{unknown argument attribute 'dloss.replicate' on argument 0; dloss knows}}
+// expected-error@+1 {{unknown argument attribute 'dloss.replicate' on argument 0; dloss knows dloss.grad, dloss.replicated and dloss.name on arguments}}
 func.func @unknown_argument_attr(%x: tensor<f32> {dloss.replicate}) -> tensor<f32> attributes {dloss.loss} {
   return %x : tensor<f32>
 }
@@ -476,4 +476,18 @@ func.func @replication_annotation_unknown(%x: tensor<f32>) {
   // expected-error@+1 {{'dloss.replication' must be "invariant" or "varying", or an array of them (one per result), got "replicated"}}
   %0 = dloss.neg %x {dloss.replication = "replicated"} : tensor<f32>
   return
+}
+
+// -----
+
+// expected-error@+1 {{'dloss.name' on argument 0 must be a string, got 3 : i64}}
+func.func @name_not_a_string(%x: tensor<f32> {dloss.name = 3}) -> tensor<f32> {
+  return %x : tensor<f32>
+}
+
+// -----
+
+// expected-error@+1 {{'dloss.gradient_of' names the loss a function differentiates, as a symbol (@loss) on a func.func}}
+func.func @gradient_of_not_a_symbol(%x: tensor<f32>) -> tensor<f32> attributes {dloss.gradient_of = "clip"} {
+  return %x : tensor<f32>
 }

@@ -1,0 +1,15 @@
+// The plan format version shared by dlossc and the runtime (no LibTorch, no MLIR).
+#ifndef DLOSS_RUNTIME_PLANVERSION_H
+#define DLOSS_RUNTIME_PLANVERSION_H
+
+namespace dloss {
+
+/// The `version` the compiler writes into every plan and the only one the
+/// runtime accepts. Bump it whenever the meaning of a plan changes (a new
+/// attribute encoding, a changed op semantics), so that stale plans are
+/// refused with a clear message instead of being misread.
+constexpr int kPlanVersion = 1;
+
+} // namespace dloss
+
+#endif // DLOSS_RUNTIME_PLANVERSION_H
