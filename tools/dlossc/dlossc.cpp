@@ -44,6 +44,12 @@ static llvm::cl::opt<Emit> emit(
         clEnumValN(Emit::Plan, "plan", "the binary plan for dloss-run / the runtime"),
         clEnumValN(Emit::PlanText, "plan-text", "the plan as readable text")));
 
+static llvm::cl::opt<std::string> gradMode(
+    "grad-mode",
+    llvm::cl::desc("Override the gradient contract of every loss: ddp "
+                   "(N * dF/dx_r, for DDP's average) or global (dF/dx_r)"),
+    llvm::cl::value_desc("ddp|global"));
+
 /// Names arguments after their SSA names in the source (`%image` ->
 /// dloss.name = "image") unless the user named them already: tools and error
 /// messages refer to inputs by these names.
@@ -125,6 +131,18 @@ int main(int argc, char **argv) {
   if (failed(verify(*module)))
     return 1;
   nameArgumentsFromSource(*module, state, sourceMgr);
+  if (!gradMode.empty()) {
+    if (gradMode != "ddp" && gradMode != "global") {
+      llvm::errs() << "dlossc: --grad-mode must be ddp or global, got '"
+                   << gradMode << "'\n";
+      return 2;
+    }
+    module->walk([&](func::FuncOp func) {
+      if (func->hasAttr(mlir::dloss::DlossDialect::kLossAttrName))
+        func->setAttr(mlir::dloss::DlossDialect::kGradModeAttrName,
+                      StringAttr::get(&context, gradMode.getValue()));
+    });
+  }
 
   if (emit == Emit::Input) {
     std::string text;
