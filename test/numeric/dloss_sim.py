@@ -1,0 +1,677 @@
+"""A reference interpreter of dloss IR: N simulated ranks in one process.
+
+This is a test oracle, deliberately independent of the compiler: it reads the
+*generic* form that `dloss-opt --mlir-print-op-generic` prints and implements
+every `dloss.*` op from its documented meaning (docs/DlossDialect.md) with
+torch, in float64. It shares no code or rule with the C++ adjoints, so a
+disagreement between the two is a real signal.
+
+The loss functions are straight-line (one block), so the N ranks run in
+lockstep, op by op: when a collective is reached every rank's operand is
+already known and the collective is just a function of the N values.
+
+All floating-point element types are simulated in float64 (the oracle checks
+the math, not rounding); integer element types in int64; `index` values are
+Python ints. Local ops are written with differentiable torch ops, so running a
+function on one rank under torch.autograd gives the single-device gradient.
+"""
+
+import ast
+import re
+import struct
+
+import numpy as np
+import torch
+
+FLOAT = torch.float64
+INT = torch.int64
+
+# Enum encodings of the generic form (dialect/DlossBase.td).
+REDUCE_KINDS = {0: "sum", 1: "mean", 2: "max", 3: "min"}
+GATHER_GRADS = {0: "exact", 1: "local", 2: "none"}
+
+
+class SimError(Exception):
+    """An IR construct or a run-time condition the simulator rejects."""
+
+
+# ----------------------------------------------------------------------------
+# Types
+# ----------------------------------------------------------------------------
+
+class TensorType:
+    """A ranked tensor type; `shape` holds None for a dynamic (`?`) dim."""
+
+    def __init__(self, shape, elem):
+        self.shape = shape
+        self.elem = elem
+
+    @property
+    def is_float(self):
+        return self.elem.startswith(("f", "bf", "tf"))
+
+    @property
+    def dtype(self):
+        return FLOAT if self.is_float else INT
+
+    def __repr__(self):
+        dims = "".join(("?" if d is None else str(d)) + "x" for d in self.shape)
+        return f"tensor<{dims}{self.elem}>"
+
+
+class IndexType:
+    def __repr__(self):
+        return "index"
+
+
+def parse_type(text):
+    text = text.strip()
+    if text == "index":
+        return IndexType()
+    m = re.fullmatch(r"tensor<(.*)>", text)
+    if not m:
+        raise SimError(f"unsupported type '{text}'")
+    parts = m.group(1).split("x")
+    elem = parts[-1]
+    shape = [None if p == "?" else int(p) for p in parts[:-1]]
+    return TensorType(shape, elem)
+
+
+# ----------------------------------------------------------------------------
+# A small parser for the generic textual form
+# ----------------------------------------------------------------------------
+
+def split_top(text, sep=","):
+    """Splits at `sep` outside brackets and strings (`->` is not a bracket)."""
+    parts, depth, start, i, in_str = [], 0, 0, 0, False
+    while i < len(text):
+        c = text[i]
+        if in_str:
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                in_str = False
+        elif c == '"':
+            in_str = True
+        elif text.startswith("->", i):
+            i += 1
+        elif c in "<([{":
+            depth += 1
+        elif c in ">)]}":
+            depth -= 1
+        elif c == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    tail = text[start:]
+    if tail.strip() or parts:
+        parts.append(tail)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def match_bracket(text, start):
+    """Index just past the bracket that closes the one at text[start]."""
+    pairs = {"<": ">", "(": ")", "[": "]", "{": "}"}
+    stack, i, in_str = [], start, False
+    while i < len(text):
+        c = text[i]
+        if in_str:
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                in_str = False
+        elif c == '"':
+            in_str = True
+        elif text.startswith("->", i):
+            i += 1
+        elif c in pairs:
+            stack.append(pairs[c])
+        elif c in ">)]}":
+            if not stack or stack.pop() != c:
+                raise SimError(f"unbalanced brackets in: {text}")
+            if not stack:
+                return i + 1
+        i += 1
+    raise SimError(f"unbalanced brackets in: {text}")
+
+
+def _hex_values(hexstr, ttype):
+    data = bytes.fromhex(hexstr)
+    fmt = {"f64": "<f8", "f32": "<f4", "f16": "<f2", "i64": "<i8", "i32": "<i4",
+           "i16": "<i2", "i8": "<i1", "i1": "<u1"}
+    if ttype.elem == "bf16":
+        raw = np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16
+        return raw.view(np.float32).astype(np.float64)
+    if ttype.elem not in fmt:
+        raise SimError(f"hex dense constant of type {ttype} is not supported")
+    return np.frombuffer(data, dtype=fmt[ttype.elem]).astype(
+        np.float64 if ttype.is_float else np.int64)
+
+
+def parse_dense(body, ttype):
+    """The value of `dense<body> : ttype` as a torch tensor."""
+    shape = [d for d in ttype.shape]
+    if any(d is None for d in shape):
+        raise SimError(f"dense constant of dynamic type {ttype}")
+    body = body.strip()
+    if body.startswith('"0x'):
+        flat = _hex_values(body[3:-1], ttype)
+        values = flat if flat.size != 1 else np.full(shape, flat[0])
+        return torch.tensor(np.asarray(values).reshape(shape), dtype=ttype.dtype)
+    if re.fullmatch(r"0x[0-9A-Fa-f]+", body):
+        # A splat float given by its bit pattern (infinities, NaNs).
+        bits = int(body, 16)
+        if ttype.elem == "f64":
+            v = struct.unpack("<d", bits.to_bytes(8, "little"))[0]
+        elif ttype.elem == "f32":
+            v = struct.unpack("<f", bits.to_bytes(4, "little"))[0]
+        elif ttype.elem == "bf16":
+            v = struct.unpack("<f", (bits << 16).to_bytes(4, "little"))[0]
+        else:
+            raise SimError(f"hex float splat of type {ttype} is not supported")
+        return torch.full(shape, v, dtype=ttype.dtype)
+    lit = re.sub(r"\btrue\b", "1", re.sub(r"\bfalse\b", "0", body))
+    value = ast.literal_eval(lit)
+    if isinstance(value, (list, tuple)):
+        return torch.tensor(value, dtype=ttype.dtype).reshape(shape)
+    return torch.full(shape, value, dtype=ttype.dtype)
+
+
+def parse_attr_value(text):
+    text = text.strip()
+    if text.startswith('"'):
+        return ast.literal_eval(text)
+    if text in ("unit",):
+        return True
+    if text in ("true", "false"):
+        return text == "true"
+    m = re.fullmatch(r"array<\w+(?::(.*))?>", text, re.S)
+    if m:
+        return [int(v) for v in split_top(m.group(1) or "")]
+    if text.startswith("dense<"):
+        end = match_bracket(text, len("dense"))
+        ttype = parse_type(text[end:].lstrip()[1:].strip().lstrip(":").strip())
+        return parse_dense(text[len("dense<"):end - 1], ttype)
+    if text.startswith("["):
+        return [parse_attr_value(v) for v in split_top(text[1:-1])]
+    if text.startswith("{"):
+        return parse_attr_dict(text)
+    if text.startswith("("):  # a function type
+        return text
+    m = re.fullmatch(r"(\S+)\s*:\s*(\w+)", text)
+    if m:
+        num, ty = m.groups()
+        if ty.startswith(("i", "si", "ui")) or ty == "index":
+            return int(num, 0)
+        return float(num)
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            return text  # left as text; the op handlers say if it matters
+
+
+def parse_attr_dict(text):
+    """`{a = 1 : i64, unit_attr, "q.k" = ...}` -> dict (unit attrs map to True)."""
+    text = text.strip()
+    if text.startswith("<{"):
+        text = text[1:-1]
+    inner = text[1:-1]
+    out = {}
+    for item in split_top(inner):
+        key, eq, value = item.partition("=")
+        key = key.strip().strip('"')
+        out[key] = parse_attr_value(value) if eq else True
+    return out
+
+
+class Op:
+    def __init__(self, name, results, operands, props, attrs, operand_types,
+                 result_types, line):
+        self.name = name
+        self.results = results
+        self.operands = operands
+        self.props = props
+        self.attrs = attrs
+        self.operand_types = operand_types
+        self.result_types = result_types
+        self.line = line
+
+    def attr(self, key, default=None):
+        if key in self.props:
+            return self.props[key]
+        return self.attrs.get(key, default)
+
+
+class Func:
+    def __init__(self, name, arg_types, arg_attrs, result_types):
+        self.name = name
+        self.arg_types = arg_types
+        self.arg_attrs = arg_attrs
+        self.result_types = result_types
+        self.arg_names = []
+        self.ops = []
+        self.attrs = {}
+
+    @property
+    def grad_mode(self):
+        return self.attrs.get("dloss.grad_mode", "ddp")
+
+
+def parse_function_type(text):
+    m = re.fullmatch(r"\((.*?)\)\s*->\s*(.*)", text.strip(), re.S)
+    if not m:
+        raise SimError(f"bad function type '{text}'")
+    args = [parse_type(t) for t in split_top(m.group(1))]
+    res = m.group(2).strip()
+    if res.startswith("("):
+        results = [parse_type(t) for t in split_top(res[1:-1])]
+    else:
+        results = [parse_type(res)]
+    return args, results
+
+
+_OP_RE = re.compile(r'^(?:(%[\w$.-]+)(?::(\d+))? = )?"([\w.]+)"\((.*?)\)(.*)$')
+
+
+def parse_op_line(line):
+    m = _OP_RE.match(line)
+    if not m:
+        raise SimError(f"cannot parse line: {line}")
+    res, nres, name, operands, rest = m.groups()
+    results = []
+    if res:
+        results = [res] if not nres else [f"{res}#{i}" for i in range(int(nres))]
+    operands = [o.strip() for o in operands.split(",") if o.strip()]
+    rest = rest.strip()
+    props, attrs = {}, {}
+    if rest.startswith("<{"):
+        end = match_bracket(rest, 0)
+        props = parse_attr_dict(rest[:end])
+        rest = rest[end:].strip()
+    region = rest.startswith("({")
+    if region:
+        return name, results, operands, props, attrs, None, None, True
+    if rest.startswith("{"):
+        end = match_bracket(rest, 0)
+        attrs = parse_attr_dict(rest[:end])
+        rest = rest[end:].strip()
+    if not rest.startswith(":"):
+        raise SimError(f"cannot parse the types of: {line}")
+    fn_type = rest[1:].strip()
+    m2 = re.fullmatch(r"\((.*?)\)\s*->\s*(.*)", fn_type)
+    operand_types = [parse_type(t) for t in split_top(m2.group(1))]
+    res_text = m2.group(2).strip()
+    if res_text.startswith("("):
+        result_types = [parse_type(t) for t in split_top(res_text[1:-1])]
+    else:
+        result_types = [parse_type(res_text)]
+    return name, results, operands, props, attrs, operand_types, result_types, False
+
+
+def parse_module(text):
+    """Parses dloss-opt's generic output into {function name: Func}."""
+    funcs = {}
+    current = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("//"):
+            continue
+        if line.startswith('"builtin.module"'):
+            continue
+        if line.startswith('"func.func"'):
+            _, _, _, props, _, _, _, _ = parse_op_line(line)
+            arg_types, result_types = parse_function_type(props["function_type"])
+            arg_attrs = props.get("arg_attrs", [{} for _ in arg_types])
+            current = Func(props["sym_name"], arg_types, arg_attrs, result_types)
+            funcs[current.name] = current
+            continue
+        if line.startswith("^"):
+            if current is None or current.arg_names or current.ops:
+                raise SimError("only single-block functions are supported: " + line)
+            m = re.fullmatch(r"\^\w+(?:\((.*)\))?:", line)
+            if m.group(1):
+                current.arg_names = [a.split(":")[0].strip()
+                                     for a in split_top(m.group(1))]
+            continue
+        if line.startswith("})"):
+            if current is not None:
+                rest = line[2:].strip()
+                if rest.startswith("{"):
+                    current.attrs = parse_attr_dict(rest[:match_bracket(rest, 0)])
+                current = None
+            continue
+        if current is None:
+            raise SimError(f"unexpected line outside a function: {line}")
+        name, results, operands, props, attrs, otypes, rtypes, region = \
+            parse_op_line(line)
+        if region:
+            raise SimError(f"op '{name}' has regions; the simulator only runs "
+                           "straight-line functions")
+        current.ops.append(Op(name, results, operands, props, attrs, otypes,
+                              rtypes, line))
+    return funcs
+
+
+# ----------------------------------------------------------------------------
+# Op semantics
+# ----------------------------------------------------------------------------
+
+def _check_broadcast(op, a, b):
+    """Element-wise operands: same shape, or one of them 0-d."""
+    if a.dim() != 0 and b.dim() != 0 and a.shape != b.shape:
+        raise SimError(f"operand shapes {tuple(a.shape)} and "
+                       f"{tuple(b.shape)} differ (only 0-d operands broadcast)")
+
+
+def _binary(fn):
+    def run(op, a, b):
+        _check_broadcast(op, a, b)
+        return fn(a, b)
+    return run
+
+
+def _take_along(x, idx, axis):
+    idx = idx.to(INT)
+    n = x.shape[axis]
+    if idx.numel() and (idx.min() < 0 or idx.max() >= n):
+        raise SimError(f"index out of range [0, {n})")
+    return torch.gather(x, axis, idx.unsqueeze(axis)).squeeze(axis)
+
+
+def _put_along(x, idx, values, axis):
+    _take_along(x, idx, axis)  # range check
+    return x.scatter(axis, idx.to(INT).unsqueeze(axis),
+                     values.to(x.dtype).unsqueeze(axis))
+
+
+def _reduce(kind, x, axes):
+    axes = [a % x.dim() for a in axes] if x.dim() else []
+    if not axes:
+        return x
+    if kind == "sum":
+        return torch.sum(x, dim=axes)
+    if kind == "mean":
+        return torch.mean(x, dim=axes)
+    # amax/amin split the gradient evenly between tied elements.
+    if kind == "max":
+        return torch.amax(x, dim=axes)
+    if kind == "min":
+        return torch.amin(x, dim=axes)
+    raise SimError(f"unknown reduce kind {kind}")
+
+
+def _expand(x, axes, like_shape):
+    for a in sorted(axes):
+        x = x.unsqueeze(a)
+    if x.dim() != len(like_shape):
+        raise SimError(f"rank mismatch {tuple(x.shape)} vs {tuple(like_shape)}")
+    for d, (s, t) in enumerate(zip(x.shape, like_shape)):
+        if d not in axes and s != t:
+            raise SimError(f"shape {tuple(x.shape)} does not fit like "
+                           f"{tuple(like_shape)} without axes {axes}")
+    return x.expand(*like_shape)
+
+
+def _matmul(op, a, b):
+    if a.dim() != 2 or b.dim() != 2:
+        raise SimError("operands must be 2-D")
+    if op.attr("transpose_lhs"):
+        a = a.t()
+    if op.attr("transpose_rhs"):
+        b = b.t()
+    if a.shape[1] != b.shape[0]:
+        raise SimError(f"inner dims {a.shape[1]} and {b.shape[0]} differ")
+    return a @ b
+
+
+def _softplus(x):
+    # log(1 + exp(x)) computed stably; its exact derivative is sigmoid(x)
+    # (torch's softplus switches to x above a threshold, whose derivative 1 is
+    # off by ~1e-9 there, which is the tolerance of this oracle).
+    return torch.logaddexp(x, torch.zeros_like(x))
+
+
+def _cast(op, x):
+    rtype = op.result_types[0]
+    if isinstance(x, int):
+        return torch.tensor(x, dtype=rtype.dtype)
+    return x.to(rtype.dtype)
+
+
+def _slice(x, axis, offset, size):
+    if offset < 0 or size < 0 or offset + size > x.shape[axis]:
+        raise SimError(f"[{offset}, {offset + size}) is outside axis "
+                       f"{axis} of size {x.shape[axis]}")
+    return x.narrow(axis, offset, size)
+
+
+def _pad(x, axis, low, high):
+    if low < 0 or high < 0:
+        raise SimError(f"negative padding low={low} high={high}")
+    def zeros(n):
+        shape = list(x.shape)
+        shape[axis] = n
+        return torch.zeros(shape, dtype=x.dtype)
+    return torch.cat([zeros(low), x, zeros(high)], dim=axis)
+
+
+def _clamp(op, x):
+    lo, hi = op.attr("min"), op.attr("max")
+    if lo is None and hi is None:
+        raise SimError("neither min nor max")
+    return torch.clamp(x, min=lo, max=hi)
+
+
+# Local ops: (op, *operand values of one rank) -> result value.
+LOCAL_OPS = {
+    "dloss.add": _binary(lambda a, b: a + b),
+    "dloss.sub": _binary(lambda a, b: a - b),
+    "dloss.mul": _binary(lambda a, b: a * b),
+    "dloss.div": _binary(lambda a, b: a / b),
+    "dloss.eq": _binary(lambda a, b: (a == b).to(a.dtype)),
+    "dloss.neg": lambda op, x: -x,
+    "dloss.exp": lambda op, x: torch.exp(x),
+    "dloss.log": lambda op, x: torch.log(x),
+    "dloss.sqrt": lambda op, x: torch.sqrt(x),
+    "dloss.sin": lambda op, x: torch.sin(x),
+    "dloss.cos": lambda op, x: torch.cos(x),
+    "dloss.acos": lambda op, x: torch.acos(x),
+    "dloss.sigmoid": lambda op, x: torch.sigmoid(x),
+    "dloss.softplus": lambda op, x: _softplus(x),
+    "dloss.log_sigmoid": lambda op, x: torch.nn.functional.logsigmoid(x),
+    "dloss.clamp": _clamp,
+    "dloss.cast": _cast,
+    "dloss.zeros_like": lambda op, x: torch.zeros_like(x).detach(),
+    "dloss.matmul": _matmul,
+    "dloss.l2_normalize": lambda op, x: torch.nn.functional.normalize(
+        x, p=2.0, dim=op.attr("axis"), eps=op.attr("eps", 1e-12)),
+    "dloss.reduce": lambda op, x: _reduce(REDUCE_KINDS[op.attr("kind")], x,
+                                          op.attr("axes")),
+    "dloss.logsumexp": lambda op, x: torch.logsumexp(x, dim=op.attr("axis")),
+    "dloss.take_along": lambda op, x, i: _take_along(x, i, op.attr("axis")),
+    "dloss.put_along": lambda op, x, i, v: _put_along(x, i, v, op.attr("axis")),
+    "dloss.cross_entropy": lambda op, x, t: (
+        torch.logsumexp(x, dim=op.attr("axis")) - _take_along(x, t, op.attr("axis"))),
+    "dloss.arange": lambda op, start, count: torch.arange(
+        start, start + count, dtype=op.result_types[0].dtype),
+    "dloss.expand": lambda op, x, like: _expand(x, op.attr("axes"), like.shape),
+    "dloss.slice": lambda op, x, off, size: _slice(x, op.attr("axis"), off, size),
+    "dloss.pad": lambda op, x, low, high: _pad(x, op.attr("axis"), low, high),
+    "dloss.dim": lambda op, x: int(x.shape[op.attr("axis")]),
+    "arith.addi": lambda op, a, b: a + b,
+    "arith.subi": lambda op, a, b: a - b,
+    "arith.muli": lambda op, a, b: a * b,
+}
+
+
+def _same_shapes(name, xs):
+    if any(x.shape != xs[0].shape for x in xs):
+        raise SimError(f"the ranks hold different shapes "
+                       f"{[tuple(x.shape) for x in xs]}")
+
+
+def _all_gather(op, xs, world):
+    axis = op.attr("axis")
+    for x in xs:
+        rest = [d for i, d in enumerate(x.shape) if i != axis]
+        if rest != [d for i, d in enumerate(xs[0].shape) if i != axis]:
+            raise SimError("non-gathered dims differ across ranks")
+    full = torch.cat(list(xs), dim=axis)
+    return [full] * world.size
+
+
+def _combine(name, kind, xs):
+    _same_shapes(name, xs)
+    stacked = torch.stack(list(xs))
+    if kind == "sum":
+        return stacked.sum(0)
+    if kind == "mean":
+        return stacked.sum(0) / len(xs)
+    if kind == "max":
+        return torch.amax(stacked, 0)
+    if kind == "min":
+        return torch.amin(stacked, 0)
+    raise SimError(f"unknown kind {kind}")
+
+
+def _all_reduce(op, xs, world):
+    return [_combine("all_reduce", REDUCE_KINDS[op.attr("kind")], xs)] * world.size
+
+
+def _reduce_scatter(op, args, world):
+    kind = REDUCE_KINDS[op.attr("kind")]
+    if kind not in ("sum", "mean"):
+        raise SimError(f"kind {kind} is not sum or mean")
+    xs = [a[0] for a in args]
+    axis = op.attr("axis")
+    total = _combine("reduce_scatter", kind, xs)
+    n = total.shape[axis]
+    if len(args[0]) > 1:
+        sizes = [a[1] for a in args]
+    else:
+        if n % world.size:
+            raise SimError(f"without size, the axis size {n} does "
+                           f"not divide by {world.size} ranks")
+        sizes = [n // world.size] * world.size
+    if sum(sizes) != n:
+        raise SimError(f"slice sizes {sizes} do not add up to "
+                       f"the axis size {n}")
+    offsets = np.cumsum([0] + sizes[:-1]).tolist()
+    return [total.narrow(axis, o, s) for o, s in zip(offsets, sizes)]
+
+
+def _broadcast(op, xs, world):
+    root = op.attr("root")
+    _same_shapes("broadcast", xs)
+    if world.single_device:
+        # The single-device meaning: there is one copy of everything.
+        return list(xs)
+    if not 0 <= root < world.size:
+        raise SimError(f"root {root} outside [0, {world.size})")
+    return [xs[root]] * world.size
+
+
+def _ring_shift(op, xs, world):
+    k = op.attr("shift")
+    n = world.size
+    return [xs[(r - k) % n] for r in range(n)]
+
+
+def _shard_offset(op, xs, world):
+    sizes = [x.shape[op.attr("axis")] for x in xs]
+    return [int(sum(sizes[:r])) for r in range(world.size)]
+
+
+def _global_size(op, xs, world):
+    return [int(sum(x.shape[op.attr("axis")] for x in xs))] * world.size
+
+
+# Ops that need every rank's operands: (op, per-rank operand(s), world) ->
+# per-rank results. Single-operand ops get the list of that operand.
+COLLECTIVE_OPS = {
+    "dloss.all_gather": _all_gather,
+    "dloss.all_reduce": _all_reduce,
+    "dloss.broadcast": _broadcast,
+    "dloss.ring_shift": _ring_shift,
+    "dloss.shard_offset": _shard_offset,
+    "dloss.global_size": _global_size,
+}
+MULTI_OPERAND_COLLECTIVES = {"dloss.reduce_scatter": _reduce_scatter}
+
+
+class World:
+    def __init__(self, size, single_device=False):
+        self.size = size
+        self.single_device = single_device
+
+
+def run_spmd(func, inputs, single_device=False):
+    """Runs `func` on len(inputs) ranks in lockstep.
+
+    inputs[r] is the list of argument values of rank r (torch tensors, or ints
+    for index arguments). Returns one list of results per rank.
+    single_device: the one-rank run that defines the meaning of a loss;
+    collectives are the identity (broadcast ignores its root).
+    """
+    world = World(len(inputs), single_device)
+    if single_device and world.size != 1:
+        raise SimError("single_device runs have one rank")
+    envs = []
+    for r, vals in enumerate(inputs):
+        if len(vals) != len(func.arg_names):
+            raise SimError(f"@{func.name} takes {len(func.arg_names)} arguments, "
+                           f"rank {r} got {len(vals)}")
+        envs.append(dict(zip(func.arg_names, vals)))
+
+    def get(env, name):
+        if name not in env:
+            raise SimError(f"use of undefined value {name}")
+        return env[name]
+
+    for op in func.ops:
+        try:
+            if op.name == "func.return":
+                return [[get(env, o) for o in op.operands] for env in envs]
+            if op.name == "arith.constant":
+                value = op.attr("value")
+                if isinstance(op.result_types[0], TensorType):
+                    if not torch.is_tensor(value):
+                        value = torch.tensor(value, dtype=op.result_types[0].dtype)
+                elif not isinstance(value, int):
+                    raise SimError(f"unsupported constant {op.line}")
+                for env in envs:
+                    env[op.results[0]] = value
+                continue
+            if op.name == "dloss.rank":
+                for r, env in enumerate(envs):
+                    env[op.results[0]] = r
+                continue
+            if op.name == "dloss.world_size":
+                for env in envs:
+                    env[op.results[0]] = world.size
+                continue
+            if op.name in LOCAL_OPS:
+                fn = LOCAL_OPS[op.name]
+                for env in envs:
+                    env[op.results[0]] = fn(op, *[get(env, o) for o in op.operands])
+                continue
+            if op.name in COLLECTIVE_OPS:
+                if len(op.operands) != 1:
+                    raise SimError(f"expected one operand, got {len(op.operands)}")
+                xs = [get(env, op.operands[0]) for env in envs]
+                outs = COLLECTIVE_OPS[op.name](op, xs, world)
+            elif op.name in MULTI_OPERAND_COLLECTIVES:
+                args = [[get(env, o) for o in op.operands] for env in envs]
+                outs = MULTI_OPERAND_COLLECTIVES[op.name](op, args, world)
+            else:
+                raise SimError("unknown op: the simulator has no semantics for it")
+            for env, out in zip(envs, outs):
+                env[op.results[0]] = out
+        except SimError as e:
+            raise SimError(f"@{func.name}: {op.name}: {e}\n  at: {op.line}") from None
+        except (RuntimeError, IndexError, TypeError) as e:
+            raise SimError(f"@{func.name}: {op.name} failed: {e}\n  at: {op.line}") from None
+    raise SimError(f"@{func.name} has no func.return")
