@@ -253,11 +253,15 @@ private:
     std::vector<fb::Offset<plan::Step>> steps;
     for (auto [i, op] : llvm::enumerate(ops)) {
       std::vector<int> operands, results;
+      std::vector<fb::Offset<plan::TypeInfo>> resultTypes;
       for (Value operand : op->getOperands())
         operands.push_back(registers.lookup(operand));
       for (Value result : op->getResults()) {
-        if (failed(typeInfo(result.getType(), op->getLoc(), "a result")))
+        FailureOr<fb::Offset<plan::TypeInfo>> type =
+            typeInfo(result.getType(), op->getLoc(), "a result");
+        if (failed(type))
           return failure();
+        resultTypes.push_back(*type);
         results.push_back(registers.lookup(result));
       }
       std::vector<fb::Offset<plan::Attr>> attrs;
@@ -274,7 +278,7 @@ private:
           fbb, fbb.CreateString(op->getName().getStringRef().str()),
           fbb.CreateVector(operands), fbb.CreateVector(results),
           fbb.CreateVector(attrs), fbb.CreateString(locationText(op->getLoc())),
-          fbb.CreateVector(freeAfter[i])));
+          fbb.CreateVector(freeAfter[i]), fbb.CreateVector(resultTypes)));
     }
 
     std::vector<int> results;

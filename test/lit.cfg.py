@@ -11,7 +11,7 @@ config.suffixes = [".mlir", ".test"]
 config.test_source_root = os.path.dirname(__file__)
 config.test_exec_root = os.path.join(config.dloss_obj_root, "test")
 # runtime/ holds GoogleTest sources, run by ctest directly.
-config.excludes = ["CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py", "runtime", "numeric", "Inputs"]
+config.excludes = ["CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py", "runtime", "numeric", "e2e", "Inputs"]
 
 config.environment["FILECHECK_OPTS"] = "-enable-var-scope --allow-unused-prefixes=false"
 config.substitutions.append(("%PATH%", config.environment["PATH"]))

@@ -1,0 +1,642 @@
+// The plan interpreter: runs one function of a plan on this rank's tensors.
+#include "runtime/Executor.h"
+
+#include "runtime/Error.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <utility>
+
+namespace dloss {
+
+namespace {
+
+const char *kPlanBugHint =
+    "The plan does not match this runtime; recompile it with dlossc, and "
+    "report a bug if that does not help";
+
+/// Identifies the preflight layout, so that runtimes of different versions
+/// report the difference instead of misreading each other ("DLPF" v1).
+constexpr int64_t kPreflightMagic = 0x444c504600000001;
+
+enum PreflightStatus : int64_t {
+  Ok = 0,
+  UnknownFunction,
+  WrongInputCount,
+  UndefinedInput,
+  WrongDType,
+  WrongRank,
+  WrongStaticDim,
+};
+
+// Header fields of a preflight record.
+enum PreflightField : size_t {
+  Magic = 0,
+  Fingerprint,
+  FunctionHash,
+  Status,
+  StatusArgument,
+  InputCount,
+};
+static_assert(InputCount + 1 == Executor::kPreflightHeader,
+              "header layout and length disagree");
+
+constexpr size_t kSlotLength = 2 + Executor::kPreflightDims;
+// Input slot fields: the dtype code, the number of dims, then the sizes.
+constexpr int64_t kUndefinedDType = -1;
+constexpr int64_t kForeignDType = -2; // a dtype plans cannot name (complex)
+
+// FNV-1a: stable across processes and builds, unlike std::hash.
+int64_t hashName(const std::string &name) {
+  uint64_t hash = 14695981039346656037ull;
+  for (unsigned char c : name) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  int64_t out;
+  std::memcpy(&out, &hash, sizeof(out));
+  return out;
+}
+
+int64_t bitcastSigned(uint64_t value) {
+  int64_t out;
+  std::memcpy(&out, &value, sizeof(out));
+  return out;
+}
+
+std::string hex(int64_t value) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "0x%016llx",
+                static_cast<unsigned long long>(value));
+  return buffer;
+}
+
+std::string joinInts(const std::vector<int> &values, const char *separator) {
+  std::string out;
+  for (size_t i = 0; i < values.size(); ++i)
+    out += (i ? separator : "") + std::to_string(values[i]);
+  return out;
+}
+
+/// "rank 2" or "ranks 0,1,3".
+std::string rankList(const std::vector<int> &ranks) {
+  return (ranks.size() == 1 ? "rank " : "ranks ") + joinInts(ranks, ",");
+}
+
+std::string shapeString(const std::vector<int64_t> &sizes,
+                        bool truncated = false) {
+  std::string out = "[";
+  for (size_t i = 0; i < sizes.size(); ++i)
+    out += (i ? ", " : "") +
+           (sizes[i] < 0 ? std::string("?") : std::to_string(sizes[i]));
+  return out + (truncated ? ", ...]" : "]");
+}
+
+std::string typeString(const plan::TypeInfo &type) {
+  if (type.kind() == plan::RegisterKind::index)
+    return "index (a 0-d i64 tensor)";
+  std::vector<int64_t> shape;
+  if (type.shape())
+    shape.assign(type.shape()->begin(), type.shape()->end());
+  return dtypeName(type.dtype()) + " " + shapeString(shape);
+}
+
+/// "argument 1 (text)", or "argument 1" when the plan has no name for it.
+std::string argumentName(const plan::Function &function, size_t i) {
+  std::string out = "argument " + std::to_string(i);
+  const plan::Argument *argument = function.arguments()->Get(i);
+  if (argument->name() && argument->name()->size())
+    out += " (" + argument->name()->str() + ")";
+  return out;
+}
+
+size_t numArguments(const plan::Function &function) {
+  return function.arguments() ? function.arguments()->size() : 0;
+}
+
+/// A read-only view of one rank's preflight record.
+struct Record {
+  const int64_t *values;
+
+  int64_t operator[](size_t field) const { return values[field]; }
+  const int64_t *slot(size_t input) const {
+    return values + Executor::kPreflightHeader + input * kSlotLength;
+  }
+  bool recorded(size_t input) const {
+    return input < Executor::kPreflightArgs &&
+           input < static_cast<size_t>(values[InputCount]);
+  }
+  int64_t dtype(size_t input) const { return slot(input)[0]; }
+  int64_t ndim(size_t input) const { return slot(input)[1]; }
+  bool fullShape(size_t input) const {
+    return ndim(input) >= 0 &&
+           ndim(input) <= static_cast<int64_t>(Executor::kPreflightDims);
+  }
+  std::vector<int64_t> shape(size_t input) const {
+    int64_t n = std::min<int64_t>(ndim(input), Executor::kPreflightDims);
+    return std::vector<int64_t>(slot(input) + 2, slot(input) + 2 + n);
+  }
+  std::string shapeText(size_t input) const {
+    return shapeString(shape(input), !fullShape(input));
+  }
+};
+
+std::string dtypeText(int64_t code) {
+  if (code == kForeignDType)
+    return "a dtype plans do not support";
+  if (code < static_cast<int64_t>(plan::DType::MIN) ||
+      code > static_cast<int64_t>(plan::DType::MAX))
+    return "an unknown dtype";
+  return dtypeName(static_cast<plan::DType>(code));
+}
+
+/// This rank's record, and its local validation of `inputs` against
+/// `function` (nullptr: the plan has no such function). Never throws on bad
+/// input: a rank must reach the preflight collective whatever it was given.
+std::vector<int64_t> localRecord(const PlanFile &plan, const std::string &name,
+                                 const plan::Function *function,
+                                 const std::vector<at::Tensor> &inputs) {
+  std::vector<int64_t> record(Executor::kPreflightLength, -1);
+  record[Magic] = kPreflightMagic;
+  record[Fingerprint] = bitcastSigned(plan.fingerprint());
+  record[FunctionHash] = hashName(name);
+  record[Status] = Ok;
+  record[StatusArgument] = -1;
+  record[InputCount] = static_cast<int64_t>(inputs.size());
+  for (size_t i = 0; i < inputs.size() && i < Executor::kPreflightArgs; ++i) {
+    int64_t *slot =
+        record.data() + Executor::kPreflightHeader + i * kSlotLength;
+    const at::Tensor &input = inputs[i];
+    if (!input.defined()) {
+      slot[0] = kUndefinedDType;
+      slot[1] = 0;
+      continue;
+    }
+    std::optional<plan::DType> dtype = toPlanDType(input.scalar_type());
+    slot[0] = dtype ? static_cast<int64_t>(*dtype) : kForeignDType;
+    slot[1] = input.dim();
+    for (int64_t d = 0;
+         d < input.dim() && d < static_cast<int64_t>(Executor::kPreflightDims);
+         ++d)
+      slot[2 + d] = input.size(d);
+  }
+
+  auto reject = [&record](PreflightStatus status, int64_t argument) {
+    record[Status] = status;
+    record[StatusArgument] = argument;
+    return record;
+  };
+  if (!function)
+    return reject(UnknownFunction, -1);
+  if (inputs.size() != numArguments(*function))
+    return reject(WrongInputCount, -1);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor &input = inputs[i];
+    const plan::TypeInfo &type = *function->arguments()->Get(i)->type();
+    if (!input.defined())
+      return reject(UndefinedInput, i);
+    if (type.kind() == plan::RegisterKind::index) {
+      if (input.scalar_type() != at::kLong)
+        return reject(WrongDType, i);
+      if (input.dim() != 0)
+        return reject(WrongRank, i);
+      continue;
+    }
+    if (input.scalar_type() != toScalarType(type.dtype()))
+      return reject(WrongDType, i);
+    size_t rank = type.shape() ? type.shape()->size() : 0;
+    if (static_cast<size_t>(input.dim()) != rank)
+      return reject(WrongRank, i);
+    for (size_t d = 0; d < rank; ++d) {
+      int64_t expected = type.shape()->Get(d);
+      if (expected >= 0 && input.size(d) != expected)
+        return reject(WrongStaticDim, i);
+    }
+  }
+  return record;
+}
+
+/// What a rank did wrong, from its record: the same text on every rank,
+/// since all of them hold the same plan (checked before this is called).
+std::string describeFailure(const Record &record, const std::string &name,
+                            const PlanFile &plan,
+                            const plan::Function *function) {
+  int64_t status = record[Status];
+  if (status == UnknownFunction) {
+    std::string known;
+    for (const std::string &candidate : plan.functionNames())
+      known += (known.empty() ? "@" : ", @") + candidate;
+    return "called @" + name + ", which the plan does not have (it has " +
+           (known.empty() ? std::string("no functions") : known) + ")";
+  }
+  if (status == WrongInputCount) {
+    std::string names;
+    for (size_t i = 0; i < numArguments(*function); ++i) {
+      const plan::Argument *argument = function->arguments()->Get(i);
+      names += (i ? ", " : "") + (argument->name() && argument->name()->size()
+                                      ? argument->name()->str()
+                                      : "arg" + std::to_string(i));
+    }
+    return "passed " + std::to_string(record[InputCount]) + " inputs to @" +
+           name + ", which takes " + std::to_string(numArguments(*function)) +
+           " (" + names + ")";
+  }
+  size_t i = static_cast<size_t>(record[StatusArgument]);
+  std::string argument = argumentName(*function, i);
+  const plan::TypeInfo &type = *function->arguments()->Get(i)->type();
+  // Inputs past the record's capacity were validated locally only.
+  std::string actual = "a tensor of another type";
+  if (record.recorded(i))
+    actual = dtypeText(record.dtype(i)) + " " + record.shapeText(i);
+  switch (status) {
+  case UndefinedInput:
+    return "passed an undefined tensor as " + argument;
+  case WrongDType:
+    return "passed " + argument + " as " + actual + ", expected " +
+           typeString(type);
+  case WrongRank:
+    return "passed " + argument + " with " + std::to_string(record.ndim(i)) +
+           " dims " + record.shapeText(i) + ", expected " + typeString(type);
+  case WrongStaticDim:
+    return "passed " + argument + " of shape " + record.shapeText(i) +
+           ", expected " + typeString(type);
+  default:
+    return "reported the unknown preflight status " + std::to_string(status);
+  }
+}
+
+/// Partitions ranks by `key`, in order of first appearance.
+template <typename Key, typename KeyFn>
+std::vector<std::pair<Key, std::vector<int>>> groupRanks(int worldSize,
+                                                         KeyFn keyOf) {
+  std::vector<std::pair<Key, std::vector<int>>> groups;
+  for (int r = 0; r < worldSize; ++r) {
+    Key key = keyOf(r);
+    auto it =
+        std::find_if(groups.begin(), groups.end(),
+                     [&key](const auto &group) { return group.first == key; });
+    if (it == groups.end())
+      groups.push_back({key, {r}});
+    else
+      it->second.push_back(r);
+  }
+  return groups;
+}
+
+/// The group most ranks agree with (ties: the one holding the lowest rank):
+/// the others are reported as the odd ones out.
+template <typename Group> size_t majority(const std::vector<Group> &groups) {
+  size_t best = 0;
+  for (size_t g = 1; g < groups.size(); ++g)
+    if (groups[g].second.size() > groups[best].second.size())
+      best = g;
+  return best;
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Steps
+//===----------------------------------------------------------------------===//
+
+/// The registers of one call, as the kernel of the current step sees them.
+class Executor::StepContext final : public KernelContext {
+public:
+  using KnownShapes = const std::vector<std::vector<int64_t>> *;
+
+  StepContext(Communicator &comm, std::vector<Value> &registers,
+              std::vector<KnownShapes> &known)
+      : comm(comm), registers(registers), known(known) {}
+
+  void begin(const BoundStep &next) {
+    step = &next;
+    pending.assign(next.results.size(), Value());
+  }
+
+  /// Moves the kernel's results into their registers (after the kernel, so
+  /// a result register may also be an operand of the same step), with the
+  /// per-rank sizes of result 0 when its shape flow tells them.
+  void commit() {
+    KnownShapes flowed = nullptr;
+    switch (step->kernel.shapeFlow) {
+    case ShapeFlow::None:
+      break;
+    case ShapeFlow::Operand0:
+      flowed = known[step->operands[0]];
+      break;
+    case ShapeFlow::Elementwise: {
+      // Which operand is 0-d is fixed by the plan, so every rank picks the
+      // same one (and keeps sizes exactly when the others do).
+      const Value &lhs = registers[step->operands[0]];
+      flowed = known[step->operands[lhs.tensor().dim() != 0 ? 0 : 1]];
+      break;
+    }
+    }
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (pending[i].isEmpty())
+        throw Error("the kernel produced no result " + std::to_string(i),
+                    "Report a bug in the dloss runtime");
+      int32_t reg = step->results[i];
+      registers[reg] = std::move(pending[i]);
+      known[reg] = i == 0 ? flowed : nullptr;
+    }
+  }
+
+  Communicator &communicator() override { return comm; }
+  size_t numOperands() const override { return step->operands.size(); }
+  const Value &operand(size_t i) const override {
+    if (i >= step->operands.size())
+      throw Error("the kernel read operand " + std::to_string(i) +
+                      " of a step with " +
+                      std::to_string(step->operands.size()),
+                  kPlanBugHint);
+    const Value &value = registers[step->operands[i]];
+    if (value.isEmpty())
+      throw Error("operand " + std::to_string(i) + " (register " +
+                      std::to_string(step->operands[i]) +
+                      ") is read before it is written or after it is freed",
+                  kPlanBugHint);
+    return value;
+  }
+  void setResult(size_t i, Value value) override {
+    if (i >= pending.size())
+      throw Error("the kernel wrote result " + std::to_string(i) +
+                      " of a step with " + std::to_string(pending.size()),
+                  kPlanBugHint);
+    pending[i] = std::move(value);
+  }
+
+  std::vector<int64_t> rankSizes(size_t i, int64_t axis) override {
+    const at::Tensor &input = tensor(i);
+    if (KnownShapes shapes = known[step->operands[i]]) {
+      std::vector<int64_t> sizes;
+      for (const std::vector<int64_t> &shape : *shapes)
+        sizes.push_back(shape.at(axis));
+      return sizes;
+    }
+    // A computed value: every rank reaches this step with the same register
+    // state, so every rank makes this collective call too.
+    return comm.allGatherInts({input.size(axis)});
+  }
+
+private:
+  Communicator &comm;
+  std::vector<Value> &registers;
+  std::vector<KnownShapes> &known;
+  const BoundStep *step = nullptr;
+  std::vector<Value> pending;
+};
+
+//===----------------------------------------------------------------------===//
+// Executor
+//===----------------------------------------------------------------------===//
+
+Executor::Executor(std::shared_ptr<const PlanFile> planFile,
+                   Communicator &communicator)
+    : plan(std::move(planFile)), comm(communicator) {
+  if (!plan)
+    throw Error("Executor built without a plan",
+                "Load one with PlanFile::load");
+  if (!plan->plan().functions())
+    return;
+  for (const plan::Function *function : *plan->plan().functions()) {
+    std::string name = function->name()->str();
+    auto fail = [&](const std::string &problem) -> Error {
+      return Error("plan '" + plan->name() + "', function @" + name + ": " +
+                       problem,
+                   kPlanBugHint);
+    };
+    int32_t numRegisters = function->num_registers();
+    size_t numArgs = numArguments(*function);
+    if (numRegisters < 0 || numArgs > static_cast<size_t>(numRegisters))
+      throw fail(std::to_string(numArgs) + " arguments do not fit in " +
+                 std::to_string(numRegisters) + " registers");
+    auto checkRegisters = [&](const flatbuffers::Vector<int32_t> *regs,
+                              const char *what) {
+      std::vector<int32_t> out;
+      if (!regs)
+        return out;
+      for (int32_t reg : *regs) {
+        if (reg < 0 || reg >= numRegisters)
+          throw fail(std::string(what) + " register " + std::to_string(reg) +
+                     " is outside [0, " + std::to_string(numRegisters) + ")");
+        out.push_back(reg);
+      }
+      return out;
+    };
+    checkRegisters(function->results(), "result");
+
+    BoundFunction bound;
+    bound.function = function;
+    if (function->steps()) {
+      for (const plan::Step *step : *function->steps()) {
+        BoundStep boundStep;
+        boundStep.op = step->op()->str();
+        boundStep.loc = step->loc() ? step->loc()->str() : "";
+        try {
+          boundStep.operands = checkRegisters(step->operands(), "operand");
+          boundStep.results = checkRegisters(step->results(), "result");
+          boundStep.free = checkRegisters(step->free(), "freed");
+        } catch (const Error &error) {
+          throw error.withOp(boundStep.op).withLocation(boundStep.loc);
+        }
+        boundStep.kernel = bindKernel(*step);
+        bound.steps.push_back(std::move(boundStep));
+      }
+    }
+    functions.emplace(std::move(name), std::move(bound));
+  }
+}
+
+Executor::RankShapes
+Executor::preflight(const std::string &name, const BoundFunction *bound,
+                    const std::vector<at::Tensor> &inputs) {
+  const plan::Function *function = bound ? bound->function : nullptr;
+  std::vector<int64_t> mine = localRecord(*plan, name, function, inputs);
+  std::vector<int64_t> all = comm.allGatherInts(mine);
+  int worldSize = comm.worldSize();
+  if (all.size() != kPreflightLength * static_cast<size_t>(worldSize))
+    throw Error("the preflight exchange returned " +
+                    std::to_string(all.size()) + " values, expected " +
+                    std::to_string(kPreflightLength * worldSize),
+                "Report a bug in the communicator");
+  auto record = [&all](int r) {
+    return Record{all.data() + static_cast<size_t>(r) * kPreflightLength};
+  };
+  auto raise = [&name](const std::string &problem, const std::string &hint) {
+    return Error("preflight of @" + name + ": " + problem, hint);
+  };
+
+  // Checked in order: a later check is only meaningful once the earlier
+  // ones agree (the same plan, then the same function).
+  auto byMagic =
+      groupRanks<int64_t>(worldSize, [&](int r) { return record(r)[Magic]; });
+  if (byMagic.size() > 1) {
+    std::string problem = "ranks run different dloss runtime versions:";
+    for (const auto &group : byMagic)
+      problem += " " + rankList(group.second) + " preflight format " +
+                 hex(group.first) + ";";
+    problem.pop_back();
+    throw raise(problem, "Install the same dloss on every rank");
+  }
+
+  auto byPlan = groupRanks<int64_t>(
+      worldSize, [&](int r) { return record(r)[Fingerprint]; });
+  if (byPlan.size() > 1) {
+    std::string problem = "ranks loaded different plans:";
+    for (size_t g = 0; g < byPlan.size(); ++g)
+      problem += std::string(g ? "," : "") + " " + rankList(byPlan[g].second) +
+                 " plan fingerprint " + hex(byPlan[g].first);
+    throw raise(problem, "Compile the loss once and load the same .plan file "
+                         "on every rank");
+  }
+
+  auto byFunction = groupRanks<int64_t>(
+      worldSize, [&](int r) { return record(r)[FunctionHash]; });
+  if (byFunction.size() > 1) {
+    // Every rank holds the same plan, so each can name the others' calls.
+    std::map<int64_t, std::string> names;
+    for (const std::string &candidate : plan->functionNames())
+      names[hashName(candidate)] = "@" + candidate;
+    std::string problem = "ranks called different functions:";
+    for (size_t g = 0; g < byFunction.size(); ++g) {
+      auto it = names.find(byFunction[g].first);
+      problem += std::string(g ? "," : "") + " " +
+                 rankList(byFunction[g].second) + " called " +
+                 (it != names.end() ? it->second
+                                    : "a function the plan does not have");
+    }
+    throw raise(problem,
+                "Every rank must run the same functions in the same order");
+  }
+
+  auto byFailure = groupRanks<std::string>(worldSize, [&](int r) {
+    Record rec = record(r);
+    return rec[Status] == Ok ? std::string()
+                             : describeFailure(rec, name, *plan, function);
+  });
+  std::string failures;
+  for (const auto &group : byFailure)
+    if (!group.first.empty())
+      failures += (failures.empty() ? "" : "; ") + rankList(group.second) +
+                  " " + group.first;
+  if (!failures.empty())
+    throw raise(failures, "Pass every rank inputs of the function's argument "
+                          "types (? marks a size that may vary)");
+
+  // Cross-rank agreement: only the batch dimension (0) of varying arguments
+  // may differ; replicated arguments hold the same value everywhere.
+  RankShapes shapes(numArguments(*function));
+  std::string mismatches;
+  bool replicatedMismatch = false;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const plan::Argument *argument = function->arguments()->Get(i);
+    if (argument->type()->kind() != plan::RegisterKind::tensor ||
+        !record(0).recorded(i) || !record(0).fullShape(i))
+      continue;
+    bool replicated = argument->replicated();
+    auto byShape = groupRanks<std::vector<int64_t>>(worldSize, [&](int r) {
+      std::vector<int64_t> shape = record(r).shape(i);
+      if (!replicated && !shape.empty())
+        shape.erase(shape.begin());
+      return shape;
+    });
+    if (byShape.size() > 1) {
+      size_t best = majority(byShape);
+      std::string common = record(byShape[best].second.front()).shapeText(i);
+      for (size_t g = 0; g < byShape.size(); ++g) {
+        if (g == best)
+          continue;
+        mismatches += (mismatches.empty() ? "" : "; ") +
+                      rankList(byShape[g].second) + " passed " +
+                      (replicated ? "replicated " : "") +
+                      argumentName(*function, i) + " of shape " +
+                      record(byShape[g].second.front()).shapeText(i) + ", " +
+                      rankList(byShape[best].second) + " " + common;
+      }
+      replicatedMismatch |= replicated;
+      continue;
+    }
+    for (int r = 0; r < worldSize; ++r)
+      shapes[i].push_back(record(r).shape(i));
+  }
+  if (!mismatches.empty())
+    throw raise(mismatches,
+                replicatedMismatch
+                    ? "A replicated argument must be the same tensor on "
+                      "every rank, and other arguments may differ only in "
+                      "dimension 0 (the batch)"
+                    : "Ranks may differ only in dimension 0 (the batch) of "
+                      "an argument");
+  return shapes;
+}
+
+std::vector<at::Tensor> Executor::run(const std::string &name,
+                                      const std::vector<at::Tensor> &inputs) {
+  auto found = functions.find(name);
+  const BoundFunction *bound =
+      found == functions.end() ? nullptr : &found->second;
+  // Nothing may raise before the preflight: the other ranks would wait in it
+  // until their deadline instead of hearing what went wrong.
+  RankShapes shapes = preflight(name, bound, inputs);
+  const plan::Function &function = *bound->function;
+  int rank = comm.rank();
+
+  std::vector<Value> registers(function.num_registers());
+  std::vector<StepContext::KnownShapes> known(registers.size(), nullptr);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (function.arguments()->Get(i)->type()->kind() ==
+        plan::RegisterKind::index)
+      registers[i] = Value::ofIndex(inputs[i].item<int64_t>());
+    else
+      registers[i] = inputs[i];
+    if (!shapes[i].empty())
+      known[i] = &shapes[i];
+  }
+
+  StepContext context(comm, registers, known);
+  for (const BoundStep &step : bound->steps) {
+    try {
+      context.begin(step);
+      step.kernel.run(context);
+      context.commit();
+    } catch (const Error &error) {
+      throw error.withRank(rank).withOp(step.op).withLocation(step.loc);
+    } catch (const c10::Error &error) {
+      throw Error(ErrorInfo{error.what_without_backtrace(),
+                            "ATen rejected the operands; check the shapes and "
+                            "dtypes of the function's inputs",
+                            rank, step.op, step.loc});
+    } catch (const std::exception &error) {
+      throw Error(ErrorInfo{error.what(), "", rank, step.op, step.loc});
+    }
+    // Drop dead values now, so their buffers return to the allocator before
+    // the next (possibly large) intermediate is allocated.
+    for (int32_t reg : step.free) {
+      registers[reg].reset();
+      known[reg] = nullptr;
+    }
+  }
+
+  std::vector<at::Tensor> results;
+  if (function.results()) {
+    for (int32_t reg : *function.results()) {
+      const Value &value = registers[reg];
+      if (value.isEmpty())
+        throw Error(ErrorInfo{"result register " + std::to_string(reg) +
+                                  " of @" + name + " holds no value",
+                              kPlanBugHint,
+                              rank,
+                              {},
+                              {}});
+      results.push_back(
+          value.isIndex()
+              ? at::scalar_tensor(value.index(), at::TensorOptions(at::kLong))
+              : value.tensor());
+    }
+  }
+  return results;
+}
+
+} // namespace dloss

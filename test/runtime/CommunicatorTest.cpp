@@ -1,0 +1,881 @@
+// Tests of the communicators: the Gloo engine across real processes on
+// loopback (world sizes 1-4, uneven sizes, failures), the single-process
+// communicator, and RendezvousOptions::fromEnvironment.
+#include "runtime/Communicator.h"
+#include "runtime/Error.h"
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace {
+
+using dloss::Communicator;
+using dloss::Reduction;
+using dloss::RendezvousOptions;
+using Clock = std::chrono::steady_clock;
+
+//===----------------------------------------------------------------------===//
+// Child processes
+//===----------------------------------------------------------------------===//
+
+// Longest a group of children may run before the parent kills them: far
+// above the few seconds a healthy run takes, well below ctest's TIMEOUT.
+constexpr std::chrono::seconds kChildLimit{60};
+// Deadline of the children's collectives: a bug fails, it does not hang.
+constexpr std::chrono::seconds kCollectiveTimeout{30};
+
+// A failed check inside a child: reported on stderr, turned into exit code 1.
+struct CheckFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+#define CHILD_CHECK(condition, message)                                        \
+  do {                                                                         \
+    if (!(condition)) {                                                        \
+      std::ostringstream checkMessage_;                                        \
+      checkMessage_ << __FILE__ << ":" << __LINE__ << ": " << message;         \
+      throw CheckFailure(checkMessage_.str());                                 \
+    }                                                                          \
+  } while (false)
+
+// How one child ended: its exit code, or the signal that killed it.
+struct ChildOutcome {
+  int rank = -1;
+  std::optional<int> exitCode;
+  std::optional<int> signal;
+  bool killedByParent = false;
+};
+
+std::string describe(const ChildOutcome &outcome) {
+  std::ostringstream out;
+  out << "rank " << outcome.rank << ": ";
+  if (outcome.killedByParent)
+    out << "still running after " << kChildLimit.count()
+        << " s, killed by the test";
+  else if (outcome.exitCode)
+    out << "exit code " << *outcome.exitCode;
+  else if (outcome.signal)
+    out << "killed by signal " << *outcome.signal;
+  return out.str();
+}
+
+// A port nobody listens on now: the kernel picks it, so concurrently running
+// tests get different ones.
+int freePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0)
+    throw std::runtime_error("socket() failed");
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  if (::bind(fd, reinterpret_cast<sockaddr *>(&address), sizeof(address)) !=
+          0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr *>(&address), &length) != 0) {
+    ::close(fd);
+    throw std::runtime_error("could not bind a port");
+  }
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+// Forks one child per entry of `ranks`, runs `body(rank)` in each and reports
+// how they ended; a child that outlives kChildLimit is killed, so a test never
+// hangs. Children leave with _exit: they must not run the parent's gtest
+// teardown or atexit handlers.
+std::vector<ChildOutcome> runChildren(const std::vector<int> &ranks,
+                                      const std::function<void(int)> &body) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<pid_t> pids;
+  for (int rank : ranks) {
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      for (pid_t started : pids)
+        ::kill(started, SIGKILL);
+      throw std::runtime_error("fork failed");
+    }
+    if (pid == 0) {
+      int code = 0;
+      try {
+        body(rank);
+      } catch (const CheckFailure &e) {
+        std::fprintf(stderr, "[child rank %d] check failed: %s\n", rank,
+                     e.what());
+        code = 1;
+      } catch (const std::exception &e) {
+        std::fprintf(stderr, "[child rank %d] unexpected exception: %s\n", rank,
+                     e.what());
+        code = 2;
+      } catch (...) {
+        std::fprintf(stderr, "[child rank %d] unexpected exception\n", rank);
+        code = 3;
+      }
+      std::fflush(stderr);
+      std::fflush(stdout);
+      ::_exit(code);
+    }
+    pids.push_back(pid);
+  }
+
+  std::vector<ChildOutcome> outcomes(ranks.size());
+  size_t remaining = ranks.size();
+  Clock::time_point limit = Clock::now() + kChildLimit;
+  for (size_t i = 0; i < ranks.size(); ++i)
+    outcomes[i].rank = ranks[i];
+  std::vector<bool> reaped(ranks.size(), false);
+  while (remaining > 0) {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (reaped[i])
+        continue;
+      int status = 0;
+      if (::waitpid(pids[i], &status, WNOHANG) != pids[i])
+        continue;
+      reaped[i] = true;
+      --remaining;
+      if (WIFEXITED(status))
+        outcomes[i].exitCode = WEXITSTATUS(status);
+      else if (WIFSIGNALED(status))
+        outcomes[i].signal = WTERMSIG(status);
+    }
+    if (remaining == 0)
+      break;
+    if (Clock::now() > limit) {
+      for (size_t i = 0; i < pids.size(); ++i) {
+        if (reaped[i])
+          continue;
+        ::kill(pids[i], SIGKILL);
+        ::waitpid(pids[i], nullptr, 0);
+        outcomes[i].killedByParent = true;
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return outcomes;
+}
+
+// Asserts that every child exited 0 (their checks passed).
+void expectAllSucceeded(const std::vector<ChildOutcome> &outcomes,
+                        const std::string &context) {
+  for (const ChildOutcome &outcome : outcomes)
+    EXPECT_TRUE(outcome.exitCode && *outcome.exitCode == 0)
+        << context << ": " << describe(outcome);
+}
+
+RendezvousOptions loopbackOptions(int port, int rank, int worldSize,
+                                  std::chrono::milliseconds timeout) {
+  RendezvousOptions options;
+  options.masterAddr = "127.0.0.1";
+  options.masterPort = port;
+  options.rank = rank;
+  options.worldSize = worldSize;
+  options.timeout = timeout;
+  return options;
+}
+
+// Runs `body` on every rank of a Gloo job of `worldSize` processes and
+// expects all of them to pass their checks.
+void runGloo(int worldSize, const std::function<void(Communicator &)> &body) {
+  int port = freePort();
+  std::vector<int> ranks;
+  for (int r = 0; r < worldSize; ++r)
+    ranks.push_back(r);
+  auto outcomes = runChildren(ranks, [&](int rank) {
+    auto communicator = dloss::connectGloo(
+        loopbackOptions(port, rank, worldSize, kCollectiveTimeout));
+    CHILD_CHECK(communicator->rank() == rank, "rank() is wrong");
+    CHILD_CHECK(communicator->worldSize() == worldSize, "worldSize() is wrong");
+    body(*communicator);
+  });
+  expectAllSucceeded(outcomes, "world size " + std::to_string(worldSize));
+}
+
+//===----------------------------------------------------------------------===//
+// Rank-dependent data and the single-process reference
+//===----------------------------------------------------------------------===//
+
+// Uneven per-rank batch sizes, as a last batch or filtered data give.
+std::vector<int64_t> unevenSizes(int worldSize) {
+  static const int64_t sizes[] = {5, 3, 7, 1};
+  return std::vector<int64_t>(sizes, sizes + worldSize);
+}
+
+// Small integers (exact in every dtype) whose element-wise maximum and
+// minimum come from different ranks at different positions.
+at::Tensor rankData(int rank, at::IntArrayRef shape, at::ScalarType type) {
+  at::Tensor index = at::arange(c10::multiply_integers(shape), at::kLong);
+  at::Tensor values = (index * (2 * rank + 3) + 5 * rank).remainder(11) - 5;
+  return values.reshape(shape).to(type);
+}
+
+void expectTensor(const at::Tensor &actual, const at::Tensor &expected,
+                  const std::string &what) {
+  bool sameShape = actual.sizes() == expected.sizes();
+  bool sameType = actual.scalar_type() == expected.scalar_type();
+  bool sameValues = false;
+  if (sameShape && sameType)
+    sameValues = at::isFloatingType(actual.scalar_type())
+                     ? at::allclose(actual, expected, 1e-6, 1e-6)
+                     : at::equal(actual, expected);
+  CHILD_CHECK(sameValues, what << ": got " << actual.sizes() << " "
+                               << actual.scalar_type() << "\n"
+                               << actual << "\nexpected " << expected.sizes()
+                               << " " << expected.scalar_type() << "\n"
+                               << expected);
+}
+
+at::Tensor reduceReference(const std::vector<at::Tensor> &pieces,
+                           Reduction op) {
+  at::Tensor stacked = at::stack(pieces);
+  switch (op) {
+  case Reduction::Sum:
+    return stacked.sum(0).to(pieces[0].scalar_type());
+  case Reduction::Mean:
+    return stacked.mean(0);
+  case Reduction::Max:
+    return std::get<0>(stacked.max(0));
+  case Reduction::Min:
+    return std::get<0>(stacked.min(0));
+  }
+  return {};
+}
+
+const char *name(Reduction op) {
+  switch (op) {
+  case Reduction::Sum:
+    return "Sum";
+  case Reduction::Mean:
+    return "Mean";
+  case Reduction::Max:
+    return "Max";
+  case Reduction::Min:
+    return "Min";
+  }
+  return "?";
+}
+
+//===----------------------------------------------------------------------===//
+// Collectives, world sizes 1-4
+//===----------------------------------------------------------------------===//
+
+TEST(GlooCommunicatorTest, AllGatherUnevenAxis0) {
+  for (int n = 1; n <= 4; ++n)
+    runGloo(n, [n](Communicator &comm) {
+      int rank = comm.rank();
+      std::vector<int64_t> sizes = unevenSizes(n);
+      at::Tensor input = rankData(rank, {sizes[rank], 4}, at::kFloat);
+      at::Tensor before = input.clone();
+      at::Tensor gathered = comm.allGather(input, 0, sizes);
+
+      std::vector<at::Tensor> pieces;
+      for (int r = 0; r < n; ++r)
+        pieces.push_back(rankData(r, {sizes[r], 4}, at::kFloat));
+      expectTensor(gathered, at::cat(pieces, 0), "allGather axis 0");
+      expectTensor(input, before, "allGather left its input alone");
+
+      // A rank with an empty shard (filtered data) still takes part.
+      std::vector<int64_t> withEmpty = sizes;
+      withEmpty[n - 1] = 0;
+      at::Tensor shard = rankData(rank, {withEmpty[rank], 4}, at::kFloat);
+      std::vector<at::Tensor> expected;
+      for (int r = 0; r < n; ++r)
+        expected.push_back(rankData(r, {withEmpty[r], 4}, at::kFloat));
+      expectTensor(comm.allGather(shard, 0, withEmpty), at::cat(expected, 0),
+                   "allGather with an empty shard");
+    });
+}
+
+TEST(GlooCommunicatorTest, AllGatherUnevenAxis1) {
+  for (int n = 1; n <= 4; ++n)
+    runGloo(n, [n](Communicator &comm) {
+      int rank = comm.rank();
+      std::vector<int64_t> sizes = unevenSizes(n);
+      for (at::ScalarType type : {at::kDouble, at::kLong, at::kBool}) {
+        at::Tensor input = rankData(rank, {2, sizes[rank], 3}, type);
+        std::vector<at::Tensor> pieces;
+        for (int r = 0; r < n; ++r)
+          pieces.push_back(rankData(r, {2, sizes[r], 3}, type));
+        at::Tensor expected = at::cat(pieces, 1);
+        expectTensor(comm.allGather(input, 1, sizes), expected,
+                     std::string("allGather axis 1, ") + c10::toString(type));
+        // A negative axis counts from the end.
+        expectTensor(comm.allGather(input, -2, sizes), expected,
+                     "allGather axis -2");
+      }
+      // A non-contiguous input (a transposed view) gathers by value.
+      at::Tensor transposed = rankData(rank, {sizes[rank], 2}, at::kFloat).t();
+      std::vector<at::Tensor> pieces;
+      for (int r = 0; r < n; ++r)
+        pieces.push_back(rankData(r, {sizes[r], 2}, at::kFloat).t());
+      expectTensor(comm.allGather(transposed, 1, sizes), at::cat(pieces, 1),
+                   "allGather of a transposed view");
+    });
+}
+
+void checkAllReduce(Communicator &comm, at::ScalarType type,
+                    const std::vector<Reduction> &ops) {
+  int n = comm.worldSize();
+  at::Tensor input = rankData(comm.rank(), {4, 3}, type);
+  at::Tensor before = input.clone();
+  std::vector<at::Tensor> pieces;
+  for (int r = 0; r < n; ++r)
+    pieces.push_back(rankData(r, {4, 3}, type));
+  for (Reduction op : ops) {
+    at::Tensor reduced = comm.allReduce(input, op);
+    expectTensor(reduced, reduceReference(pieces, op),
+                 std::string("allReduce ") + name(op) + " " +
+                     c10::toString(type));
+    expectTensor(input, before, "allReduce left its input alone");
+  }
+}
+
+TEST(GlooCommunicatorTest, AllReduceFloat) {
+  for (int n = 1; n <= 4; ++n)
+    runGloo(n, [](Communicator &comm) {
+      checkAllReduce(
+          comm, at::kFloat,
+          {Reduction::Sum, Reduction::Mean, Reduction::Max, Reduction::Min});
+      checkAllReduce(comm, at::kDouble, {Reduction::Mean});
+    });
+}
+
+TEST(GlooCommunicatorTest, AllReduceInt64) {
+  for (int n = 1; n <= 4; ++n)
+    runGloo(n, [](Communicator &comm) {
+      checkAllReduce(comm, at::kLong,
+                     {Reduction::Sum, Reduction::Max, Reduction::Min});
+      // Integer Mean is rejected before anything moves, on every rank alike,
+      // and leaves the communicator usable.
+      at::Tensor ints = rankData(comm.rank(), {2}, at::kLong);
+      bool threw = false;
+      try {
+        comm.allReduce(ints, Reduction::Mean);
+      } catch (const dloss::Error &e) {
+        threw = true;
+        CHILD_CHECK(std::string(e.what()).find("Mean") != std::string::npos,
+                    "unexpected message: " << e.what());
+        CHILD_CHECK(e.rank() == comm.rank(), "the error names no rank");
+      }
+      CHILD_CHECK(threw, "integer Mean did not raise dloss::Error");
+      checkAllReduce(comm, at::kLong, {Reduction::Sum});
+    });
+}
+
+TEST(GlooCommunicatorTest, ReduceScatterUneven) {
+  for (int n = 1; n <= 4; ++n)
+    runGloo(n, [n](Communicator &comm) {
+      int rank = comm.rank();
+      std::vector<int64_t> sizes = unevenSizes(n);
+      int64_t total = 0, offset = 0;
+      for (int r = 0; r < n; ++r) {
+        if (r < rank)
+          offset += sizes[r];
+        total += sizes[r];
+      }
+      std::vector<at::Tensor> pieces;
+      for (int r = 0; r < n; ++r)
+        pieces.push_back(rankData(r, {total, 3}, at::kFloat));
+      for (Reduction op : {Reduction::Sum, Reduction::Mean}) {
+        at::Tensor expected =
+            reduceReference(pieces, op).narrow(0, offset, sizes[rank]);
+        expectTensor(comm.reduceScatter(pieces[rank], op, 0, sizes), expected,
+                     std::string("reduceScatter axis 0 ") + name(op));
+      }
+      // Along the last axis too.
+      std::vector<at::Tensor> wide;
+      for (int r = 0; r < n; ++r)
+        wide.push_back(rankData(r, {2, total}, at::kLong));
+      expectTensor(
+          comm.reduceScatter(wide[rank], Reduction::Sum, 1, sizes),
+          reduceReference(wide, Reduction::Sum).narrow(1, offset, sizes[rank]),
+          "reduceScatter axis 1 Sum");
+    });
+}
+
+TEST(GlooCommunicatorTest, BroadcastFromNonZeroRoot) {
+  for (int n = 1; n <= 4; ++n)
+    runGloo(n, [n](Communicator &comm) {
+      for (int root : {n - 1, n / 2}) {
+        // Only the root's values matter; the others give the shape.
+        at::Tensor input = comm.rank() == root
+                               ? rankData(root, {3, 5}, at::kFloat)
+                               : at::full({3, 5}, 99.0f);
+        at::Tensor before = input.clone();
+        expectTensor(comm.broadcast(input, root),
+                     rankData(root, {3, 5}, at::kFloat),
+                     "broadcast from root " + std::to_string(root));
+        expectTensor(input, before, "broadcast left its input alone");
+      }
+    });
+}
+
+TEST(GlooCommunicatorTest, RingShiftWithDifferentShapes) {
+  for (int n = 1; n <= 4; ++n)
+    runGloo(n, [n](Communicator &comm) {
+      int rank = comm.rank();
+      std::vector<int64_t> sizes = unevenSizes(n);
+      auto shapeOf = [&](int r) {
+        return std::vector<int64_t>{sizes[r], 2 + r};
+      };
+      for (int64_t shift : {int64_t{1}, int64_t{-1}, int64_t{2}, int64_t{n + 1},
+                            int64_t{-2 * n - 1}}) {
+        int source = static_cast<int>(((rank - shift) % n + n) % n);
+        for (at::ScalarType type : {at::kFloat, at::kBool}) {
+          at::Tensor input = rankData(rank, shapeOf(rank), type);
+          expectTensor(comm.ringShift(input, shift),
+                       rankData(source, shapeOf(source), type),
+                       "ringShift by " + std::to_string(shift) + " " +
+                           c10::toString(type));
+        }
+      }
+      // Ranks whose tensor is empty send and receive shapes only.
+      at::Tensor maybeEmpty = rankData(rank, {rank % 2, 3}, at::kFloat);
+      int source = (rank - 1 + n) % n;
+      expectTensor(comm.ringShift(maybeEmpty, 1),
+                   rankData(source, {source % 2, 3}, at::kFloat),
+                   "ringShift of possibly empty tensors");
+    });
+}
+
+TEST(GlooCommunicatorTest, AllGatherInts) {
+  for (int n = 1; n <= 4; ++n)
+    runGloo(n, [n](Communicator &comm) {
+      int64_t r = comm.rank();
+      std::vector<int64_t> gathered =
+          comm.allGatherInts({r, 10 * r, -r, int64_t{1} << 40});
+      std::vector<int64_t> expected;
+      for (int64_t q = 0; q < n; ++q)
+        expected.insert(expected.end(), {q, 10 * q, -q, int64_t{1} << 40});
+      CHILD_CHECK(gathered == expected, "allGatherInts gave a wrong result");
+      CHILD_CHECK(comm.allGatherInts({}).empty(),
+                  "allGatherInts of nothing gave something");
+    });
+}
+
+TEST(GlooCommunicatorTest, SendRecvPairs) {
+  for (int n = 2; n <= 4; ++n)
+    runGloo(n, [n](Communicator &comm) {
+      int rank = comm.rank();
+      int next = (rank + 1) % n;
+      int previous = (rank - 1 + n) % n;
+      // A ring of transfers, receives posted first; two tags in flight.
+      at::Tensor fromPrevious = at::empty({3, 4}, at::kFloat);
+      at::Tensor longFromPrevious = at::empty({6}, at::kLong);
+      auto receive = comm.recv(fromPrevious, previous, 7);
+      auto receiveLong = comm.recv(longFromPrevious, previous, 8);
+      at::Tensor outgoing = rankData(rank, {3, 4}, at::kFloat);
+      auto sendLong = comm.send(rankData(rank, {6}, at::kLong), next, 8);
+      auto send = comm.send(outgoing, next, 7);
+      receive->wait();
+      receiveLong->wait();
+      send->wait();
+      sendLong->wait();
+      expectTensor(fromPrevious, rankData(previous, {3, 4}, at::kFloat),
+                   "recv tag 7");
+      expectTensor(longFromPrevious, rankData(previous, {6}, at::kLong),
+                   "recv tag 8");
+
+      // Pairs (0,1), (2,3): a transposed (non-contiguous) bool target is
+      // staged and copied back.
+      int partner = rank ^ 1;
+      if (partner < n) {
+        at::Tensor target = at::zeros({4, 2}, at::kBool).t();
+        auto in = comm.recv(target, partner, 0);
+        auto out = comm.send(rankData(rank, {2, 4}, at::kBool), partner, 0);
+        in->wait();
+        out->wait();
+        expectTensor(target, rankData(partner, {2, 4}, at::kBool),
+                     "recv into a transposed bool tensor");
+      }
+    });
+}
+
+//===----------------------------------------------------------------------===//
+// Failures
+//===----------------------------------------------------------------------===//
+
+double secondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// World 3, rank 2 never starts: both survivors fail at the deadline, naming
+// rank 2.
+TEST(GlooCommunicatorTest, RendezvousNamesTheMissingRank) {
+  constexpr auto timeout = std::chrono::seconds(3);
+  int port = freePort();
+  Clock::time_point start = Clock::now();
+  auto outcomes = runChildren({0, 1}, [&](int rank) {
+    Clock::time_point joined = Clock::now();
+    try {
+      dloss::connectGloo(loopbackOptions(port, rank, 3, timeout));
+    } catch (const dloss::Error &e) {
+      double elapsed = secondsSince(joined);
+      std::fprintf(stderr, "[rank %d] rendezvous failed after %.2f s: %s\n",
+                   rank, elapsed, e.what());
+      std::string message = e.what();
+      CHILD_CHECK(message.find("rank 2 never joined") != std::string::npos,
+                  "the error does not name rank 2: " << message);
+      CHILD_CHECK(message.find("DLOSS_TIMEOUT_S") != std::string::npos,
+                  "the error says not what to do: " << message);
+      CHILD_CHECK(e.rank() == rank, "the error names no rank");
+      CHILD_CHECK(elapsed > 2.5 && elapsed < 3.0 + 5.0,
+                  "failed after " << elapsed << " s, deadline 3 s");
+      return;
+    }
+    CHILD_CHECK(false, "the rendezvous of 2 out of 3 ranks succeeded");
+  });
+  expectAllSucceeded(outcomes, "missing rank 2");
+  EXPECT_LT(secondsSince(start), 3.0 + 10.0);
+}
+
+// Rank 0 hosts the store; when it never starts, the others name it.
+TEST(GlooCommunicatorTest, RendezvousNamesAMissingRankZero) {
+  constexpr auto timeout = std::chrono::seconds(3);
+  int port = freePort();
+  auto outcomes = runChildren({1}, [&](int rank) {
+    Clock::time_point joined = Clock::now();
+    try {
+      dloss::connectGloo(loopbackOptions(port, rank, 2, timeout));
+    } catch (const dloss::Error &e) {
+      double elapsed = secondsSince(joined);
+      std::fprintf(stderr, "[rank %d] rendezvous failed after %.2f s: %s\n",
+                   rank, elapsed, e.what());
+      std::string message = e.what();
+      CHILD_CHECK(message.find("rank 0 never joined") != std::string::npos,
+                  "the error does not name rank 0: " << message);
+      CHILD_CHECK(elapsed < 3.0 + 5.0,
+                  "failed after " << elapsed << " s, deadline 3 s");
+      return;
+    }
+    CHILD_CHECK(false, "the rendezvous without rank 0 succeeded");
+  });
+  expectAllSucceeded(outcomes, "missing rank 0");
+}
+
+// Runs `collective` on ranks 0 and 1 of a world of 3 while rank 2 misbehaves
+// (`rank2`: dies or stalls), and checks on the survivors that the collective
+// raises a dloss::Error within [minSeconds, maxSeconds] containing one of
+// `needles`, after which the communicator refuses further calls at once.
+void expectCollectiveFailure(
+    std::chrono::milliseconds timeout, const std::function<void()> &rank2,
+    const std::function<void(Communicator &)> &collective,
+    const std::string &collectiveName, const std::vector<std::string> &needles,
+    double minSeconds, double maxSeconds, std::optional<int> rank2Signal) {
+  int port = freePort();
+  auto outcomes = runChildren({0, 1, 2}, [&](int rank) {
+    auto comm = dloss::connectGloo(loopbackOptions(port, rank, 3, timeout));
+    // One collective that works, so the mesh is surely up.
+    comm->allReduce(at::ones({4}), Reduction::Sum);
+    if (rank == 2) {
+      rank2();
+      return;
+    }
+    Clock::time_point start = Clock::now();
+    try {
+      collective(*comm);
+    } catch (const dloss::Error &e) {
+      double elapsed = secondsSince(start);
+      std::fprintf(stderr, "[rank %d] %s failed after %.2f s: %s\n", rank,
+                   collectiveName.c_str(), elapsed, e.what());
+      std::string message = e.what();
+      bool saysWhatToDo = false;
+      for (const std::string &needle : needles)
+        saysWhatToDo |= message.find(needle) != std::string::npos;
+      CHILD_CHECK(
+          message.find(collectiveName) != std::string::npos && saysWhatToDo,
+          "the error does not say what failed and what to do: " << message);
+      CHILD_CHECK(e.rank() == rank, "the error names no rank");
+      CHILD_CHECK(elapsed >= minSeconds && elapsed <= maxSeconds,
+                  "failed after " << elapsed << " s, expected " << minSeconds
+                                  << " to " << maxSeconds);
+
+      Clock::time_point retry = Clock::now();
+      try {
+        comm->allGatherInts({1});
+      } catch (const dloss::Error &again) {
+        CHILD_CHECK(std::string(again.what()).find("unusable") !=
+                        std::string::npos,
+                    "unexpected second error: " << again.what());
+        CHILD_CHECK(secondsSince(retry) < 1.0, "the second call was slow");
+        return;
+      }
+      CHILD_CHECK(false, "the broken communicator accepted another call");
+    }
+    CHILD_CHECK(false, collectiveName << " succeeded without rank 2");
+  });
+  ASSERT_EQ(outcomes.size(), 3u);
+  expectAllSucceeded({outcomes[0], outcomes[1]}, "survivor");
+  if (rank2Signal)
+    EXPECT_EQ(outcomes[2].signal, rank2Signal) << describe(outcomes[2]);
+}
+
+void dieAbruptly() {
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ::raise(SIGKILL);
+}
+
+// A peer dies (SIGKILL, no goodbye) while the others are in a collective:
+// they fail fast, long before the 60 s deadline.
+TEST(GlooCommunicatorTest, PeerDeathFailsAllReduceQuickly) {
+  expectCollectiveFailure(
+      std::chrono::seconds(60), dieAbruptly,
+      [](Communicator &comm) {
+        comm.allReduce(at::ones({1 << 16}), Reduction::Sum);
+      },
+      "allReduce", {"other ranks' logs"}, 0.0, 15.0, SIGKILL);
+}
+
+TEST(GlooCommunicatorTest, PeerDeathFailsRingShiftQuickly) {
+  // Ranks 0 and 1 receive from 2 and 0: rank 0 waits on the dead rank.
+  expectCollectiveFailure(
+      std::chrono::seconds(60), dieAbruptly,
+      [](Communicator &comm) {
+        comm.ringShift(at::ones({3, 2}), 1);
+        comm.ringShift(at::ones({3, 2}), 1);
+      },
+      "ringShift", {"other ranks' logs"}, 0.0, 15.0, SIGKILL);
+}
+
+// A peer that stays alive but never calls the collective: the others fail at
+// the deadline and are told about DLOSS_TIMEOUT_S.
+TEST(GlooCommunicatorTest, StalledPeerTimesOutAllReduce) {
+  expectCollectiveFailure(
+      std::chrono::seconds(3),
+      [] { std::this_thread::sleep_for(std::chrono::seconds(6)); },
+      [](Communicator &comm) { comm.allReduce(at::ones({8}), Reduction::Sum); },
+      "allReduce", {"DLOSS_TIMEOUT_S"}, 2.5, 3.0 + 5.0, std::nullopt);
+}
+
+TEST(GlooCommunicatorTest, StalledPeerTimesOutRingShift) {
+  // Rank 0 waits on rank 2 and times out; rank 1 waits on rank 0's data and
+  // may see rank 0 give up (connection closed) at the same moment.
+  expectCollectiveFailure(
+      std::chrono::seconds(3),
+      [] { std::this_thread::sleep_for(std::chrono::seconds(6)); },
+      [](Communicator &comm) {
+        comm.ringShift(at::ones({3, 2}), 1);
+        comm.ringShift(at::ones({3, 2}), 1);
+      },
+      "ringShift", {"DLOSS_TIMEOUT_S", "other ranks' logs"}, 2.5, 3.0 + 5.0,
+      std::nullopt);
+}
+
+// Bad arguments are dloss::Errors raised before any communication, so the
+// communicator stays usable.
+TEST(GlooCommunicatorTest, RejectsBadArgumentsWithoutBreaking) {
+  runGloo(2, [](Communicator &comm) {
+    int rank = comm.rank();
+    auto expectError = [&](const std::function<void()> &call,
+                           const std::string &needle) {
+      try {
+        call();
+      } catch (const dloss::Error &e) {
+        CHILD_CHECK(std::string(e.what()).find(needle) != std::string::npos,
+                    "expected '" << needle << "' in: " << e.what());
+        return;
+      }
+      CHILD_CHECK(false, "no dloss::Error mentioning '" << needle << "'");
+    };
+    at::Tensor x = at::ones({rank + 2, 3});
+    expectError([&] { comm.allGather(x, 0, {rank + 2}); },
+                "expected one per rank");
+    expectError([&] { comm.allGather(x, 0, {9, 9}); }, "sizes[");
+    expectError([&] { comm.allGather(x, 2, {2, 3}); }, "out of range");
+    expectError(
+        [&] {
+          comm.reduceScatter(x, Reduction::Sum, 0, {1, 5});
+        },
+        "add up to");
+    expectError([&] { comm.broadcast(x, 2); }, "root 2");
+    expectError([&] { comm.send(x, rank, 0); }, "not another rank");
+    expectError([&] { comm.send(x, 1 - rank, 1 << 30); }, "reserved");
+    // Still healthy.
+    std::vector<int64_t> sizes = {2, 3};
+    expectTensor(comm.allGather(x, 0, sizes), at::ones({5, 3}),
+                 "allGather after rejected calls");
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// Single-process communicator
+//===----------------------------------------------------------------------===//
+
+TEST(SingleProcessCommunicatorTest, EveryCollectiveIsACopy) {
+  auto outcomes = runChildren({0}, [](int) {
+    auto comm = dloss::makeSingleProcessCommunicator();
+    CHILD_CHECK(comm->rank() == 0 && comm->worldSize() == 1, "not 0 of 1");
+    at::Tensor x = rankData(0, {5, 3}, at::kFloat);
+    std::vector<at::Tensor> results = {
+        comm->allGather(x, 0, {5}),
+        comm->allReduce(x, Reduction::Sum),
+        comm->allReduce(x, Reduction::Mean),
+        comm->allReduce(x, Reduction::Max),
+        comm->reduceScatter(x, Reduction::Mean, 0, {5}),
+        comm->broadcast(x, 0),
+        comm->ringShift(x, 1),
+        comm->ringShift(x, -3),
+    };
+    for (const at::Tensor &result : results) {
+      expectTensor(result, x, "identity");
+      CHILD_CHECK(!result.is_same(x) && result.data_ptr() != x.data_ptr(),
+                  "a result aliases the input");
+    }
+    CHILD_CHECK(comm->allGatherInts({3, 4}) == std::vector<int64_t>({3, 4}),
+                "allGatherInts is not the identity");
+
+    auto expectError = [&](const std::function<void()> &call,
+                           const std::string &needle) {
+      try {
+        call();
+      } catch (const dloss::Error &e) {
+        CHILD_CHECK(std::string(e.what()).find(needle) != std::string::npos,
+                    "expected '" << needle << "' in: " << e.what());
+        return;
+      }
+      CHILD_CHECK(false, "no dloss::Error mentioning '" << needle << "'");
+    };
+    expectError([&] { comm->send(x, 0, 0); }, "single-process");
+    expectError([&] { comm->recv(x, 0, 0); }, "single-process");
+    expectError([&] { comm->allReduce(x.to(at::kLong), Reduction::Mean); },
+                "integer");
+    expectError([&] { comm->allGather(x, 0, {4}); }, "sizes");
+    expectError([&] { comm->broadcast(x, 1); }, "root 1");
+  });
+  expectAllSucceeded(outcomes, "single process");
+}
+
+//===----------------------------------------------------------------------===//
+// RendezvousOptions::fromEnvironment
+//===----------------------------------------------------------------------===//
+
+// Sets (or unsets, with nullptr) the rendezvous variables for one test and
+// restores them afterwards.
+class RendezvousOptionsTest : public ::testing::Test {
+protected:
+  static constexpr const char *kVariables[] = {
+      "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "DLOSS_TIMEOUT_S"};
+
+  void SetUp() override {
+    for (const char *variable : kVariables) {
+      const char *value = std::getenv(variable);
+      saved.emplace_back(variable, value ? std::optional<std::string>(value)
+                                         : std::nullopt);
+    }
+    clearVariables();
+  }
+
+  static void clearVariables() {
+    for (const char *variable : kVariables)
+      ::unsetenv(variable);
+  }
+
+  void TearDown() override {
+    for (const auto &[variable, value] : saved) {
+      if (value)
+        ::setenv(variable.c_str(), value->c_str(), 1);
+      else
+        ::unsetenv(variable.c_str());
+    }
+  }
+
+  static void set(const char *variable, const char *value) {
+    ::setenv(variable, value, 1);
+  }
+
+  // The message of the dloss::Error fromEnvironment raises ("" if none).
+  static std::string errorMessage() {
+    try {
+      RendezvousOptions::fromEnvironment();
+    } catch (const dloss::Error &e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+};
+
+TEST_F(RendezvousOptionsTest, DefaultsToOneProcess) {
+  RendezvousOptions options = RendezvousOptions::fromEnvironment();
+  EXPECT_EQ(options.masterAddr, "127.0.0.1");
+  EXPECT_EQ(options.masterPort, 29500);
+  EXPECT_EQ(options.rank, 0);
+  EXPECT_EQ(options.worldSize, 1);
+  EXPECT_EQ(options.timeout, std::chrono::seconds(300));
+}
+
+TEST_F(RendezvousOptionsTest, ReadsTorchrunVariables) {
+  set("MASTER_ADDR", "node7");
+  set("MASTER_PORT", "12345");
+  set("RANK", "3");
+  set("WORLD_SIZE", "4");
+  set("DLOSS_TIMEOUT_S", "2.5");
+  RendezvousOptions options = RendezvousOptions::fromEnvironment();
+  EXPECT_EQ(options.masterAddr, "node7");
+  EXPECT_EQ(options.masterPort, 12345);
+  EXPECT_EQ(options.rank, 3);
+  EXPECT_EQ(options.worldSize, 4);
+  EXPECT_EQ(options.timeout, std::chrono::milliseconds(2500));
+}
+
+TEST_F(RendezvousOptionsTest, WorldSizeOneNeedsNoRank) {
+  set("WORLD_SIZE", "1");
+  EXPECT_EQ(RendezvousOptions::fromEnvironment().worldSize, 1);
+}
+
+TEST_F(RendezvousOptionsTest, MalformedValuesNameTheVariableAndValue) {
+  struct Case {
+    const char *variable;
+    const char *value;
+  };
+  for (Case c : {Case{"MASTER_PORT", "http"}, Case{"MASTER_PORT", "70000"},
+                 Case{"MASTER_PORT", "0"}, Case{"MASTER_PORT", "12 "},
+                 Case{"DLOSS_TIMEOUT_S", "soon"}, Case{"DLOSS_TIMEOUT_S", "0"},
+                 Case{"DLOSS_TIMEOUT_S", "-5"}, Case{"DLOSS_TIMEOUT_S", "nan"},
+                 Case{"WORLD_SIZE", "two"}, Case{"WORLD_SIZE", "0"},
+                 Case{"RANK", "1.5"}, Case{"RANK", "-1"}}) {
+    clearVariables();
+    set("RANK", "0");
+    set("WORLD_SIZE", "2");
+    set(c.variable, c.value);
+    std::string message = errorMessage();
+    EXPECT_NE(message.find(c.variable), std::string::npos)
+        << c.variable << "=" << c.value << ": " << message;
+    EXPECT_NE(message.find(std::string("'") + c.value + "'"), std::string::npos)
+        << c.variable << "=" << c.value << ": " << message;
+  }
+}
+
+TEST_F(RendezvousOptionsTest, RankAndWorldSizeGoTogether) {
+  set("RANK", "1");
+  EXPECT_NE(errorMessage().find("WORLD_SIZE is not"), std::string::npos);
+  ::unsetenv("RANK");
+  set("WORLD_SIZE", "4");
+  EXPECT_NE(errorMessage().find("RANK is not"), std::string::npos);
+  set("RANK", "4");
+  std::string message = errorMessage();
+  EXPECT_NE(message.find("out of range"), std::string::npos) << message;
+  EXPECT_NE(message.find("torchrun"), std::string::npos) << message;
+  set("MASTER_ADDR", "");
+  set("RANK", "0");
+  EXPECT_NE(errorMessage().find("MASTER_ADDR"), std::string::npos);
+}
+
+} // namespace
