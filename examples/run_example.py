@@ -6,7 +6,10 @@ Makes the per-rank inputs (uneven batches allowed) with numpy, runs
 one process on the concatenated global batch, per the gradient contract.
 
 usage: run_example.py DLOSS_RUN EXAMPLE.mlir --sizes 5,3,7,1 [--grad-mode global]
-                      [--dim 16] [--out DIR]
+                      [--dim 16] [--iters 1] [--out DIR]
+
+The README's main job (scripts/demo.sh) and the end-to-end tests
+(test/e2e) both use it.
 """
 import argparse
 import os
@@ -64,6 +67,7 @@ def main():
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--out", default="")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--iters", type=int, default=1)
     args = parser.parse_args()
 
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -73,7 +77,7 @@ def main():
     inputs = make_inputs(args.example, sizes, args.dim, out, rng)
 
     cmd = [args.dloss_run, args.example, "--world", str(len(sizes)), "--check",
-           "--iters", "1", "--timeout", "60", "--out", out]
+           "--iters", str(args.iters), "--timeout", "60", "--out", out]
     for i in inputs:
         cmd += ["--input", i]
     if args.grad_mode:
