@@ -1,19 +1,13 @@
 // dlossc: the dloss compiler driver: a loss in .mlir in, a runtime plan out.
 #include "dialect/DlossOps.h"
+#include "passes/Compile.h"
 #include "passes/LowerToPlan.h"
 #include "passes/Passes.h"
 #include "runtime/PlanText.h"
 #include "runtime/Plan_generated.h"
 
-#include "mlir/AsmParser/AsmParser.h"
-#include "mlir/AsmParser/AsmParserState.h"
-#include "mlir/Dialect/Arith/IR/Arith.h"
-#include "mlir/Dialect/Func/Extensions/InlinerExtension.h"
-#include "mlir/Dialect/Func/IR/FuncOps.h"
-#include "mlir/Dialect/SCF/IR/SCF.h"
-#include "mlir/Dialect/Tensor/IR/Tensor.h"
-#include "mlir/IR/Verifier.h"
-#include "mlir/Parser/Parser.h"
+#include "mlir/IR/DialectRegistry.h"
+#include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/Support/CommandLine.h"
@@ -43,37 +37,11 @@ static llvm::cl::opt<Emit> emit(
                    "the IR after deriving @<loss>_grad (dloss-derive-backward)"),
         clEnumValN(Emit::Plan, "plan", "the binary plan for dloss-run / the runtime"),
         clEnumValN(Emit::PlanText, "plan-text", "the plan as readable text")));
-
 static llvm::cl::opt<std::string> gradMode(
     "grad-mode",
     llvm::cl::desc("Override the gradient contract of every loss: ddp "
                    "(N * dF/dx_r, for DDP's average) or global (dF/dx_r)"),
     llvm::cl::value_desc("ddp|global"));
-
-/// Names arguments after their SSA names in the source (`%image` ->
-/// dloss.name = "image") unless the user named them already: tools and error
-/// messages refer to inputs by these names.
-static void nameArgumentsFromSource(ModuleOp module, const AsmParserState &state,
-                                    const llvm::SourceMgr &sourceMgr) {
-  module.walk([&](func::FuncOp func) {
-    if (func.isExternal())
-      return;
-    const AsmParserState::BlockDefinition *def =
-        state.getBlockDef(&func.getBody().front());
-    if (!def)
-      return;
-    for (auto [i, arg] : llvm::enumerate(def->arguments)) {
-      if (func.getArgAttr(i, mlir::dloss::DlossDialect::kNameAttrName))
-        continue;
-      StringRef text(arg.loc.Start.getPointer(),
-                     arg.loc.End.getPointer() - arg.loc.Start.getPointer());
-      text.consume_front("%");
-      if (!text.empty())
-        func.setArgAttr(i, mlir::dloss::DlossDialect::kNameAttrName,
-                        StringAttr::get(func.getContext(), text));
-    }
-  });
-}
 
 static LogicalResult writeOutput(StringRef path, StringRef contents) {
   std::string error;
@@ -87,6 +55,13 @@ static LogicalResult writeOutput(StringRef path, StringRef contents) {
   return success();
 }
 
+static std::string printed(ModuleOp module) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  module->print(os);
+  return text;
+}
+
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
   llvm::cl::ParseCommandLineOptions(
@@ -97,9 +72,7 @@ int main(int argc, char **argv) {
       "to the plan that dloss-run and the LibTorch runtime execute.\n");
 
   DialectRegistry registry;
-  registry.insert<mlir::dloss::DlossDialect, arith::ArithDialect, func::FuncDialect,
-                  scf::SCFDialect, tensor::TensorDialect>();
-  func::registerInlinerExtension(registry);
+  mlir::dloss::registerLossDialects(registry);
   MLIRContext context(registry);
   context.loadAllAvailableDialects();
 
@@ -113,67 +86,34 @@ int main(int argc, char **argv) {
   sourceMgr.AddNewSourceBuffer(std::move(input), llvm::SMLoc());
   SourceMgrDiagnosticHandler diagnostics(sourceMgr, &context);
 
-  Block block;
-  AsmParserState state;
-  ParserConfig config(&context);
-  if (failed(parseAsmSourceFile(sourceMgr, &block, config, &state)))
+  OwningOpRef<ModuleOp> module = mlir::dloss::parseLoss(sourceMgr, &context);
+  if (!module)
     return 1;
-  // The module: the file's own, or one made around its top-level ops.
-  OwningOpRef<ModuleOp> module;
-  if (block.getOperations().size() == 1 && isa<ModuleOp>(block.front())) {
-    module = cast<ModuleOp>(block.front());
-    module.get()->remove();
-  } else {
-    module = ModuleOp::create(FileLineColLoc::get(&context, inputFile, 1, 1));
-    module->getBody()->getOperations().splice(module->getBody()->begin(),
-                                              block.getOperations());
-  }
-  if (failed(verify(*module)))
-    return 1;
-  nameArgumentsFromSource(*module, state, sourceMgr);
-  if (!gradMode.empty()) {
-    if (gradMode != "ddp" && gradMode != "global") {
-      llvm::errs() << "dlossc: --grad-mode must be ddp or global, got '"
-                   << gradMode << "'\n";
-      return 2;
-    }
-    module->walk([&](func::FuncOp func) {
-      if (func->hasAttr(mlir::dloss::DlossDialect::kLossAttrName))
-        func->setAttr(mlir::dloss::DlossDialect::kGradModeAttrName,
-                      StringAttr::get(&context, gradMode.getValue()));
-    });
-  }
+  if (!gradMode.empty() && failed(mlir::dloss::overrideGradMode(*module, gradMode)))
+    return 2;
+  std::string out = outputFile;
 
-  if (emit == Emit::Input) {
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    module->print(os);
-    return failed(writeOutput(outputFile.empty() ? std::string("-") : std::string(outputFile), text));
-  }
-
-  PassManager pm(&context);
-  mlir::dloss::buildDeriveBackwardPipeline(pm);
-  if (failed(pm.run(*module)))
-    return 1;
+  if (emit == Emit::Input)
+    return failed(writeOutput(out.empty() ? "-" : out, printed(*module)));
   if (emit == Emit::Backward) {
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    module->print(os);
-    return failed(writeOutput(outputFile.empty() ? std::string("-") : std::string(outputFile), text));
+    PassManager pm(&context);
+    mlir::dloss::buildDeriveBackwardPipeline(pm);
+    if (failed(pm.run(*module)))
+      return 1;
+    return failed(writeOutput(out.empty() ? "-" : out, printed(*module)));
   }
 
   FailureOr<std::string> bytes =
-      mlir::dloss::lowerToPlan(*module, llvm::sys::path::filename(inputFile));
+      mlir::dloss::compileToPlan(*module, llvm::sys::path::filename(inputFile));
   if (failed(bytes))
     return 1;
   if (emit == Emit::PlanText)
-    return failed(writeOutput(outputFile.empty() ? std::string("-") : std::string(outputFile),
+    return failed(writeOutput(out.empty() ? "-" : out,
                               ::dloss::plan::toText(*::dloss::plan::GetPlan(bytes->data()))));
-  std::string path = outputFile;
-  if (path.empty()) {
+  if (out.empty()) {
     llvm::SmallString<128> derived(inputFile);
     llvm::sys::path::replace_extension(derived, "plan");
-    path = std::string(derived);
+    out = std::string(derived);
   }
-  return failed(writeOutput(path, *bytes));
+  return failed(writeOutput(out, *bytes));
 }
