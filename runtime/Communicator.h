@@ -2,6 +2,8 @@
 #ifndef DLOSS_RUNTIME_COMMUNICATOR_H
 #define DLOSS_RUNTIME_COMMUNICATOR_H
 
+#include "runtime/Reduction.h"
+
 #include <ATen/ATen.h>
 
 #include <chrono>
@@ -11,8 +13,6 @@
 #include <vector>
 
 namespace dloss {
-
-enum class Reduction { Sum, Mean, Max, Min };
 
 /// Collectives across the ranks of one job. Every call is collective: all
 /// ranks make the same calls in the same order (the compiler's

@@ -1,0 +1,47 @@
+// dloss::jit: compile a Graph or dloss MLIR text into a LibTorch callable with autograd.
+#ifndef DLOSS_FRONTEND_JIT_H
+#define DLOSS_FRONTEND_JIT_H
+
+#include "frontend/Graph.h"
+#include "runtime/CompiledLoss.h"
+
+#include <memory>
+#include <string>
+
+namespace dloss::jit {
+
+struct Options {
+  /// The ranks to run on; default: defaultCommunicator().
+  std::shared_ptr<Communicator> communicator;
+  /// "ddp" or "global" to override the loss's gradient contract; "" keeps it.
+  std::string gradMode;
+  /// The loss to call when the text defines several.
+  std::string entry;
+};
+
+/// Compiles dloss MLIR text to a plan: verify collectives, infer
+/// replication, derive @<loss>_grad, lower. Plans are cached by (text, grad
+/// mode): a plan does not depend on batch sizes, dtypes of dynamic inputs or
+/// the world size, which the runtime receives at each call (and checks in its
+/// preflight). A loss that does not compile raises dloss::Error carrying the
+/// compiler's messages with their locations.
+std::shared_ptr<const PlanFile> compilePlan(const std::string &mlirText,
+                                            const std::string &gradMode = "",
+                                            const std::string &name = "<jit>");
+
+/// A callable loss: `loss = compiled({image, text, scale}); loss.backward();`
+CompiledLoss compile(const Graph &graph, Options options = {});
+CompiledLoss compile(const std::string &mlirText, Options options = {});
+
+/// This process's Gloo communicator, connected once from the torchrun
+/// variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE); a single-process
+/// communicator when WORLD_SIZE is unset.
+std::shared_ptr<Communicator> defaultCommunicator();
+
+/// Number of cached plans, and a way to drop them.
+size_t cachedPlans();
+void clearPlanCache();
+
+} // namespace dloss::jit
+
+#endif // DLOSS_FRONTEND_JIT_H
