@@ -251,7 +251,9 @@ std::string describeFailure(const Record &record, const std::string &name,
     actual = dtypeText(record.dtype(i)) + " " + record.shapeText(i);
   switch (status) {
   case UndefinedInput:
-    return "passed an undefined tensor as " + argument;
+    return "passed no tensor for " + argument +
+           " (undefined, or it could not be loaded: that rank's own message "
+           "says why)";
   case WrongDType:
     return "passed " + argument + " as " + actual + ", expected " +
            typeString(type);

@@ -225,10 +225,10 @@ Entry findEntry(const dloss::PlanFile &plan, const std::string &requested) {
       throw Error(requested.empty()
                       ? "plan '" + plan.name() + "' has no loss entry point"
                       : "plan '" + plan.name() + "' has no loss called '" + requested + "'",
-                  names.empty() ? "mark the loss function with the dloss.loss attribute"
-                                : "choose one of: " + names + " (--entry F)");
+                  names.empty() ? "Mark the loss function with the dloss.loss attribute"
+                                : "Choose one of: " + names + " (--entry F)");
     throw Error("plan '" + plan.name() + "' has several losses: " + names,
-                "choose one with --entry F");
+                "Choose one with --entry F");
   }
   Entry e;
   e.loss = losses.front();
@@ -238,7 +238,7 @@ Entry findEntry(const dloss::PlanFile &plan, const std::string &requested) {
   if (!e.grad)
     throw Error("plan '" + plan.name() + "' has no gradient function for @" +
                     e.loss->name()->str(),
-                "compile the loss with dlossc, which derives @" +
+                "Compile the loss with dlossc, which derives @" +
                     e.loss->name()->str() + "_grad");
   return e;
 }
@@ -274,31 +274,23 @@ at::ScalarType scalarTypeOf(dloss::plan::DType dtype) {
   return at::kFloat;
 }
 
-/// Rank `rank`'s inputs, in argument order.
-std::vector<at::Tensor> loadInputs(const Options &o, const dloss::plan::Function &f,
-                                   int rank) {
+/// Checks that every --input names an argument and every argument has one.
+/// The same on every rank (they share the command line), so it may raise
+/// before the ranks meet.
+void checkInputNames(const Options &o, const dloss::plan::Function &f) {
   unsigned n = f.arguments() ? f.arguments()->size() : 0;
-  std::vector<at::Tensor> inputs(n);
   std::vector<bool> given(n, false);
-  for (const auto &[name, source] : o.inputs) {
+  for (const auto &input : o.inputs) {
     unsigned i = 0;
-    while (i < n && argumentName(f, i) != name)
+    while (i < n && argumentName(f, i) != input.first)
       ++i;
     if (i == n) {
       std::string names;
       for (unsigned j = 0; j < n; ++j)
         names += (j ? ", " : "") + argumentName(f, j);
-      throw Error("--input " + name + ": @" + f.name()->str() +
-                      " has no argument called '" + name + "'",
-                  "its arguments are: " + names);
-    }
-    char *end = nullptr;
-    double scalar = std::strtod(source.c_str(), &end);
-    if (!source.empty() && *end == 0 && !endsWith(source, ".npy")) {
-      inputs[i] = at::scalar_tensor(scalar, at::kDouble)
-                      .to(scalarTypeOf(f.arguments()->Get(i)->type()->dtype()));
-    } else {
-      inputs[i] = dloss::npy::load(substituteRank(source, rank));
+      throw Error("--input " + input.first + ": @" + f.name()->str() +
+                      " has no argument called '" + input.first + "'",
+                  "Its arguments are: " + names);
     }
     given[i] = true;
   }
@@ -306,8 +298,82 @@ std::vector<at::Tensor> loadInputs(const Options &o, const dloss::plan::Function
     if (!given[i])
       throw Error("no input for argument '" + argumentName(f, i) + "' of @" +
                       f.name()->str(),
-                  "pass --input " + argumentName(f, i) + "=PATH.npy (or a number)");
+                  "Pass --input " + argumentName(f, i) + "=PATH.npy (or a number)");
+}
+
+/// The .npy path of input `name` on rank `rank`, or "" for an inline number.
+std::string inputPath(const std::string &source, int rank) {
+  char *end = nullptr;
+  std::strtod(source.c_str(), &end);
+  if (!source.empty() && *end == 0 && !endsWith(source, ".npy"))
+    return "";
+  return substituteRank(source, rank);
+}
+
+/// Why an input file could not be loaded, as a code every rank can explain.
+enum LoadFailure : int64_t { Loaded = 0, Missing = 1, Unreadable = 2, Invalid = 3 };
+
+const char *explain(int64_t reason) {
+  switch (reason) {
+  case Missing: return "the file does not exist";
+  case Unreadable: return "the file cannot be read";
+  default: return "it is not a valid .npy file";
+  }
+}
+
+/// Rank `rank`'s inputs, in argument order. With `failure` given, an input
+/// that cannot be loaded does not raise: its argument and reason go there,
+/// so that the rank can tell its peers instead of leaving them waiting.
+std::vector<at::Tensor> loadInputs(const Options &o, const dloss::plan::Function &f,
+                                   int rank, std::pair<int64_t, int64_t> *failure = nullptr) {
+  checkInputNames(o, f);
+  unsigned n = f.arguments() ? f.arguments()->size() : 0;
+  std::vector<at::Tensor> inputs(n);
+  for (const auto &[name, source] : o.inputs) {
+    unsigned i = 0;
+    while (argumentName(f, i) != name)
+      ++i;
+    std::string path = inputPath(source, rank);
+    try {
+      if (path.empty())
+        inputs[i] = at::scalar_tensor(std::strtod(source.c_str(), nullptr), at::kDouble)
+                        .to(scalarTypeOf(f.arguments()->Get(i)->type()->dtype()));
+      else
+        inputs[i] = dloss::npy::load(path);
+    } catch (const std::exception &) {
+      if (!failure)
+        throw;
+      if (failure->first < 0)
+        *failure = {i, access(path.c_str(), F_OK) != 0   ? Missing
+                       : access(path.c_str(), R_OK) != 0 ? Unreadable
+                                                         : Invalid};
+    }
+  }
   return inputs;
+}
+
+/// Every rank learns which ranks could not load an input, and all raise the
+/// same error naming them, their files and why.
+void agreeOnInputs(const Options &o, const dloss::plan::Function &f,
+                   dloss::Communicator &comm, std::pair<int64_t, int64_t> mine) {
+  std::vector<int64_t> all = comm.allGatherInts({mine.first, mine.second});
+  std::string problem;
+  for (int r = 0; r < comm.worldSize(); ++r) {
+    int64_t arg = all[2 * r], reason = all[2 * r + 1];
+    if (arg < 0)
+      continue;
+    std::string name = argumentName(f, static_cast<unsigned>(arg));
+    std::string source;
+    for (const auto &input : o.inputs)
+      if (input.first == name)
+        source = input.second;
+    problem += std::string(problem.empty() ? "" : "; ") + "rank " + std::to_string(r) +
+               " could not load input '" + name + "' from '" + inputPath(source, r) +
+               "': " + explain(reason);
+  }
+  if (!problem.empty())
+    throw Error(problem, "Check those ranks' input files (--input NAME=PATH, with "
+                         "{rank} for per-rank files)");
 }
 
 double peakRssMb() {
@@ -329,10 +395,15 @@ int runRank(const Options &o, const std::string &planPath) {
   try {
     auto plan = dloss::PlanFile::load(planPath);
     Entry entry = findEntry(*plan, o.entry);
-    std::vector<at::Tensor> inputs = loadInputs(o, *entry.grad, rank);
+    checkInputNames(o, *entry.grad);
+    // Meet the peers first: from here on, a problem of this rank reaches
+    // every rank through the preflight.
     std::unique_ptr<dloss::Communicator> comm = dloss::connectGloo(rendezvous);
     dloss::Executor executor(plan, *comm);
     const std::string gradName = entry.grad->name()->str();
+    std::pair<int64_t, int64_t> failure{-1, Loaded};
+    std::vector<at::Tensor> inputs = loadInputs(o, *entry.grad, rank, &failure);
+    agreeOnInputs(o, *entry.grad, *comm, failure);
 
     std::vector<at::Tensor> outputs = executor.run(gradName, inputs); // warm-up
     std::vector<double> times;
@@ -370,8 +441,10 @@ int runRank(const Options &o, const std::string &planPath) {
                 << o.iters << ")\n";
     return 0;
   } catch (const std::exception &e) {
-    std::string message = e.what();
-    std::cerr << "dloss-run: rank " << rank << ": " << message << "\n";
+    // One write, so that the ranks' lines never interleave.
+    std::string line = "dloss-run: rank " + std::to_string(rank) + ": " + e.what() + "\n";
+    ssize_t written = ::write(2, line.data(), line.size());
+    (void)written;
     return 1;
   }
 }
@@ -495,6 +568,11 @@ int freePort() {
 /// fails makes its peers fail too (they see it gone); any still running
 /// after the deadline are killed, so no process of ours outlives the run.
 int launch(const Options &o, int argc, char **argv, const std::string &planPath) {
+  {
+    // Mistakes every rank would make alike are reported before any starts.
+    auto plan = dloss::PlanFile::load(planPath);
+    checkInputNames(o, *findEntry(*plan, o.entry).grad);
+  }
   int port = freePort();
   std::vector<pid_t> children;
   for (int r = 0; r < o.world; ++r) {
