@@ -373,7 +373,7 @@ TEST(ExecutorTest, PreflightRejectsBadInputsNamingTheArgument) {
        "rank 0 passed argument 0 (x) of shape [3, 5], expected f32 [?, 4]"},
       {"undefined",
        {at::Tensor(), labels, n},
-       "rank 0 passed an undefined tensor as argument 0 (x)"},
+       "rank 0 passed no tensor for argument 0 (x)"},
       {"index as float",
        {x, labels, at::scalar_tensor(2.0)},
        "rank 0 passed argument 2 (n) as f32 [], expected index (a 0-d i64 "
