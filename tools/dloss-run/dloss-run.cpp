@@ -507,10 +507,20 @@ int checkAgainstReference(const Options &o, const std::string &planPath, int wor
       worstWhat = what;
     }
   };
+  // The loss is the global loss on every rank: the same value, bit for bit
+  // (result.json prints 9 significant digits, exact for float32).
+  double rank0Loss = readLoss(rankDir(o, 0) + "/result.json");
+  bool lossIdentical = true;
   for (int r = 0; r < world; ++r) {
     double loss = readLoss(rankDir(o, r) + "/result.json");
+    lossIdentical &= loss == rank0Loss;
     note(std::abs(loss - refLoss) / std::max(std::abs(refLoss), 1e-30),
          "loss on rank " + std::to_string(r));
+  }
+  if (!lossIdentical) {
+    std::printf("dloss-run --check: FAIL: the loss differs between ranks (see "
+                "%s/rank*/result.json)\n", o.out.c_str());
+    return 3;
   }
   for (unsigned k = 1; k < expected.size(); ++k) {
     unsigned arg = grad.grad_arguments()->Get(k - 1);
