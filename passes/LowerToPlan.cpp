@@ -138,6 +138,10 @@ private:
     }
     if (isa<UnitAttr>(value))
       return integer(1);
+    // Index arithmetic carries overflow flags; the runtime computes in
+    // int64, where they change nothing, but the plan keeps them for the record.
+    if (auto flags = dyn_cast<arith::IntegerOverflowFlagsAttr>(value))
+      return integer(static_cast<int64_t>(flags.getValue()));
     if (auto b = dyn_cast<BoolAttr>(value))
       return integer(b.getValue());
     if (auto f = dyn_cast<FloatAttr>(value)) {

@@ -29,16 +29,36 @@ Run by hand (Debian's python3 has torch; the one on PATH may not):
 Extra options can live in the .mlir file as lines `// NUMERIC-ARGS: ...`
 (read before the command line, which overrides them).
 
-Exit status: 0 all match, 1 a mismatch, 2 a usage or test-program error,
-77 torch is missing (ctest's SKIP_RETURN_CODE).
+Through the real runtime (--runtime DLOSS_RUN): the derived side is then not
+the simulator but `dloss-run LOSS.mlir --world N` (dlossc's plan, N real
+processes over Gloo). The same per-rank inputs are written as .npy files in
+the IR's element types (f32 arguments in float32, f64 in float64, integers
+as declared; the reference sees exactly those rounded values), every rank's
+loss (result.json) and gradients (grad_<NAME>.npy, always float32) are read
+back and compared with the same torch.autograd reference under the same
+contract. The tolerance then fits the narrowest floating-point type of the
+loss (f32: 1e-4 at the gradient's scale; f64: 1e-6, as the gradients come
+back in float32; bf16/f16 wider):
+
+  /usr/bin/python3 test/numeric/check_gradients.py test/numeric/rules/ring_shift.mlir \
+      --dloss-opt build/bin/dloss-opt --runtime build/bin/dloss-run \
+      --world-sizes 1,2,3,4 --keep-runs /tmp/ring_shift
+
+Exit status: 0 all match, 1 a mismatch (a dloss-run that fails or times out
+counts as one), 2 a usage or test-program error, 77 torch (or, with
+--runtime, numpy) is missing (ctest's SKIP_RETURN_CODE).
 """
 
 import argparse
+import json
 import os
 import re
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 
 try:
     import torch
@@ -51,7 +71,24 @@ torch.set_num_threads(1)
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import dloss_sim as sim  # noqa: E402
+try:
+    import numpy as np
+    import dloss_sim as sim  # noqa: E402  (it needs numpy too)
+except ImportError as e:
+    print("SKIP:", e, "with", sys.executable)
+    sys.exit(77)
+
+# The simulator's own tolerance (float64 against float64).
+SIM_TOL = 1e-9
+
+# --runtime: element types of .npy inputs, and the default tolerance by the
+# narrowest floating-point type a loss computes in (relative to the
+# gradient's max-norm). dloss-run returns gradients in float32, so even an
+# f64 loss cannot match better than float32 rounding (6e-8).
+NPY_DTYPES = {"f16": np.float16, "f32": np.float32, "f64": np.float64,
+              "i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32,
+              "i64": np.int64, "ui8": np.uint8}
+RUNTIME_TOLS = {"f64": 1e-6, "f32": 1e-4, "tf32": 1e-3, "f16": 1e-2, "bf16": 3e-2}
 
 
 class CheckError(Exception):
@@ -87,8 +124,24 @@ def parse_args(argv, file_args):
                    help="standard deviation of the random float inputs")
     p.add_argument("--func", default=None, help="check only this loss")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tol", type=float, default=1e-9,
-                   help="relative error tolerance (max-norm, float64)")
+    p.add_argument("--tol", type=float, default=None,
+                   help="relative error tolerance (max-norm); default 1e-9 "
+                        "for the simulator, with --runtime one that fits the "
+                        "loss's narrowest float type (f32: 1e-4, f64: 1e-6)")
+    p.add_argument("--runtime", default=None, metavar="DLOSS_RUN",
+                   help="check the real runtime: run the loss with this "
+                        "dloss-run binary on N local Gloo ranks instead of "
+                        "the derived IR in the simulator")
+    p.add_argument("--runtime-flag", action="append", default=[], metavar="FLAG",
+                   help="with --runtime: extra dloss-run flags, split like a "
+                        "shell (repeatable; the self-test passes '--grad-mode "
+                        "global' for a ddp loss, which must then fail)")
+    p.add_argument("--runtime-timeout", type=int, default=120,
+                   help="with --runtime: seconds one dloss-run may take")
+    p.add_argument("--keep-runs", default=None, metavar="DIR",
+                   help="with --runtime: keep the inputs and dloss-run outputs "
+                        "in DIR/<func>/n<N> (default: a temporary directory, "
+                        "removed)")
     p.add_argument("--tamper", nargs=2, action="append", default=[],
                    metavar=("REGEX", "REPLACEMENT"),
                    help="self-test of the checker: rewrite the derived IR "
@@ -96,7 +149,9 @@ def parse_args(argv, file_args):
     p.add_argument("--corrupt", default=None, metavar="ARG",
                    help="self-test of the checker: add 1e-6 of noise to the "
                         "derived gradient of ARG (a name or index), which must "
-                        "then fail")
+                        "then fail; with --runtime, 10 times the tolerance, "
+                        "written into the last rank's grad_ARG.npy file "
+                        "before it is read back")
     return p.parse_args(file_args + argv)
 
 
@@ -231,24 +286,147 @@ def rel_error(got, expected):
 
 class Report:
     def __init__(self, tol):
-        self.tol = tol
+        self.tol = tol  # None: set per loss (--runtime)
         self.failures = []
         self.worst = 0.0
+        self.tols = set()
 
     def check(self, label, got, expected):
         err, where = rel_error(got, expected)
         self.worst = max(self.worst, err)
+        self.tols.add(self.tol)
         ok = err <= self.tol
         if not ok:
             self.failures.append(f"{label}: relative error {err:.3g} > {self.tol:g}; {where}")
         return err
 
 
-def check_loss(path, fwd, grad_fn, arg_names, world, opts, gen, report, corrupt):
+# ----------------------------------------------------------------------------
+# The real runtime (--runtime)
+# ----------------------------------------------------------------------------
+
+def float_types(func):
+    """Every floating-point element type the loss computes in."""
+    types = list(func.arg_types) + [t for op in func.ops for t in op.result_types]
+    return {t.elem for t in types if isinstance(t, sim.TensorType) and t.is_float}
+
+
+def runtime_tol(func):
+    tols = [RUNTIME_TOLS.get(e, 3e-2) for e in float_types(func)]
+    return max(tols) if tols else RUNTIME_TOLS["f32"]
+
+
+def npy_dtype(func, i, name):
+    t = func.arg_types[i]
+    if t.elem not in NPY_DTYPES:
+        raise CheckError(f"argument {name} of @{func.name} has element type "
+                         f"{t.elem}, which has no .npy dtype to give dloss-run")
+    return NPY_DTYPES[t.elem]
+
+
+def round_to_ir_types(func, per_rank, names):
+    """The inputs as the runtime will see them: rounded to the IR's element
+    types (and back to the simulator's float64), so that the reference is
+    computed on exactly the values that dloss-run reads."""
+    for vals in per_rank:
+        for i, v in enumerate(vals):
+            if func.arg_types[i].is_float:
+                rounded = v.numpy().astype(npy_dtype(func, i, names[i]))
+                vals[i] = torch.from_numpy(rounded.astype(np.float64))
+
+
+class RuntimeFailure(Exception):
+    """dloss-run failed, timed out, or wrote unreadable results."""
+
+    def __init__(self, message, compile_failed=False):
+        super().__init__(message)
+        self.compile_failed = compile_failed  # the same for every N
+
+
+def run_runtime(opts, fwd, names, per_rank, grad_args, run_dir, corrupt, gen, tol):
+    """Runs the loss with dloss-run on len(per_rank) ranks; returns, per rank,
+    [loss, grad of each dloss.grad argument] as float64 tensors."""
+    world = len(per_rank)
+    in_dir = os.path.join(run_dir, "inputs")
+    out_dir = os.path.join(run_dir, "out")
+    os.makedirs(in_dir, exist_ok=True)
+    cmd = [os.path.abspath(opts.runtime), os.path.abspath(opts.file), "--world", str(world),
+           "--entry", fwd.name, "--iters", "0",
+           "--timeout", str(max(10, opts.runtime_timeout // 2)), "--out", out_dir]
+    for i, name in enumerate(names):
+        t = fwd.arg_types[i]
+        dtype = npy_dtype(fwd, i, name)
+        if is_replicated(fwd, i):
+            value = per_rank[0][i]
+            if not t.shape and t.is_float:
+                # A replicated scalar inline, as users pass one (exact: the
+                # float32 value round-trips through repr and strtod).
+                cmd += ["--input", f"{name}={float(value.item())!r}"]
+                continue
+            path = os.path.join(in_dir, f"{name}.npy")  # one file for all ranks
+            np.save(path, value.numpy().astype(dtype))
+        else:
+            for r in range(world):
+                np.save(os.path.join(in_dir, f"{name}.rank{r}.npy"),
+                        per_rank[r][i].numpy().astype(dtype))
+            path = os.path.join(in_dir, f"{name}.rank{{rank}}.npy")
+        cmd += ["--input", f"{name}={path}"]
+    for flags in opts.runtime_flag:
+        cmd += shlex.split(flags)
+    shown = " ".join(shlex.quote(c) for c in cmd)
+    with open(os.path.join(run_dir, "command.sh"), "w") as f:
+        f.write(shown + "\n")
+    # Its own session, so that a hang takes its rank processes down with it.
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+    except OSError as e:
+        raise RuntimeFailure(f"dloss-run could not be started ({e}): {shown}") from None
+    try:
+        output, _ = proc.communicate(timeout=opts.runtime_timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise RuntimeFailure(f"dloss-run did not finish in {opts.runtime_timeout} s "
+                             f"(killed): {shown}") from None
+    if proc.returncode != 0:
+        raise RuntimeFailure(f"dloss-run exited with status {proc.returncode}:\n"
+                             f"    {shown}\n" + "".join(
+                                 "    | " + line + "\n" for line in output.splitlines()),
+                             compile_failed="dlossc could not compile" in output)
+    if corrupt is not None:
+        # Self-test: noise of 10x the tolerance in the last rank's file.
+        path = os.path.join(out_dir, f"rank{world - 1}", f"grad_{names[corrupt]}.npy")
+        g = np.load(path)
+        noise = torch.randn(g.shape, dtype=torch.float64, generator=gen).numpy()
+        np.save(path, (g + 10 * tol * max(np.abs(g).max(), 1e-6) * noise).astype(g.dtype))
+    outs = []
+    for r in range(world):
+        rank_dir = os.path.join(out_dir, f"rank{r}")
+        try:
+            with open(os.path.join(rank_dir, "result.json")) as f:
+                result = json.load(f)
+            vals = [torch.tensor(float(result["loss"]), dtype=torch.float64)]
+            for i in grad_args:
+                g = np.load(os.path.join(rank_dir, f"grad_{names[i]}.npy"))
+                vals.append(torch.from_numpy(np.asarray(g, dtype=np.float64)))
+        except (OSError, ValueError, KeyError) as e:
+            raise RuntimeFailure(f"rank {r}'s results in {rank_dir} are missing "
+                                 f"or unreadable ({e}); command: {shown}") from None
+        outs.append(vals)
+    return outs
+
+
+def check_loss(path, fwd, grad_fn, arg_names, world, opts, gen, report, corrupt,
+               run_dir=None):
     batch = [int(b) for b in opts.batch_sizes.split(",")]
     batch_sizes = [batch[r % len(batch)] for r in range(world)]
     tag = f"{os.path.basename(path)} @{fwd.name} N={world} batches={batch_sizes}"
+    if opts.runtime:
+        tag += " (dloss-run)"
     per_rank = make_inputs(fwd, batch_sizes, opts, gen)
+    if opts.runtime:
+        round_to_ir_types(fwd, per_rank, arg_names)
 
     # Reference: the single-device function of the global batch.
     ref_in = global_inputs(fwd, per_rank)
@@ -271,22 +449,36 @@ def check_loss(path, fwd, grad_fn, arg_names, world, opts, gen, report, corrupt)
         fwd_out = sim.run_spmd(fwd, [[v.clone() for v in vals] for vals in per_rank])
     for r in range(world):
         err, _ = rel_error(fwd_out[r][0], ref_loss)
-        if err > opts.tol:
+        if err > (SIM_TOL if opts.runtime else report.tol):
             raise CheckError(
                 f"{tag}: the forward loss on rank {r} ({fwd_out[r][0].item():.17g}) "
                 f"differs from the single-device loss ({ref_loss.item():.17g}): the "
                 "test program's meaning depends on the number of ranks (or the "
                 "simulator's collectives are wrong)")
 
-    # A derived function that cannot even run (a shape mismatch, an index out
-    # of range) is a compiler bug like a wrong value, so it is a mismatch.
-    try:
-        with torch.no_grad():
-            outs = sim.run_spmd(grad_fn, [[v.clone() for v in vals] for vals in per_rank])
-    except sim.SimError as e:
-        report.failures.append(f"{tag}: the derived @{grad_fn.name} fails on "
-                               f"{world} ranks: {e}")
-        return
+    if opts.runtime:
+        # A run that fails (a crash, a shape error, a hang) is a runtime or
+        # compiler bug like a wrong value, so it is a mismatch.
+        try:
+            outs = run_runtime(opts, fwd, arg_names, per_rank, grad_args, run_dir,
+                               corrupt, gen, report.tol)
+        except RuntimeFailure as e:
+            report.failures.append(f"{tag}: {e}")
+            print(f"{tag}: dloss-run FAILED" +
+                  (" (dlossc could not compile the loss)" if e.compile_failed else ""))
+            return "compile-failed" if e.compile_failed else None
+        corrupt = None  # already done, in the file
+    else:
+        # A derived function that cannot even run (a shape mismatch, an index
+        # out of range) is a compiler bug like a wrong value, so a mismatch.
+        try:
+            with torch.no_grad():
+                outs = sim.run_spmd(grad_fn, [[v.clone() for v in vals]
+                                              for vals in per_rank])
+        except sim.SimError as e:
+            report.failures.append(f"{tag}: the derived @{grad_fn.name} fails on "
+                                   f"{world} ranks: {e}")
+            return
     if len(outs[0]) != 1 + len(grad_args):
         report.failures.append(f"{tag}: @{grad_fn.name} returns {len(outs[0])} "
                                f"values, expected 1 + {len(grad_args)}")
@@ -329,7 +521,7 @@ def check_loss(path, fwd, grad_fn, arg_names, world, opts, gen, report, corrupt)
                     outs[r][k], rows * scale))
         worst[name] = e
     summary = ", ".join(f"{n} {e:.1e}" for n, e in worst.items())
-    print(f"{tag} [{mode}]: max rel. error {summary}")
+    print(f"{tag} [{mode}]: max rel. error {summary} (tolerance {report.tol:g})")
 
 
 def main(argv):
@@ -337,7 +529,20 @@ def main(argv):
     path = parse_args(argv, []).file
     opts = parse_args(argv, file_directives(path) if os.path.exists(path) else [])
     gen = torch.Generator().manual_seed(opts.seed)
+    runs_root = None
     try:
+        if opts.runtime:
+            if opts.tamper:
+                raise CheckError("--tamper rewrites the IR that the simulator runs; "
+                                 "with --runtime use --corrupt or --runtime-flag")
+            if not (os.path.isfile(opts.runtime) and os.access(opts.runtime, os.X_OK)):
+                raise CheckError(f"--runtime {opts.runtime}: not an executable file")
+            if opts.keep_runs:
+                runs_root = os.path.abspath(opts.keep_runs)
+            else:
+                runs_root = tempfile.mkdtemp(prefix="dloss-numeric-runtime-")
+        elif opts.runtime_flag or opts.keep_runs:
+            raise CheckError("--runtime-flag and --keep-runs need --runtime")
         source = sim.parse_module(dloss_opt(opts.dloss_opt, opts.file))
         derived_text = dloss_opt(opts.dloss_opt, opts.file, "--dloss-derive-backward")
         for regex, replacement in opts.tamper:
@@ -352,6 +557,8 @@ def main(argv):
             raise CheckError(f"{opts.file}: no dloss.loss function to check")
         report = Report(opts.tol)
         for fwd in losses:
+            if opts.tol is None:
+                report.tol = runtime_tol(fwd) if opts.runtime else SIM_TOL
             if fwd.name + "_grad" not in derived:
                 raise CheckError(f"dloss-opt derived no @{fwd.name}_grad")
             for op in fwd.ops:
@@ -367,19 +574,34 @@ def main(argv):
                 corrupt = (int(opts.corrupt) if opts.corrupt.isdigit()
                            else names.index(opts.corrupt))
             for world in [int(w) for w in opts.world_sizes.split(",")]:
-                check_loss(opts.file, fwd, derived[fwd.name + "_grad"], names,
-                           world, opts, gen, report, corrupt)
+                run_dir = None
+                if runs_root:
+                    run_dir = os.path.join(runs_root, fwd.name, f"n{world}")
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                status = check_loss(opts.file, fwd, derived[fwd.name + "_grad"],
+                                    names, world, opts, gen, report, corrupt, run_dir)
+                if status == "compile-failed":
+                    print(f"@{fwd.name}: not run on the other world sizes (the "
+                          "same plan would be compiled)")
+                    break
     except (CheckError, sim.SimError) as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
+    finally:
+        if runs_root and not opts.keep_runs:
+            shutil.rmtree(runs_root, ignore_errors=True)
     sys.stdout.flush()
     if report.failures:
         print(f"FAIL: {len(report.failures)} mismatch(es) between the derived "
               "gradients and torch.autograd:", file=sys.stderr)
         for f in report.failures:
             print("  " + f, file=sys.stderr)
+        if opts.runtime and not opts.keep_runs:
+            print("  (rerun with --keep-runs DIR to keep each run's inputs, "
+                  "outputs and dloss-run command)", file=sys.stderr)
         return 1
-    print(f"PASS: worst relative error {report.worst:.2e} (tolerance {opts.tol:g})")
+    tols = "/".join(f"{t:g}" for t in sorted(report.tols)) or f"{report.tol:g}"
+    print(f"PASS: worst relative error {report.worst:.2e} (tolerance {tols})")
     return 0
 
 

@@ -78,3 +78,18 @@ func.func @calls(%x: tensor<f32>) -> tensor<f32> {
 func.func @unsupported_type(%x: tensor<4xcomplex<f32>>) {
   return
 }
+
+// -----
+
+// Index arithmetic (from a user or from a rule such as reduce mean's count)
+// lowers with its overflow flags.
+// CHECK-LABEL: func @index_arithmetic
+// CHECK: arith.addi(%1, %2) {overflowFlags = 0}
+// CHECK: arith.muli(%3, %2) {overflowFlags = 0}
+func.func @index_arithmetic(%x: tensor<?x4xf32>) -> index {
+  %n = dloss.dim %x axis 0 : tensor<?x4xf32>
+  %c4 = arith.constant 4 : index
+  %s = arith.addi %n, %c4 : index
+  %p = arith.muli %s, %c4 : index
+  return %p : index
+}
