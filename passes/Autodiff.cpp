@@ -182,12 +182,15 @@ struct AutodiffPass : dloss::impl::AutodiffPassBase<AutodiffPass> {
       });
       if (!reached)
         continue;
+      // Report before erasing @<loss>_grad: the op being reported is in it.
       if (op->getNumRegions() != 0) {
+        LogicalResult reported =
+            op->emitOpError()
+            << "is on the path from the inputs to the loss, and "
+               "dloss-autodiff does not differentiate through region ops "
+               "yet; compute this part without control flow";
         gradFunc.erase();
-        return op->emitOpError()
-               << "is on the path from the inputs to the loss, and "
-                  "dloss-autodiff does not differentiate through region ops "
-                  "yet; compute this part without control flow";
+        return reported;
       }
       OpAdjointBuilder adjoint(b, op, cotangents, analysis);
       if (auto rule = dyn_cast<AdjointOpInterface>(op)) {
@@ -199,10 +202,12 @@ struct AutodiffPass : dloss::impl::AutodiffPassBase<AutodiffPass> {
       }
       if (llvm::none_of(op->getOperands(), isFloatTensor))
         continue; // constants and index arithmetic carry no gradient
+      LogicalResult reported =
+          op->emitOpError()
+          << "has no adjoint rule, so the gradient cannot flow through it; "
+             "express this step with dloss ops";
       gradFunc.erase();
-      return op->emitOpError()
-             << "has no adjoint rule, so the gradient cannot flow through it; "
-                "express this step with dloss ops";
+      return reported;
     }
 
     // The gradient contract, explicit in the IR.
