@@ -5,4 +5,6 @@ cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
 bash scripts/build.sh
+# One minute of fuzzing parse + verify + the whole pass pipeline (clang build in build-fuzz/).
+bash scripts/fuzz.sh 60
 ctest --test-dir "${DLOSS_BUILD_DIR:-build}" --output-on-failure -j "$(nproc)"
