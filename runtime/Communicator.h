@@ -14,6 +14,33 @@
 
 namespace dloss {
 
+/// What the caller is doing while it calls a collective: the plan function,
+/// the step's IR op and location, or a phase outside the steps ("preflight").
+/// Communicators read it (currentCallSite()) to say where a collective
+/// failed and to label their flight record; the executor sets it with a
+/// CallSiteScope. Thread-local, so it passes through wrapping communicators.
+struct CallSite {
+  std::string function; ///< "clip_grad"; empty outside a plan function.
+  std::string op;       ///< "dloss.all_gather"; empty outside a step.
+  std::string location; ///< "clip.mlir:12:16"; empty when unknown.
+  std::string phase;    ///< "preflight", "check"; empty inside a step.
+};
+
+/// The call site of this thread's innermost CallSiteScope, or nullptr.
+const CallSite *currentCallSite();
+
+/// Makes `site` the current call site until the scope ends (scopes nest).
+class CallSiteScope {
+public:
+  explicit CallSiteScope(const CallSite &site);
+  ~CallSiteScope();
+  CallSiteScope(const CallSiteScope &) = delete;
+  CallSiteScope &operator=(const CallSiteScope &) = delete;
+
+private:
+  const CallSite *previous;
+};
+
 /// Collectives across the ranks of one job. Every call is collective: all
 /// ranks make the same calls in the same order (the compiler's
 /// dloss-verify-collectives and the runtime's preflight see to it). Tensors
@@ -58,6 +85,18 @@ public:
   virtual std::unique_ptr<Request> send(const at::Tensor &tensor, int peer,
                                         int tag) = 0;
   virtual std::unique_ptr<Request> recv(at::Tensor &tensor, int peer, int tag) = 0;
+
+  /// The number of collective calls (every method above but send and recv)
+  /// this communicator has started: the sequence number of the latest one.
+  /// Ranks that made the same calls agree on it, so the executor's preflight
+  /// compares it to catch a rank that skipped a call. -1 when the engine does
+  /// not count.
+  virtual int64_t collectivesStarted() const { return -1; }
+
+  /// Tells the engine that this rank failed outside a collective (a kernel
+  /// error, a rejected input) with `message`, so that peers left waiting for
+  /// it can name it and say why. The default does nothing.
+  virtual void noteFailure(const std::string &message) { (void)message; }
 };
 
 /// How to reach the other ranks, as torchrun describes it.
@@ -68,8 +107,13 @@ struct RendezvousOptions {
   int worldSize = 1;
   /// Deadline of every collective and of the rendezvous itself.
   std::chrono::milliseconds timeout = std::chrono::seconds(300);
+  /// Where a failed collective writes this rank's flight record
+  /// (dloss-flight-rank<r>.json: its last 64 collectives); empty: the
+  /// current directory. "off" writes none.
+  std::string flightDir;
 
-  /// From MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (and DLOSS_TIMEOUT_S);
+  /// From MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (and DLOSS_TIMEOUT_S,
+  /// DLOSS_FLIGHT_DIR);
   /// a missing or malformed variable is a dloss::Error saying which.
   static RendezvousOptions fromEnvironment();
 };
@@ -77,6 +121,14 @@ struct RendezvousOptions {
 /// The Gloo engine (c10d ProcessGroupGloo over a c10d TCPStore; rank 0 hosts
 /// the store). Returns once every rank has joined, or raises dloss::Error at
 /// the deadline naming the ranks that never arrived.
+///
+/// Every collective is numbered; before entering one, a rank records its
+/// number in the store (key dloss/seq/<rank>). When a collective fails (its
+/// deadline passed, a peer closed its connection), the error names the
+/// collective, its number, the call site, and each peer's state read from
+/// the store: which ranks never arrived (their number is behind), which
+/// failed and why. The rank's last 64 collectives are written as JSON to
+/// RendezvousOptions::flightDir and the error gives the path.
 std::unique_ptr<Communicator> connectGloo(const RendezvousOptions &options);
 
 /// The communicator of a single process (world size 1): every collective is

@@ -4,6 +4,7 @@
 #include "runtime/Error.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -17,8 +18,8 @@ const char *kPlanBugHint =
     "report a bug if that does not help";
 
 /// Identifies the preflight layout, so that runtimes of different versions
-/// report the difference instead of misreading each other ("DLPF" v1).
-constexpr int64_t kPreflightMagic = 0x444c504600000001;
+/// report the difference instead of misreading each other ("DLPF" v2).
+constexpr int64_t kPreflightMagic = 0x444c504600000002;
 
 enum PreflightStatus : int64_t {
   Ok = 0,
@@ -28,6 +29,7 @@ enum PreflightStatus : int64_t {
   WrongDType,
   WrongRank,
   WrongStaticDim,
+  NonFinite, // check mode: NaN or infinite values in an input
 };
 
 // Header fields of a preflight record.
@@ -38,8 +40,19 @@ enum PreflightField : size_t {
   Status,
   StatusArgument,
   InputCount,
+  // The communicator's collectivesStarted() before this preflight: ranks
+  // that made the same calls agree (-1: the engine does not count).
+  CollectiveSeq,
+  CheckMode,
+  // Check mode: NaN and infinite values in argument StatusArgument.
+  NanCount,
+  InfCount,
+  // The called function's name (first kNameWords * 8 bytes), so that every
+  // rank can name what the others called even in another plan.
+  Name0,
 };
-static_assert(InputCount + 1 == Executor::kPreflightHeader,
+constexpr size_t kNameWords = 4;
+static_assert(Name0 + kNameWords == Executor::kPreflightHeader,
               "header layout and length disagree");
 
 constexpr size_t kSlotLength = 2 + Executor::kPreflightDims;
@@ -63,6 +76,19 @@ int64_t bitcastSigned(uint64_t value) {
   int64_t out;
   std::memcpy(&out, &value, sizeof(out));
   return out;
+}
+
+void packName(const std::string &name, int64_t *words) {
+  char bytes[kNameWords * 8] = {};
+  std::memcpy(bytes, name.data(), std::min(name.size(), sizeof(bytes)));
+  std::memcpy(words, bytes, sizeof(bytes));
+}
+
+std::string unpackName(const int64_t *words) {
+  char bytes[kNameWords * 8 + 1] = {};
+  std::memcpy(bytes, words, kNameWords * 8);
+  std::string name(bytes);
+  return name.size() == kNameWords * 8 ? name + "..." : name;
 }
 
 std::string hex(int64_t value) {
@@ -156,7 +182,8 @@ std::string dtypeText(int64_t code) {
 /// input: a rank must reach the preflight collective whatever it was given.
 std::vector<int64_t> localRecord(const PlanFile &plan, const std::string &name,
                                  const plan::Function *function,
-                                 const std::vector<at::Tensor> &inputs) {
+                                 const std::vector<at::Tensor> &inputs,
+                                 bool check, int64_t collectiveSeq) {
   std::vector<int64_t> record(Executor::kPreflightLength, -1);
   record[Magic] = kPreflightMagic;
   record[Fingerprint] = bitcastSigned(plan.fingerprint());
@@ -164,6 +191,11 @@ std::vector<int64_t> localRecord(const PlanFile &plan, const std::string &name,
   record[Status] = Ok;
   record[StatusArgument] = -1;
   record[InputCount] = static_cast<int64_t>(inputs.size());
+  record[CollectiveSeq] = collectiveSeq;
+  record[CheckMode] = check ? 1 : 0;
+  record[NanCount] = 0;
+  record[InfCount] = 0;
+  packName(name, &record[Name0]);
   for (size_t i = 0; i < inputs.size() && i < Executor::kPreflightArgs; ++i) {
     int64_t *slot =
         record.data() + Executor::kPreflightHeader + i * kSlotLength;
@@ -212,6 +244,20 @@ std::vector<int64_t> localRecord(const PlanFile &plan, const std::string &name,
       int64_t expected = type.shape()->Get(d);
       if (expected >= 0 && input.size(d) != expected)
         return reject(WrongStaticDim, i);
+    }
+  }
+  if (check) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const at::Tensor &input = inputs[i];
+      if (!at::isFloatingType(input.scalar_type()) || input.numel() == 0)
+        continue;
+      int64_t nans = at::isnan(input).sum().item<int64_t>();
+      int64_t infs = at::isinf(input).sum().item<int64_t>();
+      if (nans || infs) {
+        record[NanCount] = nans;
+        record[InfCount] = infs;
+        return reject(NonFinite, i);
+      }
     }
   }
   return record;
@@ -263,6 +309,16 @@ std::string describeFailure(const Record &record, const std::string &name,
   case WrongStaticDim:
     return "passed " + argument + " of shape " + record.shapeText(i) +
            ", expected " + typeString(type);
+  case NonFinite: {
+    std::string counts;
+    if (record[NanCount])
+      counts = std::to_string(record[NanCount]) + " NaN";
+    if (record[InfCount])
+      counts += (counts.empty() ? "" : " and ") +
+                std::to_string(record[InfCount]) + " infinite";
+    return "passed " + argument + " with " + counts +
+           (record[NanCount] + record[InfCount] == 1 ? " value" : " values");
+  }
   default:
     return "reported the unknown preflight status " + std::to_string(status);
   }
@@ -394,9 +450,29 @@ private:
 // Executor
 //===----------------------------------------------------------------------===//
 
+ExecutorOptions ExecutorOptions::fromEnvironment() {
+  ExecutorOptions options;
+  if (const char *value = std::getenv("DLOSS_CHECK")) {
+    std::string text = value;
+    if (text == "1")
+      options.check = true;
+    else if (text != "0" && !text.empty())
+      throw Error("environment variable DLOSS_CHECK='" + text +
+                      "' is malformed: expected 1 or 0",
+                  "Set DLOSS_CHECK=1 to turn the runtime's check mode on, or "
+                  "unset it");
+  }
+  return options;
+}
+
 Executor::Executor(std::shared_ptr<const PlanFile> planFile,
                    Communicator &communicator)
-    : plan(std::move(planFile)), comm(communicator) {
+    : Executor(std::move(planFile), communicator,
+               ExecutorOptions::fromEnvironment()) {}
+
+Executor::Executor(std::shared_ptr<const PlanFile> planFile,
+                   Communicator &communicator, ExecutorOptions options)
+    : plan(std::move(planFile)), comm(communicator), opts(options) {
   if (!plan)
     throw Error("Executor built without a plan",
                 "Load one with PlanFile::load");
@@ -444,6 +520,7 @@ Executor::Executor(std::shared_ptr<const PlanFile> planFile,
           throw error.withOp(boundStep.op).withLocation(boundStep.loc);
         }
         boundStep.kernel = bindKernel(*step);
+        boundStep.site = CallSite{name, boundStep.op, boundStep.loc, ""};
         bound.steps.push_back(std::move(boundStep));
       }
     }
@@ -455,7 +532,9 @@ Executor::RankShapes
 Executor::preflight(const std::string &name, const BoundFunction *bound,
                     const std::vector<at::Tensor> &inputs) {
   const plan::Function *function = bound ? bound->function : nullptr;
-  std::vector<int64_t> mine = localRecord(*plan, name, function, inputs);
+  std::vector<int64_t> mine = localRecord(*plan, name, function, inputs,
+                                          opts.check,
+                                          comm.collectivesStarted());
   std::vector<int64_t> all = comm.allGatherInts(mine);
   int worldSize = comm.worldSize();
   if (all.size() != kPreflightLength * static_cast<size_t>(worldSize))
@@ -465,6 +544,12 @@ Executor::preflight(const std::string &name, const BoundFunction *bound,
                 "Report a bug in the communicator");
   auto record = [&all](int r) {
     return Record{all.data() + static_cast<size_t>(r) * kPreflightLength};
+  };
+  // Until the ranks are known to call the same function, the message must
+  // not start with this rank's own function name: it would differ by rank.
+  auto raiseAnonymous = [](const std::string &problem,
+                           const std::string &hint) {
+    return Error("preflight: " + problem, hint);
   };
   auto raise = [&name](const std::string &problem, const std::string &hint) {
     return Error("preflight of @" + name + ": " + problem, hint);
@@ -480,18 +565,28 @@ Executor::preflight(const std::string &name, const BoundFunction *bound,
       problem += " " + rankList(group.second) + " preflight format " +
                  hex(group.first) + ";";
     problem.pop_back();
-    throw raise(problem, "Install the same dloss on every rank");
+    throw raiseAnonymous(problem, "Install the same dloss on every rank");
   }
 
-  auto byPlan = groupRanks<int64_t>(
-      worldSize, [&](int r) { return record(r)[Fingerprint]; });
-  if (byPlan.size() > 1) {
-    std::string problem = "ranks loaded different plans:";
+  auto byPlan = groupRanks<std::pair<int64_t, std::string>>(
+      worldSize, [&](int r) {
+        return std::make_pair(record(r)[Fingerprint],
+                              unpackName(&record(r).values[Name0]));
+      });
+  if (groupRanks<int64_t>(worldSize, [&](int r) {
+        return record(r)[Fingerprint];
+      }).size() > 1) {
+    std::string problem = "ranks ran different plans:";
     for (size_t g = 0; g < byPlan.size(); ++g)
       problem += std::string(g ? "," : "") + " " + rankList(byPlan[g].second) +
-                 " plan fingerprint " + hex(byPlan[g].first);
-    throw raise(problem, "Compile the loss once and load the same .plan file "
-                         "on every rank");
+                 " called @" + byPlan[g].first.second + " of plan fingerprint " +
+                 hex(byPlan[g].first.first);
+    throw raiseAnonymous(
+        problem, "Every rank must call the same compiled losses in the same "
+                 "order: if the ranks hold several, they call them in a "
+                 "different order (or one rank skipped a call); otherwise "
+                 "compile the loss once and load the same .plan file on "
+                 "every rank");
   }
 
   auto byFunction = groupRanks<int64_t>(
@@ -506,11 +601,58 @@ Executor::preflight(const std::string &name, const BoundFunction *bound,
       auto it = names.find(byFunction[g].first);
       problem += std::string(g ? "," : "") + " " +
                  rankList(byFunction[g].second) + " called " +
-                 (it != names.end() ? it->second
-                                    : "a function the plan does not have");
+                 (it != names.end()
+                      ? it->second
+                      : "@" +
+                            unpackName(&record(byFunction[g].second.front())
+                                            .values[Name0]) +
+                            ", which the plan does not have");
     }
-    throw raise(problem,
-                "Every rank must run the same functions in the same order");
+    throw raiseAnonymous(
+        problem, "Every rank must run the same functions in the same order");
+  }
+
+  // The same number of earlier collectives: a rank that skipped a call (or
+  // made extra ones) would otherwise meet its peers' next call silently,
+  // every collective off by one call.
+  bool counted = true;
+  for (int r = 0; r < worldSize; ++r)
+    counted &= record(r)[CollectiveSeq] >= 0;
+  if (counted) {
+    auto bySeq = groupRanks<int64_t>(
+        worldSize, [&](int r) { return record(r)[CollectiveSeq]; });
+    if (bySeq.size() > 1) {
+      size_t best = majority(bySeq);
+      std::string problem;
+      for (size_t g = 0; g < bySeq.size(); ++g) {
+        if (g == best)
+          continue;
+        problem += (problem.empty() ? "" : "; ") + rankList(bySeq[g].second) +
+                   " made " + std::to_string(bySeq[g].first) +
+                   " collective calls before this one, " +
+                   rankList(bySeq[best].second) + " made " +
+                   std::to_string(bySeq[best].first);
+      }
+      throw raise(problem +
+                      ": the ranks' calls are out of step (a rank skipped a "
+                      "call, or made one the others did not)",
+                  "Every rank must make the same dloss calls in the same "
+                  "order: look for a call made under a rank-dependent "
+                  "condition (if rank == 0), an early return, or a caught "
+                  "error on the ranks named");
+    }
+  }
+
+  auto byCheck = groupRanks<int64_t>(
+      worldSize, [&](int r) { return record(r)[CheckMode]; });
+  if (byCheck.size() > 1) {
+    std::string problem = "ranks run with different check modes:";
+    for (size_t g = 0; g < byCheck.size(); ++g)
+      problem += std::string(g ? "," : "") + " " +
+                 rankList(byCheck[g].second) + " with checks " +
+                 (byCheck[g].first ? "on" : "off");
+    throw raise(problem, "Set DLOSS_CHECK (or ExecutorOptions::check) alike "
+                         "on every rank");
   }
 
   auto byFailure = groupRanks<std::string>(worldSize, [&](int r) {
@@ -519,13 +661,23 @@ Executor::preflight(const std::string &name, const BoundFunction *bound,
                              : describeFailure(rec, name, *plan, function);
   });
   std::string failures;
+  bool onlyNonFinite = true;
+  for (int r = 0; r < worldSize; ++r)
+    if (record(r)[Status] != Ok && record(r)[Status] != NonFinite)
+      onlyNonFinite = false;
   for (const auto &group : byFailure)
     if (!group.first.empty())
       failures += (failures.empty() ? "" : "; ") + rankList(group.second) +
                   " " + group.first;
   if (!failures.empty())
-    throw raise(failures, "Pass every rank inputs of the function's argument "
-                          "types (? marks a size that may vary)");
+    throw raise(failures,
+                onlyNonFinite
+                    ? "Check mode (DLOSS_CHECK=1) rejects NaN and infinite "
+                      "inputs: find where those ranks' values stop being "
+                      "finite (a bad sample, an overflow or a division by "
+                      "zero upstream), or turn check mode off"
+                    : "Pass every rank inputs of the function's argument "
+                      "types (? marks a size that may vary)");
 
   // Cross-rank agreement: only the batch dimension (0) of varying arguments
   // may differ; replicated arguments hold the same value everywhere.
@@ -581,7 +733,12 @@ std::vector<at::Tensor> Executor::run(const std::string &name,
       found == functions.end() ? nullptr : &found->second;
   // Nothing may raise before the preflight: the other ranks would wait in it
   // until their deadline instead of hearing what went wrong.
-  RankShapes shapes = preflight(name, bound, inputs);
+  RankShapes shapes;
+  {
+    CallSite site{name, "", "", "preflight"};
+    CallSiteScope scope(site);
+    shapes = preflight(name, bound, inputs);
+  }
   const plan::Function &function = *bound->function;
   int rank = comm.rank();
 
@@ -599,19 +756,28 @@ std::vector<at::Tensor> Executor::run(const std::string &name,
 
   StepContext context(comm, registers, known);
   for (const BoundStep &step : bound->steps) {
+    // A rank failing alone leaves its peers waiting at their next
+    // collective: tell the communicator, so that they can name this rank.
+    auto failed = [this](const Error &error) {
+      comm.noteFailure(error.what());
+      return error;
+    };
     try {
+      CallSiteScope scope(step.site);
       context.begin(step);
       step.kernel.run(context);
       context.commit();
     } catch (const Error &error) {
-      throw error.withRank(rank).withOp(step.op).withLocation(step.loc);
+      throw failed(
+          error.withRank(rank).withOp(step.op).withLocation(step.loc));
     } catch (const c10::Error &error) {
-      throw Error(ErrorInfo{error.what_without_backtrace(),
-                            "ATen rejected the operands; check the shapes and "
-                            "dtypes of the function's inputs",
-                            rank, step.op, step.loc});
+      throw failed(Error(ErrorInfo{error.what_without_backtrace(),
+                                   "ATen rejected the operands; check the "
+                                   "shapes and dtypes of the function's "
+                                   "inputs",
+                                   rank, step.op, step.loc}));
     } catch (const std::exception &error) {
-      throw Error(ErrorInfo{error.what(), "", rank, step.op, step.loc});
+      throw failed(Error(ErrorInfo{error.what(), "", rank, step.op, step.loc}));
     }
     // Drop dead values now, so their buffers return to the allocator before
     // the next (possibly large) intermediate is allocated.
@@ -638,7 +804,113 @@ std::vector<at::Tensor> Executor::run(const std::string &name,
               : value.tensor());
     }
   }
+  if (opts.check && function.gradient_of() && function.gradient_of()->size() &&
+      function.grad_mode() && function.grad_mode()->str() == "global")
+    checkReplicatedGradients(name, function, results);
   return results;
+}
+
+namespace {
+
+/// The integer type of the same width, to compare floats bit for bit.
+at::ScalarType bitsType(at::ScalarType type) {
+  switch (c10::elementSize(type)) {
+  case 1:
+    return at::kByte;
+  case 2:
+    return at::kShort;
+  case 4:
+    return at::kInt;
+  default:
+    return at::kLong;
+  }
+}
+
+int64_t hashBytes(const at::Tensor &tensor) {
+  at::Tensor bytes = tensor.contiguous();
+  const auto *data = static_cast<const unsigned char *>(bytes.data_ptr());
+  size_t length = bytes.numel() * bytes.element_size();
+  uint64_t hash = 14695981039346656037ull;
+  for (size_t i = 0; i < length; ++i) {
+    hash ^= data[i];
+    hash *= 1099511628211ull;
+  }
+  return bitcastSigned(hash);
+}
+
+std::string valueText(const at::Tensor &element) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), "%.9g",
+                element.to(at::kDouble).item<double>());
+  return buffer;
+}
+
+} // namespace
+
+void Executor::checkReplicatedGradients(const std::string &name,
+                                        const plan::Function &function,
+                                        const std::vector<at::Tensor> &results) {
+  // Result k (k >= 1) is the gradient of argument grad_arguments[k - 1].
+  std::vector<size_t> checked;
+  std::vector<int64_t> hashes;
+  if (function.grad_arguments())
+    for (size_t k = 1; k < results.size() &&
+                       k - 1 < function.grad_arguments()->size();
+         ++k) {
+      int32_t argument = function.grad_arguments()->Get(k - 1);
+      if (argument < 0 ||
+          static_cast<size_t>(argument) >= numArguments(function) ||
+          !function.arguments()->Get(argument)->replicated())
+        continue;
+      checked.push_back(k);
+      hashes.push_back(hashBytes(results[k]));
+    }
+  if (checked.empty())
+    return;
+  CallSite site{name, "", "", "gradient check"};
+  CallSiteScope scope(site);
+  std::vector<int64_t> all = comm.allGatherInts(hashes);
+  int worldSize = comm.worldSize();
+  for (size_t j = 0; j < checked.size(); ++j) {
+    int differing = -1;
+    for (int r = 1; r < worldSize && differing < 0; ++r)
+      if (all[r * checked.size() + j] != all[j])
+        differing = r;
+    if (differing < 0)
+      continue;
+    // Every rank sees the mismatch, so all gather the gradient (a replicated
+    // argument's shape is the same everywhere) and name the same element.
+    const at::Tensor &gradient = results[checked[j]];
+    at::Tensor flat = gradient.contiguous().reshape({1, -1});
+    at::Tensor gathered = comm.allGather(
+        flat, 0, std::vector<int64_t>(static_cast<size_t>(worldSize), 1));
+    at::ScalarType bits = bitsType(gathered.scalar_type());
+    at::Tensor reference = gathered[0].view(bits);
+    at::Tensor other = gathered[differing].view(bits);
+    at::Tensor positions = at::ne(reference, other).nonzero();
+    int64_t index = positions.numel() ? positions[0][0].item<int64_t>() : 0;
+    auto groups = groupRanks<int64_t>(worldSize, [&](int r) {
+      return all[r * checked.size() + j];
+    });
+    std::string agreement;
+    for (size_t g = 0; g < groups.size(); ++g)
+      agreement += std::string(g ? ", " : "") + rankList(groups[g].second) +
+                   (g ? " another" : " one value");
+    int32_t argument = function.grad_arguments()->Get(checked[j] - 1);
+    throw Error(
+        "check mode: @" + name + " (global mode) returned different gradients "
+            "for replicated " + argumentName(function, argument) +
+            " on different ranks: rank " + std::to_string(differing) +
+            " differs from rank 0 first at element " + std::to_string(index) +
+            " (rank 0: " + valueText(gathered[0].reshape({-1})[index]) +
+            ", rank " + std::to_string(differing) + ": " +
+            valueText(gathered[differing].reshape({-1})[index]) + "); " +
+            agreement,
+        "In global mode a replicated argument's gradient is all-reduced and "
+        "must be bit-identical on every rank: this is a bug in dloss or in "
+        "the plan (report it with the plan); in ddp mode such gradients "
+        "legitimately differ and are not checked");
+  }
 }
 
 } // namespace dloss

@@ -16,6 +16,24 @@
 
 namespace dloss {
 
+/// How an executor runs its calls.
+struct ExecutorOptions {
+  /// Check mode. (a) The preflight also reports NaN and infinite values in
+  /// floating inputs ("rank 2 passed argument 1 (text) with 3 NaN values"),
+  /// the same error on every rank. (b) After a gradient function in global
+  /// mode, the gradients of replicated arguments must be bit-identical on
+  /// every rank: they are hashed and compared (one allGatherInts), and a
+  /// difference names the first rank and element that differ. (In ddp mode
+  /// those gradients legitimately differ per rank and are not checked.)
+  /// Costs a pass over the inputs and one small collective per call; every
+  /// rank must run with the same setting (the preflight checks it).
+  bool check = false;
+
+  /// `check` from DLOSS_CHECK ("1" on; "0" or unset off); any other value
+  /// is a dloss::Error.
+  static ExecutorOptions fromEnvironment();
+};
+
 /// Interprets the functions of one plan over one communicator.
 ///
 /// Every step's kernel is resolved when the executor is built, so an op the
@@ -29,7 +47,10 @@ class Executor {
 public:
   /// Raises dloss::Error for a malformed plan (registers out of range) and
   /// for an op the runtime does not support, naming the op and its location.
+  /// Options from the environment (ExecutorOptions::fromEnvironment).
   Executor(std::shared_ptr<const PlanFile> plan, Communicator &communicator);
+  Executor(std::shared_ptr<const PlanFile> plan, Communicator &communicator,
+           ExecutorOptions options);
 
   /// Runs `function` on this rank's `inputs` (one per argument, in order;
   /// index-typed arguments and results are 0-d int64 tensors). Every error is
@@ -39,13 +60,14 @@ public:
 
   const PlanFile &planFile() const { return *plan; }
   Communicator &communicator() const { return comm; }
+  const ExecutorOptions &options() const { return opts; }
 
   /// The number of int64 values each rank contributes to the preflight. It
   /// is fixed (independent of the plan) so that ranks holding different
   /// plans still meet in a well-formed collective and report the mismatch.
   static constexpr size_t kPreflightArgs = 32;
   static constexpr size_t kPreflightDims = 8;
-  static constexpr size_t kPreflightHeader = 6;
+  static constexpr size_t kPreflightHeader = 14;
   static constexpr size_t kPreflightLength =
       kPreflightHeader + kPreflightArgs * (2 + kPreflightDims);
 
@@ -57,6 +79,8 @@ private:
     std::vector<int32_t> free;
     std::string op;
     std::string loc;
+    /// What a collective of this step reports as its call site.
+    CallSite site;
   };
   struct BoundFunction {
     const plan::Function *function = nullptr;
@@ -70,9 +94,15 @@ private:
   /// The preflight; returns every rank's argument shapes or raises.
   RankShapes preflight(const std::string &name, const BoundFunction *bound,
                        const std::vector<at::Tensor> &inputs);
+  /// Check mode, after a global-mode gradient function: the replicated
+  /// arguments' gradients agree bit for bit on every rank, or this raises.
+  void checkReplicatedGradients(const std::string &name,
+                                const plan::Function &function,
+                                const std::vector<at::Tensor> &results);
 
   std::shared_ptr<const PlanFile> plan;
   Communicator &comm;
+  ExecutorOptions opts;
   std::unordered_map<std::string, BoundFunction> functions;
 };
 

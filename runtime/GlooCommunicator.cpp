@@ -10,6 +10,7 @@
 
 #include "runtime/Communicator.h"
 #include "runtime/Error.h"
+#include "runtime/FlightRecorder.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -21,6 +22,7 @@
 #include <numeric>
 #include <sstream>
 #include <thread>
+#include <type_traits>
 
 namespace dloss {
 
@@ -90,6 +92,13 @@ std::string describe(const std::exception &e) {
   auto newline = text.find('\n');
   if (newline != std::string::npos)
     text.resize(newline);
+  // Gloo prefixes its source position ("[../gloo/transport/tcp/pair.cc:598]
+  // Connection closed by peer"), which tells users nothing.
+  if (!text.empty() && text.front() == '[') {
+    auto close = text.find("] ");
+    if (close != std::string::npos)
+      text.erase(0, close + 2);
+  }
   while (!text.empty() && (text.back() == ' ' || text.back() == '.'))
     text.pop_back();
   if (text.size() > 400)
@@ -125,6 +134,23 @@ const char *const kArrivedPrefix = "dloss/arrived/";
 const char *const kArrivedCountKey = "dloss/arrived-count";
 const char *const kVerdictKey = "dloss/verdict";
 const char *const kVerdictAckKey = "dloss/verdict-acks";
+// Each rank's latest collective ("<seq>\x1f<state>\x1f..."), written before
+// it enters one and when it fails: what a failing rank reads to learn which
+// peers never arrived.
+const char *const kSeqPrefix = "dloss/seq/";
+// Set by a rank once it has read its peers' states after a failure, so that
+// rank 0 (the store's host) keeps the store up until then.
+const char *const kDonePrefix = "dloss/done/";
+// Set by a rank once its Gloo mesh is connected.
+const char *const kMeshPrefix = "dloss/mesh/";
+// After a failure that is not a timeout (a closed connection), how long a
+// rank waits for its peers to record their own failure before naming the
+// silent ones: a dead rank never records one.
+constexpr std::chrono::milliseconds kPeerReportGrace{1000};
+// How long a failed rank 0 keeps the store up for the peers' diagnosis.
+constexpr std::chrono::milliseconds kFailureLinger{3000};
+// Peers named one by one in an error; the rest are counted.
+constexpr size_t kMaxPeerClauses = 8;
 
 std::string seconds(std::chrono::milliseconds duration) {
   std::ostringstream out;
@@ -213,12 +239,117 @@ const char *reductionName(Reduction op) {
   return "?";
 }
 
-// What a failing call reports: the method and, when one exists, the IR op a
-// plan step lowers to it (which callers may replace with their own context).
+// What a failing call reports: the method, the IR op a plan step lowers to
+// it, and the caller's site (its step's op and location, when the executor
+// runs one). `seq` and `flight` are set once a collective starts.
 struct Call {
+  Call(std::string name, std::string irOp)
+      : name(std::move(name)), irOp(std::move(irOp)) {
+    if (const CallSite *current = currentCallSite())
+      site = *current;
+  }
+
   std::string name;
   std::string irOp;
+  CallSite site;
+  int64_t seq = -1;     // the collective's number; -1 for send and recv
+  uint64_t flight = 0;  // its flight recorder handle
+  int64_t startUnixMs = 0;
+
+  /// "collective #12 allGather (in @clip_grad)".
+  std::string describe() const {
+    std::string out = seq >= 0 ? "collective #" + std::to_string(seq) + " " +
+                                     name
+                               : name;
+    if (!site.phase.empty())
+      out += " (" + site.phase +
+             (site.function.empty() ? "" : " of @" + site.function) + ")";
+    else if (!site.function.empty())
+      out += " (in @" + site.function + ")";
+    return out;
+  }
 };
+
+// A peer's latest collective as it recorded it in the store.
+struct PeerState {
+  int rank = -1;
+  bool known = false;
+  int64_t seq = 0;
+  std::string state; // "started" or "failed"
+  std::string collective;
+  CallSite site;
+  int64_t unixMs = 0;
+  std::string detail;
+};
+
+constexpr char kFieldSeparator = '\x1f';
+
+std::string encodeState(int64_t seq, const std::string &state,
+                        const std::string &collective, const CallSite &site,
+                        int64_t unixMs, const std::string &detail) {
+  std::string out;
+  for (const std::string &field :
+       {std::to_string(seq), state, collective, site.function, site.op,
+        site.location, site.phase, std::to_string(unixMs), detail}) {
+    out += field;
+    out += kFieldSeparator;
+  }
+  return out;
+}
+
+PeerState decodeState(int rank, const std::string &text) {
+  std::vector<std::string> fields;
+  std::string field;
+  for (char c : text) {
+    if (c == kFieldSeparator) {
+      fields.push_back(field);
+      field.clear();
+    } else {
+      field += c;
+    }
+  }
+  PeerState peer;
+  peer.rank = rank;
+  if (fields.size() < 9)
+    return peer;
+  peer.known = true;
+  peer.seq = std::strtoll(fields[0].c_str(), nullptr, 10);
+  peer.state = fields[1];
+  peer.collective = fields[2];
+  peer.site = CallSite{fields[3], fields[4], fields[5], fields[6]};
+  peer.unixMs = std::strtoll(fields[7].c_str(), nullptr, 10);
+  peer.detail = fields[8];
+  return peer;
+}
+
+int64_t unixMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// " (dloss.all_gather at clip.mlir:12:16 in @clip_grad)", or the phase.
+std::string siteText(const CallSite &site) {
+  std::string out;
+  if (!site.op.empty())
+    out = site.op + (site.location.empty() ? "" : " at " + site.location);
+  else if (!site.phase.empty())
+    out = site.phase;
+  if (!site.function.empty())
+    out += (out.empty() ? "in @" : " of @") + site.function;
+  return out.empty() ? "" : " (" + out + ")";
+}
+
+std::string truncated(const std::string &text, size_t limit) {
+  return text.size() <= limit ? text : text.substr(0, limit) + "...";
+}
+
+std::string describeTensor(const at::Tensor &tensor) {
+  std::string out = "[";
+  for (int64_t d = 0; d < tensor.dim(); ++d)
+    out += (d ? ", " : "") + std::to_string(tensor.size(d));
+  return out + "]";
+}
 
 //===----------------------------------------------------------------------===//
 // GlooCommunicator
@@ -231,6 +362,7 @@ public:
                    c10::intrusive_ptr<c10d::ProcessGroupGloo> group)
       : options(std::move(options)), store(std::move(store)),
         group(std::move(group)) {}
+  ~GlooCommunicator() override;
 
   int rank() const override { return options.rank; }
   int worldSize() const override { return options.worldSize; }
@@ -247,16 +379,20 @@ public:
   std::unique_ptr<Request> send(const at::Tensor &tensor, int peer,
                                 int tag) override;
   std::unique_ptr<Request> recv(at::Tensor &tensor, int peer, int tag) override;
+  int64_t collectivesStarted() const override { return started; }
+  void noteFailure(const std::string &message) override;
 
   /// A Gloo allreduce of one element: returns once every rank has finished
-  /// building its process group, so none needs the store any more.
-  void barrier(const Call &call);
+  /// building its process group.
+  void barrier(Call &call);
 
   /// Runs `body`, turning any c10d or Gloo failure into a dloss::Error. After
   /// a failure the group's state is unknown (a peer may be gone, a
-  /// collective half done), so every later call fails fast.
+  /// collective half done), so every later call fails fast. A collective
+  /// (begun with begin()) is marked completed or failed in the flight
+  /// recorder, and its failure names the peers' states.
   template <typename Body>
-  auto communicate(const Call &call, Body &&body) -> decltype(body());
+  auto communicate(Call &call, Body &&body) -> decltype(body());
 
   /// Waits for a collective's `work`; throws what the work threw.
   void awaitCollective(const c10::intrusive_ptr<c10d::Work> &work) const {
@@ -273,9 +409,34 @@ private:
     info.problem = std::move(problem);
     info.hint = std::move(hint);
     info.rank = options.rank;
-    info.op = call.irOp;
+    // The plan step's op names what the user wrote; the engine's op is the
+    // fallback for direct calls.
+    info.op = call.site.op.empty() ? call.irOp : call.site.op;
+    info.location = call.site.location;
     return Error(std::move(info));
   }
+
+  /// Numbers the collective `call`, records it in the flight recorder and
+  /// publishes its number in the store. `tensor` (optional) is what this
+  /// rank contributes.
+  void begin(Call &call, const at::Tensor *tensor);
+  /// Marks a collective completed (also one that had nothing to move).
+  void complete(Call &call);
+  /// Publishes this rank's state in the store; store failures only turn the
+  /// bookkeeping off (the collective itself reports a dead peer).
+  void publish(int64_t seq, const std::string &state,
+               const std::string &collective, const CallSite &site,
+               int64_t unixMs, const std::string &detail);
+  /// The error of a failed collective: its number and site, the peers'
+  /// states, and the path of the flight record.
+  Error diagnose(Call &call, const std::string &detail);
+  /// Reads every peer's state; waits up to `grace` for the peers to record
+  /// a failure. Sets `storeProblem` when the store cannot be read.
+  std::vector<PeerState> readPeers(std::chrono::milliseconds grace,
+                                   std::string &storeProblem);
+  std::string summarizePeers(const Call &call,
+                             const std::vector<PeerState> &peers,
+                             bool timedOut) const;
 
   std::string where() const {
     return "on rank " + std::to_string(options.rank) + " of " +
@@ -290,7 +451,7 @@ private:
   void checkSizes(const Call &call, const std::vector<int64_t> &sizes) const;
   void checkPeer(const Call &call, int peer, int tag) const;
   /// The summed/maxed/minned tensor; Mean is left to the caller to divide.
-  at::Tensor reduce(const Call &call, const at::Tensor &input, Reduction op);
+  at::Tensor reduce(Call &call, const at::Tensor &input, Reduction op);
 
   RendezvousOptions options;
   // Declared before the group so that it is destroyed after it.
@@ -298,6 +459,13 @@ private:
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
   /// Why the communicator is unusable; empty while it is healthy.
   std::string broken;
+  /// Collectives started, i.e. the number of the latest one.
+  int64_t started = 0;
+  /// The number of the collective that failed; -1 while healthy.
+  int64_t failedSeq = -1;
+  /// False once a store operation failed: the bookkeeping stops.
+  bool storeUsable = true;
+  FlightRecorder flight;
 };
 
 // A send or recv in flight. It refers to its communicator, which must outlive
@@ -334,39 +502,315 @@ private:
 };
 
 template <typename Body>
-auto GlooCommunicator::communicate(const Call &call, Body &&body)
+auto GlooCommunicator::communicate(Call &call, Body &&body)
     -> decltype(body()) {
-  if (!broken.empty())
+  if (!broken.empty()) {
+    flight.finish(call.flight, FlightEntry::State::Failed,
+                  "not run: the communicator was already unusable");
     throw fail(call,
-               call.name + " cannot run " + where() +
+               call.describe() + " cannot run " + where() +
                    ": the communicator is unusable after an earlier failure (" +
                    broken + ")",
                "Handle the first error: the job has to be restarted once a "
                "collective has failed");
+  }
   std::string detail;
   try {
-    return body();
+    if constexpr (std::is_void_v<decltype(body())>) {
+      body();
+      complete(call);
+      return;
+    } else {
+      auto result = body();
+      complete(call);
+      return result;
+    }
   } catch (const Error &e) {
     // Our own checks after data moved (a malformed ringShift header).
     broken = call.name + ": " + e.problem();
+    flight.finish(call.flight, FlightEntry::State::Failed, e.problem());
     throw;
   } catch (const std::exception &e) {
     detail = compat::describe(e);
   } catch (...) {
     detail = "unknown exception";
   }
-  broken = call.name + " failed: " + detail;
-  if (looksLikeTimeout(detail))
-    throw fail(call,
-               call.name + " timed out " + where() + " after the deadline of " +
-                   seconds(options.timeout) + " (" + detail + ")",
-               "Some rank did not reach this collective in time: check the "
-               "other ranks' logs for an earlier error or a hang, make sure "
-               "every rank makes the same collective calls in the same order, "
-               "or raise DLOSS_TIMEOUT_S if the ranks are only slow");
-  throw fail(call, call.name + " failed " + where() + ": " + detail,
-             "A peer rank probably failed or exited: check the other ranks' "
-             "logs for the first error (this one is a consequence)");
+  broken = call.describe() + " failed: " + detail;
+  throw diagnose(call, detail);
+}
+
+void GlooCommunicator::begin(Call &call, const at::Tensor *tensor) {
+  call.seq = ++started;
+  call.startUnixMs = unixMillis();
+  FlightEntry entry;
+  entry.seq = call.seq;
+  entry.collective = call.name;
+  entry.function = call.site.function;
+  entry.op = call.site.op.empty() ? call.irOp : call.site.op;
+  entry.location = call.site.location;
+  entry.phase = call.site.phase;
+  if (tensor && tensor->defined()) {
+    entry.shape = describeTensor(*tensor);
+    entry.dtype = c10::toString(tensor->scalar_type());
+    entry.bytes = static_cast<int64_t>(tensor->numel() * tensor->element_size());
+  }
+  call.flight = flight.start(std::move(entry));
+  // A broken communicator refuses the call; its recorded failure stays.
+  if (broken.empty())
+    publish(call.seq, "started", call.name, call.site, call.startUnixMs, "");
+}
+
+void GlooCommunicator::complete(Call &call) {
+  flight.finish(call.flight, FlightEntry::State::Completed);
+}
+
+void GlooCommunicator::publish(int64_t seq, const std::string &state,
+                               const std::string &collective,
+                               const CallSite &site, int64_t unixMs,
+                               const std::string &detail) {
+  if (!storeUsable)
+    return;
+  try {
+    store->set(kSeqPrefix + std::to_string(options.rank),
+               toBytes(encodeState(seq, state, collective, site, unixMs,
+                                   truncated(detail, 600))));
+  } catch (const std::exception &) {
+    storeUsable = false;
+  }
+}
+
+void GlooCommunicator::noteFailure(const std::string &message) {
+  // A failed collective has recorded its own, more precise state.
+  if (!broken.empty())
+    return;
+  publish(started, "failed", "", CallSite{}, unixMillis(), message);
+}
+
+std::vector<PeerState>
+GlooCommunicator::readPeers(std::chrono::milliseconds grace,
+                            std::string &storeProblem) {
+  std::vector<PeerState> peers;
+  if (!storeUsable) {
+    storeProblem = "the rendezvous store at " + options.masterAddr + ":" +
+                   std::to_string(options.masterPort) +
+                   " could not be reached earlier: rank 0, which hosts it, "
+                   "has probably exited or died";
+    return peers;
+  }
+  Clock::time_point end = Clock::now() + grace;
+  try {
+    while (true) {
+      peers.clear();
+      bool allFailed = true;
+      for (int r = 0; r < options.worldSize; ++r) {
+        if (r == options.rank)
+          continue;
+        std::string key = kSeqPrefix + std::to_string(r);
+        PeerState peer;
+        peer.rank = r;
+        if (store->check({key}))
+          peer = decodeState(r, fromBytes(store->get(key)));
+        allFailed &= peer.known && peer.state == "failed";
+        peers.push_back(std::move(peer));
+      }
+      if (allFailed || Clock::now() >= end)
+        return peers;
+      std::this_thread::sleep_for(kPollInterval);
+    }
+  } catch (const std::exception &e) {
+    storeUsable = false;
+    storeProblem = "the rendezvous store at " + options.masterAddr + ":" +
+                   std::to_string(options.masterPort) +
+                   " cannot be read (" + compat::describe(e) +
+                   "): rank 0, which hosts it, has probably exited or died";
+    peers.clear();
+    return peers;
+  }
+}
+
+std::string GlooCommunicator::summarizePeers(const Call &call,
+                                             const std::vector<PeerState> &peers,
+                                             bool timedOut) const {
+  std::vector<std::string> clauses;
+  std::vector<int> reached;
+  int64_t now = unixMillis();
+  auto ago = [now](int64_t unixMs) {
+    std::ostringstream out;
+    out.precision(1);
+    out << std::fixed << std::max<int64_t>(0, now - unixMs) / 1000.0 << " s ago";
+    return out.str();
+  };
+  for (const PeerState &peer : peers) {
+    std::string who = "rank " + std::to_string(peer.rank);
+    if (!peer.known) {
+      clauses.push_back(who + " has recorded no collective");
+      continue;
+    }
+    std::string latest = "#" + std::to_string(peer.seq) + " " +
+                         peer.collective + siteText(peer.site);
+    if (peer.state == "failed") {
+      if (peer.collective.empty())
+        clauses.push_back(who + " failed outside a collective after #" +
+                          std::to_string(peer.seq) + ": " +
+                          truncated(peer.detail, 300));
+      else
+        clauses.push_back(who + " failed in collective " + latest + ": " +
+                          truncated(peer.detail, 300));
+      continue;
+    }
+    if (peer.seq < call.seq) {
+      clauses.push_back(who + " never arrived (its latest collective is " +
+                        latest + ", entered " + ago(peer.unixMs) + ")" +
+                        (timedOut ? ""
+                                  : " and has recorded no failure: it may "
+                                    "have died"));
+    } else if (peer.seq == call.seq && peer.collective == call.name) {
+      if (timedOut)
+        reached.push_back(peer.rank);
+      else
+        clauses.push_back(who + " reached it but had recorded no failure " +
+                          seconds(kPeerReportGrace) +
+                          " later (it died, or it still waits on another "
+                          "rank)");
+    } else if (peer.seq == call.seq) {
+      clauses.push_back(who + " is in collective " + latest +
+                        " instead: the ranks' collective calls differ");
+    } else {
+      clauses.push_back(who + " has moved on to collective " + latest);
+    }
+  }
+  std::string out;
+  for (size_t i = 0; i < clauses.size() && i < kMaxPeerClauses; ++i)
+    out += (i ? "; " : "") + clauses[i];
+  if (clauses.size() > kMaxPeerClauses)
+    out += "; and " + std::to_string(clauses.size() - kMaxPeerClauses) +
+           " more ranks (see the flight record)";
+  if (!reached.empty()) {
+    std::vector<int> all = reached;
+    all.push_back(options.rank);
+    std::sort(all.begin(), all.end());
+    out += (out.empty() ? "" : "; ") +
+           std::string(all.size() == 1 ? "rank " : "ranks ") + joinRanks(all) +
+           " reached it";
+  }
+  return out;
+}
+
+Error GlooCommunicator::diagnose(Call &call, const std::string &detail) {
+  bool timedOut = looksLikeTimeout(detail);
+  flight.finish(call.flight, FlightEntry::State::Failed, detail);
+  std::string timeoutHint =
+      "Some rank did not reach this collective in time: check the ranks "
+      "named above (and the other ranks' logs) for an earlier error or a "
+      "hang, make sure every rank makes the same collective calls in the "
+      "same order, or raise DLOSS_TIMEOUT_S if the ranks are only slow";
+  std::string peerHint =
+      "A peer rank probably failed or exited: check the other ranks' logs "
+      "for the first error (this one is a consequence)";
+  if (call.seq < 0) {
+    // A send or recv: its peer is the only rank involved.
+    if (timedOut)
+      return fail(call,
+                  call.name + " timed out " + where() +
+                      " after the deadline of " + seconds(options.timeout) +
+                      " (" + detail + ")",
+                  timeoutHint);
+    return fail(call, call.name + " failed " + where() + ": " + detail,
+                peerHint);
+  }
+
+  failedSeq = call.seq;
+  publish(call.seq, "failed", call.name, call.site, unixMillis(),
+          timedOut ? "timed out after " + seconds(options.timeout) : detail);
+  std::string storeProblem;
+  std::vector<PeerState> peers = readPeers(
+      timedOut ? std::chrono::milliseconds(0) : kPeerReportGrace, storeProblem);
+  if (storeUsable) {
+    try {
+      store->set(kDonePrefix + std::to_string(options.rank), toBytes("1"));
+    } catch (const std::exception &) {
+      storeUsable = false;
+    }
+  }
+  std::string summary = storeProblem.empty()
+                            ? summarizePeers(call, peers, timedOut)
+                            : "the peers' states are unknown: " + storeProblem;
+
+  std::string problem =
+      timedOut ? call.describe() + " timed out " + where() +
+                     " after the deadline of " + seconds(options.timeout)
+               : call.describe() + " failed " + where() + " (" + detail + ")";
+  if (!summary.empty())
+    problem += ": " + summary;
+  if (timedOut)
+    problem += " (" + detail + ")";
+  std::string hint = timedOut ? timeoutHint : peerHint;
+
+  // The record holds the whole message, and the message the record's path.
+  std::string record;
+  if (options.flightDir != "off") {
+    FlightRecorder::Header header;
+    header.rank = options.rank;
+    header.worldSize = options.worldSize;
+    header.timeoutSeconds = options.timeout.count() / 1000.0;
+    header.reason = fail(call, problem, hint).what();
+    for (const PeerState &peer : peers)
+      header.peers.push_back(
+          "rank " + std::to_string(peer.rank) + ": " +
+          (peer.known ? peer.state + " #" + std::to_string(peer.seq) + " " +
+                            peer.collective + siteText(peer.site) +
+                            (peer.detail.empty() ? "" : ": " + peer.detail)
+                      : "no collective recorded"));
+    if (!storeProblem.empty())
+      header.peers.push_back(storeProblem);
+    try {
+      record = "flight record of this rank's last collectives: " +
+               flight.write(options.flightDir, header);
+    } catch (const std::exception &e) {
+      record = "the flight record could not be written (" +
+               std::string(e.what()) + "; set DLOSS_FLIGHT_DIR)";
+    }
+  }
+  if (!record.empty())
+    problem += ". " + record;
+  return fail(call, problem, hint);
+}
+
+GlooCommunicator::~GlooCommunicator() {
+  // Closing the Gloo pairs first makes peers still blocked on this rank fail
+  // now rather than at their deadline.
+  group.reset();
+  if (options.rank != 0 || failedSeq < 0 || !storeUsable)
+    return;
+  // Rank 0 hosts the store: keep it up while peers that were in the failed
+  // collective (or later) still read their peers' states. A peer that has
+  // recorded its failure is reading (for at most kPeerReportGrace); one that
+  // has not may yet fail, or may be dead, so it gets about that long too.
+  Clock::time_point start = Clock::now();
+  Clock::time_point end = start + kFailureLinger;
+  auto silentEnd = start + kPeerReportGrace + std::chrono::milliseconds(500);
+  try {
+    while (Clock::now() < end) {
+      bool diagnosing = false, silent = false;
+      for (int r = 1; r < options.worldSize; ++r) {
+        if (store->check({kDonePrefix + std::to_string(r)}))
+          continue;
+        std::string key = kSeqPrefix + std::to_string(r);
+        if (!store->check({key}))
+          continue;
+        PeerState peer = decodeState(r, fromBytes(store->get(key)));
+        if (!peer.known || peer.seq < failedSeq)
+          continue;
+        diagnosing |= peer.state == "failed";
+        silent |= peer.state != "failed";
+      }
+      if (!diagnosing && (!silent || Clock::now() >= silentEnd))
+        return;
+      std::this_thread::sleep_for(kPollInterval);
+    }
+  } catch (const std::exception &) {
+    // Nothing to keep up any more.
+  }
 }
 
 void GlooCommunicator::checkCpu(const Call &call,
@@ -472,9 +916,12 @@ at::Tensor GlooCommunicator::allGather(const at::Tensor &input, int64_t axis,
   resultShape[dim] = total;
   int64_t paddedNumel = std::accumulate(paddedShape.begin(), paddedShape.end(),
                                         int64_t{1}, std::multiplies<>());
+  begin(call, &input);
   // Every rank knows the sizes, so all skip together when nothing would move.
-  if (paddedNumel == 0)
+  if (paddedNumel == 0) {
+    complete(call);
     return at::empty(resultShape, input.options());
+  }
 
   at::Tensor padded = at::zeros(paddedShape, input.options());
   padded.narrow(dim, 0, input.size(dim)).copy_(input);
@@ -492,12 +939,15 @@ at::Tensor GlooCommunicator::allGather(const at::Tensor &input, int64_t axis,
   });
 }
 
-at::Tensor GlooCommunicator::reduce(const Call &call, const at::Tensor &input,
+at::Tensor GlooCommunicator::reduce(Call &call, const at::Tensor &input,
                                     Reduction op) {
+  begin(call, &input);
   // The clone is what Gloo reduces in place: the caller's tensor stays as is.
   at::Tensor result = input.clone(at::MemoryFormat::Contiguous);
-  if (result.numel() == 0)
+  if (result.numel() == 0) {
+    complete(call);
     return result;
+  }
   communicate(call, [&] {
     std::vector<at::Tensor> tensors{result};
     c10d::AllreduceOptions reduceOptions;
@@ -552,9 +1002,12 @@ at::Tensor GlooCommunicator::broadcast(const at::Tensor &input, int root) {
                "broadcast root " + std::to_string(root) + " is not a rank " +
                    where(),
                "Pass a root in [0, world size)");
+  begin(call, &input);
   at::Tensor result = input.clone(at::MemoryFormat::Contiguous);
-  if (result.numel() == 0)
+  if (result.numel() == 0) {
+    complete(call);
     return result;
+  }
   communicate(call, [&] {
     std::vector<at::Tensor> tensors{toWire(result)};
     c10d::BroadcastOptions broadcastOptions;
@@ -569,14 +1022,17 @@ at::Tensor GlooCommunicator::ringShift(const at::Tensor &input, int64_t shift) {
   checkCpu(call, input);
   int64_t n = options.worldSize;
   int64_t step = ((shift % n) + n) % n;
-  if (step == 0)
-    return input.clone(); // Every rank keeps its own tensor.
   if (input.dim() > kMaxDims)
     throw fail(call,
                "ringShift of a " + std::to_string(input.dim()) + "-d tensor " +
                    where() + " exceeds the limit of " +
                    std::to_string(kMaxDims) + " dimensions",
                "Reshape the tensor to fewer dimensions before the shift");
+  begin(call, &input);
+  if (step == 0) {
+    complete(call);
+    return input.clone(); // Every rank keeps its own tensor.
+  }
   int dst = static_cast<int>((options.rank + step) % n);
   int src = static_cast<int>((options.rank - step + n) % n);
 
@@ -631,11 +1087,14 @@ at::Tensor GlooCommunicator::ringShift(const at::Tensor &input, int64_t shift) {
 std::vector<int64_t>
 GlooCommunicator::allGatherInts(const std::vector<int64_t> &values) {
   Call call{"allGatherInts", ""};
-  if (values.empty())
-    return {};
   at::Tensor local =
       at::empty({static_cast<int64_t>(values.size())}, at::kLong);
   std::copy(values.begin(), values.end(), local.data_ptr<int64_t>());
+  begin(call, &local);
+  if (values.empty()) {
+    complete(call);
+    return {};
+  }
   return communicate(call, [&] {
     std::vector<at::Tensor> inputs{local};
     std::vector<std::vector<at::Tensor>> outputs(1);
@@ -696,8 +1155,9 @@ GlooCommunicator::recv(at::Tensor &tensor, int peer, int tag) {
                                        tensor);
 }
 
-void GlooCommunicator::barrier(const Call &call) {
+void GlooCommunicator::barrier(Call &call) {
   at::Tensor token = at::ones({1}, at::kInt);
+  begin(call, &token);
   communicate(call, [&] {
     std::vector<at::Tensor> tensors{token};
     awaitCollective(group->allreduce(tensors));
@@ -855,16 +1315,37 @@ std::unique_ptr<Communicator> connectGloo(const RendezvousOptions &options) {
         "error");
   }
 
+  // Each rank records when its part of the mesh is up, so that a rank whose
+  // mesh does not come up can name the peers that never got there (a rank
+  // that died right after the rendezvous blocks everyone's mesh).
+  auto meshKey = [](int rank) { return kMeshPrefix + std::to_string(rank); };
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
   try {
     group = compat::makeProcessGroup(store, options.rank, options.worldSize,
                                      compat::makeDevice(options.masterAddr),
                                      options.timeout);
+    store->set(meshKey(options.rank), toBytes("connected"));
   } catch (const std::exception &e) {
+    std::string peers;
+    try {
+      std::vector<int> missing;
+      for (int r = 0; r < options.worldSize; ++r)
+        if (r != options.rank && !store->check({meshKey(r)}))
+          missing.push_back(r);
+      if (!missing.empty())
+        peers = std::string(missing.size() == 1 ? ": rank " : ": ranks ") +
+                joinRanks(missing) +
+                " never connected (check whether they died or failed)";
+    } catch (const std::exception &) {
+      peers = ": rank 0, which hosts the rendezvous store, is unreachable "
+              "(it probably died)";
+    }
     throw rendezvousError(
         options,
-        "could not connect the Gloo mesh after the rendezvous (" +
-            compat::describe(e) + ")",
+        "could not connect the Gloo mesh after the rendezvous within the "
+        "deadline of " +
+            seconds(options.timeout) + " (" + compat::describe(e) + ")" +
+            peers,
         "A peer rank probably failed while connecting: check the other "
         "ranks' logs; on hosts with several network interfaces set "
         "GLOO_SOCKET_IFNAME to the one the ranks share");
@@ -872,7 +1353,8 @@ std::unique_ptr<Communicator> connectGloo(const RendezvousOptions &options) {
 
   auto communicator =
       std::make_unique<GlooCommunicator>(options, store, std::move(group));
-  communicator->barrier(Call{"the connection check after the rendezvous", ""});
+  Call check{"the connection check after the rendezvous", ""};
+  communicator->barrier(check);
   return communicator;
 }
 

@@ -122,6 +122,9 @@ RendezvousOptions RendezvousOptions::fromEnvironment() {
   if (auto timeout = readVariable("DLOSS_TIMEOUT_S"))
     options.timeout = parseTimeout(*timeout);
 
+  if (auto flightDir = readVariable("DLOSS_FLIGHT_DIR"))
+    options.flightDir = *flightDir;
+
   return options;
 }
 

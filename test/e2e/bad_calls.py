@@ -106,6 +106,19 @@ def case_unreadable_npy(out, rng):
     return list(args.values())
 
 
+def case_nan_check(out, rng):
+    # Check mode (DLOSS_CHECK=1, set by CASE_ENV): NaN inputs are a
+    # preflight error on every rank.
+    args = good_inputs(out, rng)
+    text = features(rng, ROWS, DIM)
+    text.reshape(-1)[[1, 5, 9]] = np.nan
+    save(os.path.join(out, "text2.npy"), text)
+    return list(args.values())
+
+
+# Environment variables a case runs with.
+CASE_ENV = {"nan-check": {"DLOSS_CHECK": "1"}}
+
 SHAPE = lambda *d: r"\[\s*" + r"\s*,\s*".join(str(x) for x in d) + r"\s*\]"
 
 CASES = {
@@ -166,12 +179,20 @@ CASES = {
             ("names the file (text3.npy)", r"text3\.npy"),
             ("says what is wrong", r"(?i)(no such file|cannot open|not found|does not exist)"),
         ]),
+    "nan-check": (
+        "rank 2's text holds 3 NaN values, DLOSS_CHECK=1",
+        case_nan_check, "every-rank", [
+            ("is a dloss error", r"dloss error"),
+            ("names the offending rank, argument and count",
+             r"\brank 2 passed argument 1 \(text\) with 3 NaN values\b"),
+            ("says what to do", r"DLOSS_CHECK=1"),
+        ]),
 }
 
 RANK_LINE = re.compile(r"^dloss-run: rank (\d+): (.*)$")
 
 
-def run(dloss_run, mlir, inputs, out):
+def run(dloss_run, mlir, inputs, out, env=None):
     cmd = [dloss_run, mlir, "--world", str(WORLD), "--timeout", str(TIMEOUT_ARG),
            "--out", os.path.join(out, "run")]
     for i in inputs:
@@ -181,7 +202,8 @@ def run(dloss_run, mlir, inputs, out):
     # Own session: the ranks are the launcher's children; we can then check
     # that none outlives the launcher, and kill them all if it hangs.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, cwd=out)
+                            text=True, start_new_session=True, cwd=out,
+                            env=dict(os.environ, **(env or {})))
     hung = False
     try:
         stdout, stderr = proc.communicate(timeout=HARD_KILL)
@@ -212,7 +234,9 @@ def check_case(name, dloss_run, mlir, out):
     os.makedirs(case_out, exist_ok=True)
     rng = np.random.default_rng(0)
     inputs = make(case_out, rng)
-    rc, stdout, stderr, wall, hung, leftovers = run(dloss_run, mlir, inputs, case_out)
+    rc, stdout, stderr, wall, hung, leftovers = run(dloss_run, mlir, inputs, case_out,
+                                                    CASE_ENV.get(name))
+    print(f"   time-to-error: {wall:.2f} s (the whole run)")
     sys.stdout.write("-- stderr --\n" + stderr + ("" if stderr.endswith("\n") else "\n"))
     failures = []
 

@@ -593,7 +593,8 @@ TEST(SingleProcessCommunicatorTest, EveryCollectiveIsACopy) {
 class RendezvousOptionsTest : public ::testing::Test {
 protected:
   static constexpr const char *kVariables[] = {
-      "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "DLOSS_TIMEOUT_S"};
+      "MASTER_ADDR", "MASTER_PORT",     "RANK",
+      "WORLD_SIZE",  "DLOSS_TIMEOUT_S", "DLOSS_FLIGHT_DIR"};
 
   void SetUp() override {
     for (const char *variable : kVariables) {
@@ -642,6 +643,7 @@ TEST_F(RendezvousOptionsTest, DefaultsToOneProcess) {
   EXPECT_EQ(options.rank, 0);
   EXPECT_EQ(options.worldSize, 1);
   EXPECT_EQ(options.timeout, std::chrono::seconds(300));
+  EXPECT_EQ(options.flightDir, "");
 }
 
 TEST_F(RendezvousOptionsTest, ReadsTorchrunVariables) {
@@ -650,12 +652,14 @@ TEST_F(RendezvousOptionsTest, ReadsTorchrunVariables) {
   set("RANK", "3");
   set("WORLD_SIZE", "4");
   set("DLOSS_TIMEOUT_S", "2.5");
+  set("DLOSS_FLIGHT_DIR", "/tmp/flights");
   RendezvousOptions options = RendezvousOptions::fromEnvironment();
   EXPECT_EQ(options.masterAddr, "node7");
   EXPECT_EQ(options.masterPort, 12345);
   EXPECT_EQ(options.rank, 3);
   EXPECT_EQ(options.worldSize, 4);
   EXPECT_EQ(options.timeout, std::chrono::milliseconds(2500));
+  EXPECT_EQ(options.flightDir, "/tmp/flights");
 }
 
 TEST_F(RendezvousOptionsTest, WorldSizeOneNeedsNoRank) {

@@ -652,9 +652,10 @@ TEST(ExecutorThreadTest, PreflightMismatchRaisesTheSameErrorOnEveryRank) {
     });
     for (const RankOutcome &outcome : outcomes)
       EXPECT_CONTAINS(outcome.error,
-                      "ranks loaded different plans: ranks 0,1,2 plan "
-                      "fingerprint 0x0000000000001234, rank 3 plan fingerprint "
-                      "0x0000000000009999. Compile the loss once");
+                      "ranks ran different plans: ranks 0,1,2 called @f of "
+                      "plan fingerprint 0x0000000000001234, rank 3 called @f "
+                      "of plan fingerprint 0x0000000000009999. Every rank "
+                      "must call the same compiled losses in the same order");
   }
 }
 

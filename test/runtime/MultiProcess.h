@@ -185,6 +185,9 @@ inline dloss::RendezvousOptions loopbackOptions(int port, int rank, int worldSiz
   options.rank = rank;
   options.worldSize = worldSize;
   options.timeout = timeout;
+  // Flight records of failing tests go to the temporary directory, not to
+  // the directory the tests run in.
+  options.flightDir = ::testing::TempDir();
   return options;
 }
 

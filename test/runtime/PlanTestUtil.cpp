@@ -132,7 +132,10 @@ std::vector<uint8_t> buildPlanBytes(const std::vector<FunctionSpec> &functions,
     }
     builtFunctions.push_back(plan::CreateFunctionDirect(
         fbb, function.name.c_str(), &args, &function.results,
-        /*result_types=*/nullptr, function.numRegisters, &steps));
+        /*result_types=*/nullptr, function.numRegisters, &steps,
+        function.gradMode.empty() ? nullptr : function.gradMode.c_str(),
+        function.gradientOf.empty() ? nullptr : function.gradientOf.c_str(),
+        function.gradArguments.empty() ? nullptr : &function.gradArguments));
   }
   auto root = plan::CreatePlanDirect(fbb, version, fingerprint, "test",
                                      &builtFunctions);

@@ -72,6 +72,12 @@ struct FunctionSpec {
   std::vector<int32_t> results;
   int32_t numRegisters = 0;
   std::vector<StepSpec> steps;
+  /// For losses and their gradients: "ddp" or "global"; empty otherwise.
+  std::string gradMode;
+  /// For a gradient function: the loss it differentiates, and the argument
+  /// of each gradient result (results 1, 2, ...).
+  std::string gradientOf;
+  std::vector<int32_t> gradArguments;
 };
 
 /// The serialised plan.

@@ -1,13 +1,20 @@
 // dloss-run: runs a compiled distributed loss on N local ranks (or as one rank of a launcher's job).
 //
 //   dloss-run LOSS.mlir|LOSS.plan --world N --input NAME=PATH ... --out DIR
-//             [--entry F] [--iters K] [--check] [--tolerance T]
+//             [--entry F] [--iters K] [--check] [--tolerance T] [--timeout S]
+//             [--runtime-checks]
 //
 // With --world N it is its own launcher: it compiles the loss once (dlossc),
 // starts N processes of itself with the torchrun variables set (Gloo on
 // loopback), waits for them, and with --check compares their gradients with
 // the same loss run on one process over the concatenated global batch. With
 // RANK/WORLD_SIZE already in the environment it runs as that one rank.
+//
+// As a launcher it leaves nothing behind: a rank that fails makes the launcher
+// exit non-zero once the others have stopped (they fail within the deadline);
+// ranks still running 10 s past the deadline are killed; SIGINT/SIGTERM/SIGHUP
+// stop every rank; and a rank dies with its launcher (PR_SET_PDEATHSIG) even
+// if the launcher is killed outright. It signals only processes it started.
 #include "runtime/Communicator.h"
 #include "runtime/Error.h"
 #include "runtime/Executor.h"
@@ -31,6 +38,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -53,13 +61,14 @@ struct Options {
   std::string dlossc;
   std::string gradMode; // passed to dlossc --grad-mode
   int timeoutSeconds = 0; // 0: the runtime's default (DLOSS_TIMEOUT_S or 300)
+  bool runtimeChecks = false; // else DLOSS_CHECK decides
 };
 
 const char *kUsage =
     "usage: dloss-run LOSS.mlir|LOSS.plan [--world N] [--entry F]\n"
     "                 --input NAME=PATH|NAME=SCALAR ... [--out DIR] [--iters K]\n"
     "                 [--check] [--tolerance T] [--timeout S] [--grad-mode ddp|global]\n"
-    "                 [--dlossc PATH]\n"
+    "                 [--runtime-checks] [--dlossc PATH]\n"
     "\n"
     "  --world N     start N local ranks (processes, Gloo on loopback); without it,\n"
     "                run as the rank given by RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT\n"
@@ -70,6 +79,13 @@ const char *kUsage =
     "  --iters K     timed forward+backward calls (after one warm-up call)\n"
     "  --check       compare with one process on the concatenated global batch\n"
     "  --tolerance T the largest relative gradient error --check accepts (1e-5)\n"
+    "  --timeout S   deadline of the rendezvous and of every collective, in seconds\n"
+    "                (default: DLOSS_TIMEOUT_S, else 300)\n"
+    "  --runtime-checks  the runtime's check mode (as DLOSS_CHECK=1): NaN/Inf inputs\n"
+    "                are rejected, global-mode replicated gradients must agree\n"
+    "\n"
+    "A rank whose collective fails writes its flight record (its last 64\n"
+    "collectives) to DIR/rank<r>/dloss-flight-rank<r>.json, or to DLOSS_FLIGHT_DIR.\n"
     "  --grad-mode   compile a .mlir loss with this gradient contract (dlossc)\n";
 
 [[noreturn]] void usageError(const std::string &message) {
@@ -119,6 +135,8 @@ Options parseOptions(int argc, char **argv) {
       o.tolerance = std::atof(value(i).c_str());
     } else if (a == "--timeout") {
       o.timeoutSeconds = number(i, "--timeout");
+    } else if (a == "--runtime-checks") {
+      o.runtimeChecks = true;
     } else if (a == "--grad-mode") {
       o.gradMode = value(i);
     } else if (a == "--dlossc") {
@@ -392,14 +410,25 @@ int runRank(const Options &o, const std::string &planPath) {
   if (o.timeoutSeconds > 0)
     rendezvous.timeout = std::chrono::seconds(o.timeoutSeconds);
   int rank = rendezvous.rank;
+  // Outlives the try block, so that an error is printed before the
+  // communicator's teardown (which may wait briefly for the peers).
+  std::unique_ptr<dloss::Communicator> comm;
   try {
     auto plan = dloss::PlanFile::load(planPath);
     Entry entry = findEntry(*plan, o.entry);
     checkInputNames(o, *entry.grad);
+    dloss::ExecutorOptions executorOptions = dloss::ExecutorOptions::fromEnvironment();
+    if (o.runtimeChecks)
+      executorOptions.check = true;
+    // Flight records go beside the rank's results unless DLOSS_FLIGHT_DIR says.
+    if (!std::getenv("DLOSS_FLIGHT_DIR")) {
+      rendezvous.flightDir = rankDir(o, rank);
+      makeDirectories(rendezvous.flightDir);
+    }
     // Meet the peers first: from here on, a problem of this rank reaches
     // every rank through the preflight.
-    std::unique_ptr<dloss::Communicator> comm = dloss::connectGloo(rendezvous);
-    dloss::Executor executor(plan, *comm);
+    comm = dloss::connectGloo(rendezvous);
+    dloss::Executor executor(plan, *comm, executorOptions);
     const std::string gradName = entry.grad->name()->str();
     std::pair<int64_t, int64_t> failure{-1, Loaded};
     std::vector<at::Tensor> inputs = loadInputs(o, *entry.grad, rank, &failure);
@@ -574,6 +603,11 @@ int freePort() {
   return port;
 }
 
+/// The signal that asked the launcher to stop (0: none).
+volatile std::sig_atomic_t stopSignal = 0;
+
+extern "C" void onStopSignal(int signal) { stopSignal = signal; }
+
 /// Starts `world` ranks of this program and waits for them. A rank that
 /// fails makes its peers fail too (they see it gone); any still running
 /// after the deadline are killed, so no process of ours outlives the run.
@@ -584,6 +618,13 @@ int launch(const Options &o, int argc, char **argv, const std::string &planPath)
     checkInputNames(o, *findEntry(*plan, o.entry).grad);
   }
   int port = freePort();
+  // A stop request (Ctrl-C, a job scheduler's SIGTERM) stops the ranks too.
+  struct sigaction action {};
+  action.sa_handler = onStopSignal;
+  sigemptyset(&action.sa_mask);
+  for (int signal : {SIGINT, SIGTERM, SIGHUP})
+    sigaction(signal, &action, nullptr);
+  pid_t launcher = getpid();
   std::vector<pid_t> children;
   for (int r = 0; r < o.world; ++r) {
     pid_t pid = fork();
@@ -592,6 +633,10 @@ int launch(const Options &o, int argc, char **argv, const std::string &planPath)
                       std::strerror(errno),
                   "lower --world or free some processes");
     if (pid == 0) {
+      // Dies with the launcher, even one killed by SIGKILL (no orphans).
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher)
+        _exit(1); // the launcher died before prctl
       setenv("RANK", std::to_string(r).c_str(), 1);
       setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       setenv("WORLD_SIZE", std::to_string(o.world).c_str(), 1);
@@ -614,7 +659,17 @@ int launch(const Options &o, int argc, char **argv, const std::string &planPath)
   size_t running = children.size();
   std::vector<bool> done(children.size(), false);
   auto deadline = std::chrono::steady_clock::time_point::max();
-  int grace = (o.timeoutSeconds > 0 ? o.timeoutSeconds : 300) + 10;
+  // The ranks' own deadline (as they compute it), plus a margin.
+  double timeoutSeconds = o.timeoutSeconds;
+  if (timeoutSeconds <= 0) {
+    timeoutSeconds = 300;
+    try {
+      timeoutSeconds = dloss::RendezvousOptions::fromEnvironment().timeout.count() / 1000.0;
+    } catch (const std::exception &) {
+      // The ranks report a malformed variable themselves.
+    }
+  }
+  int grace = static_cast<int>(std::ceil(timeoutSeconds)) + 10;
   while (running > 0) {
     int status = 0;
     pid_t pid = waitpid(-1, &status, WNOHANG);
@@ -634,6 +689,33 @@ int launch(const Options &o, int argc, char **argv, const std::string &planPath)
           deadline = std::chrono::steady_clock::now() + std::chrono::seconds(grace);
       }
       continue;
+    }
+    if (stopSignal) {
+      int signal = stopSignal;
+      std::cerr << "dloss-run: stopping the ranks (signal " << signal << ")\n";
+      for (size_t r = 0; r < children.size(); ++r)
+        if (!done[r])
+          kill(children[r], SIGTERM);
+      // Ranks have no handler, so SIGTERM ends them; SIGKILL the rest.
+      auto killAt = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      while (running > 0) {
+        int status = 0;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        auto it = std::find(children.begin(), children.end(), pid);
+        if (pid > 0 && it != children.end() && !done[it - children.begin()]) {
+          done[it - children.begin()] = true;
+          --running;
+          continue;
+        }
+        if (std::chrono::steady_clock::now() > killAt) {
+          for (size_t r = 0; r < children.size(); ++r)
+            if (!done[r])
+              kill(children[r], SIGKILL);
+          killAt = std::chrono::steady_clock::time_point::max();
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      return 128 + signal;
     }
     if (std::chrono::steady_clock::now() > deadline) {
       for (size_t r = 0; r < children.size(); ++r)
