@@ -225,20 +225,6 @@ c10d::ReduceOp toC10d(Reduction op) {
   return c10d::ReduceOp::SUM;
 }
 
-const char *reductionName(Reduction op) {
-  switch (op) {
-  case Reduction::Sum:
-    return "Sum";
-  case Reduction::Mean:
-    return "Mean";
-  case Reduction::Max:
-    return "Max";
-  case Reduction::Min:
-    return "Min";
-  }
-  return "?";
-}
-
 // What a failing call reports: the method, the IR op a plan step lowers to
 // it, and the caller's site (its step's op and location, when the executor
 // runs one). `seq` and `flight` are set once a collective starts.

@@ -80,20 +80,6 @@ at::Tensor reduceReference(const std::vector<at::Tensor> &pieces,
   return {};
 }
 
-const char *name(Reduction op) {
-  switch (op) {
-  case Reduction::Sum:
-    return "Sum";
-  case Reduction::Mean:
-    return "Mean";
-  case Reduction::Max:
-    return "Max";
-  case Reduction::Min:
-    return "Min";
-  }
-  return "?";
-}
-
 //===----------------------------------------------------------------------===//
 // Collectives, world sizes 1-4
 //===----------------------------------------------------------------------===//
@@ -163,7 +149,7 @@ void checkAllReduce(Communicator &comm, at::ScalarType type,
   for (Reduction op : ops) {
     at::Tensor reduced = comm.allReduce(input, op);
     expectTensor(reduced, reduceReference(pieces, op),
-                 std::string("allReduce ") + name(op) + " " +
+                 std::string("allReduce ") + dloss::reductionName(op) + " " +
                      c10::toString(type));
     expectTensor(input, before, "allReduce left its input alone");
   }
@@ -219,7 +205,7 @@ TEST(GlooCommunicatorTest, ReduceScatterUneven) {
         at::Tensor expected =
             reduceReference(pieces, op).narrow(0, offset, sizes[rank]);
         expectTensor(comm.reduceScatter(pieces[rank], op, 0, sizes), expected,
-                     std::string("reduceScatter axis 0 ") + name(op));
+                     std::string("reduceScatter axis 0 ") + dloss::reductionName(op));
       }
       // Along the last axis too.
       std::vector<at::Tensor> wide;
