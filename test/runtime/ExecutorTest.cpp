@@ -5,6 +5,7 @@
 #include "runtime/Error.h"
 #include "runtime/Executor.h"
 #include "runtime/PlanFile.h"
+#include "test/runtime/ForwardingCommunicator.h"
 
 #include <gtest/gtest.h>
 
@@ -39,51 +40,27 @@ bool contains(const std::string &text, const std::string &part) {
 
 /// Forwards to the single-process communicator and lets a test look inside
 /// the run at each allReduce.
-class SpyCommunicator final : public Communicator {
+class SpyCommunicator final : public dloss::test::ForwardingCommunicator {
 public:
+  SpyCommunicator()
+      : ForwardingCommunicator(dloss::makeSingleProcessCommunicator()) {}
+
   std::function<void(int call, const at::Tensor &result)> onAllReduce;
 
-  int rank() const override { return inner->rank(); }
-  int worldSize() const override { return inner->worldSize(); }
-  at::Tensor allGather(const at::Tensor &input, int64_t axis,
-                       const std::vector<int64_t> &sizes) override {
-    return inner->allGather(input, axis, sizes);
-  }
   at::Tensor allReduce(const at::Tensor &input, Reduction op) override {
     at::Tensor result = inner->allReduce(input, op);
     if (onAllReduce)
       onAllReduce(allReduceCalls++, result);
     return result;
   }
-  at::Tensor reduceScatter(const at::Tensor &input, Reduction op, int64_t axis,
-                           const std::vector<int64_t> &sizes) override {
-    return inner->reduceScatter(input, op, axis, sizes);
-  }
-  at::Tensor broadcast(const at::Tensor &input, int root) override {
-    return inner->broadcast(input, root);
-  }
-  at::Tensor ringShift(const at::Tensor &input, int64_t shift) override {
-    return inner->ringShift(input, shift);
-  }
   std::vector<int64_t>
   allGatherInts(const std::vector<int64_t> &values) override {
     ++allGatherIntsCalls;
     return inner->allGatherInts(values);
   }
-  std::unique_ptr<Request> send(const at::Tensor &tensor, int peer,
-                                int tag) override {
-    return inner->send(tensor, peer, tag);
-  }
-  std::unique_ptr<Request> recv(at::Tensor &tensor, int peer,
-                                int tag) override {
-    return inner->recv(tensor, peer, tag);
-  }
 
   int allReduceCalls = 0;
   int allGatherIntsCalls = 0;
-
-private:
-  std::unique_ptr<Communicator> inner = dloss::makeSingleProcessCommunicator();
 };
 
 /// The meeting point of in-process ranks: the n-th exchange of every rank

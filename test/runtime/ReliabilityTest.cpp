@@ -9,6 +9,7 @@
 #include "runtime/Error.h"
 #include "runtime/Executor.h"
 #include "runtime/FlightRecorder.h"
+#include "test/runtime/ForwardingCommunicator.h"
 #include "test/runtime/MultiProcess.h"
 
 #include <gtest/gtest.h>
@@ -206,53 +207,6 @@ void expectSameMessage(const Scenario &scenario, const std::vector<int> &ranks) 
     EXPECT_EQ(scenario.message(r), first) << "rank " << r;
 }
 
-/// Forwards every call to the Gloo engine; a test overrides what it needs.
-class ForwardingCommunicator : public Communicator {
-public:
-  explicit ForwardingCommunicator(std::unique_ptr<Communicator> inner)
-      : inner(std::move(inner)) {}
-
-  int rank() const override { return inner->rank(); }
-  int worldSize() const override { return inner->worldSize(); }
-  at::Tensor allGather(const at::Tensor &input, int64_t axis,
-                       const std::vector<int64_t> &sizes) override {
-    return inner->allGather(input, axis, sizes);
-  }
-  at::Tensor allReduce(const at::Tensor &input, Reduction op) override {
-    return inner->allReduce(input, op);
-  }
-  at::Tensor reduceScatter(const at::Tensor &input, Reduction op, int64_t axis,
-                           const std::vector<int64_t> &sizes) override {
-    return inner->reduceScatter(input, op, axis, sizes);
-  }
-  at::Tensor broadcast(const at::Tensor &input, int root) override {
-    return inner->broadcast(input, root);
-  }
-  at::Tensor ringShift(const at::Tensor &input, int64_t shift) override {
-    return inner->ringShift(input, shift);
-  }
-  std::vector<int64_t>
-  allGatherInts(const std::vector<int64_t> &values) override {
-    return inner->allGatherInts(values);
-  }
-  std::unique_ptr<Request> send(const at::Tensor &tensor, int peer,
-                                int tag) override {
-    return inner->send(tensor, peer, tag);
-  }
-  std::unique_ptr<Request> recv(at::Tensor &tensor, int peer,
-                                int tag) override {
-    return inner->recv(tensor, peer, tag);
-  }
-  int64_t collectivesStarted() const override {
-    return inner->collectivesStarted();
-  }
-  void noteFailure(const std::string &message) override {
-    inner->noteFailure(message);
-  }
-
-protected:
-  std::unique_ptr<Communicator> inner;
-};
 
 //===----------------------------------------------------------------------===//
 // Scenarios
