@@ -465,3 +465,93 @@ LogicalResult PadOp::buildAdjoint(AdjointBuilder &ab) {
                                             getLow(), o.dim(getInput(), getAxis())));
   return success();
 }
+
+//===----------------------------------------------------------------------===//
+// Fused ops: each forward op's adjoint is its `_grad` op, which recomputes
+// the tiles from the saved row statistics.
+//===----------------------------------------------------------------------===//
+
+/// The cotangent of result `i` of a varying result, or zeros of its type.
+static Value ctOrZeros(AdjointBuilder &ab, unsigned i, Value result) {
+  if (Value ct = ab.resultCotangent(i).value)
+    return ct;
+  return ZerosLikeOp::create(ab.b, ab.loc, result);
+}
+
+/// Fails when a result that only the backward should read has a cotangent.
+static LogicalResult noCotangent(Operation *op, AdjointBuilder &ab, unsigned i,
+                                 StringRef name) {
+  if (!ab.resultCotangent(i))
+    return success();
+  return op->emitOpError() << "result " << name
+                           << " is saved for the backward and cannot be "
+                              "differentiated; use the loss results";
+}
+
+LogicalResult RingSoftmaxCEOp::buildAdjoint(AdjointBuilder &ab) {
+  if (failed(noCotangent(*this, ab, 2, "row_lse")) ||
+      failed(noCotangent(*this, ab, 3, "col_lse")))
+    return failure();
+  if (!ab.resultCotangent(0) && !ab.resultCotangent(1))
+    return success();
+  Value ctRow = ctOrZeros(ab, 0, getRowCe());
+  Value ctCol = ctOrZeros(ab, 1, getColCe());
+  auto grad = RingSoftmaxCEGradOp::create(
+      ab.b, ab.loc,
+      TypeRange{getRows().getType(), getCols().getType(), getScale().getType()},
+      getRows(), getCols(), getScale(), getRowTargets(), getColTargets(),
+      getRowLse(), getColLse(), ctRow, ctCol);
+  ab.addOperandCotangent(0, grad.getDRows());
+  ab.addOperandCotangent(1, grad.getDCols());
+  ab.addOperandCotangent(2, grad.getDScale());
+  return success();
+}
+
+LogicalResult RingSigmoidPairsOp::buildAdjoint(AdjointBuilder &ab) {
+  if (!ab.resultCotangent(0) && !ab.resultCotangent(1))
+    return success();
+  Value ctPair = ctOrZeros(ab, 0, getPairSum());
+  Value ctPositive = ctOrZeros(ab, 1, getPositive());
+  auto grad = RingSigmoidPairsGradOp::create(
+      ab.b, ab.loc,
+      TypeRange{getRows().getType(), getCols().getType(), getScale().getType(),
+                getBias().getType()},
+      getRows(), getCols(), getScale(), getBias(), getTargets(), ctPair,
+      ctPositive);
+  ab.addOperandCotangent(0, grad.getDRows());
+  ab.addOperandCotangent(1, grad.getDCols());
+  ab.addOperandCotangent(2, grad.getDScale());
+  ab.addOperandCotangent(3, grad.getDBias());
+  return success();
+}
+
+LogicalResult ShardedSoftmaxOp::buildAdjoint(AdjointBuilder &ab) {
+  Cotangent lse = ab.resultCotangent(0), target = ab.resultCotangent(1);
+  if (!lse && !target)
+    return success();
+  // The statistics are invariant: the shard's gradients need the full
+  // cotangent of every row.
+  Value ctLse = lse ? ab.reduced(lse) : ZerosLikeOp::create(ab.b, ab.loc, getLseRest());
+  Value ctTarget =
+      target ? ab.reduced(target) : ZerosLikeOp::create(ab.b, ab.loc, getTargetDot());
+  auto grad = ShardedSoftmaxGradOp::create(
+      ab.b, ab.loc,
+      TypeRange{getRows().getType(), getWeights().getType(), getScale().getType()},
+      getRows(), getWeights(), getScale(), getTargets(), getLseRest(), ctLse,
+      ctTarget);
+  ab.addOperandCotangent(0, grad.getDRows(), CotangentKind::Partial);
+  ab.addOperandCotangent(1, grad.getDWeights());
+  ab.addOperandCotangent(2, grad.getDScale(), CotangentKind::Partial);
+  return success();
+}
+
+#define DLOSS_NO_SECOND_DERIVATIVE(OP)                                         \
+  LogicalResult OP::buildAdjoint(AdjointBuilder &) {                           \
+    return emitOpError("is a backward op: second derivatives of fused ops "    \
+                       "are not supported; compile with --no-fuse to "         \
+                       "differentiate the unfused IR");                        \
+  }
+DLOSS_NO_SECOND_DERIVATIVE(RingSoftmaxCEGradOp)
+DLOSS_NO_SECOND_DERIVATIVE(RingSigmoidPairsGradOp)
+DLOSS_NO_SECOND_DERIVATIVE(ShardedSoftmaxGradOp)
+#undef DLOSS_NO_SECOND_DERIVATIVE

@@ -484,3 +484,166 @@ LogicalResult PadOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc
 
 #define GET_OP_CLASSES
 #include "dialect/DlossOps.cpp.inc"
+
+//===----------------------------------------------------------------------===//
+// Fused ops (produced by dloss-fuse-gather-similarity)
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// Shape checks shared by the fused ops: 2-D feature matrices of one float
+/// type and feature size, 0-d parameters and 1-D per-row vectors of it.
+struct FusedChecks {
+  Operation *op;
+  Type element;
+  LogicalResult features(Value value, StringRef name) {
+    auto type = cast<RankedTensorType>(value.getType());
+    if (type.getRank() != 2)
+      return op->emitOpError() << name << " must be 2-D, got " << Type(type);
+    if (type.getElementType() != element)
+      return op->emitOpError()
+             << name << " has element type " << type.getElementType()
+             << " but the fused op computes in " << element;
+    return success();
+  }
+  LogicalResult sameFeatureSize(Value a, Value b) {
+    int64_t x = cast<RankedTensorType>(a.getType()).getDimSize(1);
+    int64_t y = cast<RankedTensorType>(b.getType()).getDimSize(1);
+    if (!ShapedType::isDynamic(x) && !ShapedType::isDynamic(y) && x != y)
+      return op->emitOpError() << "feature sizes differ: " << x << " vs " << y;
+    return success();
+  }
+  LogicalResult scalar(Value value, StringRef name) {
+    auto type = cast<RankedTensorType>(value.getType());
+    if (type.getRank() != 0 || type.getElementType() != element)
+      return op->emitOpError() << name << " must be a 0-d tensor of " << element
+                               << ", got " << Type(type);
+    return success();
+  }
+  LogicalResult vector(Value value, StringRef name, bool integer = false) {
+    auto type = cast<RankedTensorType>(value.getType());
+    if (type.getRank() != 1 || (!integer && type.getElementType() != element))
+      return op->emitOpError()
+             << name << " must be a 1-D tensor"
+             << (integer ? "" : " of the features' element type") << ", got "
+             << Type(type);
+    return success();
+  }
+  LogicalResult like(Value value, Value reference, StringRef name) {
+    if (value.getType() != reference.getType())
+      return op->emitOpError() << name << " must have type " << reference.getType()
+                               << ", got " << value.getType();
+    return success();
+  }
+};
+
+FusedChecks fusedChecks(Operation *op, Value features) {
+  return {op, cast<ShapedType>(features.getType()).getElementType()};
+}
+} // namespace
+
+LogicalResult RingSoftmaxCEOp::verify() {
+  FusedChecks c = fusedChecks(*this, getRows());
+  return success(succeeded(c.features(getRows(), "rows")) &&
+                 succeeded(c.features(getCols(), "cols")) &&
+                 succeeded(c.sameFeatureSize(getRows(), getCols())) &&
+                 succeeded(c.scalar(getScale(), "scale")) &&
+                 succeeded(c.vector(getRowTargets(), "row_targets", true)) &&
+                 succeeded(c.vector(getColTargets(), "col_targets", true)) &&
+                 succeeded(c.vector(getRowCe(), "row_ce")) &&
+                 succeeded(c.vector(getColCe(), "col_ce")) &&
+                 succeeded(c.vector(getRowLse(), "row_lse")) &&
+                 succeeded(c.vector(getColLse(), "col_lse")));
+}
+
+LogicalResult RingSoftmaxCEGradOp::verify() {
+  FusedChecks c = fusedChecks(*this, getRows());
+  return success(succeeded(c.features(getRows(), "rows")) &&
+                 succeeded(c.features(getCols(), "cols")) &&
+                 succeeded(c.sameFeatureSize(getRows(), getCols())) &&
+                 succeeded(c.scalar(getScale(), "scale")) &&
+                 succeeded(c.vector(getRowTargets(), "row_targets", true)) &&
+                 succeeded(c.vector(getColTargets(), "col_targets", true)) &&
+                 succeeded(c.vector(getRowLse(), "row_lse")) &&
+                 succeeded(c.vector(getColLse(), "col_lse")) &&
+                 succeeded(c.vector(getCtRow(), "ct_row")) &&
+                 succeeded(c.vector(getCtCol(), "ct_col")) &&
+                 succeeded(c.like(getDRows(), getRows(), "d_rows")) &&
+                 succeeded(c.like(getDCols(), getCols(), "d_cols")) &&
+                 succeeded(c.like(getDScale(), getScale(), "d_scale")));
+}
+
+LogicalResult RingSigmoidPairsOp::verify() {
+  FusedChecks c = fusedChecks(*this, getRows());
+  return success(succeeded(c.features(getRows(), "rows")) &&
+                 succeeded(c.features(getCols(), "cols")) &&
+                 succeeded(c.sameFeatureSize(getRows(), getCols())) &&
+                 succeeded(c.scalar(getScale(), "scale")) &&
+                 succeeded(c.scalar(getBias(), "bias")) &&
+                 succeeded(c.vector(getTargets(), "targets", true)) &&
+                 succeeded(c.vector(getPairSum(), "pair_sum")) &&
+                 succeeded(c.vector(getPositive(), "positive")));
+}
+
+LogicalResult RingSigmoidPairsGradOp::verify() {
+  FusedChecks c = fusedChecks(*this, getRows());
+  return success(succeeded(c.features(getRows(), "rows")) &&
+                 succeeded(c.features(getCols(), "cols")) &&
+                 succeeded(c.sameFeatureSize(getRows(), getCols())) &&
+                 succeeded(c.scalar(getScale(), "scale")) &&
+                 succeeded(c.scalar(getBias(), "bias")) &&
+                 succeeded(c.vector(getTargets(), "targets", true)) &&
+                 succeeded(c.vector(getCtPair(), "ct_pair")) &&
+                 succeeded(c.vector(getCtPositive(), "ct_positive")) &&
+                 succeeded(c.like(getDRows(), getRows(), "d_rows")) &&
+                 succeeded(c.like(getDCols(), getCols(), "d_cols")) &&
+                 succeeded(c.like(getDScale(), getScale(), "d_scale")) &&
+                 succeeded(c.like(getDBias(), getBias(), "d_bias")));
+}
+
+LogicalResult ShardedSoftmaxOp::verify() {
+  FusedChecks c = fusedChecks(*this, getRows());
+  return success(succeeded(c.features(getRows(), "rows")) &&
+                 succeeded(c.features(getWeights(), "weights")) &&
+                 succeeded(c.sameFeatureSize(getRows(), getWeights())) &&
+                 succeeded(c.scalar(getScale(), "scale")) &&
+                 succeeded(c.vector(getTargets(), "targets", true)) &&
+                 succeeded(c.vector(getLseRest(), "lse_rest")) &&
+                 succeeded(c.vector(getTargetDot(), "target_dot")));
+}
+
+LogicalResult ShardedSoftmaxGradOp::verify() {
+  FusedChecks c = fusedChecks(*this, getRows());
+  return success(succeeded(c.features(getRows(), "rows")) &&
+                 succeeded(c.features(getWeights(), "weights")) &&
+                 succeeded(c.sameFeatureSize(getRows(), getWeights())) &&
+                 succeeded(c.scalar(getScale(), "scale")) &&
+                 succeeded(c.vector(getTargets(), "targets", true)) &&
+                 succeeded(c.vector(getLseRest(), "lse_rest")) &&
+                 succeeded(c.vector(getCtLse(), "ct_lse")) &&
+                 succeeded(c.vector(getCtTarget(), "ct_target")) &&
+                 succeeded(c.like(getDRows(), getRows(), "d_rows")) &&
+                 succeeded(c.like(getDWeights(), getWeights(), "d_weights")) &&
+                 succeeded(c.like(getDScale(), getScale(), "d_scale")));
+}
+
+// The ring ops compute this rank's rows: varying. The sharded softmax
+// all-reduces its statistics over the class shards: invariant (its rows are
+// the gathered batch). Its backward holds this shard's partial gradients.
+Replication RingSoftmaxCEOp::inferReplication(ArrayRef<Replication>) {
+  return Replication::Varying;
+}
+Replication RingSoftmaxCEGradOp::inferReplication(ArrayRef<Replication>) {
+  return Replication::Varying;
+}
+Replication RingSigmoidPairsOp::inferReplication(ArrayRef<Replication>) {
+  return Replication::Varying;
+}
+Replication RingSigmoidPairsGradOp::inferReplication(ArrayRef<Replication>) {
+  return Replication::Varying;
+}
+Replication ShardedSoftmaxOp::inferReplication(ArrayRef<Replication>) {
+  return Replication::Invariant;
+}
+Replication ShardedSoftmaxGradOp::inferReplication(ArrayRef<Replication>) {
+  return Replication::Varying;
+}

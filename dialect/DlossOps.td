@@ -501,4 +501,130 @@ def Dloss_PadOp : Dloss_Op<"pad", [Pure, InferTypeOpAdaptor]> {
   }];
 }
 
+//===----------------------------------------------------------------------===//
+// Fused ops. Produced only by dloss-fuse-gather-similarity (never written by
+// hand): each replaces an all_gather + matmul + loss pattern, forward or
+// backward, by one ring-tiled kernel that never builds the B_local x B_global
+// matrix. Each forward op's adjoint is its `_grad` op; the `_grad` ops have no
+// adjoint (no second derivatives). docs/Fusion.md has the schedules.
+//===----------------------------------------------------------------------===//
+
+def Dloss_RingSoftmaxCEOp : Dloss_CollectiveOp<"ring_softmax_ce"> {
+  let summary = "CLIP's two cross-entropies from one ring of similarity tiles";
+  let description = [{
+    With `L = scale * rows_all x cols_all^T` (the global matrix, never built),
+    `row_ce[i] = logsumexp(L[i, :]) - L[i, row_targets[i]]` for this rank's
+    rows and `col_ce[j] = logsumexp(L[:, j]) - L[col_targets[j], j]` for this
+    rank's columns. Targets are global indices (into `cols_all` and
+    `rows_all`). Chunks of `cols` travel round the ring with their column
+    statistics; `row_lse`/`col_lse` are kept for the backward.
+
+    Replaces `cross_entropy(scale * matmul(rows, all_gather(cols))^T)` and the
+    mirrored `cross_entropy(scale * matmul(cols, all_gather(rows))^T)`.
+  }];
+  let arguments = (ins Dloss_FloatTensor:$rows, Dloss_FloatTensor:$cols,
+                   Dloss_FloatTensor:$scale, Dloss_IntTensor:$row_targets,
+                   Dloss_IntTensor:$col_targets);
+  let results = (outs Dloss_FloatTensor:$row_ce, Dloss_FloatTensor:$col_ce,
+                      Dloss_FloatTensor:$row_lse, Dloss_FloatTensor:$col_lse);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Dloss_RingSoftmaxCEGradOp : Dloss_CollectiveOp<"ring_softmax_ce_grad"> {
+  let summary = "the backward of dloss.ring_softmax_ce, recomputing its tiles";
+  let description = [{
+    Given the cotangents `ct_row`, `ct_col` of `row_ce`, `col_ce`, returns the
+    gradients of `rows`, `cols` (this rank's own, after each chunk's gradient
+    went round the ring to its owner) and this rank's partial gradient of
+    `scale`. Three tile GEMMs: recompute, d rows, d cols.
+  }];
+  let arguments = (ins Dloss_FloatTensor:$rows, Dloss_FloatTensor:$cols,
+                   Dloss_FloatTensor:$scale, Dloss_IntTensor:$row_targets,
+                   Dloss_IntTensor:$col_targets, Dloss_FloatTensor:$row_lse,
+                   Dloss_FloatTensor:$col_lse, Dloss_FloatTensor:$ct_row,
+                   Dloss_FloatTensor:$ct_col);
+  let results = (outs Dloss_FloatTensor:$d_rows, Dloss_FloatTensor:$d_cols,
+                      Dloss_FloatTensor:$d_scale);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Dloss_RingSigmoidPairsOp : Dloss_CollectiveOp<"ring_sigmoid_pairs"> {
+  let summary = "SigLIP's pairwise softplus sums from one ring of tiles";
+  let description = [{
+    With `L = scale * rows_all x cols_all^T + bias`, `pair_sum[i] = sum_j
+    softplus(L[i, j])` over every global column and `positive[i] = L[i,
+    targets[i]]` for this rank's rows. Chunks of `cols` travel round the ring.
+
+    Replaces `reduce sum (softplus(L))` and `take_along(L, targets)` over
+    `L = scale * matmul(rows, all_gather(cols))^T + bias`.
+  }];
+  let arguments = (ins Dloss_FloatTensor:$rows, Dloss_FloatTensor:$cols,
+                   Dloss_FloatTensor:$scale, Dloss_FloatTensor:$bias,
+                   Dloss_IntTensor:$targets);
+  let results = (outs Dloss_FloatTensor:$pair_sum, Dloss_FloatTensor:$positive);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Dloss_RingSigmoidPairsGradOp : Dloss_CollectiveOp<"ring_sigmoid_pairs_grad"> {
+  let summary = "the backward of dloss.ring_sigmoid_pairs, recomputing its tiles";
+  let description = [{
+    Given the cotangents `ct_pair`, `ct_positive`, returns the gradients of
+    `rows`, `cols` (each chunk's gradient goes round the ring to its owner)
+    and this rank's partial gradients of `scale` and `bias`.
+  }];
+  let arguments = (ins Dloss_FloatTensor:$rows, Dloss_FloatTensor:$cols,
+                   Dloss_FloatTensor:$scale, Dloss_FloatTensor:$bias,
+                   Dloss_IntTensor:$targets, Dloss_FloatTensor:$ct_pair,
+                   Dloss_FloatTensor:$ct_positive);
+  let results = (outs Dloss_FloatTensor:$d_rows, Dloss_FloatTensor:$d_cols,
+                      Dloss_FloatTensor:$d_scale, Dloss_FloatTensor:$d_bias);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Dloss_ShardedSoftmaxOp : Dloss_CollectiveOp<"sharded_softmax"> {
+  let summary = "PartialFC's class-sharded softmax statistics, tiled";
+  let description = [{
+    `rows` are the gathered rows (every rank the same), `weights` this rank's
+    shard of the class weights (classes numbered in rank order, as
+    `all_gather(weights)` would). With `L[i, c] = scale * rows[i] . w_c` over
+    every class c of every shard, returns `lse_rest[i]` = logsumexp over the
+    classes other than `targets[i]` and `target_dot[i] = rows[i] .
+    w_{targets[i]}`, both invariant: the row maxima and sums are all-reduced
+    across the class shards. The margin on the target logit stays ordinary
+    IR, applied to `target_dot`.
+
+    Replaces `cross_entropy(scale * put_along(C, t, f(take_along(C, t))), t)`
+    with `C = all_gather(matmul(rows, weights^T), axis 1)` by
+    `lse_rest + softplus(s f(c) - lse_rest) - s f(c)`, `c = target_dot`.
+  }];
+  let arguments = (ins Dloss_FloatTensor:$rows, Dloss_FloatTensor:$weights,
+                   Dloss_FloatTensor:$scale, Dloss_IntTensor:$targets);
+  let results = (outs Dloss_FloatTensor:$lse_rest, Dloss_FloatTensor:$target_dot);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Dloss_ShardedSoftmaxGradOp : Dloss_ReplicationRuleOp<"sharded_softmax_grad", [Pure]> {
+  let summary = "the backward of dloss.sharded_softmax, recomputing its tiles";
+  let description = [{
+    Given the (full) cotangents `ct_lse`, `ct_target` of `lse_rest` and
+    `target_dot`, returns this shard's partial gradient of the gathered
+    `rows`, the gradient of this rank's `weights` shard and the partial
+    gradient of `scale`. No communication: the autodiff pass reduce-scatters
+    the rows' gradient as an all_gather's adjoint.
+  }];
+  let arguments = (ins Dloss_FloatTensor:$rows, Dloss_FloatTensor:$weights,
+                   Dloss_FloatTensor:$scale, Dloss_IntTensor:$targets,
+                   Dloss_FloatTensor:$lse_rest, Dloss_FloatTensor:$ct_lse,
+                   Dloss_FloatTensor:$ct_target);
+  let results = (outs Dloss_FloatTensor:$d_rows, Dloss_FloatTensor:$d_weights,
+                      Dloss_FloatTensor:$d_scale);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
 #endif // DLOSS_OPS_TD

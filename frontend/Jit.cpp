@@ -14,13 +14,16 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <tuple>
 
 namespace dloss::jit {
 namespace {
 
 std::mutex cacheMutex;
-std::map<std::pair<std::string, std::string>, std::shared_ptr<const PlanFile>> &cache() {
-  static std::map<std::pair<std::string, std::string>, std::shared_ptr<const PlanFile>> plans;
+/// Plans by (IR text, gradient mode, fused).
+using CacheKey = std::tuple<std::string, std::string, bool>;
+std::map<CacheKey, std::shared_ptr<const PlanFile>> &cache() {
+  static std::map<CacheKey, std::shared_ptr<const PlanFile>> plans;
   return plans;
 }
 
@@ -28,10 +31,12 @@ std::map<std::pair<std::string, std::string>, std::shared_ptr<const PlanFile>> &
 
 std::shared_ptr<const PlanFile> compilePlan(const std::string &mlirText,
                                             const std::string &gradMode,
-                                            const std::string &name) {
+                                            const std::string &name,
+                                            bool fuse) {
+  CacheKey key{mlirText, gradMode, fuse};
   {
     std::lock_guard<std::mutex> lock(cacheMutex);
-    auto it = cache().find({mlirText, gradMode});
+    auto it = cache().find(key);
     if (it != cache().end())
       return it->second;
   }
@@ -53,14 +58,14 @@ std::shared_ptr<const PlanFile> compilePlan(const std::string &mlirText,
     ok = mlir::succeeded(mlir::dloss::overrideGradMode(*module, gradMode));
   mlir::FailureOr<std::string> bytes = mlir::failure();
   if (ok)
-    bytes = mlir::dloss::compileToPlan(*module, name);
+    bytes = mlir::dloss::compileToPlan(*module, name, fuse);
   if (mlir::failed(bytes))
     throw Error("the loss '" + name + "' did not compile:\n" + messages,
                 "fix the loss at the location the compiler names");
 
   auto plan = PlanFile::fromBytes(std::vector<uint8_t>(bytes->begin(), bytes->end()), name);
   std::lock_guard<std::mutex> lock(cacheMutex);
-  cache().emplace(std::make_pair(mlirText, gradMode), plan);
+  cache().emplace(key, plan);
   return plan;
 }
 
@@ -78,14 +83,14 @@ std::shared_ptr<Communicator> defaultCommunicator() {
 }
 
 CompiledLoss compile(const std::string &mlirText, Options options) {
-  auto plan = compilePlan(mlirText, options.gradMode);
+  auto plan = compilePlan(mlirText, options.gradMode, "<jit>", options.fuse);
   return CompiledLoss(plan,
                       options.communicator ? options.communicator : defaultCommunicator(),
                       options.entry);
 }
 
 CompiledLoss compile(const Graph &graph, Options options) {
-  auto plan = compilePlan(graph.toMlir(), options.gradMode, graph.name());
+  auto plan = compilePlan(graph.toMlir(), options.gradMode, graph.name(), options.fuse);
   return CompiledLoss(plan,
                       options.communicator ? options.communicator : defaultCommunicator(),
                       options.entry.empty() ? graph.name() : options.entry);

@@ -17,17 +17,21 @@ struct Options {
   std::string gradMode;
   /// The loss to call when the text defines several.
   std::string entry;
+  /// Fuse gather + similarity + loss into ring-tiled kernels
+  /// (dloss-fuse-gather-similarity); false runs every op unfused.
+  bool fuse = true;
 };
 
-/// Compiles dloss MLIR text to a plan: verify collectives, infer
-/// replication, derive @<loss>_grad, lower. Plans are cached by (text, grad
-/// mode): a plan does not depend on batch sizes, dtypes of dynamic inputs or
+/// Compiles dloss MLIR text to a plan: verify collectives, fuse (unless
+/// `fuse` is false), infer replication, derive @<loss>_grad, lower. Plans are
+/// cached by (text, grad mode, fuse): a plan does not depend on batch sizes, dtypes of dynamic inputs or
 /// the world size, which the runtime receives at each call (and checks in its
 /// preflight). A loss that does not compile raises dloss::Error carrying the
 /// compiler's messages with their locations.
 std::shared_ptr<const PlanFile> compilePlan(const std::string &mlirText,
                                             const std::string &gradMode = "",
-                                            const std::string &name = "<jit>");
+                                            const std::string &name = "<jit>",
+                                            bool fuse = true);
 
 /// A callable loss: `loss = compiled({image, text, scale}); loss.backward();`
 CompiledLoss compile(const Graph &graph, Options options = {});

@@ -83,9 +83,10 @@ LogicalResult dloss::overrideGradMode(ModuleOp module, StringRef mode) {
   return success();
 }
 
-FailureOr<std::string> dloss::compileToPlan(ModuleOp module, StringRef source) {
+FailureOr<std::string> dloss::compileToPlan(ModuleOp module, StringRef source,
+                                            bool fuse) {
   PassManager pm(module.getContext());
-  buildDeriveBackwardPipeline(pm);
+  buildDeriveBackwardPipeline(pm, fuse);
   if (failed(pm.run(module)))
     return failure();
   return lowerToPlan(module, source);

@@ -30,9 +30,11 @@ OwningOpRef<ModuleOp> parseLoss(llvm::SourceMgr &sourceMgr, MLIRContext *context
 /// Sets `dloss.grad_mode` on every loss of `module` ("ddp" or "global").
 LogicalResult overrideGradMode(ModuleOp module, StringRef mode);
 
-/// Derives every loss's gradient (dloss-derive-backward) and lowers the
-/// module to plan bytes. Diagnostics go to the context's handler.
-FailureOr<std::string> compileToPlan(ModuleOp module, StringRef source);
+/// Derives every loss's gradient (dloss-derive-backward, fused unless `fuse`
+/// is false) and lowers the module to plan bytes. Diagnostics go to the
+/// context's handler.
+FailureOr<std::string> compileToPlan(ModuleOp module, StringRef source,
+                                     bool fuse = true);
 
 } // namespace dloss
 } // namespace mlir

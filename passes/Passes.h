@@ -14,8 +14,9 @@ namespace mlir::dloss {
 #define GEN_PASS_REGISTRATION
 #include "passes/Passes.h.inc"
 
-/// Adds verify-collectives -> infer-replication -> autodiff -> canonicalize/CSE.
-void buildDeriveBackwardPipeline(OpPassManager &pm);
+/// Adds inline -> verify-collectives -> fuse-gather-similarity (when `fuse`)
+/// -> infer-replication -> autodiff -> canonicalize/CSE.
+void buildDeriveBackwardPipeline(OpPassManager &pm, bool fuse = true);
 
 /// Registers the passes and the named pipelines (dloss-derive-backward).
 void registerDlossPassesAndPipelines();

@@ -58,6 +58,32 @@ def AutodiffPass : Pass<"dloss-autodiff", "ModuleOp"> {
   let dependentDialects = ["::mlir::dloss::DlossDialect", "::mlir::arith::ArithDialect"];
 }
 
+def FuseGatherSimilarityPass : Pass<"dloss-fuse-gather-similarity", "ModuleOp"> {
+  let summary = "Fuses all_gather + similarity matmul + loss into ring-tiled ops";
+  let description = [{
+    Recognises three patterns and replaces each by one fused op whose kernel
+    never builds the `B_local x B_global` similarity matrix:
+
+    * CLIP: `cross_entropy(s * matmul(A, all_gather(B))^T, tA)` together with
+      its mirror `cross_entropy(s * matmul(B, all_gather(A))^T, tB)` (same
+      `s`) become one `dloss.ring_softmax_ce`: both directions from one tile.
+    * SigLIP: `L = s * matmul(A, all_gather(B))^T + b` used only by
+      `reduce sum (softplus L)` and `take_along(L, t)` becomes
+      `dloss.ring_sigmoid_pairs`.
+    * Class-sharded softmax (PartialFC): `cross_entropy(s * C', t)` where `C =
+      all_gather(matmul(R, W)^T, axis 1)` (R gathered rows, W this rank's
+      class shard) and `C'` is `C` or `put_along(C, t, f(take_along(C, t)))`
+      (a margin on the target logit) becomes `dloss.sharded_softmax`; the
+      margin `f` stays ordinary IR on the target's dot product.
+
+    The pass runs before `dloss-autodiff`: each fused op's adjoint rule emits
+    its fused backward op, so forward and backward are both fused. The
+    similarity and its scaling must have no other users and gathers must be
+    `grad exact`; anything else stays unfused and keeps working.
+  }];
+  let dependentDialects = ["::mlir::dloss::DlossDialect", "::mlir::arith::ArithDialect"];
+}
+
 def LowerToPlanPass : Pass<"dloss-lower-to-plan", "ModuleOp"> {
   let summary = "Writes the module's functions as a runtime plan";
   let description = [{

@@ -7,10 +7,24 @@
 
 using namespace mlir;
 
-void dloss::buildDeriveBackwardPipeline(OpPassManager &pm) {
+namespace {
+struct DeriveBackwardOptions
+    : public PassPipelineOptions<DeriveBackwardOptions> {
+  Option<bool> fuse{*this, "fuse",
+                    llvm::cl::desc("Run dloss-fuse-gather-similarity (default "
+                                   "on; fuse=false keeps every op unfused)"),
+                    llvm::cl::init(true)};
+};
+} // namespace
+
+void dloss::buildDeriveBackwardPipeline(OpPassManager &pm, bool fuse) {
   // Inline helpers first so that collectives and replication are seen whole.
   pm.addPass(createInlinerPass());
   pm.addPass(createVerifyCollectivesPass());
+  // Fusion matches the forward program; the fused ops' adjoint rules then
+  // emit the fused backward.
+  if (fuse)
+    pm.addPass(createFuseGatherSimilarityPass());
   pm.addPass(createInferReplicationPass());
   pm.addPass(createAutodiffPass());
   pm.addPass(createCanonicalizerPass());
@@ -19,9 +33,11 @@ void dloss::buildDeriveBackwardPipeline(OpPassManager &pm) {
 
 void dloss::registerDlossPassesAndPipelines() {
   registerDlossPasses();
-  PassPipelineRegistration<>(
+  PassPipelineRegistration<DeriveBackwardOptions>(
       "dloss-derive-backward",
-      "Verify collectives, infer replication, derive @<loss>_grad, then "
-      "canonicalize and CSE",
-      buildDeriveBackwardPipeline);
+      "Verify collectives, fuse gather + similarity + loss, infer "
+      "replication, derive @<loss>_grad, then canonicalize and CSE",
+      [](OpPassManager &pm, const DeriveBackwardOptions &options) {
+        buildDeriveBackwardPipeline(pm, options.fuse);
+      });
 }

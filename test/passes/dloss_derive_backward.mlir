@@ -1,7 +1,9 @@
-// The named pipeline on the three examples: each derives @<name>_grad, cleaned
-// up by canonicalize and CSE.
-// RUN: dloss-opt %dloss_src/examples/clip.mlir --dloss-derive-backward | FileCheck %s --check-prefix=CLIP
-// RUN: dloss-opt %dloss_src/examples/siglip.mlir --dloss-derive-backward | FileCheck %s --check-prefix=SIGLIP
+// The named pipeline on the examples: each derives @<name>_grad, cleaned up by
+// canonicalize and CSE. fuse=false shows the unfused collective adjoints; by
+// default CLIP and SigLIP become ring ops (test/passes/dloss_fuse_gather_similarity.mlir).
+// RUN: dloss-opt %dloss_src/examples/clip.mlir --dloss-derive-backward="fuse=false" | FileCheck %s --check-prefix=CLIP
+// RUN: dloss-opt %dloss_src/examples/siglip.mlir --dloss-derive-backward="fuse=false" | FileCheck %s --check-prefix=SIGLIP
+// RUN: dloss-opt %dloss_src/examples/clip.mlir --dloss-derive-backward | FileCheck %s --check-prefix=FUSED
 // RUN: dloss-opt %dloss_src/examples/arcface.mlir --dloss-derive-backward | FileCheck %s --check-prefix=ARCFACE
 // RUN: dloss-opt %s --dloss-derive-backward --split-input-file --verify-diagnostics
 
@@ -13,6 +15,19 @@
 // CLIP: %[[N:.*]] = dloss.world_size
 // CLIP-NOT: dloss.world_size
 // CLIP: return
+
+// Fused, CLIP communicates only inside its ring ops: no gather, no
+// reduce_scatter.
+// FUSED-LABEL: func.func @clip_grad
+// FUSED-NOT: dloss.all_gather
+// FUSED-NOT: dloss.reduce_scatter
+// FUSED: dloss.ring_softmax_ce %arg0, %arg1, %arg2
+// FUSED-NOT: dloss.all_gather
+// FUSED-NOT: dloss.reduce_scatter
+// FUSED: dloss.ring_softmax_ce_grad
+// FUSED-NOT: dloss.all_gather
+// FUSED-NOT: dloss.reduce_scatter
+// FUSED: return
 
 // For SigLIP, the text features come back through a reduce_scatter; the image
 // features and both scalars stay local until the ddp scaling.

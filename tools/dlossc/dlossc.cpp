@@ -43,6 +43,12 @@ static llvm::cl::opt<std::string> gradMode(
                    "(N * dF/dx_r, for DDP's average) or global (dF/dx_r)"),
     llvm::cl::value_desc("ddp|global"));
 
+static llvm::cl::opt<bool> noFuse(
+    "no-fuse",
+    llvm::cl::desc("Do not run dloss-fuse-gather-similarity: keep the "
+                   "all_gather + matmul + loss ops unfused (for comparison)"),
+    llvm::cl::init(false));
+
 static LogicalResult writeOutput(StringRef path, StringRef contents) {
   std::string error;
   std::unique_ptr<llvm::ToolOutputFile> out = openOutputFile(path, &error);
@@ -67,7 +73,8 @@ int main(int argc, char **argv) {
   llvm::cl::ParseCommandLineOptions(
       argc, argv,
       "dlossc: compiles a distributed loss (.mlir) into a runtime plan.\n\n"
-      "Runs dloss-verify-collectives, dloss-infer-replication, dloss-autodiff "
+      "Runs dloss-verify-collectives, dloss-fuse-gather-similarity (unless "
+      "--no-fuse), dloss-infer-replication, dloss-autodiff "
       "(adding @<loss>_grad), canonicalize and CSE, then lowers every function "
       "to the plan that dloss-run and the LibTorch runtime execute.\n");
 
@@ -97,14 +104,15 @@ int main(int argc, char **argv) {
     return failed(writeOutput(out.empty() ? "-" : out, printed(*module)));
   if (emit == Emit::Backward) {
     PassManager pm(&context);
-    mlir::dloss::buildDeriveBackwardPipeline(pm);
+    mlir::dloss::buildDeriveBackwardPipeline(pm, !noFuse);
     if (failed(pm.run(*module)))
       return 1;
     return failed(writeOutput(out.empty() ? "-" : out, printed(*module)));
   }
 
   FailureOr<std::string> bytes =
-      mlir::dloss::compileToPlan(*module, llvm::sys::path::filename(inputFile));
+      mlir::dloss::compileToPlan(*module, llvm::sys::path::filename(inputFile),
+                                  !noFuse);
   if (failed(bytes))
     return 1;
   if (emit == Emit::PlanText)
