@@ -21,13 +21,13 @@
 // Prints one JSON line per rank: median_ms over the K timed calls, and
 // loss_mem_mb = VmHWM after the calls - VmRSS right before the first call
 // (VmHWM is reset through /proc/self/clear_refs first where the kernel allows
-// it; "hwm_reset" says whether it did), plus peak_rss_mb = getrusage's
-// ru_maxrss, the same total peak that dloss-run reports.
+// it; "hwm_reset" says whether it did), plus peak_rss_mb, the rank's total
+// peak RSS. Both are measured as dloss-run measures them (LossMemory.h).
 #include "runtime/Communicator.h"
+#include "tools/dloss-run/LossMemory.h"
 
 #include <torch/torch.h>
 
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -67,25 +67,6 @@ struct AllGatherWithGrad : public torch::autograd::Function<AllGatherWithGrad> {
     return {summed.narrow(0, offset, rows).clone()};
   }
 };
-
-long procStatusKb(const char *key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  size_t n = std::string(key).size();
-  while (std::getline(in, line))
-    if (line.compare(0, n, key) == 0 && line.size() > n && line[n] == ':')
-      return std::atol(line.c_str() + n + 1);
-  return -1;
-}
-
-bool resetHwm() {
-  std::ofstream out("/proc/self/clear_refs");
-  if (!out)
-    return false;
-  out << "5";
-  out.flush();
-  return static_cast<bool>(out);
-}
 
 struct Options {
   int64_t bLocal = 1024, dim = 256;
@@ -141,8 +122,7 @@ int runRank(const Options &o) {
   };
 
   // Baseline: inputs built, peers met, right before the first call.
-  bool hwmReset = resetHwm();
-  long baselineKb = procStatusKb("VmRSS");
+  auto memory = dloss::tools::LossMemory::start();
   for (int k = 0; k < o.warmup; ++k)
     step();
   std::vector<double> times;
@@ -154,9 +134,7 @@ int runRank(const Options &o) {
                         std::chrono::steady_clock::now() - start)
                         .count());
   }
-  long hwmKb = procStatusKb("VmHWM");
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
+  memory.stop();
   std::sort(times.begin(), times.end());
   double median = times.empty() ? 0.0 : times[times.size() / 2];
 
@@ -166,11 +144,11 @@ int runRank(const Options &o) {
        << ", \"b_local\": " << o.bLocal << ", \"d\": " << o.dim
        << ", \"iters\": " << o.iters << ", \"loss\": " << loss
        << ", \"median_ms\": " << median
-       << ", \"baseline_rss_mb\": " << baselineKb / 1024.0
-       << ", \"vm_hwm_mb\": " << hwmKb / 1024.0
-       << ", \"loss_mem_mb\": " << (hwmKb - baselineKb) / 1024.0
-       << ", \"peak_rss_mb\": " << usage.ru_maxrss / 1024.0
-       << ", \"hwm_reset\": " << (hwmReset ? "true" : "false") << "}\n";
+       << ", \"baseline_rss_mb\": " << memory.baselineMb()
+       << ", \"vm_hwm_mb\": " << memory.hwmMb()
+       << ", \"loss_mem_mb\": " << memory.lossMb()
+       << ", \"peak_rss_mb\": " << memory.peakRssMb()
+       << ", \"hwm_reset\": " << (memory.hwmReset ? "true" : "false") << "}\n";
   std::string path = rankPath(o.out, rank);
   if (!path.empty())
     std::ofstream(path) << json.str();

@@ -2,7 +2,7 @@
 //
 //   dloss-run LOSS.mlir|LOSS.plan --world N --input NAME=PATH ... --out DIR
 //             [--entry F] [--iters K] [--check] [--tolerance T] [--timeout S]
-//             [--runtime-checks]
+//             [--runtime-checks] [--no-fuse]
 //
 // With --world N it is its own launcher: it compiles the loss once (dlossc),
 // starts N processes of itself with the torchrun variables set (Gloo on
@@ -15,11 +15,16 @@
 // ranks still running 10 s past the deadline are killed; SIGINT/SIGTERM/SIGHUP
 // stop every rank; and a rank dies with its launcher (PR_SET_PDEATHSIG) even
 // if the launcher is killed outright. It signals only processes it started.
+//
+// Each rank's result.json has the median time of one forward+backward and
+// the loss's memory: loss_mem_mb = peak RSS (VmHWM) after the timed calls
+// minus the RSS right before the first call (LossMemory.h).
 #include "runtime/Communicator.h"
 #include "runtime/Error.h"
 #include "runtime/Executor.h"
 #include "runtime/Npy.h"
 #include "runtime/PlanFile.h"
+#include "tools/dloss-run/LossMemory.h"
 
 #include <algorithm>
 #include <chrono>
@@ -39,7 +44,6 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -62,20 +66,23 @@ struct Options {
   std::string gradMode; // passed to dlossc --grad-mode
   int timeoutSeconds = 0; // 0: the runtime's default (DLOSS_TIMEOUT_S or 300)
   bool runtimeChecks = false; // else DLOSS_CHECK decides
+  bool noFuse = false;        // passed to dlossc --no-fuse
 };
 
 const char *kUsage =
     "usage: dloss-run LOSS.mlir|LOSS.plan [--world N] [--entry F]\n"
     "                 --input NAME=PATH|NAME=SCALAR ... [--out DIR] [--iters K]\n"
     "                 [--check] [--tolerance T] [--timeout S] [--grad-mode ddp|global]\n"
-    "                 [--runtime-checks] [--dlossc PATH]\n"
+    "                 [--runtime-checks] [--no-fuse] [--dlossc PATH]\n"
     "\n"
     "  --world N     start N local ranks (processes, Gloo on loopback); without it,\n"
     "                run as the rank given by RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT\n"
     "  --entry F     the loss to run (default: the plan's only loss)\n"
     "  --input       one per argument; PATH is a .npy file and may contain {rank};\n"
     "                a number gives a scalar (--input scale=14.28)\n"
-    "  --out DIR     writes DIR/rank<r>/result.json and grad_<NAME>.npy\n"
+    "  --out DIR     writes DIR/rank<r>/result.json and grad_<NAME>.npy; result.json\n"
+    "                has median_ms, loss_mem_mb (peak RSS minus the RSS right before\n"
+    "                the first call) and peak_rss_mb (the rank's total peak RSS)\n"
     "  --iters K     timed forward+backward calls (after one warm-up call)\n"
     "  --check       compare with one process on the concatenated global batch\n"
     "  --tolerance T the largest relative gradient error --check accepts (1e-5)\n"
@@ -83,10 +90,14 @@ const char *kUsage =
     "                (default: DLOSS_TIMEOUT_S, else 300)\n"
     "  --runtime-checks  the runtime's check mode (as DLOSS_CHECK=1): NaN/Inf inputs\n"
     "                are rejected, global-mode replicated gradients must agree\n"
+    "  --grad-mode   compile a .mlir loss with this gradient contract (dlossc)\n"
+    "  --no-fuse     compile a .mlir loss without fusing gather + similarity into\n"
+    "                ring-tiled kernels (dlossc --no-fuse): the plan materialises\n"
+    "                the B_local x B_global matrices\n"
+    "  --dlossc PATH the compiler for a .mlir loss (default: dlossc beside dloss-run)\n"
     "\n"
     "A rank whose collective fails writes its flight record (its last 64\n"
-    "collectives) to DIR/rank<r>/dloss-flight-rank<r>.json, or to DLOSS_FLIGHT_DIR.\n"
-    "  --grad-mode   compile a .mlir loss with this gradient contract (dlossc)\n";
+    "collectives) to DIR/rank<r>/dloss-flight-rank<r>.json, or to DLOSS_FLIGHT_DIR.\n";
 
 [[noreturn]] void usageError(const std::string &message) {
   std::cerr << "dloss-run: " << message << "\n\n" << kUsage;
@@ -139,6 +150,8 @@ Options parseOptions(int argc, char **argv) {
       o.runtimeChecks = true;
     } else if (a == "--grad-mode") {
       o.gradMode = value(i);
+    } else if (a == "--no-fuse") {
+      o.noFuse = true;
     } else if (a == "--dlossc") {
       o.dlossc = value(i);
     } else if (!a.empty() && a[0] == '-') {
@@ -199,15 +212,18 @@ std::string compile(const Options &o) {
                 "elsewhere with `dlossc LOSS.mlir -o LOSS.plan` and run the .plan");
   makeDirectories(o.out);
   std::string plan = o.out + "/loss.plan";
+  std::vector<std::string> args = {dlossc, o.loss, "-o", plan};
+  if (!o.gradMode.empty())
+    args.push_back("--grad-mode=" + o.gradMode);
+  if (o.noFuse)
+    args.push_back("--no-fuse");
+  std::vector<char *> argv;
+  for (std::string &a : args)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
   pid_t pid = fork();
   if (pid == 0) {
-    std::string mode = "--grad-mode=" + o.gradMode;
-    if (o.gradMode.empty())
-      execl(dlossc.c_str(), dlossc.c_str(), o.loss.c_str(), "-o", plan.c_str(),
-            static_cast<char *>(nullptr));
-    else
-      execl(dlossc.c_str(), dlossc.c_str(), o.loss.c_str(), "-o", plan.c_str(),
-            mode.c_str(), static_cast<char *>(nullptr));
+    execv(dlossc.c_str(), argv.data());
     std::perror("dloss-run: exec dlossc");
     _exit(127);
   }
@@ -394,12 +410,6 @@ void agreeOnInputs(const Options &o, const dloss::plan::Function &f,
                          "{rank} for per-rank files)");
 }
 
-double peakRssMb() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_maxrss / 1024.0;
-}
-
 std::string rankDir(const Options &o, int rank) {
   return o.out + "/rank" + std::to_string(rank);
 }
@@ -434,6 +444,8 @@ int runRank(const Options &o, const std::string &planPath) {
     std::vector<at::Tensor> inputs = loadInputs(o, *entry.grad, rank, &failure);
     agreeOnInputs(o, *entry.grad, *comm, failure);
 
+    // Inputs loaded, peers met: what the calls add from here is the loss's.
+    auto memory = dloss::tools::LossMemory::start();
     std::vector<at::Tensor> outputs = executor.run(gradName, inputs); // warm-up
     std::vector<double> times;
     for (int k = 0; k < o.iters; ++k) {
@@ -443,8 +455,12 @@ int runRank(const Options &o, const std::string &planPath) {
                           std::chrono::steady_clock::now() - start)
                           .count());
     }
+    memory.stop();
     std::sort(times.begin(), times.end());
     double median = times.empty() ? 0.0 : times[times.size() / 2];
+    // The summary names the rank that must fit: the largest loss memory.
+    std::vector<int64_t> lossKb = comm->allGatherInts({memory.hwmKb - memory.baselineKb});
+    double worstLossMb = *std::max_element(lossKb.begin(), lossKb.end()) / 1024.0;
 
     std::string dir = rankDir(o, rank);
     makeDirectories(dir);
@@ -461,13 +477,21 @@ int runRank(const Options &o, const std::string &planPath) {
         json << ",\n  \"grad_" << name << "\": " << g.item<double>();
     }
     json << ",\n  \"median_ms\": " << median << ",\n  \"peak_rss_mb\": "
-         << peakRssMb() << "\n}\n";
+         << memory.peakRssMb() << ",\n  \"loss_mem_mb\": " << memory.lossMb()
+         << ",\n  \"baseline_rss_mb\": " << memory.baselineMb()
+         << ",\n  \"vm_hwm_mb\": " << memory.hwmMb()
+         << ",\n  \"hwm_reset\": " << (memory.hwmReset ? "true" : "false") << "\n}\n";
     std::ofstream(dir + "/result.json") << json.str();
     if (rank == 0)
       std::cout << "dloss-run: @" << entry.loss->name()->str() << " on "
                 << comm->worldSize() << " ranks: loss " << outputs[0].item<double>()
                 << ", " << median << " ms per forward+backward (median of "
-                << o.iters << ")\n";
+                << o.iters << ")\n"
+                << "dloss-run: loss memory " << worstLossMb
+                << " MB per rank at most (peak RSS minus the RSS before the first call"
+                << (memory.hwmReset ? "" : "; the peak could not be reset, so it may be "
+                                           "an earlier one")
+                << ")\n";
     return 0;
   } catch (const std::exception &e) {
     // One write, so that the ranks' lines never interleave.
