@@ -53,6 +53,13 @@ def make_inputs(example, sizes, dim, out, rng):
         w = rng.standard_normal((classes, dim)).astype(np.float32)
         np.save(os.path.join(out, "weights.npy"), w)
         inputs.append(f"weights={os.path.join(out, 'weights.npy')}")
+    elif name == "partialfc.mlir":
+        # Class-sharded weights: rank r owns an uneven block of the classes.
+        shards = [3 + (2 * r) % 5 for r in range(len(sizes))]
+        classes = sum(shards)
+        save("embeddings", [rng.standard_normal((n, dim)).astype(np.float32) for n in sizes])
+        save("labels", [rng.integers(0, classes, size=(n,)).astype(np.int64) for n in sizes])
+        save("weights", [rng.standard_normal((c, dim)).astype(np.float32) for c in shards])
     else:
         sys.exit(f"run_example.py: no input recipe for {name}")
     return inputs

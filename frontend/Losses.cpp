@@ -51,8 +51,17 @@ Graph margin(const MarginOptions &o) {
   Graph g(o.kind == MarginOptions::ArcFace ? "arcface" : "cosface");
   Tensor x = g.input("embeddings", o.dtype, {-1, o.dim}, {true, false});
   Tensor labels = g.input("labels", DType::I64, {-1}, {false, false});
-  Tensor w = g.input("weights", o.dtype, {o.classes, o.dim}, {true, true});
-  Tensor cos = g.matmul(g.l2Normalize(x, 1), g.l2Normalize(w, 1), false, true);
+  Tensor w = g.input("weights", o.dtype, {o.classes, o.dim}, {true, !o.shardedClasses});
+  Tensor rows = g.l2Normalize(x, 1);
+  if (o.shardedClasses) {
+    // Every shard scores the whole global batch against its own classes;
+    // the class axis is the all_gather of those blocks.
+    rows = g.allGather(rows, 0);
+    labels = g.allGather(labels, 0, GatherGrad::None);
+  }
+  Tensor cos = g.matmul(rows, g.l2Normalize(w, 1), false, true);
+  if (o.shardedClasses)
+    cos = g.allGather(cos, 1);
   Tensor target = g.takeAlong(cos, labels, 1);
   Tensor adjusted;
   if (o.kind == MarginOptions::ArcFace) {
@@ -63,7 +72,14 @@ Graph margin(const MarginOptions &o) {
     adjusted = target - o.margin;
   }
   Tensor logits = g.putAlong(cos, labels, adjusted, 1) * o.scale;
-  g.setLoss(globalMean(g, g.crossEntropy(logits, labels), x, o.dtype), o.mode);
+  Tensor perRow = g.crossEntropy(logits, labels);
+  if (o.shardedClasses) {
+    // Every rank holds the losses of the whole global batch already.
+    Tensor count = g.toTensor(g.globalSize(x, 0), o.dtype);
+    g.setLoss(g.reduce(perRow, Reduction::Sum, {0}) / count, o.mode);
+    return g;
+  }
+  g.setLoss(globalMean(g, perRow, x, o.dtype), o.mode);
   return g;
 }
 

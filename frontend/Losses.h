@@ -28,7 +28,7 @@ struct SiglipOptions {
 Graph siglip(const SiglipOptions &options = {});
 
 /// ArcFace (additive angular margin) or CosFace (additive cosine margin) with
-/// replicated class weights: inputs embeddings [B_r, dim], labels [B_r] (i64)
+/// replicated (or, with shardedClasses, class-sharded) class weights: inputs embeddings [B_r, dim], labels [B_r] (i64)
 /// and weights [classes, dim]; mean cross-entropy over the global batch of
 /// s * cos(theta + m) (ArcFace) or s * (cos(theta) - m) (CosFace) at the
 /// target class and s * cos(theta) elsewhere.
@@ -41,6 +41,12 @@ struct MarginOptions {
   DType dtype = DType::F32;
   /// ddp when W is a DDP parameter; global when W is kept outside DDP.
   GradMode mode = GradMode::Ddp;
+  /// PartialFC: W is sharded by class across the ranks. Each rank passes its
+  /// own block of classes (rank r owns the ids after the lower ranks'
+  /// blocks; blocks may differ in size; `classes` is then the block size, or
+  /// -1 for any) and labels are global class ids. The softmax spans every
+  /// shard; fused, no rank holds more than its own B_global x C_r tiles.
+  bool shardedClasses = false;
 };
 Graph margin(const MarginOptions &options = {});
 

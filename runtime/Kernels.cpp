@@ -6,6 +6,7 @@
 #include "runtime/Kernels.h"
 
 #include "runtime/Error.h"
+#include "runtime/FusedKernels.h"
 
 #include <algorithm>
 #include <cstring>
@@ -812,6 +813,8 @@ std::unordered_map<std::string, KernelRule> buildTable() {
   table.emplace("arith.cmpi", cmpiRule());
   table.emplace("arith.select", plainRule(selectKernel, 3, 3));
   table.emplace("arith.index_cast", plainRule(indexCastKernel, 1, 1));
+  // Fused similarity ops (ring-tiled; runtime/FusedKernels.cpp).
+  addFusedKernels(table);
   return table;
 }
 

@@ -3,6 +3,7 @@
 #include "frontend/Jit.h"
 #include "frontend/Losses.h"
 #include "runtime/Error.h"
+#include "runtime/PlanText.h"
 #include "test/runtime/MultiProcess.h"
 
 #include <torch/torch.h>
@@ -171,6 +172,78 @@ TEST(JitTest, SiglipArcFaceCosFaceMatchAtenAutograd) {
     want.backward();
     EXPECT_LT(relativeError(x.grad(), x2.grad()), 1e-4);
     EXPECT_LT(relativeError(w.grad(), w2.grad()), 1e-4);
+  }
+}
+
+/// Loss and gradients of `graph` on `inputs` (fresh leaves), one process.
+std::vector<at::Tensor> lossAndGrads(const Graph &graph, std::vector<at::Tensor> inputs,
+                                     bool fuse) {
+  jit::Options options{single()};
+  options.fuse = fuse;
+  CompiledLoss loss = jit::compile(graph, options);
+  std::vector<at::Tensor> leaves;
+  for (const at::Tensor &input : inputs)
+    leaves.push_back(input.is_floating_point() ? input.clone().requires_grad_()
+                                               : input);
+  at::Tensor value = loss(leaves);
+  value.backward();
+  std::vector<at::Tensor> result = {value.detach()};
+  for (const at::Tensor &leaf : leaves)
+    if (leaf.requires_grad())
+      result.push_back(leaf.grad());
+  return result;
+}
+
+TEST(JitTest, FusedAndUnfusedLossesAgree) {
+  // The library's CLIP and SigLIP graphs match the fusion patterns; fused and
+  // unfused (Options::fuse) plans give the same loss and gradients.
+  at::manual_seed(3);
+  at::Tensor image = normalizedRows(9, 8, 1), text = normalizedRows(9, 8, 2);
+  struct Case {
+    const char *name;
+    Graph graph;
+    std::vector<at::Tensor> inputs;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"clip", losses::clip({8}), {image, text, at::scalar_tensor(7.0)}});
+  cases.push_back({"siglip", losses::siglip({8}),
+                   {image, text, at::scalar_tensor(2.3), at::scalar_tensor(-5.0)}});
+  for (Case &c : cases) {
+    SCOPED_TRACE(c.name);
+    EXPECT_NE(plan::toText(jit::compilePlan(c.graph.toMlir())->plan()).find("dloss.ring_"),
+              std::string::npos)
+        << "the library's " << c.name << " was not fused";
+    auto fused = lossAndGrads(c.graph, c.inputs, true);
+    auto unfused = lossAndGrads(c.graph, c.inputs, false);
+    ASSERT_EQ(fused.size(), unfused.size());
+    for (size_t i = 0; i < fused.size(); ++i)
+      EXPECT_LT(relativeError(fused[i], unfused[i]), 1e-5) << "output " << i;
+  }
+}
+
+TEST(JitTest, ClassShardedMarginOnOneRankIsTheReplicatedLoss) {
+  // With one rank the single shard holds every class: the PartialFC graph
+  // (fused to dloss.sharded_softmax) equals the replicated-W loss.
+  for (auto kind : {losses::MarginOptions::ArcFace, losses::MarginOptions::CosFace}) {
+    SCOPED_TRACE(kind == losses::MarginOptions::ArcFace ? "arcface" : "cosface");
+    losses::MarginOptions options;
+    options.kind = kind;
+    options.dim = 16;
+    options.classes = 7;
+    options.scale = 30.0;
+    Graph replicated = losses::margin(options);
+    options.shardedClasses = true;
+    Graph sharded = losses::margin(options);
+    EXPECT_NE(plan::toText(jit::compilePlan(sharded.toMlir())->plan()).find("dloss.sharded_softmax"),
+              std::string::npos);
+    std::vector<at::Tensor> inputs = {at::randn({10, 16}),
+                                      at::randint(0, 7, {10}, at::kLong),
+                                      at::randn({7, 16})};
+    auto want = lossAndGrads(replicated, inputs, false);
+    auto got = lossAndGrads(sharded, inputs, true);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_LT(relativeError(got[i], want[i]), 1e-5) << "output " << i;
   }
 }
 

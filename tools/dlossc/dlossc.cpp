@@ -3,6 +3,7 @@
 #include "passes/Compile.h"
 #include "passes/LowerToPlan.h"
 #include "passes/Passes.h"
+#include "passes/Report.h"
 #include "runtime/PlanText.h"
 #include "runtime/Plan_generated.h"
 
@@ -48,6 +49,39 @@ static llvm::cl::opt<bool> noFuse(
     llvm::cl::desc("Do not run dloss-fuse-gather-similarity: keep the "
                    "all_gather + matmul + loss ops unfused (for comparison)"),
     llvm::cl::init(false));
+
+static llvm::cl::OptionCategory
+    reportCategory("Report options",
+                   "--report: peak memory and bytes communicated per call, "
+                   "fused vs unfused, at concrete sizes");
+static llvm::cl::opt<bool> report(
+    "report",
+    llvm::cl::desc("Write, per function, the peak memory estimate and the "
+                   "bytes communicated per call, fused vs unfused (no plan)"),
+    llvm::cl::init(false), llvm::cl::cat(reportCategory));
+static llvm::cl::opt<int64_t> reportWorld("report-world",
+                                          llvm::cl::desc("Ranks (default 4)"),
+                                          llvm::cl::init(4),
+                                          llvm::cl::cat(reportCategory));
+static llvm::cl::opt<int64_t> reportBatch(
+    "report-batch",
+    llvm::cl::desc(
+        "Rows per rank: every dynamic dim 0 of an argument (default 4096)"),
+    llvm::cl::init(4096), llvm::cl::cat(reportCategory));
+static llvm::cl::opt<int64_t> reportDim(
+    "report-dim",
+    llvm::cl::desc("Every other dynamic dim of an argument (default 256)"),
+    llvm::cl::init(256), llvm::cl::cat(reportCategory));
+static llvm::cl::list<std::string>
+    reportSize("report-size",
+               llvm::cl::desc("An argument's shape on every rank, by name "
+                              "(e.g. weights=25000x256)"),
+               llvm::cl::value_desc("NAME=AxB"), llvm::cl::CommaSeparated,
+               llvm::cl::cat(reportCategory));
+static llvm::cl::opt<std::string>
+    reportFormat("report-format", llvm::cl::desc("text (default) or json"),
+                 llvm::cl::init("text"), llvm::cl::value_desc("text|json"),
+                 llvm::cl::cat(reportCategory));
 
 static LogicalResult writeOutput(StringRef path, StringRef contents) {
   std::string error;
@@ -99,6 +133,32 @@ int main(int argc, char **argv) {
   if (!gradMode.empty() && failed(mlir::dloss::overrideGradMode(*module, gradMode)))
     return 2;
   std::string out = outputFile;
+
+  if (report) {
+    mlir::dloss::ReportOptions options;
+    options.worldSize = reportWorld;
+    options.batch = reportBatch;
+    options.dim = reportDim;
+    if (reportFormat != "text" && reportFormat != "json") {
+      llvm::errs() << "dlossc: --report-format must be text or json, got '"
+                   << reportFormat << "'\n";
+      return 2;
+    }
+    options.json = reportFormat == "json";
+    for (const std::string &spec : reportSize) {
+      std::string problem;
+      if (!mlir::dloss::parseArgumentShape(spec, options, problem)) {
+        llvm::errs() << "dlossc: --report-size: " << problem << "\n";
+        return 2;
+      }
+    }
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    if (failed(mlir::dloss::writeReport(
+            *module, llvm::sys::path::filename(inputFile), options, os)))
+      return 1;
+    return failed(writeOutput(out.empty() ? "-" : out, text));
+  }
 
   if (emit == Emit::Input)
     return failed(writeOutput(out.empty() ? "-" : out, printed(*module)));

@@ -1,0 +1,931 @@
+// CPU ring-tiled kernels of the fused ops: all_gather + matmul + loss without
+// ever building the B_local x B_global similarity matrix.
+//
+// Ring schedule (ring_softmax_ce, ring_sigmoid_pairs and their _grad ops).
+// Rank r keeps its rows; the column chunks travel round the ring. At step
+// k = 0..N-1 it holds the chunk owned by q = (r - k) mod N.
+//   * Features (the chunk's cols, targets and, for the backward, its lse and
+//     cotangents) never change. At the start of step k the rank posts the
+//     recv of the next chunk from r-1 and the send of the held one to r+1,
+//     computes the held chunk's tiles meanwhile, and waits at the end of the
+//     step: two chunk buffers, the transfer hidden behind the tiles.
+//   * A carry (the forward's column statistics, the backward's column
+//     gradient) accumulates as the chunk travels. The rank computes its own
+//     contribution, merges the carry r-1 sent after processing the same chunk
+//     at step k-1, and passes the sum to r+1. After step N-1 the held chunk
+//     belongs to r+1 and its carry is complete: one more hop takes it home,
+//     and r receives its own from r-1.
+//   * Row state (online log-sum-exp, row gradients) never moves.
+// Every wait on a rank at step k depends only on peers' progress at earlier
+// steps or at the start of step k (a carry send is waited on one step after
+// it is posted), so the waits form no cycle. With N == 1 nothing is sent.
+//
+// Tiles. A chunk is processed in blocks of Br rows x Bc columns: one
+// at::mm_out into a preallocated tile sized to half the L2 cache, then the
+// element-wise math in place on it. Extra memory is O((n_r + 2 m_max) d +
+// Br Bc): the two chunk buffers, the carries and a few tiles, never n_r x M.
+//
+// dloss.sharded_softmax (PartialFC) needs no ring: each rank reduces its class
+// shard in tiles, and two all-reduces (the maxima, then [sums; target dots])
+// combine the shards; its backward needs no communication.
+//
+// Compute type: f64 inputs in f64, every other float type in f32 (results
+// are converted back). Targets of any integer type are read as int64.
+#include "runtime/FusedKernels.h"
+
+#include "runtime/Error.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <numeric>
+
+namespace dloss {
+
+namespace {
+
+using Tensors = std::vector<at::Tensor>;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+//===----------------------------------------------------------------------===//
+// Tile shape
+//===----------------------------------------------------------------------===//
+
+int64_t l2CacheBytes() {
+#ifdef _SC_LEVEL2_CACHE_SIZE
+  long bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  if (bytes > 0)
+    return bytes;
+#endif
+  // Some libcs (musl, containers without the auxv entries) report 0.
+  std::ifstream file("/sys/devices/system/cpu/cpu0/cache/index2/size");
+  std::string text;
+  if (file >> text) {
+    char *end = nullptr;
+    long long size = std::strtoll(text.c_str(), &end, 10);
+    int64_t unit = *end == 'K' ? 1 << 10 : *end == 'M' ? 1 << 20 : 1;
+    if (size > 0)
+      return size * unit;
+  }
+  return 1 << 20;
+}
+
+TileShape parseTile(const std::string &text) {
+  size_t x = text.find('x');
+  auto positive = [](const std::string &part, int64_t &out) {
+    if (part.empty() ||
+        part.find_first_not_of("0123456789") != std::string::npos ||
+        part.size() > 9)
+      return false;
+    out = std::stoll(part);
+    return out > 0;
+  };
+  TileShape tile{0, 0};
+  if (x == std::string::npos || !positive(text.substr(0, x), tile.rows) ||
+      !positive(text.substr(x + 1), tile.cols))
+    throw Error("environment variable DLOSS_TILE='" + text +
+                    "' is malformed: expected ROWSxCOLS with positive sizes",
+                "Set DLOSS_TILE=128x512 (rows x columns of a similarity "
+                "tile), or unset it to size tiles from the L2 cache");
+  return tile;
+}
+
+/// The tile for a `rows` x `cols` problem: never larger than the problem.
+TileShape clippedTile(int64_t rows, int64_t cols, at::ScalarType type) {
+  TileShape tile = fusedTileShape(c10::elementSize(type));
+  return {std::min(tile.rows, std::max<int64_t>(rows, 1)),
+          std::min(tile.cols, std::max<int64_t>(cols, 1))};
+}
+
+//===----------------------------------------------------------------------===//
+// Operands
+//===----------------------------------------------------------------------===//
+
+std::string shapeText(at::IntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t i = 0; i < sizes.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + "]";
+}
+
+int64_t total(const std::vector<int64_t> &sizes) {
+  return std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+}
+
+int64_t offsetOf(const std::vector<int64_t> &sizes, int rank) {
+  return std::accumulate(sizes.begin(), sizes.begin() + rank, int64_t{0});
+}
+
+/// The operands of one fused step, checked and converted to the compute type;
+/// errors name the op, the rank and the operand.
+class FusedArgs {
+public:
+  /// `colsName` names operand 1 (cols, or the class weights).
+  FusedArgs(KernelContext &ctx, const char *op, const char *colsName = "cols")
+      : ctx(ctx), op(op), colsName(colsName), rank(ctx.communicator().rank()) {
+    bool isDouble = floats(0, "rows").scalar_type() == at::kDouble ||
+                    floats(1, colsName).scalar_type() == at::kDouble;
+    compute = isDouble ? at::kDouble : at::kFloat;
+  }
+
+  [[noreturn]] void fail(const std::string &problem,
+                         const std::string &hint) const {
+    throw Error(problem, hint).withRank(rank).withOp(op);
+  }
+
+  /// Operand `i`, a [size, width] float matrix; `width` -1 takes any.
+  at::Tensor matrix(size_t i, const char *name, int64_t width = -1) const {
+    const at::Tensor &value = floats(i, name);
+    if (value.dim() != 2 || (width >= 0 && value.size(1) != width))
+      fail(std::string(name) + " has shape " + shapeText(value.sizes()) +
+               ", expected a matrix" +
+               (width >= 0 ? " with " + std::to_string(width) + " columns"
+                           : std::string()),
+           "The plan does not match its inputs' shapes; recompile it");
+    return converted(value);
+  }
+
+  /// Operand `i`, a float vector of `length` elements.
+  at::Tensor vector(size_t i, const char *name, int64_t length) const {
+    const at::Tensor &value = floats(i, name);
+    if (value.dim() != 1 || value.size(0) != length)
+      fail(std::string(name) + " has shape " + shapeText(value.sizes()) +
+               ", expected [" + std::to_string(length) + "]",
+           "The plan does not match its inputs' shapes; recompile it");
+    return converted(value);
+  }
+
+  /// Operand `i`, a 0-d float.
+  double scalar(size_t i, const char *name) const {
+    const at::Tensor &value = floats(i, name);
+    if (value.dim() != 0)
+      fail(std::string(name) + " has shape " + shapeText(value.sizes()) +
+               ", expected a 0-d tensor",
+           "The plan does not match its inputs' shapes; recompile it");
+    return value.item<double>();
+  }
+
+  /// Operand `i`, `length` integer targets, each in [0, bound) (`bound`
+  /// global `what`), as int64. Checked before any transfer: every rank with a
+  /// bad target raises here, and peers that have none fail at their deadline.
+  at::Tensor targets(size_t i, const char *name, int64_t length, int64_t bound,
+                     const char *what) const {
+    const at::Tensor &value = ctx.tensor(i);
+    if (!at::isIntegralType(value.scalar_type(), /*includeBool=*/false) ||
+        value.dim() != 1 || value.size(0) != length)
+      fail(std::string(name) + " is a " + c10::toString(value.scalar_type()) +
+               " tensor of shape " + shapeText(value.sizes()) +
+               ", expected integers of shape [" + std::to_string(length) + "]",
+           "The plan does not match its inputs' shapes; recompile it");
+    at::Tensor result = value.to(at::kLong).contiguous();
+    const int64_t *data = result.data_ptr<int64_t>();
+    for (int64_t k = 0; k < length; ++k)
+      if (data[k] < 0 || data[k] >= bound)
+        fail(std::string(name) + "[" + std::to_string(k) +
+                 "] = " + std::to_string(data[k]) + " is out of range [0, " +
+                 std::to_string(bound) + "): there are " +
+                 std::to_string(bound) + " " + what + " on all ranks",
+             "Targets are global indices into the gathered batch (or the "
+             "classes of every shard); check the labels passed on this rank");
+    return result;
+  }
+
+  /// The element type of operand `i`, for its results.
+  at::ScalarType type(size_t i) const { return ctx.tensor(i).scalar_type(); }
+
+  at::TensorOptions options() const { return at::TensorOptions(compute); }
+
+  KernelContext &ctx;
+  const char *op;
+  const char *colsName;
+  int rank;
+  at::ScalarType compute = at::kFloat;
+
+private:
+  const at::Tensor &floats(size_t i, const char *name) const {
+    const at::Tensor &value = ctx.tensor(i);
+    if (!at::isFloatingType(value.scalar_type()))
+      fail(std::string(name) + " is a " + c10::toString(value.scalar_type()) +
+               " tensor, expected floats",
+           "The plan does not match its inputs' types; recompile it");
+    return value;
+  }
+
+  at::Tensor converted(const at::Tensor &value) const {
+    return value.to(compute).contiguous();
+  }
+};
+
+/// What every similarity kernel starts with: S = rows x cols^T, L = scale S.
+struct Similarity {
+  at::Tensor rows; ///< [n, d], this rank's (or the gathered) rows.
+  at::Tensor cols; ///< [m, d], this rank's columns (or class weights).
+  double scale = 1;
+};
+
+Similarity similarityOperands(const FusedArgs &args) {
+  at::Tensor rows = args.matrix(0, "rows");
+  return {rows, args.matrix(1, args.colsName, rows.size(1)),
+          args.scalar(2, "scale")};
+}
+
+//===----------------------------------------------------------------------===//
+// Tiles
+//===----------------------------------------------------------------------===//
+
+/// A tile's place: rows [row, row + rows) x columns [col, col + cols).
+struct Block {
+  int64_t row, rows, col, cols;
+};
+
+/// Calls fn(block) for every tile of a `rows` x `cols` matrix.
+template <typename Fn>
+void forEachBlock(int64_t rows, int64_t cols, TileShape tile, Fn &&fn) {
+  for (int64_t col = 0; col < cols; col += tile.cols)
+    for (int64_t row = 0; row < rows; row += tile.rows)
+      fn(Block{row, std::min(tile.rows, rows - row), col,
+               std::min(tile.cols, cols - col)});
+}
+
+/// Tile buffers, allocated once per call and reused by every tile.
+class TileScratch {
+public:
+  TileScratch(TileShape shape, int count, at::TensorOptions options) {
+    for (int i = 0; i < count; ++i)
+      buffers.push_back(at::empty({shape.rows * shape.cols}, options));
+  }
+  /// Buffer `which` as a contiguous [block.rows, block.cols] matrix.
+  at::Tensor operator()(int which, const Block &block) const {
+    return buffers[which]
+        .narrow(0, 0, block.rows * block.cols)
+        .view({block.rows, block.cols});
+  }
+
+private:
+  Tensors buffers;
+};
+
+/// S = rows[block] x cols[block]^T, written into `out`.
+at::Tensor similarityTile(const Similarity &sim, const at::Tensor &cols,
+                          const Block &block, at::Tensor out) {
+  at::mm_out(out, sim.rows.narrow(0, block.row, block.rows),
+             cols.narrow(0, block.col, block.cols).t());
+  return out;
+}
+
+/// Single elements of a contiguous f32 or f64 tensor.
+class Elements {
+public:
+  explicit Elements(const at::Tensor &tensor)
+      : isDouble(tensor.scalar_type() == at::kDouble), data(tensor.data_ptr()) {
+  }
+  double get(int64_t k) const {
+    return isDouble ? static_cast<const double *>(data)[k]
+                    : static_cast<const float *>(data)[k];
+  }
+  void set(int64_t k, double value) const {
+    if (isDouble)
+      static_cast<double *>(data)[k] = value;
+    else
+      static_cast<float *>(data)[k] = static_cast<float>(value);
+  }
+  void add(int64_t k, double value) const { set(k, get(k) + value); }
+
+private:
+  bool isDouble;
+  void *data;
+};
+
+/// Calls fn(k, c) for every k in [begin, begin + count) whose target lies in
+/// [low, low + width), with c = targets[k] - low.
+template <typename Fn>
+void forTargetsIn(const at::Tensor &targets, int64_t begin, int64_t count,
+                  int64_t low, int64_t width, Fn &&fn) {
+  const int64_t *data = targets.data_ptr<int64_t>();
+  for (int64_t k = begin; k < begin + count; ++k) {
+    int64_t c = data[k] - low;
+    if (c >= 0 && c < width)
+      fn(k, c);
+  }
+}
+
+/// The tile elements of this rank's rows' targets: fn(k, element index) for
+/// each row k of the block whose target column (global; the tile's columns
+/// start at global column `colBase`) is in the block.
+template <typename Fn>
+void forRowTargets(const at::Tensor &targets, const Block &block,
+                   int64_t colBase, Fn &&fn) {
+  forTargetsIn(
+      targets, block.row, block.rows, colBase + block.col, block.cols,
+      [&](int64_t i, int64_t c) { fn(i, (i - block.row) * block.cols + c); });
+}
+
+/// The same for columns whose target row (global; the tile's rows start at
+/// global row `rowBase`) is in the block.
+template <typename Fn>
+void forColTargets(const at::Tensor &targets, const Block &block,
+                   int64_t rowBase, Fn &&fn) {
+  forTargetsIn(
+      targets, block.col, block.cols, rowBase + block.row, block.rows,
+      [&](int64_t j, int64_t c) { fn(j, c * block.cols + (j - block.col)); });
+}
+
+/// `x` with infinities replaced by 0: a shift that keeps exp(-inf - shift) =
+/// 0 instead of exp(-inf + inf) = NaN.
+at::Tensor finiteShift(const at::Tensor &x) {
+  return x.masked_fill(x.isinf(), 0);
+}
+
+/// Online log-sum-exp: folds the statistics (max2, sum2) into (max1, sum1),
+/// in place; sum is the sum of exp(x - max), an empty set has (-inf, 0).
+void mergeLse(at::Tensor max1, at::Tensor sum1, const at::Tensor &max2,
+              const at::Tensor &sum2) {
+  at::Tensor top = at::maximum(max1, max2);
+  at::Tensor shift = finiteShift(top);
+  sum1.mul_((max1 - shift).exp_()).add_(sum2 * (max2 - shift).exp_());
+  max1.copy_(top);
+}
+
+/// Folds a tile into running statistics along `dim` (1: one per tile row, 0:
+/// one per tile column). `work` is a scratch tile of the same shape.
+void foldTile(const at::Tensor &tile, int64_t dim, at::Tensor max,
+              at::Tensor sum, at::Tensor work) {
+  at::Tensor blockMax = at::amax(tile, {dim});
+  at::Tensor shift = finiteShift(blockMax).unsqueeze(dim);
+  at::sub_out(work, tile, shift).exp_();
+  mergeLse(std::move(max), std::move(sum), blockMax, work.sum(dim));
+}
+
+at::Tensor lseOf(const at::Tensor &max, const at::Tensor &sum) {
+  return max + sum.log();
+}
+
+/// Backpropagates a tile's gradient G = dLoss/dL through L = scale S:
+/// dRows[block] += scale G cols[block], dCols[block] += scale G^T
+/// rows[block]; returns sum(G * S), the tile's part of dLoss/dscale.
+double backpropTile(const at::Tensor &grad, const at::Tensor &sim,
+                    const Block &block, const Similarity &operands,
+                    const at::Tensor &cols, at::Tensor &dRows,
+                    at::Tensor &dCols) {
+  dRows.narrow(0, block.row, block.rows)
+      .addmm_(grad, cols.narrow(0, block.col, block.cols), 1, operands.scale);
+  dCols.narrow(0, block.col, block.cols)
+      .addmm_(grad.t(), operands.rows.narrow(0, block.row, block.rows), 1,
+              operands.scale);
+  return at::dot(grad.view({-1}), sim.view({-1})).item<double>();
+}
+
+//===----------------------------------------------------------------------===//
+// The ring driver
+//===----------------------------------------------------------------------===//
+
+// Point-to-point tags of the fused ops: 16 per step, features in slots 0-7,
+// carries in 8-15. Far below GlooCommunicator's reserved tags (2^30), and
+// distinct per step, so a late message can never match the wrong buffer.
+constexpr int kRingTagBase = 1000;
+constexpr int kTagsPerStep = 16;
+constexpr int kCarrySlot = 8;
+
+int ringTag(int step, int slot) {
+  return kRingTagBase + kTagsPerStep * step + slot;
+}
+
+/// Outstanding transfers, completed together.
+class Pending {
+public:
+  void add(std::unique_ptr<Communicator::Request> request) {
+    requests.push_back(std::move(request));
+  }
+  void wait() {
+    for (auto &request : requests)
+      request->wait();
+    requests.clear();
+  }
+
+private:
+  std::vector<std::unique_ptr<Communicator::Request>> requests;
+};
+
+void postRecvs(Communicator &comm, Tensors &buffers, int peer, int tag,
+               Pending &pending) {
+  for (size_t i = 0; i < buffers.size(); ++i)
+    pending.add(comm.recv(buffers[i], peer, tag + static_cast<int>(i)));
+}
+
+void postSends(Communicator &comm, const Tensors &tensors, int peer, int tag,
+               Pending &pending) {
+  for (size_t i = 0; i < tensors.size(); ++i)
+    pending.add(comm.send(tensors[i], peer, tag + static_cast<int>(i)));
+}
+
+/// Uninitialised tensors shaped like `like` but with `length` along axis 0.
+Tensors emptyLike(const Tensors &like, int64_t length) {
+  Tensors out;
+  for (const at::Tensor &tensor : like) {
+    std::vector<int64_t> shape = tensor.sizes().vec();
+    shape[0] = length;
+    out.push_back(at::empty(shape, tensor.options()));
+  }
+  return out;
+}
+
+/// The chunk a rank holds at one step.
+struct Chunk {
+  /// Global index of the chunk's first column.
+  int64_t offset;
+  const Tensors &features;
+  int64_t length() const { return features[0].size(0); }
+};
+
+/// What one pass round the ring moves and computes.
+struct RingPass {
+  /// This rank's chunk: contiguous tensors whose axis 0 is its length.
+  Tensors features;
+  /// Every rank's chunk length, in rank order.
+  std::vector<int64_t> lengths;
+  /// An uninitialised carry for a chunk of `length`; null: nothing carried.
+  std::function<Tensors(int64_t length)> newCarry;
+  /// Computes this rank's tiles of the chunk; returns its part of the
+  /// chunk's carry (nothing when nothing is carried).
+  std::function<Tensors(const Chunk &)> visit;
+  /// Adds the carry from upstream into this rank's part, in place.
+  std::function<void(Tensors &mine, const Tensors &upstream)> merge;
+};
+
+/// Runs `pass` on every rank's chunk; returns this rank's own chunk's
+/// complete carry.
+Tensors runRing(Communicator &comm, const RingPass &pass) {
+  const int n = comm.worldSize(), r = comm.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  const bool carries = static_cast<bool>(pass.newCarry);
+  Tensors held = pass.features, carry;
+  Pending carrySent;
+  for (int k = 0; k < n; ++k) {
+    const int q = (r - k + n) % n;
+    Pending transfers;
+    Tensors incoming;
+    if (k + 1 < n) {
+      incoming = emptyLike(pass.features, pass.lengths[(q + n - 1) % n]);
+      postRecvs(comm, incoming, prev, ringTag(k, 0), transfers);
+      postSends(comm, held, next, ringTag(k, 0), transfers);
+    }
+    Tensors upstream;
+    Pending carryIn;
+    if (carries && k > 0) {
+      upstream = pass.newCarry(pass.lengths[q]);
+      postRecvs(comm, upstream, prev, ringTag(k, kCarrySlot), carryIn);
+    }
+    carry = pass.visit(Chunk{offsetOf(pass.lengths, q), held});
+    if (carries) {
+      carryIn.wait();
+      if (k > 0)
+        pass.merge(carry, upstream);
+      // r+1 posted its recv for the previous send at the start of step k.
+      carrySent.wait();
+      if (n > 1)
+        postSends(comm, carry, next, ringTag(k + 1, kCarrySlot), carrySent);
+    }
+    transfers.wait();
+    if (k + 1 < n)
+      held = std::move(incoming);
+  }
+  if (!carries || n == 1)
+    return carry;
+  Tensors home = pass.newCarry(pass.lengths[r]);
+  Pending homeIn;
+  postRecvs(comm, home, prev, ringTag(n, kCarrySlot), homeIn);
+  carrySent.wait();
+  homeIn.wait();
+  return home;
+}
+
+/// The backward's ring: the carry is each chunk's column gradient [length,
+/// width] and its owner's share of a 0-d parameter's gradient, summed on
+/// their way home; tiles(chunk, dCols, share) adds this rank's part. Returns
+/// the gradient of this rank's own columns and its share.
+struct ColumnGradient {
+  at::Tensor dCols;
+  double share = 0;
+};
+
+ColumnGradient runGradientRing(
+    Communicator &comm, Tensors features, std::vector<int64_t> lengths,
+    int64_t width, at::TensorOptions options,
+    const std::function<void(const Chunk &, at::Tensor &, double &)> &tiles) {
+  RingPass pass;
+  pass.features = std::move(features);
+  pass.lengths = std::move(lengths);
+  pass.newCarry = [&](int64_t length) {
+    return Tensors{at::empty({length, width}, options),
+                   at::empty({1}, options.dtype(at::kDouble))};
+  };
+  pass.visit = [&](const Chunk &chunk) {
+    at::Tensor dCols = at::zeros({chunk.length(), width}, options);
+    double share = 0;
+    tiles(chunk, dCols, share);
+    return Tensors{dCols, at::full({1}, share, options.dtype(at::kDouble))};
+  };
+  pass.merge = [](Tensors &mine, const Tensors &upstream) {
+    mine[0].add_(upstream[0]);
+    mine[1].add_(upstream[1]);
+  };
+  Tensors home = runRing(comm, pass);
+  return {home[0], home[1].item<double>()};
+}
+
+/// A partial gradient of a 0-d operand of type `type`.
+at::Tensor scalarResult(double value, at::ScalarType type) {
+  return at::scalar_tensor(value, at::TensorOptions(type));
+}
+
+//===----------------------------------------------------------------------===//
+// dloss.ring_softmax_ce and its backward
+//===----------------------------------------------------------------------===//
+
+/// Operands 0-4 of both softmax ops, with every rank's sizes.
+struct SoftmaxOperands {
+  Similarity sim;
+  std::vector<int64_t> rowSizes, colSizes;
+  int64_t rowOffset = 0;
+  at::Tensor rowTargets, colTargets;
+};
+
+SoftmaxOperands softmaxOperands(const FusedArgs &args) {
+  SoftmaxOperands ops;
+  ops.sim = similarityOperands(args);
+  ops.rowSizes = args.ctx.rankSizes(0, 0);
+  ops.colSizes = args.ctx.rankSizes(1, 0);
+  ops.rowOffset = offsetOf(ops.rowSizes, args.rank);
+  ops.rowTargets = args.targets(3, "row_targets", ops.sim.rows.size(0),
+                                total(ops.colSizes), "columns");
+  ops.colTargets = args.targets(4, "col_targets", ops.sim.cols.size(0),
+                                total(ops.rowSizes), "rows");
+  return ops;
+}
+
+void ringSoftmaxCE(KernelContext &ctx) {
+  FusedArgs args(ctx, "dloss.ring_softmax_ce");
+  SoftmaxOperands ops = softmaxOperands(args);
+  const Similarity &sim = ops.sim;
+  const int64_t n = sim.rows.size(0);
+  TileShape tile = clippedTile(
+      n, *std::max_element(ops.colSizes.begin(), ops.colSizes.end()),
+      args.compute);
+  TileScratch scratch(tile, 2, args.options());
+  at::Tensor rowMax = at::full({n}, -kInf, args.options());
+  at::Tensor rowSum = at::zeros({n}, args.options());
+  at::Tensor rowTarget = at::zeros({n}, args.options());
+  Elements rowTargetAt(rowTarget);
+
+  RingPass pass;
+  pass.features = {sim.cols, ops.colTargets};
+  pass.lengths = ops.colSizes;
+  // Column statistics: running max, sum of exp, target logit.
+  pass.newCarry = [&](int64_t length) {
+    return Tensors{at::empty({3, length}, args.options())};
+  };
+  pass.visit = [&](const Chunk &chunk) {
+    const at::Tensor &cols = chunk.features[0], &colTargets = chunk.features[1];
+    at::Tensor stats = pass.newCarry(chunk.length())[0];
+    stats[0].fill_(-kInf);
+    stats.narrow(0, 1, 2).zero_();
+    Elements colTargetAt(stats[2]);
+    forEachBlock(n, chunk.length(), tile, [&](const Block &block) {
+      at::Tensor logits =
+          similarityTile(sim, cols, block, scratch(0, block)).mul_(sim.scale);
+      Elements logit(logits);
+      forRowTargets(
+          ops.rowTargets, block, chunk.offset,
+          [&](int64_t i, int64_t e) { rowTargetAt.set(i, logit.get(e)); });
+      forColTargets(
+          colTargets, block, ops.rowOffset,
+          [&](int64_t j, int64_t e) { colTargetAt.set(j, logit.get(e)); });
+      foldTile(logits, 1, rowMax.narrow(0, block.row, block.rows),
+               rowSum.narrow(0, block.row, block.rows), scratch(1, block));
+      foldTile(logits, 0, stats[0].narrow(0, block.col, block.cols),
+               stats[1].narrow(0, block.col, block.cols), scratch(1, block));
+    });
+    return Tensors{stats};
+  };
+  pass.merge = [](Tensors &mine, const Tensors &upstream) {
+    mergeLse(mine[0][0], mine[0][1], upstream[0][0], upstream[0][1]);
+    mine[0][2].add_(upstream[0][2]);
+  };
+  at::Tensor colStats = runRing(ctx.communicator(), pass)[0];
+
+  at::Tensor rowLse = lseOf(rowMax, rowSum);
+  at::Tensor colLse = lseOf(colStats[0], colStats[1]);
+  ctx.setResult(0, (rowLse - rowTarget).to(args.type(0)));
+  ctx.setResult(1, (colLse - colStats[2]).to(args.type(1)));
+  ctx.setResult(2, rowLse.to(args.type(0)));
+  ctx.setResult(3, colLse.to(args.type(1)));
+}
+
+void ringSoftmaxCEGrad(KernelContext &ctx) {
+  FusedArgs args(ctx, "dloss.ring_softmax_ce_grad");
+  SoftmaxOperands ops = softmaxOperands(args);
+  const Similarity &sim = ops.sim;
+  const int64_t n = sim.rows.size(0), m = sim.cols.size(0),
+                d = sim.rows.size(1);
+  at::Tensor rowLse = args.vector(5, "row_lse", n);
+  at::Tensor colLse = args.vector(6, "col_lse", m);
+  at::Tensor ctRow = args.vector(7, "ct_row", n);
+  at::Tensor ctCol = args.vector(8, "ct_col", m);
+  TileShape tile = clippedTile(
+      n, *std::max_element(ops.colSizes.begin(), ops.colSizes.end()),
+      args.compute);
+  TileScratch scratch(tile, 3, args.options());
+  at::Tensor dRows = at::zeros({n, d}, args.options());
+  double dScale = 0;
+
+  // dscale = sum(G * S) splits into the row direction's part (this rank's
+  // share) and the column direction's part, which belongs to the columns'
+  // owner and travels home with their gradient: each rank's share is then the
+  // gradient of its own rows' and columns' losses, as in the unfused plan
+  // (and OpenCLIP's local_loss + gather_with_grad).
+  auto tiles = [&](const Chunk &chunk, at::Tensor &dCols, double &colShare) {
+    const at::Tensor &cols = chunk.features[0], &colTargets = chunk.features[1];
+    const at::Tensor &chunkLse = chunk.features[2],
+                     &chunkCt = chunk.features[3];
+    forEachBlock(n, chunk.length(), tile, [&](const Block &block) {
+      at::Tensor s = similarityTile(sim, cols, block, scratch(0, block));
+      // G = ct_row P_row + ct_col P_col - the one-hot targets.
+      at::Tensor grad = scratch(1, block), byCol = scratch(2, block);
+      grad.copy_(s).mul_(sim.scale);
+      grad.sub_(rowLse.narrow(0, block.row, block.rows).unsqueeze(1)).exp_();
+      grad.mul_(ctRow.narrow(0, block.row, block.rows).unsqueeze(1));
+      byCol.copy_(s).mul_(sim.scale);
+      byCol.sub_(chunkLse.narrow(0, block.col, block.cols).unsqueeze(0)).exp_();
+      byCol.mul_(chunkCt.narrow(0, block.col, block.cols).unsqueeze(0));
+      double colPart = at::dot(byCol.view({-1}), s.view({-1})).item<double>();
+      grad.add_(byCol);
+      Elements g(grad), sAt(s), ctRowAt(ctRow), ctColAt(chunkCt);
+      forRowTargets(ops.rowTargets, block, chunk.offset,
+                    [&](int64_t i, int64_t e) { g.add(e, -ctRowAt.get(i)); });
+      forColTargets(colTargets, block, ops.rowOffset, [&](int64_t j, int64_t e) {
+        g.add(e, -ctColAt.get(j));
+        colPart -= ctColAt.get(j) * sAt.get(e);
+      });
+      double all = backpropTile(grad, s, block, sim, cols, dRows, dCols);
+      dScale += all - colPart;
+      colShare += colPart;
+    });
+  };
+  ColumnGradient own = runGradientRing(
+      ctx.communicator(), {sim.cols, ops.colTargets, colLse, ctCol},
+      ops.colSizes, d, args.options(), tiles);
+
+  ctx.setResult(0, dRows.to(args.type(0)));
+  ctx.setResult(1, own.dCols.to(args.type(1)));
+  ctx.setResult(2, scalarResult(dScale + own.share, args.type(2)));
+}
+
+//===----------------------------------------------------------------------===//
+// dloss.ring_sigmoid_pairs and its backward
+//===----------------------------------------------------------------------===//
+
+/// Operands 0-4 of both sigmoid ops, with every rank's column counts.
+struct SigmoidOperands {
+  Similarity sim;
+  double bias = 0;
+  std::vector<int64_t> colSizes;
+  at::Tensor targets;
+  TileShape tile{1, 1};
+};
+
+SigmoidOperands sigmoidOperands(const FusedArgs &args) {
+  SigmoidOperands ops;
+  ops.sim = similarityOperands(args);
+  ops.bias = args.scalar(3, "bias");
+  ops.colSizes = args.ctx.rankSizes(1, 0);
+  ops.targets = args.targets(4, "targets", ops.sim.rows.size(0),
+                             total(ops.colSizes), "columns");
+  ops.tile =
+      clippedTile(ops.sim.rows.size(0),
+                  *std::max_element(ops.colSizes.begin(), ops.colSizes.end()),
+                  args.compute);
+  return ops;
+}
+
+/// L = scale S + bias for a chunk's block, in its scratch tile 0.
+at::Tensor sigmoidLogits(const SigmoidOperands &ops, const at::Tensor &cols,
+                         const Block &block, const TileScratch &scratch) {
+  return similarityTile(ops.sim, cols, block, scratch(0, block))
+      .mul_(ops.sim.scale)
+      .add_(ops.bias);
+}
+
+void ringSigmoidPairs(KernelContext &ctx) {
+  FusedArgs args(ctx, "dloss.ring_sigmoid_pairs");
+  SigmoidOperands ops = sigmoidOperands(args);
+  const int64_t n = ops.sim.rows.size(0);
+  TileScratch scratch(ops.tile, 2, args.options());
+  at::Tensor pairSum = at::zeros({n}, args.options());
+  at::Tensor positive = at::zeros({n}, args.options());
+  Elements positiveAt(positive);
+
+  RingPass pass;
+  pass.features = {ops.sim.cols};
+  pass.lengths = ops.colSizes;
+  pass.visit = [&](const Chunk &chunk) {
+    forEachBlock(n, chunk.length(), ops.tile, [&](const Block &block) {
+      at::Tensor logits = sigmoidLogits(ops, chunk.features[0], block, scratch);
+      Elements logit(logits);
+      forRowTargets(
+          ops.targets, block, chunk.offset,
+          [&](int64_t i, int64_t e) { positiveAt.set(i, logit.get(e)); });
+      // softplus(x) = log1p(exp(-|x|)) + max(x, 0), exact at both ends.
+      at::Tensor softplus = scratch(1, block);
+      at::abs_out(softplus, logits).neg_().exp_().log1p_();
+      softplus.add_(logits.clamp_min_(0));
+      pairSum.narrow(0, block.row, block.rows).add_(softplus.sum(1));
+    });
+    return Tensors{};
+  };
+  runRing(ctx.communicator(), pass);
+
+  ctx.setResult(0, pairSum.to(args.type(0)));
+  ctx.setResult(1, positive.to(args.type(0)));
+}
+
+void ringSigmoidPairsGrad(KernelContext &ctx) {
+  FusedArgs args(ctx, "dloss.ring_sigmoid_pairs_grad");
+  SigmoidOperands ops = sigmoidOperands(args);
+  const int64_t n = ops.sim.rows.size(0), d = ops.sim.rows.size(1);
+  at::Tensor ctPair = args.vector(5, "ct_pair", n);
+  at::Tensor ctPositive = args.vector(6, "ct_positive", n);
+  TileScratch scratch(ops.tile, 2, args.options());
+  at::Tensor dRows = at::zeros({n, d}, args.options());
+  double dScale = 0, dBias = 0;
+
+  auto tiles = [&](const Chunk &chunk, at::Tensor &dCols, double &) {
+    const at::Tensor &cols = chunk.features[0];
+    forEachBlock(n, chunk.length(), ops.tile, [&](const Block &block) {
+      // S in tile 0; G = ct_pair sigmoid(L) + ct_positive at the targets.
+      at::Tensor s = similarityTile(ops.sim, cols, block, scratch(0, block));
+      at::Tensor grad = scratch(1, block);
+      grad.copy_(s).mul_(ops.sim.scale).add_(ops.bias).sigmoid_();
+      grad.mul_(ctPair.narrow(0, block.row, block.rows).unsqueeze(1));
+      Elements g(grad), ctAt(ctPositive);
+      forRowTargets(ops.targets, block, chunk.offset,
+                    [&](int64_t i, int64_t e) { g.add(e, ctAt.get(i)); });
+      dBias += grad.sum().item<double>();
+      dScale += backpropTile(grad, s, block, ops.sim, cols, dRows, dCols);
+    });
+  };
+  at::Tensor dCols = runGradientRing(ctx.communicator(), {ops.sim.cols},
+                                     ops.colSizes, d, args.options(), tiles)
+                         .dCols;
+
+  ctx.setResult(0, dRows.to(args.type(0)));
+  ctx.setResult(1, dCols.to(args.type(1)));
+  ctx.setResult(2, scalarResult(dScale, args.type(2)));
+  ctx.setResult(3, scalarResult(dBias, args.type(3)));
+}
+
+//===----------------------------------------------------------------------===//
+// dloss.sharded_softmax and its backward
+//===----------------------------------------------------------------------===//
+
+/// Operands 0-3 of both sharded ops: the gathered rows, this rank's class
+/// shard, the scale and the global class targets.
+struct ShardOperands {
+  Similarity sim;
+  int64_t classOffset = 0;
+  at::Tensor targets;
+  TileShape tile{1, 1};
+};
+
+ShardOperands shardOperands(const FusedArgs &args) {
+  ShardOperands ops;
+  ops.sim = similarityOperands(args);
+  std::vector<int64_t> classSizes = args.ctx.rankSizes(1, 0);
+  ops.classOffset = offsetOf(classSizes, args.rank);
+  ops.targets = args.targets(3, "targets", ops.sim.rows.size(0),
+                             total(classSizes), "classes");
+  ops.tile =
+      clippedTile(ops.sim.rows.size(0), ops.sim.cols.size(0), args.compute);
+  return ops;
+}
+
+void shardedSoftmax(KernelContext &ctx) {
+  FusedArgs args(ctx, "dloss.sharded_softmax", "weights");
+  ShardOperands ops = shardOperands(args);
+  const int64_t batch = ops.sim.rows.size(0);
+  TileScratch scratch(ops.tile, 2, args.options());
+  at::Tensor rowMax = at::full({batch}, -kInf, args.options());
+  at::Tensor rowSum = at::zeros({batch}, args.options());
+  at::Tensor targetDot = at::zeros({batch}, args.options());
+  Elements targetDotAt(targetDot);
+
+  forEachBlock(batch, ops.sim.cols.size(0), ops.tile, [&](const Block &block) {
+    at::Tensor logits =
+        similarityTile(ops.sim, ops.sim.cols, block, scratch(0, block));
+    Elements logit(logits);
+    // The target dot is unscaled; its logit leaves the sum (lse of the rest).
+    forRowTargets(
+        ops.targets, block, ops.classOffset,
+        [&](int64_t i, int64_t e) { targetDotAt.set(i, logit.get(e)); });
+    logits.mul_(ops.sim.scale);
+    forRowTargets(ops.targets, block, ops.classOffset,
+                  [&](int64_t, int64_t e) { logit.set(e, -kInf); });
+    foldTile(logits, 1, rowMax.narrow(0, block.row, block.rows),
+             rowSum.narrow(0, block.row, block.rows), scratch(1, block));
+  });
+
+  // Every rank makes both calls, whatever its shard holds.
+  Communicator &comm = ctx.communicator();
+  at::Tensor globalMax = comm.allReduce(rowMax, Reduction::Max);
+  rowSum.mul_((rowMax - finiteShift(globalMax)).exp_());
+  at::Tensor sums =
+      comm.allReduce(at::stack({rowSum, targetDot}), Reduction::Sum);
+  // No class but the target anywhere: max -inf, sum 0, lse -inf.
+  ctx.setResult(0, lseOf(globalMax, sums[0]).to(args.type(0)));
+  ctx.setResult(1, sums[1].to(args.type(0)));
+}
+
+void shardedSoftmaxGrad(KernelContext &ctx) {
+  FusedArgs args(ctx, "dloss.sharded_softmax_grad", "weights");
+  ShardOperands ops = shardOperands(args);
+  const Similarity &sim = ops.sim;
+  const int64_t batch = sim.rows.size(0), classes = sim.cols.size(0);
+  at::Tensor lseRest = args.vector(4, "lse_rest", batch);
+  at::Tensor ctLse = args.vector(5, "ct_lse", batch);
+  at::Tensor ctTarget = args.vector(6, "ct_target", batch);
+  TileScratch scratch(ops.tile, 2, args.options());
+  at::Tensor dRows = at::zeros_like(sim.rows);
+  at::Tensor dWeights = at::zeros_like(sim.cols);
+  double dScale = 0;
+
+  forEachBlock(batch, classes, ops.tile, [&](const Block &block) {
+    at::Tensor s = similarityTile(sim, sim.cols, block, scratch(0, block));
+    // G = ct_lse P, P the softmax over the classes other than the target.
+    at::Tensor grad = scratch(1, block);
+    grad.copy_(s).mul_(sim.scale);
+    grad.sub_(lseRest.narrow(0, block.row, block.rows).unsqueeze(1)).exp_();
+    Elements g(grad);
+    forRowTargets(ops.targets, block, ops.classOffset,
+                  [&](int64_t, int64_t e) { g.set(e, 0); });
+    grad.mul_(ctLse.narrow(0, block.row, block.rows).unsqueeze(1));
+    dScale += backpropTile(grad, s, block, sim, sim.cols, dRows, dWeights);
+  });
+
+  // target_dot = rows[i] . w_t: its cotangent reaches both factors.
+  std::vector<int64_t> rowsHit, classesHit;
+  forTargetsIn(ops.targets, 0, batch, ops.classOffset, classes,
+               [&](int64_t i, int64_t c) {
+                 rowsHit.push_back(i);
+                 classesHit.push_back(c);
+               });
+  at::Tensor rowIndex = at::tensor(rowsHit, at::kLong);
+  at::Tensor classIndex = at::tensor(classesHit, at::kLong);
+  at::Tensor ct = ctTarget.index_select(0, rowIndex).unsqueeze(1);
+  dRows.index_add_(0, rowIndex, sim.cols.index_select(0, classIndex) * ct);
+  dWeights.index_add_(0, classIndex, sim.rows.index_select(0, rowIndex) * ct);
+
+  ctx.setResult(0, dRows.to(args.type(0)));
+  ctx.setResult(1, dWeights.to(args.type(1)));
+  ctx.setResult(2, scalarResult(dScale, args.type(2)));
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Public functions
+//===----------------------------------------------------------------------===//
+
+TileShape fusedTileShape(size_t elementSize) {
+  if (const char *value = std::getenv("DLOSS_TILE"); value && *value)
+    return parseTile(value);
+  // One tile in about half the L2 cache leaves room for the operand blocks.
+  int64_t budget = l2CacheBytes() / 2 / static_cast<int64_t>(elementSize);
+  int64_t rows = std::clamp<int64_t>(budget / 512, 32, 256);
+  int64_t cols = std::max<int64_t>(64, budget / rows / 64 * 64);
+  return {rows, cols};
+}
+
+void addFusedKernels(std::unordered_map<std::string, KernelRule> &table) {
+  auto rule = [](void (*fn)(KernelContext &), int operands, int results,
+                 ShapeFlow flow = ShapeFlow::None) {
+    return KernelRule{[fn](const StepAttrs &) -> Kernel { return fn; },
+                      operands, operands, results, flow};
+  };
+  table.emplace("dloss.ring_softmax_ce", rule(ringSoftmaxCE, 5, 4));
+  // The backward ops' result 0 (d rows) has the shape of operand 0 (rows).
+  table.emplace("dloss.ring_softmax_ce_grad",
+                rule(ringSoftmaxCEGrad, 9, 3, ShapeFlow::Operand0));
+  table.emplace("dloss.ring_sigmoid_pairs", rule(ringSigmoidPairs, 5, 2));
+  table.emplace("dloss.ring_sigmoid_pairs_grad",
+                rule(ringSigmoidPairsGrad, 7, 4, ShapeFlow::Operand0));
+  table.emplace("dloss.sharded_softmax", rule(shardedSoftmax, 4, 2));
+  table.emplace("dloss.sharded_softmax_grad",
+                rule(shardedSoftmaxGrad, 7, 3, ShapeFlow::Operand0));
+}
+
+} // namespace dloss

@@ -1,0 +1,455 @@
+// The fused ring-tiled kernels on real Gloo processes, against ATen (and its
+// autograd) on the global matrices.
+#include "PlanTestUtil.h"
+
+#include "runtime/Error.h"
+#include "runtime/FusedKernels.h"
+#include "test/runtime/MultiProcess.h"
+
+#include <torch/csrc/autograd/autograd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <limits>
+#include <numeric>
+#include <optional>
+
+namespace {
+
+using namespace dloss::test;
+using dloss::Communicator;
+
+constexpr int64_t kWidth = 6;
+
+/// How results are compared: f64 absolutely, f32 relative to the largest
+/// magnitude of the reference.
+struct Precision {
+  at::ScalarType type;
+  double forward;
+  double gradient;
+  bool relative;
+};
+const Precision kF64{at::kDouble, 1e-10, 1e-9, false};
+const Precision kF32{at::kFloat, 1e-5, 1e-5, true};
+
+/// Every rank's size along axis 0 of the two sharded operands.
+struct Layout {
+  std::vector<int64_t> rows, cols;
+};
+
+std::vector<int64_t> firstOf(std::vector<int64_t> sizes, int worldSize) {
+  sizes.resize(worldSize);
+  return sizes;
+}
+
+/// Uneven shards, then uneven shards where a rank holds none (N >= 2).
+std::vector<Layout> layouts(int worldSize) {
+  return {{firstOf({5, 3, 7, 1}, worldSize), firstOf({4, 6, 2, 5}, worldSize)},
+          {firstOf({4, 0, 6, 2}, worldSize), firstOf({3, 5, 0, 4}, worldSize)}};
+}
+
+std::string describe(const Layout &layout) {
+  auto list = [](const std::vector<int64_t> &sizes) {
+    std::string out;
+    for (int64_t size : sizes)
+      out += (out.empty() ? "" : ",") + std::to_string(size);
+    return out;
+  };
+  return "rows {" + list(layout.rows) + "} cols {" + list(layout.cols) + "}";
+}
+
+// Tiny tiles cross every block edge; the default one (DLOSS_TILE unset)
+// covers these problems in one tile.
+const std::vector<std::string> kTiles = {"3x4", "1x1", ""};
+
+/// Sets DLOSS_TILE for its lifetime ("" unsets it), then restores it.
+class TileEnv {
+public:
+  explicit TileEnv(const std::string &tile) {
+    if (const char *old = std::getenv("DLOSS_TILE"))
+      previous = old;
+    set(tile);
+  }
+  ~TileEnv() { set(previous.value_or("")); }
+
+private:
+  static void set(const std::string &tile) {
+    if (tile.empty())
+      ::unsetenv("DLOSS_TILE");
+    else
+      ::setenv("DLOSS_TILE", tile.c_str(), 1);
+  }
+  std::optional<std::string> previous;
+};
+
+int64_t total(const std::vector<int64_t> &sizes) {
+  return std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+}
+
+/// Rank `rank`'s rows of `global`, sharded by `sizes`.
+at::Tensor shard(const at::Tensor &global, const std::vector<int64_t> &sizes,
+                 int rank) {
+  int64_t offset =
+      std::accumulate(sizes.begin(), sizes.begin() + rank, int64_t{0});
+  return global.narrow(0, offset, sizes[rank]).contiguous();
+}
+
+/// Standard normal values of the tested precision, held in f64 so that the
+/// reference sees exactly the kernel's inputs.
+at::Tensor randn(std::vector<int64_t> shape, const Precision &precision) {
+  return at::randn(shape, at::TensorOptions(at::kDouble))
+      .to(precision.type)
+      .to(at::kDouble);
+}
+
+at::Tensor leaf(const at::Tensor &value) {
+  return value.clone().requires_grad_(true);
+}
+
+/// Runs one fused step through a plan and an executor. Operands listed in
+/// `replicated` are the same on every rank; the others may differ along
+/// axis 0.
+std::vector<at::Tensor> runFused(Communicator &comm, const std::string &op,
+                                 const std::vector<at::Tensor> &operands,
+                                 int numResults,
+                                 const std::vector<size_t> &replicated = {}) {
+  FunctionSpec function;
+  StepSpec step;
+  step.op = op;
+  for (size_t i = 0; i < operands.size(); ++i) {
+    bool same =
+        std::find(replicated.begin(), replicated.end(), i) != replicated.end();
+    std::vector<int64_t> dynamic;
+    if (operands[i].dim() > 0 && !same)
+      dynamic.push_back(0);
+    ArgSpec arg = tensorArg("arg" + std::to_string(i), operands[i], dynamic);
+    arg.replicated = same;
+    function.args.push_back(arg);
+    step.operands.push_back(static_cast<int32_t>(i));
+  }
+  for (int j = 0; j < numResults; ++j)
+    step.results.push_back(static_cast<int32_t>(operands.size()) + j);
+  function.results = step.results;
+  function.numRegisters = static_cast<int32_t>(operands.size()) + numResults;
+  function.steps = {step};
+  dloss::Executor executor(buildPlan({function}), comm);
+  return executor.run("f", operands);
+}
+
+/// `got` (in the tested type) against the f64 reference `want`.
+void expectClose(const at::Tensor &got, const at::Tensor &want, double tol,
+                 const Precision &precision, const std::string &what) {
+  CHILD_CHECK(got.scalar_type() == precision.type,
+              what << ": dtype " << got.scalar_type());
+  CHILD_CHECK(got.sizes() == want.sizes(), what << ": shape " << got.sizes()
+                                                << ", expected "
+                                                << want.sizes());
+  at::Tensor actual = got.to(at::kDouble), expected = want.detach();
+  if (precision.relative && expected.numel() > 0)
+    tol *= std::max(1.0, expected.abs().max().item<double>());
+  // Equal infinities are close; the error is over the other elements.
+  at::Tensor differ = actual != expected;
+  double error =
+      differ.any().item<bool>()
+          ? (actual - expected).abs().masked_select(differ).max().item<double>()
+          : 0.0;
+  CHILD_CHECK(at::allclose(actual, expected, 0, tol),
+              what << ": max error " << error << " > " << tol << "\ngot\n"
+                   << actual << "\nexpected\n"
+                   << expected);
+}
+
+/// The sum of every rank's `partial`.
+at::Tensor summed(Communicator &comm, const at::Tensor &partial) {
+  return comm.allReduce(partial, dloss::Reduction::Sum);
+}
+
+/// One case: this rank's shards of the global inputs, and the comparisons.
+struct Case {
+  Communicator &comm;
+  const Layout &layout;
+  const Precision &precision;
+  std::string context;
+
+  int rank() const { return comm.rank(); }
+  at::Tensor byRow(const at::Tensor &t) const {
+    return shard(t, layout.rows, rank());
+  }
+  at::Tensor byCol(const at::Tensor &t) const {
+    return shard(t, layout.cols, rank());
+  }
+  /// A float input of the tested type.
+  at::Tensor in(const at::Tensor &t) const { return t.to(precision.type); }
+
+  void expectForward(const at::Tensor &got, const at::Tensor &want,
+                     const std::string &what) const {
+    expectClose(got, want, precision.forward, precision, context + ": " + what);
+  }
+  void expectGradient(const at::Tensor &got, const at::Tensor &want,
+                      const std::string &what) const {
+    expectClose(got, want, precision.gradient, precision,
+                context + ": " + what);
+  }
+  /// Every rank's partial gradient `got`, summed, against `want`.
+  void expectSummed(const at::Tensor &got, const at::Tensor &want,
+                    const std::string &what) const {
+    expectGradient(summed(comm, got), want, what + " summed over ranks");
+  }
+};
+
+/// Runs `check(case)` for every layout and tile.
+template <typename Check>
+void forEachCase(Communicator &comm, const Precision &precision,
+                 const std::vector<std::string> &tiles, Check &&check) {
+  for (const Layout &layout : layouts(comm.worldSize()))
+    for (const std::string &tile : tiles) {
+      TileEnv env(tile);
+      check(Case{comm, layout, precision,
+                 "rank " + std::to_string(comm.rank()) + ", " +
+                     describe(layout) + ", tile '" + tile + "'"});
+    }
+}
+
+//===----------------------------------------------------------------------===//
+// The checks, one per forward/backward pair
+//===----------------------------------------------------------------------===//
+
+void checkRingSoftmaxCE(const Case &c) {
+  const int64_t numRows = total(c.layout.rows), numCols = total(c.layout.cols);
+  at::manual_seed(11);
+  at::Tensor rows = randn({numRows, kWidth}, c.precision);
+  at::Tensor cols = randn({numCols, kWidth}, c.precision);
+  at::Tensor scale = at::scalar_tensor(1.75, at::kDouble);
+  at::Tensor rowTargets = at::randint(numCols, {numRows}, at::kLong);
+  at::Tensor colTargets = at::randint(numRows, {numCols}, at::kLong);
+  at::Tensor ctRow = randn({numRows}, c.precision);
+  at::Tensor ctCol = randn({numCols}, c.precision);
+
+  at::Tensor R = leaf(rows), C = leaf(cols), s = leaf(scale);
+  at::Tensor L = s * R.mm(C.t());
+  at::Tensor rowLse = L.logsumexp(1), colLse = L.logsumexp(0);
+  at::Tensor rowCe = rowLse - L.gather(1, rowTargets.unsqueeze(1)).squeeze(1);
+  at::Tensor colCe = colLse - L.gather(0, colTargets.unsqueeze(0)).squeeze(0);
+  ((ctRow * rowCe).sum() + (ctCol * colCe).sum()).backward({}, /*retain_graph=*/true);
+
+  std::vector<at::Tensor> operands = {c.in(c.byRow(rows)), c.in(c.byCol(cols)),
+                                      c.in(scale), c.byRow(rowTargets),
+                                      c.byCol(colTargets)};
+  std::vector<at::Tensor> forward =
+      runFused(c.comm, "dloss.ring_softmax_ce", operands, 4);
+  c.expectForward(forward[0], c.byRow(rowCe), "row_ce");
+  c.expectForward(forward[1], c.byCol(colCe), "col_ce");
+  c.expectForward(forward[2], c.byRow(rowLse), "row_lse");
+  c.expectForward(forward[3], c.byCol(colLse), "col_lse");
+
+  operands.insert(operands.end(), {forward[2], forward[3], c.in(c.byRow(ctRow)),
+                                   c.in(c.byCol(ctCol))});
+  std::vector<at::Tensor> backward =
+      runFused(c.comm, "dloss.ring_softmax_ce_grad", operands, 3);
+  c.expectGradient(backward[0], c.byRow(R.grad()), "d_rows");
+  c.expectGradient(backward[1], c.byCol(C.grad()), "d_cols");
+  c.expectSummed(backward[2], s.grad(), "d_scale");
+
+  // Each rank's own share of d_scale is the gradient of its own rows' and
+  // columns' losses, as in the unfused plan (each rank differentiates the
+  // cross-entropies of the rows it holds).
+  at::Tensor rowMine = at::zeros({numRows}, at::kDouble);
+  at::Tensor colMine = at::zeros({numCols}, at::kDouble);
+  shard(rowMine, c.layout.rows, c.rank()).fill_(1);
+  shard(colMine, c.layout.cols, c.rank()).fill_(1);
+  at::Tensor share = torch::autograd::grad(
+      {(ctRow * rowMine * rowCe).sum() + (ctCol * colMine * colCe).sum()}, {s},
+      {}, /*retain_graph=*/false)[0];
+  c.expectGradient(backward[2], share, "d_scale share");
+}
+
+void checkRingSigmoidPairs(const Case &c) {
+  const int64_t numRows = total(c.layout.rows), numCols = total(c.layout.cols);
+  at::manual_seed(12);
+  // A large scale: many |L| > 20, where a naive softplus loses digits.
+  at::Tensor rows = randn({numRows, kWidth}, c.precision);
+  at::Tensor cols = randn({numCols, kWidth}, c.precision);
+  at::Tensor scale = at::scalar_tensor(4.5, at::kDouble);
+  at::Tensor bias = at::scalar_tensor(-2.25, at::kDouble);
+  at::Tensor targets = at::randint(numCols, {numRows}, at::kLong);
+  at::Tensor ctPair = randn({numRows}, c.precision);
+  at::Tensor ctPositive = randn({numRows}, c.precision);
+
+  at::Tensor R = leaf(rows), C = leaf(cols), s = leaf(scale), b = leaf(bias);
+  at::Tensor L = s * R.mm(C.t()) + b;
+  at::Tensor pairSum = (L.clamp_min(0) + (-L.abs()).exp().log1p()).sum(1);
+  at::Tensor positive = L.gather(1, targets.unsqueeze(1)).squeeze(1);
+  ((ctPair * pairSum).sum() + (ctPositive * positive).sum()).backward();
+
+  std::vector<at::Tensor> operands = {c.in(c.byRow(rows)), c.in(c.byCol(cols)),
+                                      c.in(scale), c.in(bias),
+                                      c.byRow(targets)};
+  std::vector<at::Tensor> forward =
+      runFused(c.comm, "dloss.ring_sigmoid_pairs", operands, 2);
+  c.expectForward(forward[0], c.byRow(pairSum), "pair_sum");
+  c.expectForward(forward[1], c.byRow(positive), "positive");
+
+  operands.insert(operands.end(),
+                  {c.in(c.byRow(ctPair)), c.in(c.byRow(ctPositive))});
+  std::vector<at::Tensor> backward =
+      runFused(c.comm, "dloss.ring_sigmoid_pairs_grad", operands, 4);
+  c.expectGradient(backward[0], c.byRow(R.grad()), "d_rows");
+  c.expectGradient(backward[1], c.byCol(C.grad()), "d_cols");
+  c.expectSummed(backward[2], s.grad(), "d_scale");
+  c.expectSummed(backward[3], b.grad(), "d_bias");
+}
+
+/// The layout's `cols` are the class shards; the batch (7 rows) is the same
+/// on every rank.
+void checkShardedSoftmax(const Case &c) {
+  const int64_t batch = 7, classes = total(c.layout.cols);
+  at::manual_seed(13);
+  at::Tensor rows = randn({batch, kWidth}, c.precision);
+  at::Tensor weights = randn({classes, kWidth}, c.precision);
+  at::Tensor scale = at::scalar_tensor(2.5, at::kDouble);
+  at::Tensor targets = at::randint(classes, {batch}, at::kLong);
+  at::Tensor ctLse = randn({batch}, c.precision);
+  at::Tensor ctTarget = randn({batch}, c.precision);
+
+  at::Tensor R = leaf(rows), W = leaf(weights), s = leaf(scale);
+  at::Tensor L = s * R.mm(W.t());
+  at::Tensor isTarget =
+      at::zeros_like(L, at::kBool).scatter_(1, targets.unsqueeze(1), true);
+  at::Tensor lseRest =
+      L.masked_fill(isTarget, -std::numeric_limits<double>::infinity())
+          .logsumexp(1);
+  at::Tensor targetDot = (R * W.index_select(0, targets)).sum(1);
+  ((ctLse * lseRest).sum() + (ctTarget * targetDot).sum()).backward();
+
+  // rows, scale and targets (and the backward's vectors) are replicated.
+  std::vector<at::Tensor> operands = {c.in(rows), c.in(c.byCol(weights)),
+                                      c.in(scale), targets};
+  std::vector<at::Tensor> forward =
+      runFused(c.comm, "dloss.sharded_softmax", operands, 2, {0, 2, 3});
+  c.expectForward(forward[0], lseRest, "lse_rest");
+  c.expectForward(forward[1], targetDot, "target_dot");
+
+  operands.insert(operands.end(), {forward[0], c.in(ctLse), c.in(ctTarget)});
+  std::vector<at::Tensor> backward = runFused(
+      c.comm, "dloss.sharded_softmax_grad", operands, 3, {0, 2, 3, 4, 5, 6});
+  c.expectSummed(backward[0], R.grad(), "d_rows");
+  c.expectGradient(backward[1], c.byCol(W.grad()), "d_weights");
+  c.expectSummed(backward[2], s.grad(), "d_scale");
+}
+
+//===----------------------------------------------------------------------===//
+// Tests
+//===----------------------------------------------------------------------===//
+
+class FusedKernelTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(FusedKernelTest, RingSoftmaxCEMatchesGlobalReference) {
+  runGloo(GetParam(), [](Communicator &comm) {
+    forEachCase(comm, kF64, kTiles, checkRingSoftmaxCE);
+  });
+}
+
+TEST_P(FusedKernelTest, RingSigmoidPairsMatchesGlobalReference) {
+  runGloo(GetParam(), [](Communicator &comm) {
+    forEachCase(comm, kF64, kTiles, checkRingSigmoidPairs);
+  });
+}
+
+TEST_P(FusedKernelTest, ShardedSoftmaxMatchesGlobalReference) {
+  runGloo(GetParam(), [](Communicator &comm) {
+    forEachCase(comm, kF64, kTiles, checkShardedSoftmax);
+  });
+}
+
+// One class in all (on rank 0, none elsewhere): nothing but the target is
+// left, so lse_rest is -inf, and the target dot is still exact.
+TEST_P(FusedKernelTest, ShardedSoftmaxWithOneClassGivesMinusInfinity) {
+  int worldSize = GetParam();
+  runGloo(worldSize, [&](Communicator &comm) {
+    at::manual_seed(14);
+    at::Tensor rows = at::randn({4, kWidth}, at::kDouble);
+    at::Tensor weight = at::randn({1, kWidth}, at::kDouble);
+    at::Tensor mine = comm.rank() == 0 ? weight : weight.narrow(0, 0, 0);
+    at::Tensor targets = at::zeros({4}, at::kLong);
+    std::vector<at::Tensor> forward =
+        runFused(comm, "dloss.sharded_softmax",
+                 {rows, mine, at::scalar_tensor(3.0, at::kDouble), targets}, 2,
+                 {0, 2, 3});
+    double inf = std::numeric_limits<double>::infinity();
+    expectClose(forward[0], at::full({4}, -inf, at::kDouble), 0, kF64,
+                "lse_rest");
+    expectClose(forward[1], rows.mv(weight[0]), 1e-12, kF64, "target_dot");
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, FusedKernelTest,
+                         ::testing::Values(1, 2, 3, 4),
+                         [](const ::testing::TestParamInfo<int> &info) {
+                           return "N" + std::to_string(info.param);
+                         });
+
+// f32 inputs compute in f32: within 1e-5 of the f64 reference, relative.
+TEST(FusedKernelF32Test, EveryKernelMatchesTheF64Reference) {
+  runGloo(3, [](Communicator &comm) {
+    std::vector<std::string> tiles = {"3x4", ""};
+    forEachCase(comm, kF32, tiles, checkRingSoftmaxCE);
+    forEachCase(comm, kF32, tiles, checkRingSigmoidPairs);
+    forEachCase(comm, kF32, tiles, checkShardedSoftmax);
+  });
+}
+
+// Every rank passes a target past the last column: each raises before any
+// transfer, naming the op, its rank and the value.
+TEST(FusedKernelErrorTest, OutOfRangeTargetNamesOpRankAndValue) {
+  runGloo(2, [](Communicator &comm) {
+    const std::vector<int64_t> sizes = {2, 3};
+    int64_t mine = sizes[comm.rank()];
+    at::Tensor rows = at::randn({mine, kWidth}, at::kDouble);
+    at::Tensor targets = at::zeros({mine}, at::kLong);
+    targets[mine - 1] = 5; // 5 columns in all: one past the end.
+    std::string message = errorOf([&] {
+      runFused(comm, "dloss.ring_softmax_ce",
+               {rows, rows, at::scalar_tensor(1.0, at::kDouble), targets,
+                at::zeros({mine}, at::kLong)},
+               4);
+    });
+    std::string rank = "rank " + std::to_string(comm.rank());
+    std::string value = "row_targets[" + std::to_string(mine - 1) + "] = 5";
+    for (const std::string &part :
+         {rank, std::string("op dloss.ring_softmax_ce"), value,
+          std::string("out of range [0, 5)")})
+      CHILD_CHECK(message.find(part) != std::string::npos,
+                  "'" << part << "' missing from: " << message);
+  });
+}
+
+TEST(FusedTileTest, DefaultFitsTheCacheAndTheEnvironmentOverridesIt) {
+  TileEnv unset("");
+  dloss::TileShape f32 = dloss::fusedTileShape(sizeof(float));
+  dloss::TileShape f64 = dloss::fusedTileShape(sizeof(double));
+  std::printf(
+      "default tiles: f32 %lldx%lld, f64 %lldx%lld\n",
+      static_cast<long long>(f32.rows), static_cast<long long>(f32.cols),
+      static_cast<long long>(f64.rows), static_cast<long long>(f64.cols));
+  for (dloss::TileShape tile : {f32, f64}) {
+    EXPECT_EQ(tile.cols % 64, 0);
+    EXPECT_GE(tile.rows, 32);
+    EXPECT_LE(tile.rows, 256);
+  }
+  {
+    TileEnv env("3x5");
+    dloss::TileShape tile = dloss::fusedTileShape(sizeof(float));
+    EXPECT_EQ(tile.rows, 3);
+    EXPECT_EQ(tile.cols, 5);
+  }
+  for (const char *bad : {"3x", "x5", "0x5", "3x-1", "35", "3x5x"}) {
+    TileEnv env(bad);
+    std::string message = errorOf([] { dloss::fusedTileShape(sizeof(float)); });
+    EXPECT_NE(message.find(std::string("DLOSS_TILE='") + bad + "'"),
+              std::string::npos)
+        << message;
+  }
+}
+
+} // namespace
