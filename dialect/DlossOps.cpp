@@ -528,6 +528,14 @@ struct FusedChecks {
              << Type(type);
     return success();
   }
+  /// The operands every fused op starts with: two feature matrices of one
+  /// feature size and a 0-d scale.
+  LogicalResult similarity(Value rows, Value cols, StringRef colsName, Value scale) {
+    return success(succeeded(features(rows, "rows")) &&
+                   succeeded(features(cols, colsName)) &&
+                   succeeded(sameFeatureSize(rows, cols)) &&
+                   succeeded(this->scalar(scale, "scale")));
+  }
   LogicalResult like(Value value, Value reference, StringRef name) {
     if (value.getType() != reference.getType())
       return op->emitOpError() << name << " must have type " << reference.getType()
@@ -543,10 +551,7 @@ FusedChecks fusedChecks(Operation *op, Value features) {
 
 LogicalResult RingSoftmaxCEOp::verify() {
   FusedChecks c = fusedChecks(*this, getRows());
-  return success(succeeded(c.features(getRows(), "rows")) &&
-                 succeeded(c.features(getCols(), "cols")) &&
-                 succeeded(c.sameFeatureSize(getRows(), getCols())) &&
-                 succeeded(c.scalar(getScale(), "scale")) &&
+  return success(succeeded(c.similarity(getRows(), getCols(), "cols", getScale())) &&
                  succeeded(c.vector(getRowTargets(), "row_targets", true)) &&
                  succeeded(c.vector(getColTargets(), "col_targets", true)) &&
                  succeeded(c.vector(getRowCe(), "row_ce")) &&
@@ -557,10 +562,7 @@ LogicalResult RingSoftmaxCEOp::verify() {
 
 LogicalResult RingSoftmaxCEGradOp::verify() {
   FusedChecks c = fusedChecks(*this, getRows());
-  return success(succeeded(c.features(getRows(), "rows")) &&
-                 succeeded(c.features(getCols(), "cols")) &&
-                 succeeded(c.sameFeatureSize(getRows(), getCols())) &&
-                 succeeded(c.scalar(getScale(), "scale")) &&
+  return success(succeeded(c.similarity(getRows(), getCols(), "cols", getScale())) &&
                  succeeded(c.vector(getRowTargets(), "row_targets", true)) &&
                  succeeded(c.vector(getColTargets(), "col_targets", true)) &&
                  succeeded(c.vector(getRowLse(), "row_lse")) &&
@@ -574,10 +576,7 @@ LogicalResult RingSoftmaxCEGradOp::verify() {
 
 LogicalResult RingSigmoidPairsOp::verify() {
   FusedChecks c = fusedChecks(*this, getRows());
-  return success(succeeded(c.features(getRows(), "rows")) &&
-                 succeeded(c.features(getCols(), "cols")) &&
-                 succeeded(c.sameFeatureSize(getRows(), getCols())) &&
-                 succeeded(c.scalar(getScale(), "scale")) &&
+  return success(succeeded(c.similarity(getRows(), getCols(), "cols", getScale())) &&
                  succeeded(c.scalar(getBias(), "bias")) &&
                  succeeded(c.vector(getTargets(), "targets", true)) &&
                  succeeded(c.vector(getPairSum(), "pair_sum")) &&
@@ -586,10 +585,7 @@ LogicalResult RingSigmoidPairsOp::verify() {
 
 LogicalResult RingSigmoidPairsGradOp::verify() {
   FusedChecks c = fusedChecks(*this, getRows());
-  return success(succeeded(c.features(getRows(), "rows")) &&
-                 succeeded(c.features(getCols(), "cols")) &&
-                 succeeded(c.sameFeatureSize(getRows(), getCols())) &&
-                 succeeded(c.scalar(getScale(), "scale")) &&
+  return success(succeeded(c.similarity(getRows(), getCols(), "cols", getScale())) &&
                  succeeded(c.scalar(getBias(), "bias")) &&
                  succeeded(c.vector(getTargets(), "targets", true)) &&
                  succeeded(c.vector(getCtPair(), "ct_pair")) &&
@@ -602,10 +598,7 @@ LogicalResult RingSigmoidPairsGradOp::verify() {
 
 LogicalResult ShardedSoftmaxOp::verify() {
   FusedChecks c = fusedChecks(*this, getRows());
-  return success(succeeded(c.features(getRows(), "rows")) &&
-                 succeeded(c.features(getWeights(), "weights")) &&
-                 succeeded(c.sameFeatureSize(getRows(), getWeights())) &&
-                 succeeded(c.scalar(getScale(), "scale")) &&
+  return success(succeeded(c.similarity(getRows(), getWeights(), "weights", getScale())) &&
                  succeeded(c.vector(getTargets(), "targets", true)) &&
                  succeeded(c.vector(getLseRest(), "lse_rest")) &&
                  succeeded(c.vector(getTargetDot(), "target_dot")));
@@ -613,10 +606,7 @@ LogicalResult ShardedSoftmaxOp::verify() {
 
 LogicalResult ShardedSoftmaxGradOp::verify() {
   FusedChecks c = fusedChecks(*this, getRows());
-  return success(succeeded(c.features(getRows(), "rows")) &&
-                 succeeded(c.features(getWeights(), "weights")) &&
-                 succeeded(c.sameFeatureSize(getRows(), getWeights())) &&
-                 succeeded(c.scalar(getScale(), "scale")) &&
+  return success(succeeded(c.similarity(getRows(), getWeights(), "weights", getScale())) &&
                  succeeded(c.vector(getTargets(), "targets", true)) &&
                  succeeded(c.vector(getLseRest(), "lse_rest")) &&
                  succeeded(c.vector(getCtLse(), "ct_lse")) &&

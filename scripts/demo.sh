@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: install, build, then run the CLIP loss on 4
-# local ranks (processes, Gloo on loopback) with uneven batches, and check its
-# gradients against one process on the concatenated global batch.
+# The main job on a fresh machine: install, build, then run the fused CLIP loss
+# on 4 local ranks (processes, Gloo on loopback) with uneven batches, check its
+# gradients against one process on the concatenated global batch, and check
+# the fused plan against the unfused one on the same inputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,9 +10,16 @@ bash scripts/setup.sh
 bash scripts/build.sh >/dev/null
 BUILD=${DLOSS_BUILD_DIR:-build}
 
-echo "== dlossc: the derived backward of examples/clip.mlir (excerpt)"
-"$BUILD/bin/dlossc" examples/clip.mlir --emit=backward | grep -E "func.func|reduce_scatter|world_size" | head -8
+echo "== dlossc: the derived backward of examples/clip.mlir, fused (excerpt)"
+"$BUILD/bin/dlossc" examples/clip.mlir --emit=backward | grep -E "func.func|dloss.ring_|world_size" | cut -c1-150
 
-echo "== dloss-run: CLIP on 4 ranks, batches 256/192/320/128, d=128, --check"
+echo "== dlossc --report: fused vs unfused at B_local=4096, 4 ranks, d=256 (summary)"
+"$BUILD/bin/dlossc" examples/clip.mlir --report --report-world 4 --report-batch 4096 --report-dim 256 | grep -E "^@"
+
+echo "== dloss-run: fused CLIP on 4 ranks, batches 256/192/320/128, d=128, --check"
 /usr/bin/python3 examples/run_example.py "$BUILD/bin/dloss-run" examples/clip.mlir \
   --sizes 256,192,320,128 --dim 128 --iters 10 --out "$BUILD/demo"
+
+echo "== fused vs unfused (--no-fuse) on the same inputs"
+/usr/bin/python3 test/e2e/fused_vs_unfused.py "$BUILD/bin/dloss-run" "$BUILD/bin/dlossc" \
+  examples/clip.mlir --sizes 256,192,320,128 --dim 128 --out "$BUILD/demo-fused" | tail -1
