@@ -22,7 +22,7 @@ func.func @partialfc(%embeddings: tensor<?x?xf32> {dloss.grad},
     attributes {dloss.loss} {
   %x = dloss.l2_normalize %embeddings axis 1 : tensor<?x?xf32>
   %x_all = dloss.all_gather %x axis 0 : tensor<?x?xf32>
-  %y_all = dloss.all_gather %labels axis 0 grad none : tensor<?xi64>
+  %y_all = dloss.all_gather %labels axis 0 : tensor<?xi64>
   %w = dloss.l2_normalize %weights axis 1 : tensor<?x?xf32>
 
   // This rank's classes against the global batch, then every class.

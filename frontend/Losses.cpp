@@ -57,7 +57,7 @@ Graph margin(const MarginOptions &o) {
     // Every shard scores the whole global batch against its own classes;
     // the class axis is the all_gather of those blocks.
     rows = g.allGather(rows, 0);
-    labels = g.allGather(labels, 0, GatherGrad::None);
+    labels = g.allGather(labels, 0);
   }
   Tensor cos = g.matmul(rows, g.l2Normalize(w, 1), false, true);
   if (o.shardedClasses)

@@ -136,6 +136,10 @@ def parse_args(argv, file_args):
                    help="with --runtime: extra dloss-run flags, split like a "
                         "shell (repeatable; the self-test passes '--grad-mode "
                         "global' for a ddp loss, which must then fail)")
+    p.add_argument("--no-fuse", action="store_true",
+                   help="derive without dloss-fuse-gather-similarity "
+                        "(dloss-derive-backward{fuse=false}; with --runtime, "
+                        "dloss-run --no-fuse): the unfused ops' rules")
     p.add_argument("--runtime-timeout", type=int, default=120,
                    help="with --runtime: seconds one dloss-run may take")
     p.add_argument("--keep-runs", default=None, metavar="DIR",
@@ -371,7 +375,7 @@ def run_runtime(opts, fwd, names, per_rank, grad_args, run_dir, corrupt, gen, to
                         per_rank[r][i].numpy().astype(dtype))
             path = os.path.join(in_dir, f"{name}.rank{{rank}}.npy")
         cmd += ["--input", f"{name}={path}"]
-    for flags in opts.runtime_flag:
+    for flags in opts.runtime_flag + (["--no-fuse"] if opts.no_fuse else []):
         cmd += shlex.split(flags)
     shown = " ".join(shlex.quote(c) for c in cmd)
     with open(os.path.join(run_dir, "command.sh"), "w") as f:
@@ -544,7 +548,9 @@ def main(argv):
         elif opts.runtime_flag or opts.keep_runs:
             raise CheckError("--runtime-flag and --keep-runs need --runtime")
         source = sim.parse_module(dloss_opt(opts.dloss_opt, opts.file))
-        derived_text = dloss_opt(opts.dloss_opt, opts.file, "--dloss-derive-backward")
+        derived_text = dloss_opt(opts.dloss_opt, opts.file,
+                                 "--dloss-derive-backward=fuse=false" if opts.no_fuse
+                                 else "--dloss-derive-backward")
         for regex, replacement in opts.tamper:
             derived_text, count = re.subn(regex, replacement, derived_text)
             if not count:

@@ -602,6 +602,137 @@ COLLECTIVE_OPS = {
 MULTI_OPERAND_COLLECTIVES = {"dloss.reduce_scatter": _reduce_scatter}
 
 
+# Fused ops (dloss-fuse-gather-similarity): their meaning on the global
+# matrices, which the runtime's ring kernels compute tile by tile. Each
+# returns one tuple of results per rank.
+def _cat(args, i):
+    return torch.cat([a[i] for a in args], 0)
+
+
+def _split(x, sizes):
+    return list(torch.split(x, sizes, 0))
+
+
+def _sizes(args, i):
+    return [int(a[i].shape[0]) for a in args]
+
+
+def _at_targets(m, targets):
+    """m[i, targets[i]] for every row i."""
+    return m[torch.arange(m.shape[0]), targets.long()]
+
+
+def _onehot(shape, targets, dtype):
+    out = torch.zeros(shape, dtype=dtype)
+    out[torch.arange(shape[0]), targets.long()] = 1
+    return out
+
+
+def _per_rank_sums(x, row_sizes):
+    """sum of x's rows owned by each rank."""
+    return [part.sum() for part in _split(x, row_sizes)]
+
+
+def _ring_softmax_ce(op, args, world):
+    rows, cols, scale = _cat(args, 0), _cat(args, 1), args[0][2]
+    rt, ct = _cat(args, 3), _cat(args, 4)
+    n, m = _sizes(args, 0), _sizes(args, 1)
+    logits = scale * rows @ cols.T
+    row_lse, col_lse = torch.logsumexp(logits, 1), torch.logsumexp(logits, 0)
+    row_ce = row_lse - _at_targets(logits, rt)
+    col_ce = col_lse - _at_targets(logits.T, ct)
+    return list(zip(_split(row_ce, n), _split(col_ce, m), _split(row_lse, n),
+                    _split(col_lse, m)))
+
+
+def _ring_softmax_ce_grad(op, args, world):
+    rows, cols, scale = _cat(args, 0), _cat(args, 1), args[0][2]
+    rt, ct = _cat(args, 3), _cat(args, 4)
+    row_lse, col_lse, ct_row, ct_col = (_cat(args, i) for i in (5, 6, 7, 8))
+    n, m = _sizes(args, 0), _sizes(args, 1)
+    sim = rows @ cols.T
+    logits = scale * sim
+    by_row = ct_row[:, None] * (torch.exp(logits - row_lse[:, None])
+                                - _onehot(logits.shape, rt, logits.dtype))
+    by_col = ct_col[None, :] * (torch.exp(logits - col_lse[None, :])
+                                - _onehot(logits.T.shape, ct, logits.dtype).T)
+    grad = by_row + by_col
+    d_rows, d_cols = scale * grad @ cols, scale * grad.T @ rows
+    # Each rank's share of d scale: its rows' losses and its columns' losses.
+    shares = [a + b for a, b in zip(_per_rank_sums((by_row * sim).sum(1), n),
+                                    _per_rank_sums((by_col * sim).sum(0), m))]
+    return list(zip(_split(d_rows, n), _split(d_cols, m), shares))
+
+
+def _softplus_t(x):
+    return torch.nn.functional.softplus(x)
+
+
+def _ring_sigmoid_pairs(op, args, world):
+    rows, cols, scale, bias = _cat(args, 0), _cat(args, 1), args[0][2], args[0][3]
+    targets, n = _cat(args, 4), _sizes(args, 0)
+    logits = scale * rows @ cols.T + bias
+    return list(zip(_split(_softplus_t(logits).sum(1), n),
+                    _split(_at_targets(logits, targets), n)))
+
+
+def _ring_sigmoid_pairs_grad(op, args, world):
+    rows, cols, scale, bias = _cat(args, 0), _cat(args, 1), args[0][2], args[0][3]
+    targets, ct_pair, ct_pos = _cat(args, 4), _cat(args, 5), _cat(args, 6)
+    n, m = _sizes(args, 0), _sizes(args, 1)
+    sim = rows @ cols.T
+    logits = scale * sim + bias
+    grad = (ct_pair[:, None] * torch.sigmoid(logits)
+            + ct_pos[:, None] * _onehot(logits.shape, targets, logits.dtype))
+    d_rows, d_cols = scale * grad @ cols, scale * grad.T @ rows
+    return list(zip(_split(d_rows, n), _split(d_cols, m),
+                    _per_rank_sums((grad * sim).sum(1), n),
+                    _per_rank_sums(grad.sum(1), n)))
+
+
+def _shard_offsets(sizes):
+    return np.cumsum([0] + sizes[:-1]).tolist()
+
+
+def _sharded_softmax(op, args, world):
+    # rows and targets are the same on every rank (the gathered batch).
+    rows, weights, scale, targets = args[0][0], _cat(args, 1), args[0][2], args[0][3]
+    dots = rows @ weights.T
+    target = _onehot(dots.shape, targets, torch.bool)
+    lse_rest = torch.logsumexp((scale * dots).masked_fill(target, float("-inf")), 1)
+    target_dot = _at_targets(dots, targets)
+    return [(lse_rest, target_dot)] * world.size
+
+
+def _sharded_softmax_grad(op, args, world):
+    sizes = _sizes(args, 1)
+    outs = []
+    for a, offset, size in zip(args, _shard_offsets(sizes), sizes):
+        rows, w, scale, targets, lse_rest, ct_lse, ct_target = a
+        local = targets.long() - offset
+        mine = (local >= 0) & (local < size)
+        dots = rows @ w.T
+        p = torch.exp(scale * dots - lse_rest[:, None])
+        hit = torch.zeros_like(p, dtype=torch.bool)
+        hit[mine.nonzero().flatten(), local[mine]] = True
+        grad = ct_lse[:, None] * p.masked_fill(hit, 0)
+        onehot = ct_target[:, None] * hit.to(rows.dtype)
+        d_rows = scale * grad @ w + onehot @ w
+        d_w = scale * grad.T @ rows + onehot.T @ rows
+        outs.append((d_rows, d_w, (grad * dots).sum()))
+    return outs
+
+
+MULTI_OPERAND_COLLECTIVES.update({
+    "dloss.ring_softmax_ce": _ring_softmax_ce,
+    "dloss.ring_softmax_ce_grad": _ring_softmax_ce_grad,
+    "dloss.ring_sigmoid_pairs": _ring_sigmoid_pairs,
+    "dloss.ring_sigmoid_pairs_grad": _ring_sigmoid_pairs_grad,
+    "dloss.sharded_softmax": _sharded_softmax,
+    "dloss.sharded_softmax_grad": _sharded_softmax_grad,
+})
+
+
 class World:
     def __init__(self, size, single_device=False):
         self.size = size
@@ -669,7 +800,12 @@ def run_spmd(func, inputs, single_device=False):
             else:
                 raise SimError("unknown op: the simulator has no semantics for it")
             for env, out in zip(envs, outs):
-                env[op.results[0]] = out
+                if len(op.results) > 1:
+                    # A multi-result op returns one tuple per rank.
+                    for name, value in zip(op.results, out):
+                        env[name] = value
+                else:
+                    env[op.results[0]] = out
         except SimError as e:
             raise SimError(f"@{func.name}: {op.name}: {e}\n  at: {op.line}") from None
         except (RuntimeError, IndexError, TypeError) as e:
