@@ -524,11 +524,12 @@ RuleTable::RuleTable() {
                 "ring: 2(N-1)/N x " + bytesText(bytes)};
   });
   sent<ReduceScatterOp>([](ReduceScatterOp op, const Evaluator &e) {
-    int64_t bytes = e.bytes(op.getInput());
-    return Cost{allReduceBytes(bytes, e.worldSize()),
-                "all_reduce of the whole input, 2(N-1)/N x " +
-                    bytesText(bytes) +
-                    ", then a slice (Gloo 1.13 has no reduce_scatter)"};
+    // The ring passes N-1 partial sums of one rank's block along: (N-1)/N of
+    // the input.
+    int64_t block = e.bytes(op.getResult()), n = e.worldSize();
+    return Cost{
+        double((n - 1) * block),
+        llvm::formatv("ring: {0} x {1}", n - 1, bytesText(block)).str()};
   });
   sent<BroadcastOp>([](BroadcastOp op, const Evaluator &e) {
     int64_t bytes = e.bytes(op.getInput());
@@ -584,9 +585,26 @@ RuleTable::RuleTable() {
                 bytesText(bytes) + " log_softmax temporary (ATen)"};
   });
   workspace<ReduceScatterOp>([](ReduceScatterOp op, const Evaluator &e) {
-    int64_t bytes = e.bytes(op.getInput());
-    return Cost{double(bytes),
-                bytesText(bytes) + " all-reduced copy before the slice"};
+    // The ring holds the block going out and the one coming in; the last
+    // one comes into the result, and the first goes out of the input itself
+    // when the blocks are contiguous (nothing but size-1 dims before the
+    // axis).
+    ArrayRef<int64_t> shape = e.shape(op.getInput());
+    int64_t axis = op.getAxisAttr().getInt(); // checked by the shape rule
+    if (axis < 0)
+      axis += shape.size();
+    int64_t outer = 1;
+    for (int64_t d = 0; d < axis; ++d)
+      outer *= shape[d];
+    int64_t n = e.worldSize(), block = e.bytes(op.getResult());
+    int64_t buffers =
+        n < 2 ? 0 : std::min<int64_t>(2, outer == 1 ? n - 2 : n - 1);
+    if (!buffers)
+      return Cost{};
+    return Cost{
+        double(buffers * block),
+        llvm::formatv("{0} x {1} ring blocks", buffers, bytesText(block))
+            .str()};
   });
   auto tile = [](const ReportOptions &o, const Evaluator &e, Value rows) {
     return o.tileRows * o.tileCols * e.elementSize(rows);

@@ -86,6 +86,15 @@ public:
                                         int tag) = 0;
   virtual std::unique_ptr<Request> recv(at::Tensor &tensor, int peer, int tag) = 0;
 
+  /// Brackets a group of send/recv calls that every rank makes together (a
+  /// fused op's ring): until endExchange(), they are one numbered collective
+  /// called `name`. It counts in collectivesStarted(), has one flight-record
+  /// entry, and a failing transfer is diagnosed as a failing collective is
+  /// (its number, the call site, which peers never arrived or failed). The
+  /// default does nothing. Use ExchangeScope.
+  virtual void beginExchange(const std::string &name) { (void)name; }
+  virtual void endExchange() {}
+
   /// The number of collective calls (every method above but send and recv)
   /// this communicator has started: the sequence number of the latest one.
   /// Ranks that made the same calls agree on it, so the executor's preflight
@@ -97,6 +106,20 @@ public:
   /// error, a rejected input) with `message`, so that peers left waiting for
   /// it can name it and say why. The default does nothing.
   virtual void noteFailure(const std::string &message) { (void)message; }
+};
+
+/// Communicator::beginExchange for the lifetime of the scope.
+class ExchangeScope {
+public:
+  ExchangeScope(Communicator &comm, const std::string &name) : comm(comm) {
+    comm.beginExchange(name);
+  }
+  ~ExchangeScope() { comm.endExchange(); }
+  ExchangeScope(const ExchangeScope &) = delete;
+  ExchangeScope &operator=(const ExchangeScope &) = delete;
+
+private:
+  Communicator &comm;
 };
 
 /// How to reach the other ranks, as torchrun describes it.
@@ -130,6 +153,30 @@ struct RendezvousOptions {
 /// failed and why. The rank's last 64 collectives are written as JSON to
 /// RendezvousOptions::flightDir and the error gives the path.
 std::unique_ptr<Communicator> connectGloo(const RendezvousOptions &options);
+
+#ifdef DLOSS_HAVE_NCCL
+/// The NCCL engine for CUDA tensors on `device` (one GPU per rank, usually
+/// LOCAL_RANK): its own ncclComm_t, bootstrapped by rank 0 sharing the
+/// ncclUniqueId through a c10d TCPStore at MASTER_ADDR:MASTER_PORT (a port
+/// of its own: a Gloo communicator of the same job needs another). Rendezvous,
+/// deadlines, the dloss/seq/<rank> bookkeeping, errors and flight records
+/// are the Gloo engine's; on a deadline or a NCCL error the communicator is
+/// aborted (ncclCommAbort) and every later call fails fast.
+///
+/// Streams: NCCL runs on a communication stream of its own, ordered after
+/// the compute stream's earlier work and before its later work by CUDA
+/// events; collectives return once done (the host polls against the
+/// deadline). Point to point differs from Gloo: NCCL matches transfers per
+/// peer in issue order, not by tag, and a pending receive blocks its stream.
+/// So send() and recv() only post; the first wait() on a posted transfer, or
+/// the next collective, launches every posted transfer as one NCCL group,
+/// each peer's in tag order. A transfer and its counterpart must therefore
+/// be posted between the same launch points on both ranks (post the step's
+/// receives and sends, then wait), and wait() returns once the whole group
+/// is done. Only built when CMake finds NCCL (DLOSS_HAVE_NCCL).
+std::unique_ptr<Communicator> connectNccl(const RendezvousOptions &options,
+                                          int device);
+#endif
 
 /// The communicator of a single process (world size 1): every collective is
 /// the identity. Used for single-device reference runs.

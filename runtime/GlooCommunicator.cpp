@@ -20,6 +20,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <type_traits>
@@ -112,11 +113,14 @@ std::string describe(const std::exception &e) {
 // Helpers
 //===----------------------------------------------------------------------===//
 
-// Tags at or above this value are the engine's own (ringShift); user tags
-// stay below so a ring schedule can never steal the engine's messages.
+// Tags at or above this value are the engine's own (ringShift,
+// reduceScatter); user tags stay below so a ring schedule can never steal
+// the engine's messages.
 constexpr int kReservedTagBase = 1 << 30;
 constexpr int kRingShiftHeaderTag = kReservedTagBase;
 constexpr int kRingShiftDataTag = kReservedTagBase + 1;
+// reduceScatter's ring (ProcessGroupGloo 1.13 has no reduce_scatter).
+constexpr int kReduceScatterTag = kReservedTagBase + 2;
 // ringShift header: [ndim, dtype, sizes...]; fixed length so the receiver can
 // post it before knowing anything.
 constexpr int64_t kMaxDims = 64;
@@ -241,6 +245,9 @@ struct Call {
   int64_t seq = -1;     // the collective's number; -1 for send and recv
   uint64_t flight = 0;  // its flight recorder handle
   int64_t startUnixMs = 0;
+  /// For a send or recv inside an exchange (which gives it its number):
+  /// "send to rank 2 (tag 1024)", reported with the failure.
+  std::string transfer;
 
   /// "collective #12 allGather (in @clip_grad)".
   std::string describe() const {
@@ -366,6 +373,8 @@ public:
                                 int tag) override;
   std::unique_ptr<Request> recv(at::Tensor &tensor, int peer, int tag) override;
   int64_t collectivesStarted() const override { return started; }
+  void beginExchange(const std::string &name) override;
+  void endExchange() override;
   void noteFailure(const std::string &message) override;
 
   /// A Gloo allreduce of one element: returns once every rank has finished
@@ -451,6 +460,10 @@ private:
   int64_t failedSeq = -1;
   /// False once a store operation failed: the bookkeeping stops.
   bool storeUsable = true;
+  /// The open exchange (beginExchange), whose number its transfers carry.
+  std::optional<Call> exchange;
+  /// A send or recv's call: its own, or the open exchange's.
+  Call transferCall(std::string transfer) const;
   FlightRecorder flight;
 };
 
@@ -521,6 +534,8 @@ auto GlooCommunicator::communicate(Call &call, Body &&body)
   } catch (...) {
     detail = "unknown exception";
   }
+  if (!call.transfer.empty())
+    detail = call.transfer + ": " + detail;
   broken = call.describe() + " failed: " + detail;
   throw diagnose(call, detail);
 }
@@ -547,7 +562,33 @@ void GlooCommunicator::begin(Call &call, const at::Tensor *tensor) {
 }
 
 void GlooCommunicator::complete(Call &call) {
+  // A transfer of an exchange completes with the exchange (endExchange).
+  if (!call.transfer.empty())
+    return;
   flight.finish(call.flight, FlightEntry::State::Completed);
+}
+
+void GlooCommunicator::beginExchange(const std::string &name) {
+  Call call{name, ""};
+  begin(call, nullptr);
+  exchange = call;
+}
+
+void GlooCommunicator::endExchange() {
+  if (!exchange)
+    return;
+  // A failed exchange stays failed in the flight record.
+  if (broken.empty())
+    complete(*exchange);
+  exchange.reset();
+}
+
+Call GlooCommunicator::transferCall(std::string transfer) const {
+  if (!exchange)
+    return Call{std::move(transfer), ""};
+  Call call = *exchange;
+  call.transfer = std::move(transfer);
+  return call;
 }
 
 void GlooCommunicator::publish(int64_t seq, const std::string &state,
@@ -874,7 +915,7 @@ void GlooCommunicator::checkPeer(const Call &call, int peer, int tag) const {
                call.name + " tag " + std::to_string(tag) + " is out of range " +
                    where(),
                "Use tags in [0, 2^30); larger ones are reserved for the "
-               "engine's own ringShift");
+               "engine's own ringShift and reduceScatter");
 }
 
 at::Tensor GlooCommunicator::allGather(const at::Tensor &input, int64_t axis,
@@ -969,15 +1010,96 @@ at::Tensor GlooCommunicator::reduceScatter(const at::Tensor &input,
                    " along axis " + std::to_string(dim) + " " + where(),
                "Pass every rank's slice size in rank order; they must add up "
                "to the reduced axis");
-  // ProcessGroupGloo has no reduce_scatter (1.13): reduce everything, keep
-  // this rank's slice. The clone frees the other ranks' slices.
-  at::Tensor reduced = reduce(call, input, op);
-  int64_t offset =
-      std::accumulate(sizes.begin(), sizes.begin() + options.rank, int64_t{0});
-  at::Tensor slice = reduced.narrow(dim, offset, sizes[options.rank]).clone();
-  if (op == Reduction::Mean)
-    slice.div_(options.worldSize);
-  return slice;
+  begin(call, &input);
+  int n = options.worldSize;
+  int rank = options.rank;
+  if (n == 1) { // The only block is the whole input.
+    complete(call);
+    return input.clone(at::MemoryFormat::Contiguous);
+  }
+  // Block b is rank b's slice [offsets[b], offsets[b] + sizes[b]) of `dim`.
+  std::vector<int64_t> offsets(n, 0);
+  for (int b = 1; b < n; ++b)
+    offsets[b] = offsets[b - 1] + sizes[b - 1];
+  auto block = [&](int b) { return input.narrow(dim, offsets[b], sizes[b]); };
+  auto shapeOf = [&](int b) {
+    std::vector<int64_t> shape = input.sizes().vec();
+    shape[dim] = sizes[b];
+    return shape;
+  };
+  std::vector<int64_t> rest = input.sizes().vec();
+  rest[dim] = 1;
+  int64_t inner = c10::multiply_integers(rest); // elements per index of `dim`
+  int64_t largest = *std::max_element(sizes.begin(), sizes.end()) * inner;
+
+  return communicate(call, [&] {
+    at::Tensor result = at::empty(shapeOf(rank), input.options());
+    // A ring (as in NCCL and Horovod): in step k, rank r sends its partial
+    // sum of block (r - k - 1) mod N to rank r + 1 and adds its own share to
+    // block (r - k - 2) mod N, received from rank r - 1; after N - 1 steps
+    // the last block received, (r - N) mod N = r, holds every rank's share.
+    // Each rank sends N - 1 blocks. Besides the result it holds at most two
+    // blocks: the one going out and the one coming in, which goes out in
+    // the next step. Its own first block goes out straight from the input
+    // when it is contiguous (along the leading axis).
+    int next = (rank + 1) % n, previous = (rank - 1 + n) % n;
+    std::vector<at::Tensor> spare; // buffers whose sends have completed
+    auto take = [&] {
+      if (spare.empty())
+        return at::empty({largest}, input.options());
+      at::Tensor buffer = spare.back();
+      spare.pop_back();
+      return buffer;
+    };
+    auto inBuffer = [&](const at::Tensor &buffer, int b) {
+      return buffer.narrow(0, 0, sizes[b] * inner).view(shapeOf(b));
+    };
+    int firstBlock = (rank - 1 + n) % n;
+    at::Tensor sendData = block(firstBlock), sendBuffer;
+    if (!sendData.is_contiguous()) {
+      sendBuffer = take();
+      sendData = inBuffer(sendBuffer, firstBlock).copy_(sendData);
+    }
+    for (int k = 0; k < n - 1; ++k) {
+      int recvBlock = (rank - k - 2 + 2 * n) % n;
+      bool last = k == n - 2;
+      at::Tensor recvBuffer = last ? at::Tensor() : take();
+      at::Tensor recvData = last ? result : inBuffer(recvBuffer, recvBlock);
+      // Every rank knows every block's size, so both ends skip empty ones.
+      std::vector<at::Tensor> recvWire{toWire(recvData)};
+      std::vector<at::Tensor> sendWire{toWire(sendData)};
+      c10::intrusive_ptr<c10d::Work> in, out;
+      // Receives are posted before sends, so no cycle of the ring waits.
+      if (recvData.numel() > 0)
+        in = group->recv(recvWire, previous, kReduceScatterTag);
+      if (sendData.numel() > 0)
+        out = group->send(sendWire, next, kReduceScatterTag);
+      if (in)
+        awaitTransfer(in);
+      at::Tensor own = block(recvBlock);
+      switch (op) {
+      case Reduction::Sum:
+      case Reduction::Mean:
+        recvData.add_(own);
+        break;
+      case Reduction::Max:
+        at::maximum_out(recvData, recvData, own);
+        break;
+      case Reduction::Min:
+        at::minimum_out(recvData, recvData, own);
+        break;
+      }
+      if (out)
+        awaitTransfer(out);
+      if (sendBuffer.defined())
+        spare.push_back(sendBuffer);
+      sendData = recvData;
+      sendBuffer = recvBuffer;
+    }
+    if (op == Reduction::Mean)
+      result.div_(n);
+    return result;
+  });
 }
 
 at::Tensor GlooCommunicator::broadcast(const at::Tensor &input, int root) {
@@ -1098,9 +1220,8 @@ GlooCommunicator::allGatherInts(const std::vector<int64_t> &values) {
 
 std::unique_ptr<Communicator::Request>
 GlooCommunicator::send(const at::Tensor &tensor, int peer, int tag) {
-  Call call{"send to rank " + std::to_string(peer) + " (tag " +
-                std::to_string(tag) + ")",
-            ""};
+  Call call = transferCall("send to rank " + std::to_string(peer) + " (tag " +
+                           std::to_string(tag) + ")");
   checkCpu(call, tensor);
   checkPeer(call, peer, tag);
   // The request keeps `wire` alive until Gloo has read it.
@@ -1118,9 +1239,8 @@ GlooCommunicator::send(const at::Tensor &tensor, int peer, int tag) {
 
 std::unique_ptr<Communicator::Request>
 GlooCommunicator::recv(at::Tensor &tensor, int peer, int tag) {
-  Call call{"recv from rank " + std::to_string(peer) + " (tag " +
-                std::to_string(tag) + ")",
-            ""};
+  Call call = transferCall("recv from rank " + std::to_string(peer) +
+                           " (tag " + std::to_string(tag) + ")");
   checkCpu(call, tensor);
   checkPeer(call, peer, tag);
   // Receive in place when Gloo can; otherwise stage and copy in wait().

@@ -187,34 +187,175 @@ TEST(GlooCommunicatorTest, AllReduceInt64) {
     });
 }
 
+// Non-integer values, so that a float sum depends on its order and a wrong
+// block or a dropped contribution cannot cancel out.
+at::Tensor fractionalData(int rank, at::IntArrayRef shape,
+                          at::ScalarType type) {
+  at::Tensor index =
+      at::arange(c10::multiply_integers(shape), at::kDouble).reshape(shape);
+  return (rankData(rank, shape, at::kDouble) * 0.37 + index * 0.011 +
+          0.123 * rank)
+      .to(type);
+}
+
+// `op` of every rank's `data(r)`, reduced in double (exact for the small
+// integers of the integer cases), then rank `rank`'s slice of `dim`.
+at::Tensor reduceScatterReference(const std::function<at::Tensor(int)> &data,
+                                  int worldSize, Reduction op, int64_t dim,
+                                  const std::vector<int64_t> &sizes, int rank) {
+  std::vector<at::Tensor> pieces;
+  for (int r = 0; r < worldSize; ++r)
+    pieces.push_back(data(r).to(at::kDouble));
+  at::Tensor reduced = reduceReference(pieces, op);
+  int64_t offset = 0;
+  for (int r = 0; r < rank; ++r)
+    offset += sizes[r];
+  return reduced.narrow(dim, offset, sizes[rank]).to(data(0).scalar_type());
+}
+
+// Exact for integers; relative 1e-6 (float) or 1e-12 (double) otherwise,
+// against the largest magnitude so that sums near zero compare sensibly.
+void expectReduced(const at::Tensor &actual, const at::Tensor &expected,
+                   const std::string &what) {
+  bool same = actual.sizes() == expected.sizes() &&
+              actual.scalar_type() == expected.scalar_type();
+  if (same && at::isFloatingType(actual.scalar_type())) {
+    double tolerance = actual.scalar_type() == at::kFloat ? 1e-6 : 1e-12;
+    double scale =
+        expected.numel() ? expected.abs().max().item<double>() + 1.0 : 1.0;
+    same = at::allclose(actual, expected, tolerance, tolerance * scale);
+  } else if (same) {
+    same = at::equal(actual, expected);
+  }
+  CHILD_CHECK(same, what << ": got " << actual.sizes() << " "
+                         << actual.scalar_type() << "\n"
+                         << actual << "\nexpected " << expected.sizes() << " "
+                         << expected.scalar_type() << "\n"
+                         << expected);
+}
+
+// Per-rank sizes for reduceScatter: uneven, one rank empty, and all rows on
+// the last rank.
+std::vector<std::vector<int64_t>> scatterSizes(int n) {
+  std::vector<std::vector<int64_t>> cases = {unevenSizes(n)};
+  std::vector<int64_t> withEmpty = unevenSizes(n);
+  withEmpty[n / 2] = 0;
+  cases.push_back(withEmpty);
+  if (n > 1) {
+    std::vector<int64_t> lastOnly(n, 0);
+    lastOnly[n - 1] = 4;
+    cases.push_back(lastOnly);
+  }
+  return cases;
+}
+
+// One reduceScatter checked against the local reference: result, input left
+// alone, and exactly one collective counted.
+void checkReduceScatter(Communicator &comm,
+                        const std::function<at::Tensor(int)> &data,
+                        Reduction op, int64_t axis,
+                        const std::vector<int64_t> &sizes,
+                        const std::string &what) {
+  int n = comm.worldSize();
+  at::Tensor input = data(comm.rank());
+  at::Tensor before = input.clone();
+  int64_t dim = axis < 0 ? axis + input.dim() : axis;
+  int64_t started = comm.collectivesStarted();
+  at::Tensor result = comm.reduceScatter(input, op, axis, sizes);
+  std::string name = what + " " + dloss::reductionName(op) + " axis " +
+                     std::to_string(axis) + " sizes " +
+                     c10::str(at::IntArrayRef(sizes));
+  CHILD_CHECK(comm.collectivesStarted() == started + 1,
+              name << " counted " << comm.collectivesStarted() - started
+                   << " collectives, expected 1");
+  expectReduced(result,
+                reduceScatterReference(data, n, op, dim, sizes, comm.rank()),
+                name);
+  CHILD_CHECK(result.is_contiguous(), name << ": result not contiguous");
+  CHILD_CHECK(at::equal(input, before), name << ": the input changed");
+}
+
 TEST(GlooCommunicatorTest, ReduceScatterUneven) {
   for (int n = 1; n <= 4; ++n)
     runGloo(n, [n](Communicator &comm) {
-      int rank = comm.rank();
-      std::vector<int64_t> sizes = unevenSizes(n);
-      int64_t total = 0, offset = 0;
-      for (int r = 0; r < n; ++r) {
-        if (r < rank)
-          offset += sizes[r];
-        total += sizes[r];
+      for (const std::vector<int64_t> &sizes : scatterSizes(n)) {
+        int64_t total = 0;
+        for (int64_t size : sizes)
+          total += size;
+        for (at::ScalarType type : {at::kFloat, at::kDouble}) {
+          std::string what = c10::toString(type);
+          for (Reduction op : {Reduction::Sum, Reduction::Mean}) {
+            checkReduceScatter(
+                comm,
+                [&](int r) {
+                  return fractionalData(r, {total, 3}, type);
+                },
+                op, 0, sizes, what);
+            checkReduceScatter(
+                comm,
+                [&](int r) {
+                  return fractionalData(r, {2, total, 5}, type);
+                },
+                op, 1, sizes, what);
+          }
+        }
+        for (at::ScalarType type : {at::kLong, at::kInt}) {
+          std::string what = c10::toString(type);
+          checkReduceScatter(
+              comm,
+              [&](int r) {
+                return rankData(r, {total, 4}, type);
+              },
+              Reduction::Sum, 0, sizes, what);
+          checkReduceScatter(
+              comm,
+              [&](int r) {
+                return rankData(r, {3, total}, type);
+              },
+              Reduction::Sum, 1, sizes, what);
+          // The ring combines with max and min as well.
+          for (Reduction op : {Reduction::Max, Reduction::Min})
+            checkReduceScatter(
+                comm,
+                [&](int r) {
+                  return rankData(r, {2, total}, type);
+                },
+                op, -1, sizes, what);
+        }
+        // A non-contiguous input (a transposed view) reduces by value.
+        checkReduceScatter(
+            comm,
+            [&](int r) {
+              return fractionalData(r, {4, total}, at::kFloat).t();
+            },
+            Reduction::Sum, 0, sizes, "transposed float");
+        // Nothing to move at all (the other dimension is empty): still one
+        // collective on every rank.
+        checkReduceScatter(
+            comm,
+            [&](int r) {
+              return rankData(r, {total, 0}, at::kFloat);
+            },
+            Reduction::Sum, 0, sizes, "empty float");
       }
-      std::vector<at::Tensor> pieces;
-      for (int r = 0; r < n; ++r)
-        pieces.push_back(rankData(r, {total, 3}, at::kFloat));
-      for (Reduction op : {Reduction::Sum, Reduction::Mean}) {
-        at::Tensor expected =
-            reduceReference(pieces, op).narrow(0, offset, sizes[rank]);
-        expectTensor(comm.reduceScatter(pieces[rank], op, 0, sizes), expected,
-                     std::string("reduceScatter axis 0 ") + dloss::reductionName(op));
-      }
-      // Along the last axis too.
-      std::vector<at::Tensor> wide;
-      for (int r = 0; r < n; ++r)
-        wide.push_back(rankData(r, {2, total}, at::kLong));
-      expectTensor(
-          comm.reduceScatter(wide[rank], Reduction::Sum, 1, sizes),
-          reduceReference(wide, Reduction::Sum).narrow(1, offset, sizes[rank]),
-          "reduceScatter axis 1 Sum");
+    });
+}
+
+// Large blocks (several MiB each) go through the ring in full.
+TEST(GlooCommunicatorTest, ReduceScatterLargeBlocks) {
+  for (int n : {2, 3})
+    runGloo(n, [n](Communicator &comm) {
+      std::vector<int64_t> sizes = {1000, 700, 1300};
+      sizes.resize(n);
+      int64_t total = 0;
+      for (int64_t size : sizes)
+        total += size;
+      checkReduceScatter(
+          comm,
+          [&](int r) {
+            return fractionalData(r, {total, 1024}, at::kFloat);
+          },
+          Reduction::Mean, 0, sizes, "large float");
     });
 }
 
@@ -462,6 +603,19 @@ TEST(GlooCommunicatorTest, PeerDeathFailsRingShiftQuickly) {
       "ringShift", {"other ranks' logs"}, 0.0, 15.0, SIGKILL);
 }
 
+TEST(GlooCommunicatorTest, PeerDeathFailsReduceScatterQuickly) {
+  // Rank 0 receives from the dead rank 2 in the ring's first step; rank 1
+  // sends to it.
+  expectCollectiveFailure(
+      std::chrono::seconds(60), dieAbruptly,
+      [](Communicator &comm) {
+        for (int i = 0; i < 2; ++i)
+          comm.reduceScatter(at::ones({6, 1 << 14}), Reduction::Sum, 0,
+                             {2, 2, 2});
+      },
+      "reduceScatter", {"other ranks' logs"}, 0.0, 15.0, SIGKILL);
+}
+
 // A peer that stays alive but never calls the collective: the others fail at
 // the deadline and are told about DLOSS_TIMEOUT_S.
 TEST(GlooCommunicatorTest, StalledPeerTimesOutAllReduce) {
@@ -483,6 +637,18 @@ TEST(GlooCommunicatorTest, StalledPeerTimesOutRingShift) {
         comm.ringShift(at::ones({3, 2}), 1);
       },
       "ringShift", {"DLOSS_TIMEOUT_S", "other ranks' logs"}, 2.5, 3.0 + 5.0,
+      std::nullopt);
+}
+
+TEST(GlooCommunicatorTest, StalledPeerTimesOutReduceScatter) {
+  expectCollectiveFailure(
+      std::chrono::seconds(3),
+      [] { std::this_thread::sleep_for(std::chrono::seconds(6)); },
+      [](Communicator &comm) {
+        for (int i = 0; i < 2; ++i)
+          comm.reduceScatter(at::ones({3, 4}), Reduction::Sum, 0, {1, 1, 1});
+      },
+      "reduceScatter", {"DLOSS_TIMEOUT_S", "other ranks' logs"}, 2.5, 3.0 + 5.0,
       std::nullopt);
 }
 

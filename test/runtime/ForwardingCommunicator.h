@@ -47,6 +47,10 @@ public:
                                 int tag) override {
     return inner->recv(tensor, peer, tag);
   }
+  void beginExchange(const std::string &name) override {
+    inner->beginExchange(name);
+  }
+  void endExchange() override { inner->endExchange(); }
   int64_t collectivesStarted() const override {
     return inner->collectivesStarted();
   }
