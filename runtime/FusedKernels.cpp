@@ -31,9 +31,22 @@
 //
 // Compute type: f64 inputs in f64, every other float type in f32 (results
 // are converted back). Targets of any integer type are read as int64.
+//
+// CUDA tensors (a runtime built with DLOSS_HAVE_CUDA) take the same ring
+// driver with a device visit: runtime/cuda/FusedTiles.h's launchers run each
+// tile (cuBLAS GEMMs on the bf16/fp16/f32 inputs as they are, fp32
+// accumulation, fused epilogues; f64 is computed in f32 there), on LibTorch's
+// current stream; the statistics, carries and results are ATen CUDA tensors.
 #include "runtime/FusedKernels.h"
 
 #include "runtime/Error.h"
+
+#ifdef DLOSS_HAVE_CUDA
+#include "runtime/cuda/FusedTiles.h"
+#endif
+#ifdef DLOSS_TORCH_HAS_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <unistd.h>
 
@@ -129,9 +142,31 @@ public:
   /// `colsName` names operand 1 (cols, or the class weights).
   FusedArgs(KernelContext &ctx, const char *op, const char *colsName = "cols")
       : ctx(ctx), op(op), colsName(colsName), rank(ctx.communicator().rank()) {
-    bool isDouble = floats(0, "rows").scalar_type() == at::kDouble ||
-                    floats(1, colsName).scalar_type() == at::kDouble;
+    const at::Tensor &rows = floats(0, "rows"), &cols = floats(1, colsName);
+    bool isDouble =
+        rows.scalar_type() == at::kDouble || cols.scalar_type() == at::kDouble;
     compute = isDouble ? at::kDouble : at::kFloat;
+    matrixType = compute;
+    onDevice = rows.is_cuda() || cols.is_cuda();
+    if (!onDevice)
+      return;
+#ifndef DLOSS_HAVE_CUDA
+    fail(std::string(rows.is_cuda() ? "rows" : colsName) +
+             " is a CUDA tensor, but this dloss runtime was built without "
+             "CUDA",
+         "Rebuild dloss where nvcc and cuBLAS are found (/usr/local/cuda, "
+         "-DDLOSS_ENABLE_CUDA=ON) against a CUDA LibTorch, or pass CPU "
+         "tensors");
+#endif
+    // The GPU tiles take bf16, f16 and f32 as they are (one type for both
+    // operands), accumulate in f32, and compute f64 in f32.
+    device = rows.is_cuda() ? rows.device() : cols.device();
+    compute = at::kFloat;
+    at::ScalarType type = rows.scalar_type();
+    matrixType = type == cols.scalar_type() &&
+                         (type == at::kBFloat16 || type == at::kHalf)
+                     ? type
+                     : at::kFloat;
   }
 
   [[noreturn]] void fail(const std::string &problem,
@@ -148,7 +183,7 @@ public:
                (width >= 0 ? " with " + std::to_string(width) + " columns"
                            : std::string()),
            "The plan does not match its inputs' shapes; recompile it");
-    return converted(value);
+    return converted(value, matrixType);
   }
 
   /// Operand `i`, a float vector of `length` elements.
@@ -158,7 +193,7 @@ public:
       fail(std::string(name) + " has shape " + shapeText(value.sizes()) +
                ", expected [" + std::to_string(length) + "]",
            "The plan does not match its inputs' shapes; recompile it");
-    return converted(value);
+    return converted(value, compute);
   }
 
   /// Operand `i`, a 0-d float.
@@ -183,29 +218,49 @@ public:
                " tensor of shape " + shapeText(value.sizes()) +
                ", expected integers of shape [" + std::to_string(length) + "]",
            "The plan does not match its inputs' shapes; recompile it");
+    auto outOfRange = [&](int64_t k, int64_t target) {
+      fail(std::string(name) + "[" + std::to_string(k) +
+               "] = " + std::to_string(target) + " is out of range [0, " +
+               std::to_string(bound) + "): there are " + std::to_string(bound) +
+               " " + what + " on all ranks",
+           "Targets are global indices into the gathered batch (or the "
+           "classes of every shard); check the labels passed on this rank");
+    };
+    if (onDevice) {
+      at::Tensor result = value.to(device, at::kLong).contiguous();
+      at::Tensor bad = (result < 0).logical_or_(result >= bound);
+      if (bad.any().item<bool>()) {
+        int64_t k = bad.nonzero()[0][0].item<int64_t>();
+        outOfRange(k, result[k].item<int64_t>());
+      }
+      return result;
+    }
     at::Tensor result = value.to(at::kLong).contiguous();
     const int64_t *data = result.data_ptr<int64_t>();
     for (int64_t k = 0; k < length; ++k)
       if (data[k] < 0 || data[k] >= bound)
-        fail(std::string(name) + "[" + std::to_string(k) +
-                 "] = " + std::to_string(data[k]) + " is out of range [0, " +
-                 std::to_string(bound) + "): there are " +
-                 std::to_string(bound) + " " + what + " on all ranks",
-             "Targets are global indices into the gathered batch (or the "
-             "classes of every shard); check the labels passed on this rank");
+        outOfRange(k, data[k]);
     return result;
   }
 
   /// The element type of operand `i`, for its results.
   at::ScalarType type(size_t i) const { return ctx.tensor(i).scalar_type(); }
 
-  at::TensorOptions options() const { return at::TensorOptions(compute); }
+  at::TensorOptions options() const {
+    return at::TensorOptions(compute).device(device);
+  }
 
   KernelContext &ctx;
   const char *op;
   const char *colsName;
   int rank;
   at::ScalarType compute = at::kFloat;
+  /// The type rows and cols are converted to: `compute`, except on the GPU.
+  at::ScalarType matrixType = at::kFloat;
+  /// Whether the operands are CUDA tensors (then every tensor the op makes
+  /// lives on `device`).
+  bool onDevice = false;
+  at::Device device = at::kCPU;
 
 private:
   const at::Tensor &floats(size_t i, const char *name) const {
@@ -217,8 +272,10 @@ private:
     return value;
   }
 
-  at::Tensor converted(const at::Tensor &value) const {
-    return value.to(compute).contiguous();
+  at::Tensor converted(const at::Tensor &value, at::ScalarType type) const {
+    if (onDevice)
+      return value.to(device, type).contiguous();
+    return value.to(type).contiguous();
   }
 };
 
@@ -462,6 +519,11 @@ struct RingPass {
 /// complete carry.
 Tensors runRing(Communicator &comm, const RingPass &pass) {
   const int n = comm.worldSize(), r = comm.rank();
+  // The ring's transfers are one collective for errors and the flight
+  // record, named after the op ("ring_softmax_ce").
+  const CallSite *site = currentCallSite();
+  std::string op = site && !site->op.empty() ? site->op : "ring";
+  ExchangeScope exchange(comm, op.substr(op.find('.') + 1));
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   const bool carries = static_cast<bool>(pass.newCarry);
   Tensors held = pass.features, carry;
@@ -544,6 +606,26 @@ at::Tensor scalarResult(double value, at::ScalarType type) {
   return at::scalar_tensor(value, at::TensorOptions(type));
 }
 
+#ifdef DLOSS_HAVE_CUDA
+// The GPU versions of the six ops (below, after the CPU ones).
+void ringSoftmaxCEDevice(KernelContext &ctx, const FusedArgs &args);
+void ringSoftmaxCEGradDevice(KernelContext &ctx, const FusedArgs &args);
+void ringSigmoidPairsDevice(KernelContext &ctx, const FusedArgs &args);
+void ringSigmoidPairsGradDevice(KernelContext &ctx, const FusedArgs &args);
+void shardedSoftmaxDevice(KernelContext &ctx, const FusedArgs &args);
+void shardedSoftmaxGradDevice(KernelContext &ctx, const FusedArgs &args);
+
+/// Runs a GPU op; the tile launchers' CUDA and cuBLAS failures
+/// (std::runtime_error) become dloss::Errors naming the op and rank.
+void onDevice(KernelContext &ctx, const FusedArgs &args,
+              void (*op)(KernelContext &, const FusedArgs &));
+#define DLOSS_DEVICE_DISPATCH(fn)                                              \
+  if (args.onDevice)                                                           \
+    return onDevice(ctx, args, fn);
+#else
+#define DLOSS_DEVICE_DISPATCH(fn)
+#endif
+
 //===----------------------------------------------------------------------===//
 // dloss.ring_softmax_ce and its backward
 //===----------------------------------------------------------------------===//
@@ -571,6 +653,7 @@ SoftmaxOperands softmaxOperands(const FusedArgs &args) {
 
 void ringSoftmaxCE(KernelContext &ctx) {
   FusedArgs args(ctx, "dloss.ring_softmax_ce");
+  DLOSS_DEVICE_DISPATCH(ringSoftmaxCEDevice)
   SoftmaxOperands ops = softmaxOperands(args);
   const Similarity &sim = ops.sim;
   const int64_t n = sim.rows.size(0);
@@ -629,6 +712,7 @@ void ringSoftmaxCE(KernelContext &ctx) {
 
 void ringSoftmaxCEGrad(KernelContext &ctx) {
   FusedArgs args(ctx, "dloss.ring_softmax_ce_grad");
+  DLOSS_DEVICE_DISPATCH(ringSoftmaxCEGradDevice)
   SoftmaxOperands ops = softmaxOperands(args);
   const Similarity &sim = ops.sim;
   const int64_t n = sim.rows.size(0), m = sim.cols.size(0),
@@ -723,6 +807,7 @@ at::Tensor sigmoidLogits(const SigmoidOperands &ops, const at::Tensor &cols,
 
 void ringSigmoidPairs(KernelContext &ctx) {
   FusedArgs args(ctx, "dloss.ring_sigmoid_pairs");
+  DLOSS_DEVICE_DISPATCH(ringSigmoidPairsDevice)
   SigmoidOperands ops = sigmoidOperands(args);
   const int64_t n = ops.sim.rows.size(0);
   TileScratch scratch(ops.tile, 2, args.options());
@@ -756,6 +841,7 @@ void ringSigmoidPairs(KernelContext &ctx) {
 
 void ringSigmoidPairsGrad(KernelContext &ctx) {
   FusedArgs args(ctx, "dloss.ring_sigmoid_pairs_grad");
+  DLOSS_DEVICE_DISPATCH(ringSigmoidPairsGradDevice)
   SigmoidOperands ops = sigmoidOperands(args);
   const int64_t n = ops.sim.rows.size(0), d = ops.sim.rows.size(1);
   at::Tensor ctPair = args.vector(5, "ct_pair", n);
@@ -816,6 +902,7 @@ ShardOperands shardOperands(const FusedArgs &args) {
 
 void shardedSoftmax(KernelContext &ctx) {
   FusedArgs args(ctx, "dloss.sharded_softmax", "weights");
+  DLOSS_DEVICE_DISPATCH(shardedSoftmaxDevice)
   ShardOperands ops = shardOperands(args);
   const int64_t batch = ops.sim.rows.size(0);
   TileScratch scratch(ops.tile, 2, args.options());
@@ -852,6 +939,7 @@ void shardedSoftmax(KernelContext &ctx) {
 
 void shardedSoftmaxGrad(KernelContext &ctx) {
   FusedArgs args(ctx, "dloss.sharded_softmax_grad", "weights");
+  DLOSS_DEVICE_DISPATCH(shardedSoftmaxGradDevice)
   ShardOperands ops = shardOperands(args);
   const Similarity &sim = ops.sim;
   const int64_t batch = sim.rows.size(0), classes = sim.cols.size(0);
@@ -893,6 +981,392 @@ void shardedSoftmaxGrad(KernelContext &ctx) {
   ctx.setResult(1, dWeights.to(args.type(1)));
   ctx.setResult(2, scalarResult(dScale, args.type(2)));
 }
+
+#ifdef DLOSS_HAVE_CUDA
+//===----------------------------------------------------------------------===//
+// The GPU path: the same ring, a device visit
+//===----------------------------------------------------------------------===//
+
+/// The GPU tile: DLOSS_TILE when set (tests cross block edges with it),
+/// otherwise 2048 x 4096. Its fp32 S (32 MiB) stays in Hopper's 50 MB L2
+/// between the GEMM and its epilogue; the GEMM has 256 output tiles of
+/// 128 x 256 (two waves on 132 SMs), and the backward GEMMs get K = 2048 or
+/// 4096, enough for cuBLAS's split-K/stream-K. Memory stays O(tile): 48 MiB
+/// of workspace in bf16, against GiBs for the full similarity.
+TileShape deviceTileShape(int64_t rows, int64_t cols) {
+  TileShape tile{2048, 4096};
+  if (const char *value = std::getenv("DLOSS_TILE"); value && *value)
+    tile = parseTile(value);
+  return {std::min(tile.rows, std::max<int64_t>(rows, 1)),
+          std::min(tile.cols, std::max<int64_t>(cols, 1))};
+}
+
+cuda::ElementType elementTypeOf(at::ScalarType type) {
+  return type == at::kBFloat16 ? cuda::ElementType::BF16
+         : type == at::kHalf   ? cuda::ElementType::F16
+                               : cuda::ElementType::F32;
+}
+
+/// LibTorch's current stream when it has CUDA; the legacy default stream
+/// otherwise (then no CUDA tensor can reach here except through the tests).
+void *currentStream(const at::Device &device) {
+#ifdef DLOSS_TORCH_HAS_CUDA
+  return c10::cuda::getCurrentCUDAStream(device.index()).stream();
+#else
+  (void)device;
+  return nullptr;
+#endif
+}
+
+/// One call's tile launches: the tile shape and the workspace (from
+/// LibTorch's allocator, on the operands' device).
+class DeviceTiles {
+public:
+  DeviceTiles(const FusedArgs &args, int64_t rows, int64_t cols)
+      : shape(deviceTileShape(rows, cols)) {
+    launch.device = args.device.index();
+    launch.stream = currentStream(args.device);
+    launch.type = elementTypeOf(args.matrixType);
+    launch.maxRows = shape.rows;
+    launch.maxCols = shape.cols;
+    const char *tf32 = std::getenv("DLOSS_CUDA_TF32");
+    launch.allowTF32 = tf32 && std::string(tf32) == "1";
+    size_t bytes =
+        cuda::tileWorkspaceBytes(shape.rows, shape.cols, launch.type);
+    workspace = at::empty({static_cast<int64_t>(bytes)},
+                          args.options().dtype(at::kByte));
+    launch.workspace = workspace.data_ptr();
+  }
+
+  /// The operands of `block`: rows[block.row...], cols[block.col...].
+  cuda::Tile tile(const at::Tensor &rows, const at::Tensor &cols,
+                  const Block &block) const {
+    const int64_t depth = rows.size(1);
+    const size_t row = rows.element_size() * depth;
+    cuda::Tile tile;
+    tile.rows = static_cast<const char *>(rows.data_ptr()) + block.row * row;
+    tile.cols = static_cast<const char *>(cols.data_ptr()) + block.col * row;
+    tile.rowCount = block.rows;
+    tile.colCount = block.cols;
+    tile.depth = depth;
+    return tile;
+  }
+
+  TileShape shape;
+  cuda::TileLaunch launch;
+
+private:
+  at::Tensor workspace;
+};
+
+/// Element `offset` of a contiguous tensor of T.
+template <typename T> T *dataAt(const at::Tensor &tensor, int64_t offset = 0) {
+  return tensor.data_ptr<T>() + offset;
+}
+
+void onDevice(KernelContext &ctx, const FusedArgs &args,
+              void (*op)(KernelContext &, const FusedArgs &)) {
+  try {
+    op(ctx, args);
+  } catch (const Error &) {
+    throw;
+  } catch (const std::runtime_error &error) {
+    args.fail(error.what(),
+              "A CUDA kernel or cuBLAS call of the fused op failed; rerun "
+              "with CUDA_LAUNCH_BLOCKING=1 to locate it");
+  }
+}
+
+/// runGradientRing's GPU form: `tiles(chunk, dCols)` adds this rank's part
+/// of the chunk's column gradient and returns the columns' owner's share of
+/// a 0-d parameter's gradient as a [1] f64 device tensor.
+struct DeviceColumnGradient {
+  at::Tensor dCols, share;
+};
+
+DeviceColumnGradient runDeviceGradientRing(
+    Communicator &comm, Tensors features, std::vector<int64_t> lengths,
+    int64_t width, at::TensorOptions options,
+    const std::function<at::Tensor(const Chunk &, at::Tensor &)> &tiles) {
+  RingPass pass;
+  pass.features = std::move(features);
+  pass.lengths = std::move(lengths);
+  pass.newCarry = [&](int64_t length) {
+    return Tensors{at::empty({length, width}, options),
+                   at::empty({1}, options.dtype(at::kDouble))};
+  };
+  pass.visit = [&](const Chunk &chunk) {
+    at::Tensor dCols = at::zeros({chunk.length(), width}, options);
+    at::Tensor share = tiles(chunk, dCols);
+    return Tensors{dCols, share};
+  };
+  pass.merge = [](Tensors &mine, const Tensors &upstream) {
+    mine[0].add_(upstream[0]);
+    mine[1].add_(upstream[1]);
+  };
+  Tensors home = runRing(comm, pass);
+  return {home[0], home[1]};
+}
+
+int64_t largest(const std::vector<int64_t> &sizes) {
+  return *std::max_element(sizes.begin(), sizes.end());
+}
+
+void ringSoftmaxCEDevice(KernelContext &ctx, const FusedArgs &args) {
+  SoftmaxOperands ops = softmaxOperands(args);
+  const Similarity &sim = ops.sim;
+  const int64_t n = sim.rows.size(0);
+  DeviceTiles dev(args, n, largest(ops.colSizes));
+  at::Tensor rowMax = at::full({n}, -kInf, args.options());
+  at::Tensor rowSum = at::zeros({n}, args.options());
+  at::Tensor rowTarget = at::zeros({n}, args.options());
+
+  RingPass pass;
+  pass.features = {sim.cols, ops.colTargets};
+  pass.lengths = ops.colSizes;
+  pass.newCarry = [&](int64_t length) {
+    return Tensors{at::empty({3, length}, args.options())};
+  };
+  pass.visit = [&](const Chunk &chunk) {
+    const at::Tensor &cols = chunk.features[0], &colTargets = chunk.features[1];
+    const int64_t length = chunk.length();
+    at::Tensor stats = pass.newCarry(length)[0];
+    stats[0].fill_(-kInf);
+    stats.narrow(0, 1, 2).zero_();
+    forEachBlock(n, length, dev.shape, [&](const Block &block) {
+      cuda::ClipForward tile;
+      tile.scale = static_cast<float>(sim.scale);
+      tile.rowTargets = dataAt<int64_t>(ops.rowTargets, block.row);
+      tile.colBase = chunk.offset + block.col;
+      tile.colTargets = dataAt<int64_t>(colTargets, block.col);
+      tile.rowBase = ops.rowOffset + block.row;
+      tile.rowMax = dataAt<float>(rowMax, block.row);
+      tile.rowSum = dataAt<float>(rowSum, block.row);
+      tile.rowTarget = dataAt<float>(rowTarget, block.row);
+      tile.colMax = dataAt<float>(stats, block.col);
+      tile.colSum = dataAt<float>(stats, length + block.col);
+      tile.colTarget = dataAt<float>(stats, 2 * length + block.col);
+      cuda::clipForwardTile(dev.launch, dev.tile(sim.rows, cols, block), tile);
+    });
+    return Tensors{stats};
+  };
+  pass.merge = [](Tensors &mine, const Tensors &upstream) {
+    mergeLse(mine[0][0], mine[0][1], upstream[0][0], upstream[0][1]);
+    mine[0][2].add_(upstream[0][2]);
+  };
+  at::Tensor colStats = runRing(ctx.communicator(), pass)[0];
+
+  at::Tensor rowLse = lseOf(rowMax, rowSum);
+  at::Tensor colLse = lseOf(colStats[0], colStats[1]);
+  ctx.setResult(0, (rowLse - rowTarget).to(args.type(0)));
+  ctx.setResult(1, (colLse - colStats[2]).to(args.type(1)));
+  ctx.setResult(2, rowLse.to(args.type(0)));
+  ctx.setResult(3, colLse.to(args.type(1)));
+}
+
+void ringSoftmaxCEGradDevice(KernelContext &ctx, const FusedArgs &args) {
+  SoftmaxOperands ops = softmaxOperands(args);
+  const Similarity &sim = ops.sim;
+  const int64_t n = sim.rows.size(0), m = sim.cols.size(0),
+                d = sim.rows.size(1);
+  at::Tensor rowLse = args.vector(5, "row_lse", n);
+  at::Tensor colLse = args.vector(6, "col_lse", m);
+  at::Tensor ctRow = args.vector(7, "ct_row", n);
+  at::Tensor ctCol = args.vector(8, "ct_col", m);
+  DeviceTiles dev(args, n, largest(ops.colSizes));
+  at::Tensor dRows = at::zeros({n, d}, args.options());
+  // Per row, in f64: the row direction's share of dscale (see the CPU op).
+  at::Tensor dScaleRow = at::zeros({n}, args.options().dtype(at::kDouble));
+  const float scale = static_cast<float>(sim.scale);
+
+  auto tiles = [&](const Chunk &chunk, at::Tensor &dCols) {
+    const at::Tensor &cols = chunk.features[0], &colTargets = chunk.features[1];
+    const at::Tensor &chunkLse = chunk.features[2],
+                     &chunkCt = chunk.features[3];
+    at::Tensor colShareRow = at::zeros_like(dScaleRow);
+    cuda::prepareGradientScale(dev.launch, scale, dataAt<float>(ctRow), n,
+                               dataAt<float>(chunkCt), chunk.length());
+    forEachBlock(n, chunk.length(), dev.shape, [&](const Block &block) {
+      cuda::ClipBackward tile;
+      tile.scale = scale;
+      tile.rowLse = dataAt<float>(rowLse, block.row);
+      tile.ctRow = dataAt<float>(ctRow, block.row);
+      tile.rowTargets = dataAt<int64_t>(ops.rowTargets, block.row);
+      tile.colBase = chunk.offset + block.col;
+      tile.colLse = dataAt<float>(chunkLse, block.col);
+      tile.ctCol = dataAt<float>(chunkCt, block.col);
+      tile.colTargets = dataAt<int64_t>(colTargets, block.col);
+      tile.rowBase = ops.rowOffset + block.row;
+      tile.dRows = dataAt<float>(dRows, block.row * d);
+      tile.dCols = dataAt<float>(dCols, block.col * d);
+      tile.dScaleRow = dataAt<double>(dScaleRow, block.row);
+      tile.colShareRow = dataAt<double>(colShareRow, block.row);
+      cuda::clipBackwardTile(dev.launch, dev.tile(sim.rows, cols, block), tile);
+    });
+    return colShareRow.sum().reshape({1});
+  };
+  DeviceColumnGradient own = runDeviceGradientRing(
+      ctx.communicator(), {sim.cols, ops.colTargets, colLse, ctCol},
+      ops.colSizes, d, args.options(), tiles);
+
+  double dScale = dScaleRow.sum().item<double>() + own.share.item<double>();
+  ctx.setResult(0, dRows.to(args.type(0)));
+  ctx.setResult(1, own.dCols.to(args.type(1)));
+  ctx.setResult(2, scalarResult(dScale, args.type(2)).to(args.device));
+}
+
+void ringSigmoidPairsDevice(KernelContext &ctx, const FusedArgs &args) {
+  SigmoidOperands ops = sigmoidOperands(args);
+  const int64_t n = ops.sim.rows.size(0);
+  DeviceTiles dev(args, n, largest(ops.colSizes));
+  at::Tensor pairSum = at::zeros({n}, args.options());
+  at::Tensor positive = at::zeros({n}, args.options());
+
+  RingPass pass;
+  pass.features = {ops.sim.cols};
+  pass.lengths = ops.colSizes;
+  pass.visit = [&](const Chunk &chunk) {
+    forEachBlock(n, chunk.length(), dev.shape, [&](const Block &block) {
+      cuda::SigmoidForward tile;
+      tile.scale = static_cast<float>(ops.sim.scale);
+      tile.bias = static_cast<float>(ops.bias);
+      tile.targets = dataAt<int64_t>(ops.targets, block.row);
+      tile.colBase = chunk.offset + block.col;
+      tile.pairSum = dataAt<float>(pairSum, block.row);
+      tile.positive = dataAt<float>(positive, block.row);
+      cuda::sigmoidForwardTile(
+          dev.launch, dev.tile(ops.sim.rows, chunk.features[0], block), tile);
+    });
+    return Tensors{};
+  };
+  runRing(ctx.communicator(), pass);
+
+  ctx.setResult(0, pairSum.to(args.type(0)));
+  ctx.setResult(1, positive.to(args.type(0)));
+}
+
+void ringSigmoidPairsGradDevice(KernelContext &ctx, const FusedArgs &args) {
+  SigmoidOperands ops = sigmoidOperands(args);
+  const int64_t n = ops.sim.rows.size(0), d = ops.sim.rows.size(1);
+  at::Tensor ctPair = args.vector(5, "ct_pair", n);
+  at::Tensor ctPositive = args.vector(6, "ct_positive", n);
+  DeviceTiles dev(args, n, largest(ops.colSizes));
+  at::Tensor dRows = at::zeros({n, d}, args.options());
+  at::Tensor dScaleRow = at::zeros({n}, args.options().dtype(at::kDouble));
+  at::Tensor dBiasRow = at::zeros_like(dScaleRow);
+  const float scale = static_cast<float>(ops.sim.scale);
+  // G's magnitude depends on this rank's cotangents only: one prescale.
+  cuda::prepareGradientScale(dev.launch, scale, dataAt<float>(ctPair), n,
+                             dataAt<float>(ctPositive), n);
+
+  auto tiles = [&](const Chunk &chunk, at::Tensor &dCols) {
+    forEachBlock(n, chunk.length(), dev.shape, [&](const Block &block) {
+      cuda::SigmoidBackward tile;
+      tile.scale = scale;
+      tile.bias = static_cast<float>(ops.bias);
+      tile.ctPair = dataAt<float>(ctPair, block.row);
+      tile.ctPositive = dataAt<float>(ctPositive, block.row);
+      tile.targets = dataAt<int64_t>(ops.targets, block.row);
+      tile.colBase = chunk.offset + block.col;
+      tile.dRows = dataAt<float>(dRows, block.row * d);
+      tile.dCols = dataAt<float>(dCols, block.col * d);
+      tile.dScaleRow = dataAt<double>(dScaleRow, block.row);
+      tile.dBiasRow = dataAt<double>(dBiasRow, block.row);
+      cuda::sigmoidBackwardTile(
+          dev.launch, dev.tile(ops.sim.rows, chunk.features[0], block), tile);
+    });
+    return at::zeros({1}, args.options().dtype(at::kDouble));
+  };
+  at::Tensor dCols =
+      runDeviceGradientRing(ctx.communicator(), {ops.sim.cols}, ops.colSizes, d,
+                            args.options(), tiles)
+          .dCols;
+
+  ctx.setResult(0, dRows.to(args.type(0)));
+  ctx.setResult(1, dCols.to(args.type(1)));
+  ctx.setResult(2, scalarResult(dScaleRow.sum().item<double>(), args.type(2))
+                       .to(args.device));
+  ctx.setResult(3, scalarResult(dBiasRow.sum().item<double>(), args.type(3))
+                       .to(args.device));
+}
+
+void shardedSoftmaxDevice(KernelContext &ctx, const FusedArgs &args) {
+  ShardOperands ops = shardOperands(args);
+  const int64_t batch = ops.sim.rows.size(0), classes = ops.sim.cols.size(0);
+  DeviceTiles dev(args, batch, classes);
+  at::Tensor rowMax = at::full({batch}, -kInf, args.options());
+  at::Tensor rowSum = at::zeros({batch}, args.options());
+  at::Tensor targetDot = at::zeros({batch}, args.options());
+
+  forEachBlock(batch, classes, dev.shape, [&](const Block &block) {
+    cuda::ShardedForward tile;
+    tile.scale = static_cast<float>(ops.sim.scale);
+    tile.targets = dataAt<int64_t>(ops.targets, block.row);
+    tile.colBase = ops.classOffset + block.col;
+    tile.rowMax = dataAt<float>(rowMax, block.row);
+    tile.rowSum = dataAt<float>(rowSum, block.row);
+    tile.targetDot = dataAt<float>(targetDot, block.row);
+    cuda::shardedForwardTile(dev.launch,
+                             dev.tile(ops.sim.rows, ops.sim.cols, block), tile);
+  });
+
+  // As on the CPU: every rank makes both calls, whatever its shard holds.
+  Communicator &comm = ctx.communicator();
+  at::Tensor globalMax = comm.allReduce(rowMax, Reduction::Max);
+  rowSum.mul_((rowMax - finiteShift(globalMax)).exp_());
+  at::Tensor sums =
+      comm.allReduce(at::stack({rowSum, targetDot}), Reduction::Sum);
+  ctx.setResult(0, lseOf(globalMax, sums[0]).to(args.type(0)));
+  ctx.setResult(1, sums[1].to(args.type(0)));
+}
+
+void shardedSoftmaxGradDevice(KernelContext &ctx, const FusedArgs &args) {
+  ShardOperands ops = shardOperands(args);
+  const Similarity &sim = ops.sim;
+  const int64_t batch = sim.rows.size(0), classes = sim.cols.size(0),
+                d = sim.rows.size(1);
+  at::Tensor lseRest = args.vector(4, "lse_rest", batch);
+  at::Tensor ctLse = args.vector(5, "ct_lse", batch);
+  at::Tensor ctTarget = args.vector(6, "ct_target", batch);
+  DeviceTiles dev(args, batch, classes);
+  at::Tensor dRows = at::zeros({batch, d}, args.options());
+  at::Tensor dWeights = at::zeros({classes, d}, args.options());
+  at::Tensor dScaleRow = at::zeros({batch}, args.options().dtype(at::kDouble));
+  const float scale = static_cast<float>(sim.scale);
+  cuda::prepareGradientScale(dev.launch, scale, dataAt<float>(ctLse), batch,
+                             nullptr, 0);
+
+  forEachBlock(batch, classes, dev.shape, [&](const Block &block) {
+    cuda::ShardedBackward tile;
+    tile.scale = scale;
+    tile.lseRest = dataAt<float>(lseRest, block.row);
+    tile.ctLse = dataAt<float>(ctLse, block.row);
+    tile.targets = dataAt<int64_t>(ops.targets, block.row);
+    tile.colBase = ops.classOffset + block.col;
+    tile.dRows = dataAt<float>(dRows, block.row * d);
+    tile.dCols = dataAt<float>(dWeights, block.col * d);
+    tile.dScaleRow = dataAt<double>(dScaleRow, block.row);
+    cuda::shardedBackwardTile(dev.launch, dev.tile(sim.rows, sim.cols, block),
+                              tile);
+  });
+
+  // target_dot = rows[i] . w_t: its cotangent reaches both factors.
+  at::Tensor local = ops.targets - ops.classOffset;
+  at::Tensor rowIndex =
+      (local >= 0).logical_and_(local < classes).nonzero().squeeze(1);
+  at::Tensor classIndex = local.index_select(0, rowIndex);
+  at::Tensor ct = ctTarget.index_select(0, rowIndex).unsqueeze(1);
+  dRows.index_add_(0, rowIndex,
+                   sim.cols.index_select(0, classIndex).to(at::kFloat) * ct);
+  dWeights.index_add_(0, classIndex,
+                      sim.rows.index_select(0, rowIndex).to(at::kFloat) * ct);
+
+  ctx.setResult(0, dRows.to(args.type(0)));
+  ctx.setResult(1, dWeights.to(args.type(1)));
+  ctx.setResult(2, scalarResult(dScaleRow.sum().item<double>(), args.type(2))
+                       .to(args.device));
+}
+#endif // DLOSS_HAVE_CUDA
 
 } // namespace
 
