@@ -442,12 +442,17 @@ double backpropTile(const at::Tensor &grad, const at::Tensor &sim,
 // The ring driver
 //===----------------------------------------------------------------------===//
 
-// Point-to-point tags of the fused ops: 16 per step, features in slots 0-7,
-// carries in 8-15. Far below GlooCommunicator's reserved tags (2^30), and
+// Point-to-point tags of the fused ops: 16 per step, carries in slots 0-7,
+// features in 8-15. Far below GlooCommunicator's reserved tags (2^30), and
 // distinct per step, so a late message can never match the wrong buffer.
+// Between two ranks, the order in which the sender posts (features of step
+// k, then the carry for step k+1, then the features of step k+1) is the
+// order in which the receiver posts and the order of the tags: engines that
+// match by order rather than by tag (NCCL) pair them the same way.
 constexpr int kRingTagBase = 1000;
 constexpr int kTagsPerStep = 16;
-constexpr int kCarrySlot = 8;
+constexpr int kCarrySlot = 0;
+constexpr int kFeatureSlot = 8;
 
 int ringTag(int step, int slot) {
   return kRingTagBase + kTagsPerStep * step + slot;
@@ -530,18 +535,19 @@ Tensors runRing(Communicator &comm, const RingPass &pass) {
   Pending carrySent;
   for (int k = 0; k < n; ++k) {
     const int q = (r - k + n) % n;
-    Pending transfers;
-    Tensors incoming;
-    if (k + 1 < n) {
-      incoming = emptyLike(pass.features, pass.lengths[(q + n - 1) % n]);
-      postRecvs(comm, incoming, prev, ringTag(k, 0), transfers);
-      postSends(comm, held, next, ringTag(k, 0), transfers);
-    }
+    // The carry r-1 sent at the end of step k-1 first, then the features.
     Tensors upstream;
     Pending carryIn;
     if (carries && k > 0) {
       upstream = pass.newCarry(pass.lengths[q]);
       postRecvs(comm, upstream, prev, ringTag(k, kCarrySlot), carryIn);
+    }
+    Pending transfers;
+    Tensors incoming;
+    if (k + 1 < n) {
+      incoming = emptyLike(pass.features, pass.lengths[(q + n - 1) % n]);
+      postRecvs(comm, incoming, prev, ringTag(k, kFeatureSlot), transfers);
+      postSends(comm, held, next, ringTag(k, kFeatureSlot), transfers);
     }
     carry = pass.visit(Chunk{offsetOf(pass.lengths, q), held});
     if (carries) {
