@@ -183,6 +183,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     pm.addPass(mlir::dloss::createInferReplicationPass({/*annotate=*/true}));
   });
   runOnClone(*module, sink, [](OpPassManager &pm) {
+    pm.addPass(mlir::dloss::createFuseGatherSimilarityPass());
+  });
+  runOnClone(*module, sink, [](OpPassManager &pm) {
     pm.addPass(mlir::dloss::createAutodiffPass());
   });
   runOnClone(*module, sink, [](OpPassManager &pm) {
@@ -194,12 +197,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     lowerAndCheckPlan(*clone);
   }
 
-  // The whole compiler: dloss-derive-backward, then the plan (dlossc).
-  OwningOpRef<ModuleOp> derived =
-      runOnClone(*module, sink, mlir::dloss::buildDeriveBackwardPipeline);
-  if (!derived)
-    return 0;
-  checkRoundTrip(*derived, "derived backward", sink);
-  lowerAndCheckPlan(*derived);
+  // The whole compiler, fused and unfused: dloss-derive-backward, then the
+  // plan (dlossc, dlossc --no-fuse).
+  for (bool fuse : {true, false}) {
+    OwningOpRef<ModuleOp> derived =
+        runOnClone(*module, sink, [fuse](OpPassManager &pm) {
+          mlir::dloss::buildDeriveBackwardPipeline(pm, fuse);
+        });
+    if (!derived)
+      return 0;
+    checkRoundTrip(*derived, "derived backward", sink);
+    lowerAndCheckPlan(*derived);
+  }
   return 0;
 }
