@@ -19,19 +19,11 @@
 // every wait polls cudaEventQuery and ncclCommGetAsyncError until the
 // deadline. On expiry or error it calls ncclCommAbort, marks itself
 // unusable (later calls fail fast), records the failure in the store under
-// dloss/seq/<rank> (the Gloo engine's scheme and encoding) and raises a
-// dloss::Error naming the collective, its number, the call site and the
-// peers' states read from the store, with the flight record's path.
-//
-// The store bookkeeping below (Call, PeerState, the encoding of dloss/seq/,
-// the rendezvous with its verdict, the peers' summary, the rank-0 linger)
-// repeats GlooCommunicator.cpp's, whose copy lives in an anonymous namespace;
-// hoisting both into one header is a follow-up.
-#include "runtime/Communicator.h"
-#include "runtime/Error.h"
-#include "runtime/FlightRecorder.h"
-
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+// dloss/seq/<rank> and raises a dloss::Error naming the collective, its
+// number, the call site and the peers' states read from the store, with the
+// flight record's path. That bookkeeping, the store and the rendezvous are
+// the Gloo engine's too (EngineCommon.h).
+#include "runtime/EngineCommon.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -41,126 +33,44 @@
 #endif
 
 #include <algorithm>
-#include <cctype>
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <optional>
-#include <sstream>
 #include <thread>
 #include <tuple>
-#include <type_traits>
 
 namespace dloss {
 
+using namespace engine;
+
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-//===----------------------------------------------------------------------===//
-// Version-sensitive c10d calls (LibTorch 1.13 and 2.x), as in the Gloo engine
-//===----------------------------------------------------------------------===//
-
-namespace compat {
-
-// Rank 0 hosts the server; waitWorkers stays off because rendezvous() names
-// the ranks that never arrived, which TCPStore's own wait cannot.
-c10::intrusive_ptr<c10d::Store> openTcpStore(const RendezvousOptions &options) {
-  c10d::TCPStoreOptions storeOptions;
-  storeOptions.port = static_cast<std::uint16_t>(options.masterPort);
-  storeOptions.isServer = options.rank == 0;
-  storeOptions.numWorkers = static_cast<std::size_t>(options.worldSize);
-  storeOptions.waitWorkers = false;
-  storeOptions.timeout = options.timeout;
-  return c10::make_intrusive<c10d::TCPStore>(options.masterAddr, storeOptions);
-}
-
-// c10::Error::what() appends a C++ backtrace; users need the first line.
-std::string describe(const std::exception &e) {
-  std::string text;
-  if (const auto *c10Error = dynamic_cast<const c10::Error *>(&e))
-    text = c10Error->what_without_backtrace();
-  else
-    text = e.what();
-  auto newline = text.find('\n');
-  if (newline != std::string::npos)
-    text.resize(newline);
-  while (!text.empty() && (text.back() == ' ' || text.back() == '.'))
-    text.pop_back();
-  if (text.size() > 400)
-    text = text.substr(0, 400) + "...";
-  return text.empty() ? std::string("unknown c10d error") : text;
-}
-
-} // namespace compat
 
 //===----------------------------------------------------------------------===//
 // Constants and helpers
 //===----------------------------------------------------------------------===//
 
-// User tags stay below this value, as with the Gloo engine.
-constexpr int kReservedTagBase = 1 << 30;
-// ringShift header: [ndim, dtype, sizes...], fixed length.
-constexpr int64_t kMaxDims = 64;
-constexpr int64_t kHeaderLength = 2 + kMaxDims;
 // Polling: spin (yielding) this long, then sleep between queries.
 constexpr std::chrono::microseconds kSpinPeriod{2000};
 constexpr std::chrono::microseconds kPollSleep{100};
-constexpr std::chrono::milliseconds kStorePoll{20};
-constexpr std::chrono::milliseconds kVerdictLinger{2000};
 // How long the destructor lets ncclCommFinalize flush before aborting.
 constexpr std::chrono::milliseconds kFinalizeLimit{10000};
 
-const char *const kArrivedPrefix = "dloss/arrived/";
-const char *const kArrivedCountKey = "dloss/arrived-count";
-const char *const kVerdictKey = "dloss/verdict";
-const char *const kVerdictAckKey = "dloss/verdict-acks";
-const char *const kSeqPrefix = "dloss/seq/";
-const char *const kDonePrefix = "dloss/done/";
 // Rank 0's ncclUniqueId, and each rank's "communicator initialised" mark.
 const char *const kUniqueIdKey = "dloss/nccl/unique-id";
 const char *const kReadyPrefix = "dloss/nccl/ready/";
-constexpr std::chrono::milliseconds kPeerReportGrace{1000};
-constexpr std::chrono::milliseconds kFailureLinger{3000};
-constexpr size_t kMaxPeerClauses = 8;
 
-std::string seconds(std::chrono::milliseconds duration) {
-  std::ostringstream out;
-  out << duration.count() / 1000.0 << " s";
-  return out.str();
-}
-
-std::string joinRanks(const std::vector<int> &ranks) {
-  std::string out;
-  for (size_t i = 0; i < ranks.size(); ++i)
-    out += (i ? ", " : "") + std::to_string(ranks[i]);
-  return out;
-}
-
-std::vector<uint8_t> toBytes(const std::string &text) {
-  return std::vector<uint8_t>(text.begin(), text.end());
-}
-
-std::string fromBytes(const std::vector<uint8_t> &bytes) {
-  return std::string(bytes.begin(), bytes.end());
-}
-
-int64_t unixMillis() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-std::string truncated(const std::string &text, size_t limit) {
-  return text.size() <= limit ? text : text.substr(0, limit) + "...";
-}
-
-std::string describeTensor(const at::Tensor &tensor) {
-  std::string out = "[";
-  for (int64_t d = 0; d < tensor.dim(); ++d)
-    out += (d ? ", " : "") + std::to_string(tensor.size(d));
-  return out + "]";
-}
+constexpr EngineWording kWording{
+    /*name=*/"NCCL",
+    /*sameOrderDetail=*/
+    " (and posts matching sends and receives between the same waits)",
+    /*peerHint=*/
+    "A peer rank probably failed or exited: check the other ranks' logs "
+    "for the first error (this one may be a consequence); NCCL_DEBUG=WARN "
+    "shows NCCL's own view",
+    /*failureSuffix=*/" (the NCCL communicator was aborted)",
+    /*tagHint=*/"Use tags in [0, 2^30), as with the Gloo engine",
+    /*reduceTypeHint=*/
+    "Convert to float, double, half, bfloat16 or an integer type first"};
 
 int64_t numelOf(const std::vector<int64_t> &shape) {
   return std::accumulate(shape.begin(), shape.end(), int64_t{1},
@@ -279,99 +189,6 @@ cudaStream_t computeStream(int device) {
 }
 
 //===----------------------------------------------------------------------===//
-// Store bookkeeping (the Gloo engine's scheme)
-//===----------------------------------------------------------------------===//
-
-struct Call {
-  Call(std::string name, std::string irOp)
-      : name(std::move(name)), irOp(std::move(irOp)) {
-    if (const CallSite *current = currentCallSite())
-      site = *current;
-  }
-
-  std::string name;
-  std::string irOp;
-  CallSite site;
-  int64_t seq = -1;    // -1 for send and recv
-  uint64_t flight = 0; // flight recorder handle
-  int64_t startUnixMs = 0;
-
-  std::string describe() const {
-    std::string out = seq >= 0 ? "collective #" + std::to_string(seq) + " " +
-                                     name
-                               : name;
-    if (!site.phase.empty())
-      out += " (" + site.phase +
-             (site.function.empty() ? "" : " of @" + site.function) + ")";
-    else if (!site.function.empty())
-      out += " (in @" + site.function + ")";
-    return out;
-  }
-};
-
-struct PeerState {
-  int rank = -1;
-  bool known = false;
-  int64_t seq = 0;
-  std::string state; // "started" or "failed"
-  std::string collective;
-  CallSite site;
-  int64_t unixMs = 0;
-  std::string detail;
-};
-
-constexpr char kFieldSeparator = '\x1f';
-
-std::string encodeState(int64_t seq, const std::string &state,
-                        const std::string &collective, const CallSite &site,
-                        int64_t unixMs, const std::string &detail) {
-  std::string out;
-  for (const std::string &field :
-       {std::to_string(seq), state, collective, site.function, site.op,
-        site.location, site.phase, std::to_string(unixMs), detail}) {
-    out += field;
-    out += kFieldSeparator;
-  }
-  return out;
-}
-
-PeerState decodeState(int rank, const std::string &text) {
-  std::vector<std::string> fields;
-  std::string field;
-  for (char c : text) {
-    if (c == kFieldSeparator) {
-      fields.push_back(field);
-      field.clear();
-    } else {
-      field += c;
-    }
-  }
-  PeerState peer;
-  peer.rank = rank;
-  if (fields.size() < 9)
-    return peer;
-  peer.known = true;
-  peer.seq = std::strtoll(fields[0].c_str(), nullptr, 10);
-  peer.state = fields[1];
-  peer.collective = fields[2];
-  peer.site = CallSite{fields[3], fields[4], fields[5], fields[6]};
-  peer.unixMs = std::strtoll(fields[7].c_str(), nullptr, 10);
-  peer.detail = fields[8];
-  return peer;
-}
-
-std::string siteText(const CallSite &site) {
-  std::string out;
-  if (!site.op.empty())
-    out = site.op + (site.location.empty() ? "" : " at " + site.location);
-  else if (!site.phase.empty())
-    out = site.phase;
-  if (!site.function.empty())
-    out += (out.empty() ? "in @" : " of @") + site.function;
-  return out.empty() ? "" : " (" + out + ")";
-}
-
-//===----------------------------------------------------------------------===//
 // NcclCommunicator
 //===----------------------------------------------------------------------===//
 
@@ -390,14 +207,11 @@ struct Transfer {
 
 class NcclRequest;
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public EngineBase {
 public:
   NcclCommunicator(RendezvousOptions options, int device,
                    c10::intrusive_ptr<c10d::Store> store, ncclComm_t comm);
   ~NcclCommunicator() override;
-
-  int rank() const override { return options.rank; }
-  int worldSize() const override { return options.worldSize; }
 
   at::Tensor allGather(const at::Tensor &input, int64_t axis,
                        const std::vector<int64_t> &sizes) override;
@@ -411,8 +225,6 @@ public:
   std::unique_ptr<Request> send(const at::Tensor &tensor, int peer,
                                 int tag) override;
   std::unique_ptr<Request> recv(at::Tensor &tensor, int peer, int tag) override;
-  int64_t collectivesStarted() const override { return started; }
-  void noteFailure(const std::string &message) override;
 
   /// An allreduce of one int through the scratch buffers: returns once every
   /// rank's communicator works.
@@ -443,55 +255,18 @@ private:
   void reserveScratch(size_t count);
   void abortComm();
 
-  Error fail(const Call &call, std::string problem, std::string hint) const {
-    ErrorInfo info;
-    info.problem = std::move(problem);
-    info.hint = std::move(hint);
-    info.rank = options.rank;
-    info.op = call.site.op.empty() ? call.irOp : call.site.op;
-    info.location = call.site.location;
-    return Error(std::move(info));
-  }
-  void begin(Call &call, const at::Tensor *tensor, int64_t values = -1);
-  void complete(Call &call) {
-    flight.finish(call.flight, FlightEntry::State::Completed);
-  }
-  void publish(int64_t seq, const std::string &state,
-               const std::string &collective, const CallSite &site,
-               int64_t unixMs, const std::string &detail);
-  Error diagnose(Call &call, const std::string &detail, bool timedOut);
-  std::vector<PeerState> readPeers(std::chrono::milliseconds grace,
-                                   std::string &storeProblem);
-  std::string summarizePeers(const Call &call,
-                             const std::vector<PeerState> &peers,
-                             bool timedOut) const;
-
-  std::string where() const {
-    return "on rank " + std::to_string(options.rank) + " of " +
-           std::to_string(options.worldSize);
+  bool reduces(at::ScalarType type) const override {
+    return ncclType(type).has_value();
   }
   void checkTensor(const Call &call, const at::Tensor &tensor) const;
-  void checkReducible(const Call &call, const at::Tensor &tensor,
-                      Reduction op) const;
-  int64_t checkAxis(const Call &call, const at::Tensor &tensor,
-                    int64_t axis) const;
-  void checkSizes(const Call &call, const std::vector<int64_t> &sizes) const;
-  void checkPeer(const Call &call, int peer, int tag) const;
 
-  RendezvousOptions options;
   int device;
-  c10::intrusive_ptr<c10d::Store> store;
   ncclComm_t comm;
   cudaStream_t commStream = nullptr;
   int64_t *hostScratch = nullptr;   // pinned
   int64_t *deviceScratch = nullptr;
   size_t scratchCount = 0;
   std::vector<std::shared_ptr<Transfer>> posted; // not launched yet
-  std::string broken;
-  int64_t started = 0;
-  int64_t failedSeq = -1;
-  bool storeUsable = true;
-  FlightRecorder flight;
 };
 
 class NcclRequest final : public Communicator::Request {
@@ -543,8 +318,8 @@ private:
 NcclCommunicator::NcclCommunicator(RendezvousOptions options, int device,
                                    c10::intrusive_ptr<c10d::Store> store,
                                    ncclComm_t comm)
-    : options(std::move(options)), device(device), store(std::move(store)),
-      comm(comm) {
+    : EngineBase(std::move(options), std::move(store), kWording),
+      device(device), comm(comm) {
   DeviceGuard guard(device);
   // Non-blocking: the stream must not synchronise with the legacy default
   // stream, which is the compute stream under a CPU-only LibTorch.
@@ -565,47 +340,28 @@ NcclCommunicator::NcclCommunicator(RendezvousOptions options, int device,
 template <typename Body>
 auto NcclCommunicator::communicate(Call &call, Body &&body)
     -> decltype(body()) {
-  if (!broken.empty()) {
-    flight.finish(call.flight, FlightEntry::State::Failed,
-                  "not run: the communicator was already unusable");
-    throw fail(call,
-               call.describe() + " cannot run " + where() +
-                   ": the communicator is unusable after an earlier failure (" +
-                   broken + ")",
-               "Handle the first error: the job has to be restarted once a "
-               "collective has failed");
-  }
+  refuseIfBroken(call);
   DeviceGuard guard(device);
   std::string detail;
   bool timedOut = false;
   try {
-    if constexpr (std::is_void_v<decltype(body())>) {
-      body();
-      complete(call);
-      return;
-    } else {
-      auto result = body();
-      complete(call);
-      return result;
-    }
+    return runAndComplete(call, body);
   } catch (const Error &e) {
     // Our own checks after data moved (a malformed ringShift header): the
     // peers' state is unknown, so the communicator goes too.
     abortComm();
-    broken = call.name + ": " + e.problem();
-    flight.finish(call.flight, FlightEntry::State::Failed, e.problem());
+    breakOn(call, e);
     throw;
   } catch (const Failure &e) {
     detail = e.what();
     timedOut = e.timedOut;
   } catch (const std::exception &e) {
-    detail = compat::describe(e);
+    detail = describeError(e);
   } catch (...) {
     detail = "unknown exception";
   }
   // Abort first: it ends this rank's kernels that may wait on a dead peer.
   abortComm();
-  broken = call.describe() + " failed: " + detail;
   throw diagnose(call, detail, timedOut);
 }
 
@@ -779,313 +535,46 @@ void NcclCommunicator::reserveScratch(size_t count) {
   scratchCount = count;
 }
 
-void NcclCommunicator::begin(Call &call, const at::Tensor *tensor,
-                             int64_t values) {
-  call.seq = ++started;
-  call.startUnixMs = unixMillis();
-  FlightEntry entry;
-  entry.seq = call.seq;
-  entry.collective = call.name;
-  entry.function = call.site.function;
-  entry.op = call.site.op.empty() ? call.irOp : call.site.op;
-  entry.location = call.site.location;
-  entry.phase = call.site.phase;
-  if (tensor && tensor->defined()) {
-    entry.shape = describeTensor(*tensor);
-    entry.dtype = c10::toString(tensor->scalar_type());
-    entry.bytes = static_cast<int64_t>(bytesOf(*tensor));
-  } else if (values >= 0) {
-    entry.shape = "[" + std::to_string(values) + "]";
-    entry.dtype = "Long";
-    entry.bytes = values * static_cast<int64_t>(sizeof(int64_t));
-  }
-  call.flight = flight.start(std::move(entry));
-  if (broken.empty())
-    publish(call.seq, "started", call.name, call.site, call.startUnixMs, "");
-}
-
-void NcclCommunicator::publish(int64_t seq, const std::string &state,
-                               const std::string &collective,
-                               const CallSite &site, int64_t unixMs,
-                               const std::string &detail) {
-  if (!storeUsable)
-    return;
-  try {
-    store->set(kSeqPrefix + std::to_string(options.rank),
-               toBytes(encodeState(seq, state, collective, site, unixMs,
-                                   truncated(detail, 600))));
-  } catch (const std::exception &) {
-    storeUsable = false;
-  }
-}
-
-void NcclCommunicator::noteFailure(const std::string &message) {
-  if (!broken.empty())
-    return;
-  publish(started, "failed", "", CallSite{}, unixMillis(), message);
-}
-
-std::vector<PeerState>
-NcclCommunicator::readPeers(std::chrono::milliseconds grace,
-                            std::string &storeProblem) {
-  std::vector<PeerState> peers;
-  std::string storeAt = "the rendezvous store at " + options.masterAddr + ":" +
-                        std::to_string(options.masterPort);
-  if (!storeUsable) {
-    storeProblem = storeAt + " could not be reached earlier: rank 0, which "
-                             "hosts it, has probably exited or died";
-    return peers;
-  }
-  Clock::time_point end = Clock::now() + grace;
-  try {
-    while (true) {
-      peers.clear();
-      bool allFailed = true;
-      for (int r = 0; r < options.worldSize; ++r) {
-        if (r == options.rank)
-          continue;
-        std::string key = kSeqPrefix + std::to_string(r);
-        PeerState peer;
-        peer.rank = r;
-        if (store->check({key}))
-          peer = decodeState(r, fromBytes(store->get(key)));
-        allFailed &= peer.known && peer.state == "failed";
-        peers.push_back(std::move(peer));
-      }
-      if (allFailed || Clock::now() >= end)
-        return peers;
-      std::this_thread::sleep_for(kStorePoll);
-    }
-  } catch (const std::exception &e) {
-    storeUsable = false;
-    storeProblem = storeAt + " cannot be read (" + compat::describe(e) +
-                   "): rank 0, which hosts it, has probably exited or died";
-    peers.clear();
-    return peers;
-  }
-}
-
-std::string NcclCommunicator::summarizePeers(const Call &call,
-                                             const std::vector<PeerState> &peers,
-                                             bool timedOut) const {
-  std::vector<std::string> clauses;
-  std::vector<int> reached;
-  int64_t now = unixMillis();
-  auto ago = [now](int64_t unixMs) {
-    std::ostringstream out;
-    out.precision(1);
-    out << std::fixed << std::max<int64_t>(0, now - unixMs) / 1000.0
-        << " s ago";
-    return out.str();
-  };
-  for (const PeerState &peer : peers) {
-    std::string who = "rank " + std::to_string(peer.rank);
-    if (!peer.known) {
-      clauses.push_back(who + " has recorded no collective");
-      continue;
-    }
-    std::string latest = "#" + std::to_string(peer.seq) + " " +
-                         peer.collective + siteText(peer.site);
-    if (peer.state == "failed") {
-      if (peer.collective.empty())
-        clauses.push_back(who + " failed outside a collective after #" +
-                          std::to_string(peer.seq) + ": " +
-                          truncated(peer.detail, 300));
-      else
-        clauses.push_back(who + " failed in collective " + latest + ": " +
-                          truncated(peer.detail, 300));
-      continue;
-    }
-    if (peer.seq < call.seq) {
-      clauses.push_back(who + " never arrived (its latest collective is " +
-                        latest + ", entered " + ago(peer.unixMs) + ")" +
-                        (timedOut ? ""
-                                  : " and has recorded no failure: it may "
-                                    "have died"));
-    } else if (peer.seq == call.seq && peer.collective == call.name) {
-      if (timedOut)
-        reached.push_back(peer.rank);
-      else
-        clauses.push_back(who + " reached it but had recorded no failure " +
-                          seconds(kPeerReportGrace) +
-                          " later (it died, or it still waits on another "
-                          "rank)");
-    } else if (peer.seq == call.seq) {
-      clauses.push_back(who + " is in collective " + latest +
-                        " instead: the ranks' collective calls differ");
-    } else {
-      clauses.push_back(who + " has moved on to collective " + latest);
-    }
-  }
-  std::string out;
-  for (size_t i = 0; i < clauses.size() && i < kMaxPeerClauses; ++i)
-    out += (i ? "; " : "") + clauses[i];
-  if (clauses.size() > kMaxPeerClauses)
-    out += "; and " + std::to_string(clauses.size() - kMaxPeerClauses) +
-           " more ranks (see the flight record)";
-  if (!reached.empty()) {
-    std::vector<int> all = reached;
-    all.push_back(options.rank);
-    std::sort(all.begin(), all.end());
-    out += (out.empty() ? "" : "; ") +
-           std::string(all.size() == 1 ? "rank " : "ranks ") + joinRanks(all) +
-           " reached it";
-  }
-  return out;
-}
-
-Error NcclCommunicator::diagnose(Call &call, const std::string &detail,
-                                 bool timedOut) {
-  flight.finish(call.flight, FlightEntry::State::Failed, detail);
-  std::string timeoutHint =
-      "Some rank did not reach this collective in time: check the ranks "
-      "named above (and the other ranks' logs) for an earlier error or a "
-      "hang, make sure every rank makes the same collective calls in the "
-      "same order (and posts matching sends and receives between the same "
-      "waits), or raise DLOSS_TIMEOUT_S if the ranks are only slow";
-  std::string peerHint =
-      "A peer rank probably failed or exited: check the other ranks' logs "
-      "for the first error (this one may be a consequence); NCCL_DEBUG=WARN "
-      "shows NCCL's own view";
-  std::string aborted = " (the NCCL communicator was aborted)";
-  if (call.seq < 0) {
-    if (timedOut)
-      return fail(call,
-                  call.name + " timed out " + where() +
-                      " after the deadline of " + seconds(options.timeout) +
-                      " (" + detail + ")" + aborted,
-                  timeoutHint);
-    return fail(call,
-                call.name + " failed " + where() + ": " + detail + aborted,
-                peerHint);
-  }
-
-  failedSeq = call.seq;
-  publish(call.seq, "failed", call.name, call.site, unixMillis(),
-          timedOut ? "timed out after " + seconds(options.timeout) : detail);
-  std::string storeProblem;
-  std::vector<PeerState> peers = readPeers(
-      timedOut ? std::chrono::milliseconds(0) : kPeerReportGrace, storeProblem);
-  if (storeUsable) {
-    try {
-      store->set(kDonePrefix + std::to_string(options.rank), toBytes("1"));
-    } catch (const std::exception &) {
-      storeUsable = false;
-    }
-  }
-  std::string summary = storeProblem.empty()
-                            ? summarizePeers(call, peers, timedOut)
-                            : "the peers' states are unknown: " + storeProblem;
-  std::string problem =
-      timedOut ? call.describe() + " timed out " + where() +
-                     " after the deadline of " + seconds(options.timeout)
-               : call.describe() + " failed " + where() + " (" + detail + ")";
-  if (!summary.empty())
-    problem += ": " + summary;
-  if (timedOut)
-    problem += " (" + detail + ")";
-  problem += aborted;
-  std::string hint = timedOut ? timeoutHint : peerHint;
-
-  std::string record;
-  if (options.flightDir != "off") {
-    FlightRecorder::Header header;
-    header.rank = options.rank;
-    header.worldSize = options.worldSize;
-    header.timeoutSeconds = options.timeout.count() / 1000.0;
-    header.reason = fail(call, problem, hint).what();
-    for (const PeerState &peer : peers)
-      header.peers.push_back(
-          "rank " + std::to_string(peer.rank) + ": " +
-          (peer.known ? peer.state + " #" + std::to_string(peer.seq) + " " +
-                            peer.collective + siteText(peer.site) +
-                            (peer.detail.empty() ? "" : ": " + peer.detail)
-                      : "no collective recorded"));
-    if (!storeProblem.empty())
-      header.peers.push_back(storeProblem);
-    try {
-      record = "flight record of this rank's last collectives: " +
-               flight.write(options.flightDir, header);
-    } catch (const std::exception &e) {
-      record = "the flight record could not be written (" +
-               std::string(e.what()) + "; set DLOSS_FLIGHT_DIR)";
-    }
-  }
-  if (!record.empty())
-    problem += ". " + record;
-  return fail(call, problem, hint);
-}
-
+// EngineBase's destructor then keeps a failed rank 0's store up.
 NcclCommunicator::~NcclCommunicator() {
-  {
-    DeviceGuard guard(device);
-    posted.clear();
-    if (comm) {
-      // Finalize flushes what is still queued (a request dropped unwaited);
-      // a peer that died meanwhile cannot hold this up past the limit.
-      ncclResult_t result = ncclCommFinalize(comm);
-      bool finalized = false;
-      if (result == ncclSuccess) {
-        ncclResult_t state = ncclInProgress;
-        finalized = ncclCommGetAsyncError(comm, &state) == ncclSuccess &&
-                    state == ncclSuccess;
-        result = finalized ? ncclSuccess : state;
-      }
-      Clock::time_point end =
-          Clock::now() + std::min<std::chrono::milliseconds>(options.timeout,
-                                                             kFinalizeLimit);
-      while (!finalized && result == ncclInProgress && Clock::now() < end) {
-        ncclResult_t state = ncclInProgress;
-        if (ncclCommGetAsyncError(comm, &state) != ncclSuccess)
-          break;
-        if (state == ncclSuccess)
-          finalized = true;
-        else if (state != ncclInProgress)
-          break;
-        else
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      if (finalized)
-        (void)ncclCommDestroy(comm);
+  DeviceGuard guard(device);
+  posted.clear();
+  if (comm) {
+    // Finalize flushes what is still queued (a request dropped unwaited);
+    // a peer that died meanwhile cannot hold this up past the limit.
+    ncclResult_t result = ncclCommFinalize(comm);
+    bool finalized = false;
+    if (result == ncclSuccess) {
+      ncclResult_t state = ncclInProgress;
+      finalized = ncclCommGetAsyncError(comm, &state) == ncclSuccess &&
+                  state == ncclSuccess;
+      result = finalized ? ncclSuccess : state;
+    }
+    Clock::time_point end = Clock::now() + std::min<std::chrono::milliseconds>(
+                                               options.timeout, kFinalizeLimit);
+    while (!finalized && result == ncclInProgress && Clock::now() < end) {
+      ncclResult_t state = ncclInProgress;
+      if (ncclCommGetAsyncError(comm, &state) != ncclSuccess)
+        break;
+      if (state == ncclSuccess)
+        finalized = true;
+      else if (state != ncclInProgress)
+        break;
       else
-        (void)ncclCommAbort(comm);
-      comm = nullptr;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    if (commStream)
-      (void)cudaStreamDestroy(commStream);
-    if (hostScratch)
-      (void)cudaFreeHost(hostScratch);
-    if (deviceScratch)
-      (void)cudaFree(deviceScratch);
+    if (finalized)
+      (void)ncclCommDestroy(comm);
+    else
+      (void)ncclCommAbort(comm);
+    comm = nullptr;
   }
-  if (options.rank != 0 || failedSeq < 0 || !storeUsable)
-    return;
-  // Rank 0 hosts the store: keep it up while peers in the failed collective
-  // still read their peers' states (as the Gloo engine does).
-  Clock::time_point start = Clock::now();
-  Clock::time_point end = start + kFailureLinger;
-  auto silentEnd = start + kPeerReportGrace + std::chrono::milliseconds(500);
-  try {
-    while (Clock::now() < end) {
-      bool diagnosing = false, silent = false;
-      for (int r = 1; r < options.worldSize; ++r) {
-        if (store->check({kDonePrefix + std::to_string(r)}))
-          continue;
-        std::string key = kSeqPrefix + std::to_string(r);
-        if (!store->check({key}))
-          continue;
-        PeerState peer = decodeState(r, fromBytes(store->get(key)));
-        if (!peer.known || peer.seq < failedSeq)
-          continue;
-        diagnosing |= peer.state == "failed";
-        silent |= peer.state != "failed";
-      }
-      if (!diagnosing && (!silent || Clock::now() >= silentEnd))
-        return;
-      std::this_thread::sleep_for(kStorePoll);
-    }
-  } catch (const std::exception &) {
-  }
+  if (commStream)
+    (void)cudaStreamDestroy(commStream);
+  if (hostScratch)
+    (void)cudaFreeHost(hostScratch);
+  if (deviceScratch)
+    (void)cudaFree(deviceScratch);
 }
 
 //===----------------------------------------------------------------------===//
@@ -1094,9 +583,7 @@ NcclCommunicator::~NcclCommunicator() {
 
 void NcclCommunicator::checkTensor(const Call &call,
                                    const at::Tensor &tensor) const {
-  if (!tensor.defined())
-    throw fail(call, call.name + " got an undefined tensor " + where(),
-               "Pass a tensor");
+  checkDefined(call, tensor);
   if (!tensor.device().is_cuda())
     throw fail(call,
                call.name + " got a tensor on " + tensor.device().str() + " " +
@@ -1114,72 +601,6 @@ void NcclCommunicator::checkTensor(const Call &call,
                    " (one GPU per rank, usually LOCAL_RANK)");
 }
 
-void NcclCommunicator::checkReducible(const Call &call,
-                                      const at::Tensor &tensor,
-                                      Reduction op) const {
-  at::ScalarType type = tensor.scalar_type();
-  if (op == Reduction::Mean && !at::isFloatingType(type))
-    throw fail(call,
-               call.name + " Mean of an integer tensor (" +
-                   c10::toString(type) + ") is not defined " + where(),
-               "Convert the tensor to a floating type, or reduce with Sum and "
-               "divide by the world size");
-  if (!ncclType(type))
-    throw fail(call,
-               call.name + " " + reductionName(op) + " of a " +
-                   c10::toString(type) + " tensor is not supported by NCCL " +
-                   where(),
-               "Convert to float, double, half, bfloat16 or an integer type "
-               "first");
-}
-
-int64_t NcclCommunicator::checkAxis(const Call &call, const at::Tensor &tensor,
-                                    int64_t axis) const {
-  int64_t dims = tensor.dim();
-  if (dims == 0 || axis < -dims || axis >= dims)
-    throw fail(call,
-               call.name + " axis " + std::to_string(axis) +
-                   " is out of range for a " + std::to_string(dims) +
-                   "-d tensor " + where(),
-               "Pass an axis in [-dims, dims) of a tensor with at least one "
-               "dimension");
-  return axis < 0 ? axis + dims : axis;
-}
-
-void NcclCommunicator::checkSizes(const Call &call,
-                                  const std::vector<int64_t> &sizes) const {
-  if (static_cast<int64_t>(sizes.size()) != options.worldSize)
-    throw fail(call,
-               call.name + " got " + std::to_string(sizes.size()) + " sizes " +
-                   where() + ", expected one per rank (" +
-                   std::to_string(options.worldSize) + ")",
-               "Pass every rank's size in rank order, as exchanged with "
-               "allGatherInts");
-  for (size_t r = 0; r < sizes.size(); ++r)
-    if (sizes[r] < 0)
-      throw fail(call,
-                 call.name + " got a negative size " +
-                     std::to_string(sizes[r]) + " for rank " +
-                     std::to_string(r) + " " + where(),
-                 "Pass every rank's size in rank order, as exchanged with "
-                 "allGatherInts");
-}
-
-void NcclCommunicator::checkPeer(const Call &call, int peer, int tag) const {
-  // A send to oneself outside a group would block its own stream.
-  if (peer < 0 || peer >= options.worldSize || peer == options.rank)
-    throw fail(call,
-               call.name + " names peer rank " + std::to_string(peer) + " " +
-                   where() + ", which is not another rank of the job",
-               "Pass a peer in [0, world size) other than this rank; a "
-               "transfer to oneself is a local copy");
-  if (tag < 0 || tag >= kReservedTagBase)
-    throw fail(call,
-               call.name + " tag " + std::to_string(tag) + " is out of range " +
-                   where(),
-               "Use tags in [0, 2^30), as with the Gloo engine");
-}
-
 //===----------------------------------------------------------------------===//
 // Collectives
 //===----------------------------------------------------------------------===//
@@ -1195,17 +616,7 @@ at::Tensor NcclCommunicator::allGather(const at::Tensor &input, int64_t axis,
                                        const std::vector<int64_t> &sizes) {
   Call call{"allGather", "dloss.all_gather"};
   checkTensor(call, input);
-  int64_t dim = checkAxis(call, input, axis);
-  checkSizes(call, sizes);
-  if (sizes[options.rank] != input.size(dim))
-    throw fail(call,
-               "allGather sizes[" + std::to_string(options.rank) +
-                   "] = " + std::to_string(sizes[options.rank]) +
-                   " but this rank's tensor has " +
-                   std::to_string(input.size(dim)) + " along axis " +
-                   std::to_string(dim) + " " + where(),
-               "Pass the sizes exchanged with allGatherInts, in rank order, "
-               "for the same tensor");
+  int64_t dim = checkGather(call, input, axis, sizes);
   int64_t n = options.worldSize;
   int64_t maxSize = *std::max_element(sizes.begin(), sizes.end());
   int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
@@ -1290,16 +701,7 @@ at::Tensor NcclCommunicator::reduceScatter(const at::Tensor &input,
   Call call{"reduceScatter", "dloss.reduce_scatter"};
   checkTensor(call, input);
   checkReducible(call, input, op);
-  int64_t dim = checkAxis(call, input, axis);
-  checkSizes(call, sizes);
-  int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
-  if (total != input.size(dim))
-    throw fail(call,
-               "reduceScatter sizes add up to " + std::to_string(total) +
-                   " but the tensor has " + std::to_string(input.size(dim)) +
-                   " along axis " + std::to_string(dim) + " " + where(),
-               "Pass every rank's slice size in rank order; they must add up "
-               "to the reduced axis");
+  int64_t dim = checkScatter(call, input, axis, sizes);
   int64_t n = options.worldSize;
   int64_t maxSize = *std::max_element(sizes.begin(), sizes.end());
   std::vector<int64_t> blockShape = input.sizes().vec();
@@ -1352,11 +754,7 @@ at::Tensor NcclCommunicator::reduceScatter(const at::Tensor &input,
 at::Tensor NcclCommunicator::broadcast(const at::Tensor &input, int root) {
   Call call{"broadcast", "dloss.broadcast"};
   checkTensor(call, input);
-  if (root < 0 || root >= options.worldSize)
-    throw fail(call,
-               "broadcast root " + std::to_string(root) + " is not a rank " +
-                   where(),
-               "Pass a root in [0, world size)");
+  checkRoot(call, root);
   begin(call, &input);
   DeviceGuard guard(device);
   at::Tensor result = input.clone(at::MemoryFormat::Contiguous);
@@ -1384,17 +782,10 @@ at::Tensor NcclCommunicator::broadcast(const at::Tensor &input, int root) {
 at::Tensor NcclCommunicator::ringShift(const at::Tensor &input, int64_t shift) {
   Call call{"ringShift", "dloss.ring_shift"};
   checkTensor(call, input);
-  int64_t n = options.worldSize;
-  int64_t step = ((shift % n) + n) % n;
-  if (input.dim() > kMaxDims)
-    throw fail(call,
-               "ringShift of a " + std::to_string(input.dim()) + "-d tensor " +
-                   where() + " exceeds the limit of " +
-                   std::to_string(kMaxDims) + " dimensions",
-               "Reshape the tensor to fewer dimensions before the shift");
+  checkShiftDims(call, input);
+  ShiftPeers ring = shiftPeers(shift);
+  int dst = ring.dst, src = ring.src;
   begin(call, &input);
-  int dst = static_cast<int>((options.rank + step) % n);
-  int src = static_cast<int>((options.rank - step + n) % n);
   DeviceGuard guard(device);
   at::Tensor data = input.contiguous();
 
@@ -1402,12 +793,7 @@ at::Tensor NcclCommunicator::ringShift(const at::Tensor &input, int64_t shift) {
     launchTransfers(deadline());
     Clock::time_point until = deadline();
     reserveScratch(2 * kHeaderLength);
-    int64_t *header = hostScratch;
-    std::fill(header, header + 2 * kHeaderLength, int64_t{0});
-    header[0] = data.dim();
-    header[1] = static_cast<int64_t>(data.scalar_type());
-    for (int64_t d = 0; d < data.dim(); ++d)
-      header[2 + d] = data.size(d);
+    writeShiftHeader(data, hostScratch);
     size_t headerBytes = kHeaderLength * sizeof(int64_t);
     checkCuda(cudaMemcpyAsync(deviceScratch, hostScratch, headerBytes,
                               cudaMemcpyHostToDevice, commStream),
@@ -1428,18 +814,8 @@ at::Tensor NcclCommunicator::ringShift(const at::Tensor &input, int64_t shift) {
     checkCuda(cudaEventRecord(headerDone.get(), commStream), "cudaEventRecord");
     await(headerDone.get(), "the ringShift header", until);
 
-    const int64_t *in = hostScratch + kHeaderLength;
-    int64_t dims = in[0];
-    if (dims < 0 || dims > kMaxDims || in[1] < 0 ||
-        in[1] >= static_cast<int64_t>(at::ScalarType::NumOptions))
-      throw fail(call,
-                 "ringShift received a malformed header from rank " +
-                     std::to_string(src) + " " + where(),
-                 "Make sure every rank runs the same dloss build and the same "
-                 "collective calls in the same order");
-    std::vector<int64_t> shape(in + 2, in + 2 + dims);
-    auto type = static_cast<at::ScalarType>(in[1]);
-    at::Tensor received = at::empty(shape, data.options().dtype(type));
+    at::Tensor received =
+        fromShiftHeader(call, hostScratch + kHeaderLength, src, data);
 
     // Both ends know both sizes now; empty tensors send nothing.
     if (received.numel() > 0 || data.numel() > 0) {
@@ -1590,99 +966,8 @@ NcclCommunicator::recv(at::Tensor &tensor, int peer, int tag) {
 // Rendezvous
 //===----------------------------------------------------------------------===//
 
-Error rendezvousError(const RendezvousOptions &options, std::string problem,
-                      std::string hint) {
-  ErrorInfo info;
-  info.problem = std::move(problem);
-  info.hint = std::move(hint);
-  info.rank = options.rank;
-  return Error(std::move(info));
-}
-
-std::string storeAddress(const RendezvousOptions &options) {
-  return options.masterAddr + ":" + std::to_string(options.masterPort);
-}
-
-std::string arrivedKey(int rank) {
-  return kArrivedPrefix + std::to_string(rank);
-}
-
-std::string decide(c10d::Store &store, const std::string &proposal) {
-  return fromBytes(store.compareSet(kVerdictKey, {}, toBytes(proposal)));
-}
-
-// The Gloo engine's arrival protocol: every rank announces itself; the first
-// verdict stored ("ok" or "missing:<ranks>") is every rank's verdict.
-void rendezvous(c10d::Store &store, const RendezvousOptions &options,
-                Clock::time_point until) {
-  int n = options.worldSize;
-  store.set(arrivedKey(options.rank), toBytes("1"));
-  store.add(kArrivedCountKey, 1);
-  std::string verdict;
-  while (verdict.empty()) {
-    if (store.add(kArrivedCountKey, 0) >= n) {
-      verdict = decide(store, "ok");
-    } else if (store.check({kVerdictKey})) {
-      verdict = fromBytes(store.get(kVerdictKey));
-    } else if (Clock::now() >= until) {
-      std::vector<int> missing;
-      for (int r = 0; r < n; ++r)
-        if (!store.check({arrivedKey(r)}))
-          missing.push_back(r);
-      verdict = decide(
-          store, missing.empty() ? "ok" : "missing:" + joinRanks(missing));
-    } else {
-      std::this_thread::sleep_for(kStorePoll);
-    }
-  }
-  if (verdict == "ok")
-    return;
-  std::string missing = verdict.substr(verdict.find(':') + 1);
-  size_t missingCount = std::count(missing.begin(), missing.end(), ',') + 1;
-  if (options.rank == 0) {
-    int64_t expectedAcks = n - static_cast<int64_t>(missingCount) - 1;
-    auto lingerEnd = Clock::now() + kVerdictLinger;
-    while (store.add(kVerdictAckKey, 0) < expectedAcks &&
-           Clock::now() < lingerEnd)
-      std::this_thread::sleep_for(kStorePoll);
-  } else {
-    store.add(kVerdictAckKey, 1);
-  }
-  throw rendezvousError(
-      options,
-      "the NCCL rendezvous of " + std::to_string(n) + " ranks at " +
-          storeAddress(options) + " did not complete within the deadline of " +
-          seconds(options.timeout) + ": " +
-          (missingCount == 1 ? "rank " + missing + " never joined"
-                             : "ranks " + missing + " never joined"),
-      "Start every rank from 0 to " + std::to_string(n - 1) +
-          " with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE; if the "
-          "missing ranks were started, check their logs for an error before "
-          "the rendezvous, or raise DLOSS_TIMEOUT_S if they start late");
-}
-
-void checkOptions(const RendezvousOptions &options, int device) {
-  std::string problem;
-  if (options.worldSize < 1)
-    problem =
-        "world size " + std::to_string(options.worldSize) + " is not positive";
-  else if (options.rank < 0 || options.rank >= options.worldSize)
-    problem = "rank " + std::to_string(options.rank) +
-              " is out of range for world size " +
-              std::to_string(options.worldSize);
-  else if (options.masterPort < 1 || options.masterPort > 65535)
-    problem = "master port " + std::to_string(options.masterPort) +
-              " is not a TCP port";
-  else if (options.timeout.count() <= 0)
-    problem = "the timeout (" + std::to_string(options.timeout.count()) +
-              " ms) is not positive";
-  else if (options.masterAddr.empty())
-    problem = "the master address is empty";
-  if (!problem.empty())
-    throw Error("connectNccl: " + problem,
-                "Pass RANK in [0, WORLD_SIZE), a MASTER_PORT in [1, 65535], "
-                "a non-empty MASTER_ADDR and a positive DLOSS_TIMEOUT_S");
-
+// After checkOptions: the device must be one this process sees.
+void checkDevice(const RendezvousOptions &options, int device) {
   int count = 0;
   cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
@@ -1706,7 +991,8 @@ void checkOptions(const RendezvousOptions &options, int device) {
 
 std::unique_ptr<Communicator> connectNccl(const RendezvousOptions &options,
                                           int device) {
-  checkOptions(options, device);
+  checkOptions(options, "connectNccl");
+  checkDevice(options, device);
   Clock::time_point until = Clock::now() + options.timeout;
   DeviceGuard guard(device);
 
@@ -1725,37 +1011,15 @@ std::unique_ptr<Communicator> connectNccl(const RendezvousOptions &options,
           "NCCL_SOCKET_IFNAME, and NCCL_DEBUG=WARN to see why");
   }
 
-  c10::intrusive_ptr<c10d::Store> store;
-  try {
-    store = compat::openTcpStore(options);
-  } catch (const std::exception &e) {
-    std::string detail = compat::describe(e);
-    if (options.rank == 0)
-      throw rendezvousError(
-          options,
-          "rank 0 could not host the rendezvous store on port " +
-              std::to_string(options.masterPort) + " (" + detail + ")",
-          "Another process (perhaps an earlier job, or this job's Gloo "
-          "communicator) may hold MASTER_PORT=" +
-              std::to_string(options.masterPort) +
-              ": pick a free port or stop that process");
-    throw rendezvousError(
-        options,
-        "could not reach the rendezvous store of rank 0 at " +
-            storeAddress(options) + " within the deadline of " +
-            seconds(options.timeout) + ": rank 0 never joined (" + detail + ")",
-        "Rank 0 hosts the store: check that it was started and that its log "
-        "shows no earlier error, that every rank uses the same MASTER_ADDR "
-        "and MASTER_PORT, or raise DLOSS_TIMEOUT_S if rank 0 starts late");
-  }
-
-  try {
+  c10::intrusive_ptr<c10d::Store> store =
+      openStore(options, "an earlier job, or this job's Gloo communicator");
+  guardStore(options, [&] {
     if (options.rank == 0)
       store->set(kUniqueIdKey,
                  std::vector<uint8_t>(reinterpret_cast<const uint8_t *>(&id),
                                       reinterpret_cast<const uint8_t *>(&id) +
                                           sizeof(id)));
-    rendezvous(*store, options, until);
+    rendezvous(*store, options, until, "NCCL rendezvous");
     if (options.rank != 0) {
       std::vector<uint8_t> bytes = store->get(kUniqueIdKey);
       if (bytes.size() != sizeof(id))
@@ -1768,16 +1032,7 @@ std::unique_ptr<Communicator> connectNccl(const RendezvousOptions &options,
             "version");
       std::memcpy(&id, bytes.data(), sizeof(id));
     }
-  } catch (const Error &) {
-    throw;
-  } catch (const std::exception &e) {
-    throw rendezvousError(
-        options,
-        "lost the rendezvous store of rank 0 at " + storeAddress(options) +
-            " during the rendezvous (" + compat::describe(e) + ")",
-        "Rank 0 probably failed or gave up: check its log for the first "
-        "error");
-  }
+  });
 
   // Non-blocking init: the host polls it against the deadline, and a rank
   // that never gets there is named from the store.
@@ -1802,25 +1057,11 @@ std::unique_ptr<Communicator> connectNccl(const RendezvousOptions &options,
   if (problem.empty() && result != ncclSuccess)
     problem = std::string("failed: ") + ncclGetErrorString(result) + " (" +
               ncclGetLastError(comm) + ")";
-  auto readyKey = [](int rank) { return kReadyPrefix + std::to_string(rank); };
   if (!problem.empty()) {
     if (comm)
       (void)ncclCommAbort(comm);
-    std::string peers;
-    try {
-      std::vector<int> missing;
-      for (int r = 0; r < options.worldSize; ++r)
-        if (r != options.rank && !store->check({readyKey(r)}))
-          missing.push_back(r);
-      if (!missing.empty())
-        peers = std::string(missing.size() == 1 ? ": rank " : ": ranks ") +
-                joinRanks(missing) +
-                " never initialised theirs (check whether they died or "
-                "failed)";
-    } catch (const std::exception &) {
-      peers = ": rank 0, which hosts the rendezvous store, is unreachable "
-              "(it probably died)";
-    }
+    std::string peers = unmarkedPeers(*store, options, kReadyPrefix,
+                                      "never initialised theirs");
     throw rendezvousError(
         options,
         "the NCCL communicator on cuda:" + std::to_string(device) + " " +
@@ -1829,7 +1070,7 @@ std::unique_ptr<Communicator> connectNccl(const RendezvousOptions &options,
         "Each rank needs its own GPU: NCCL refuses two ranks on one device");
   }
   try {
-    store->set(readyKey(options.rank), toBytes("1"));
+    setMark(*store, kReadyPrefix, options.rank, "1");
   } catch (const std::exception &) {
     // The connection check below reports a dead peer.
   }
