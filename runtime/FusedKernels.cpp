@@ -131,6 +131,10 @@ int64_t total(const std::vector<int64_t> &sizes) {
   return std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
 }
 
+int64_t largest(const std::vector<int64_t> &sizes) {
+  return *std::max_element(sizes.begin(), sizes.end());
+}
+
 int64_t offsetOf(const std::vector<int64_t> &sizes, int rank) {
   return std::accumulate(sizes.begin(), sizes.begin() + rank, int64_t{0});
 }
@@ -574,18 +578,18 @@ Tensors runRing(Communicator &comm, const RingPass &pass) {
 }
 
 /// The backward's ring: the carry is each chunk's column gradient [length,
-/// width] and its owner's share of a 0-d parameter's gradient, summed on
-/// their way home; tiles(chunk, dCols, share) adds this rank's part. Returns
-/// the gradient of this rank's own columns and its share.
+/// width] and its owner's share of a 0-d parameter's gradient ([1] f64),
+/// summed on their way home; tiles(chunk, dCols) adds this rank's part of the
+/// column gradient and returns its part of the share. Returns the gradient of
+/// this rank's own columns and its share.
 struct ColumnGradient {
-  at::Tensor dCols;
-  double share = 0;
+  at::Tensor dCols, share;
 };
 
 ColumnGradient runGradientRing(
     Communicator &comm, Tensors features, std::vector<int64_t> lengths,
     int64_t width, at::TensorOptions options,
-    const std::function<void(const Chunk &, at::Tensor &, double &)> &tiles) {
+    const std::function<at::Tensor(const Chunk &, at::Tensor &)> &tiles) {
   RingPass pass;
   pass.features = std::move(features);
   pass.lengths = std::move(lengths);
@@ -595,21 +599,56 @@ ColumnGradient runGradientRing(
   };
   pass.visit = [&](const Chunk &chunk) {
     at::Tensor dCols = at::zeros({chunk.length(), width}, options);
-    double share = 0;
-    tiles(chunk, dCols, share);
-    return Tensors{dCols, at::full({1}, share, options.dtype(at::kDouble))};
+    at::Tensor share = tiles(chunk, dCols);
+    return Tensors{dCols, share};
   };
   pass.merge = [](Tensors &mine, const Tensors &upstream) {
     mine[0].add_(upstream[0]);
     mine[1].add_(upstream[1]);
   };
   Tensors home = runRing(comm, pass);
-  return {home[0], home[1].item<double>()};
+  return {home[0], home[1]};
 }
 
-/// A partial gradient of a 0-d operand of type `type`.
-at::Tensor scalarResult(double value, at::ScalarType type) {
-  return at::scalar_tensor(value, at::TensorOptions(type));
+/// The CPU form: tiles(chunk, dCols, share) adds to a double share.
+ColumnGradient runGradientRing(
+    Communicator &comm, Tensors features, std::vector<int64_t> lengths,
+    int64_t width, at::TensorOptions options,
+    const std::function<void(const Chunk &, at::Tensor &, double &)> &tiles) {
+  return runGradientRing(comm, std::move(features), std::move(lengths), width,
+                         options, [&](const Chunk &chunk, at::Tensor &dCols) {
+                           double share = 0;
+                           tiles(chunk, dCols, share);
+                           return at::full({1}, share,
+                                           options.dtype(at::kDouble));
+                         });
+}
+
+/// Sets a backward op's results: the gradients of rows and cols (of the
+/// types of operands 0 and 1), then those of its 0-d operands 2, 3, ...
+/// (this rank's partial gradients, on the operands' device).
+void setGradients(KernelContext &ctx, const FusedArgs &args,
+                  const at::Tensor &dRows, const at::Tensor &dCols,
+                  std::initializer_list<double> scalars) {
+  ctx.setResult(0, dRows.to(args.type(0)));
+  ctx.setResult(1, dCols.to(args.type(1)));
+  size_t i = 2;
+  for (double value : scalars) {
+    ctx.setResult(i, at::scalar_tensor(value, at::TensorOptions(args.type(i)))
+                         .to(args.device));
+    ++i;
+  }
+}
+
+/// Running log-sum-exp statistics per row (max, sum of exp(x - max); empty:
+/// (-inf, 0)) and the value each row picks at its target.
+struct RowStatistics {
+  at::Tensor max, sum, picked;
+};
+
+RowStatistics rowStatistics(int64_t n, const FusedArgs &args) {
+  return {at::full({n}, -kInf, args.options()), at::zeros({n}, args.options()),
+          at::zeros({n}, args.options())};
 }
 
 #ifdef DLOSS_HAVE_CUDA
@@ -636,15 +675,17 @@ void onDevice(KernelContext &ctx, const FusedArgs &args,
 // dloss.ring_softmax_ce and its backward
 //===----------------------------------------------------------------------===//
 
-/// Operands 0-4 of both softmax ops, with every rank's sizes.
+/// Operands 0-4 of both softmax ops, with every rank's sizes, and the
+/// backward's 5-8: the saved statistics and the cotangents.
 struct SoftmaxOperands {
   Similarity sim;
   std::vector<int64_t> rowSizes, colSizes;
   int64_t rowOffset = 0;
   at::Tensor rowTargets, colTargets;
+  at::Tensor rowLse, colLse, ctRow, ctCol; ///< the backward's
 };
 
-SoftmaxOperands softmaxOperands(const FusedArgs &args) {
+SoftmaxOperands softmaxOperands(const FusedArgs &args, bool backward = false) {
   SoftmaxOperands ops;
   ops.sim = similarityOperands(args);
   ops.rowSizes = args.ctx.rankSizes(0, 0);
@@ -654,52 +695,35 @@ SoftmaxOperands softmaxOperands(const FusedArgs &args) {
                                 total(ops.colSizes), "columns");
   ops.colTargets = args.targets(4, "col_targets", ops.sim.cols.size(0),
                                 total(ops.rowSizes), "rows");
+  if (backward) {
+    const int64_t n = ops.sim.rows.size(0), m = ops.sim.cols.size(0);
+    ops.rowLse = args.vector(5, "row_lse", n);
+    ops.colLse = args.vector(6, "col_lse", m);
+    ops.ctRow = args.vector(7, "ct_row", n);
+    ops.ctCol = args.vector(8, "ct_col", m);
+  }
   return ops;
 }
 
-void ringSoftmaxCE(KernelContext &ctx) {
-  FusedArgs args(ctx, "dloss.ring_softmax_ce");
-  DLOSS_DEVICE_DISPATCH(ringSoftmaxCEDevice)
-  SoftmaxOperands ops = softmaxOperands(args);
-  const Similarity &sim = ops.sim;
-  const int64_t n = sim.rows.size(0);
-  TileShape tile = clippedTile(
-      n, *std::max_element(ops.colSizes.begin(), ops.colSizes.end()),
-      args.compute);
-  TileScratch scratch(tile, 2, args.options());
-  at::Tensor rowMax = at::full({n}, -kInf, args.options());
-  at::Tensor rowSum = at::zeros({n}, args.options());
-  at::Tensor rowTarget = at::zeros({n}, args.options());
-  Elements rowTargetAt(rowTarget);
-
+/// The CLIP forward's ring and results, for the CPU and GPU ops:
+/// tiles(chunk, rows, stats) folds this rank's tiles of a chunk into the row
+/// statistics and the chunk's column statistics `stats` [3, length] (running
+/// max, sum of exp, target logit).
+template <typename Tiles>
+void runSoftmaxCE(KernelContext &ctx, const FusedArgs &args,
+                  const SoftmaxOperands &ops, Tiles &&tiles) {
+  RowStatistics rows = rowStatistics(ops.sim.rows.size(0), args);
   RingPass pass;
-  pass.features = {sim.cols, ops.colTargets};
+  pass.features = {ops.sim.cols, ops.colTargets};
   pass.lengths = ops.colSizes;
-  // Column statistics: running max, sum of exp, target logit.
   pass.newCarry = [&](int64_t length) {
     return Tensors{at::empty({3, length}, args.options())};
   };
   pass.visit = [&](const Chunk &chunk) {
-    const at::Tensor &cols = chunk.features[0], &colTargets = chunk.features[1];
     at::Tensor stats = pass.newCarry(chunk.length())[0];
     stats[0].fill_(-kInf);
     stats.narrow(0, 1, 2).zero_();
-    Elements colTargetAt(stats[2]);
-    forEachBlock(n, chunk.length(), tile, [&](const Block &block) {
-      at::Tensor logits =
-          similarityTile(sim, cols, block, scratch(0, block)).mul_(sim.scale);
-      Elements logit(logits);
-      forRowTargets(
-          ops.rowTargets, block, chunk.offset,
-          [&](int64_t i, int64_t e) { rowTargetAt.set(i, logit.get(e)); });
-      forColTargets(
-          colTargets, block, ops.rowOffset,
-          [&](int64_t j, int64_t e) { colTargetAt.set(j, logit.get(e)); });
-      foldTile(logits, 1, rowMax.narrow(0, block.row, block.rows),
-               rowSum.narrow(0, block.row, block.rows), scratch(1, block));
-      foldTile(logits, 0, stats[0].narrow(0, block.col, block.cols),
-               stats[1].narrow(0, block.col, block.cols), scratch(1, block));
-    });
+    tiles(chunk, rows, stats);
     return Tensors{stats};
   };
   pass.merge = [](Tensors &mine, const Tensors &upstream) {
@@ -708,28 +732,58 @@ void ringSoftmaxCE(KernelContext &ctx) {
   };
   at::Tensor colStats = runRing(ctx.communicator(), pass)[0];
 
-  at::Tensor rowLse = lseOf(rowMax, rowSum);
+  at::Tensor rowLse = lseOf(rows.max, rows.sum);
   at::Tensor colLse = lseOf(colStats[0], colStats[1]);
-  ctx.setResult(0, (rowLse - rowTarget).to(args.type(0)));
+  ctx.setResult(0, (rowLse - rows.picked).to(args.type(0)));
   ctx.setResult(1, (colLse - colStats[2]).to(args.type(1)));
   ctx.setResult(2, rowLse.to(args.type(0)));
   ctx.setResult(3, colLse.to(args.type(1)));
 }
 
+void ringSoftmaxCE(KernelContext &ctx) {
+  FusedArgs args(ctx, "dloss.ring_softmax_ce");
+  DLOSS_DEVICE_DISPATCH(ringSoftmaxCEDevice)
+  SoftmaxOperands ops = softmaxOperands(args);
+  const Similarity &sim = ops.sim;
+  const int64_t n = sim.rows.size(0);
+  TileShape tile = clippedTile(n, largest(ops.colSizes), args.compute);
+  TileScratch scratch(tile, 2, args.options());
+
+  runSoftmaxCE(
+      ctx, args, ops,
+      [&](const Chunk &chunk, RowStatistics &rows, at::Tensor &stats) {
+        const at::Tensor &cols = chunk.features[0],
+                         &colTargets = chunk.features[1];
+        Elements rowTargetAt(rows.picked), colTargetAt(stats[2]);
+        forEachBlock(n, chunk.length(), tile, [&](const Block &block) {
+          at::Tensor logits =
+              similarityTile(sim, cols, block, scratch(0, block))
+                  .mul_(sim.scale);
+          Elements logit(logits);
+          forRowTargets(
+              ops.rowTargets, block, chunk.offset,
+              [&](int64_t i, int64_t e) { rowTargetAt.set(i, logit.get(e)); });
+          forColTargets(
+              colTargets, block, ops.rowOffset,
+              [&](int64_t j, int64_t e) { colTargetAt.set(j, logit.get(e)); });
+          foldTile(logits, 1, rows.max.narrow(0, block.row, block.rows),
+                   rows.sum.narrow(0, block.row, block.rows),
+                   scratch(1, block));
+          foldTile(logits, 0, stats[0].narrow(0, block.col, block.cols),
+                   stats[1].narrow(0, block.col, block.cols),
+                   scratch(1, block));
+        });
+      });
+}
+
 void ringSoftmaxCEGrad(KernelContext &ctx) {
   FusedArgs args(ctx, "dloss.ring_softmax_ce_grad");
   DLOSS_DEVICE_DISPATCH(ringSoftmaxCEGradDevice)
-  SoftmaxOperands ops = softmaxOperands(args);
+  SoftmaxOperands ops = softmaxOperands(args, /*backward=*/true);
   const Similarity &sim = ops.sim;
-  const int64_t n = sim.rows.size(0), m = sim.cols.size(0),
-                d = sim.rows.size(1);
-  at::Tensor rowLse = args.vector(5, "row_lse", n);
-  at::Tensor colLse = args.vector(6, "col_lse", m);
-  at::Tensor ctRow = args.vector(7, "ct_row", n);
-  at::Tensor ctCol = args.vector(8, "ct_col", m);
-  TileShape tile = clippedTile(
-      n, *std::max_element(ops.colSizes.begin(), ops.colSizes.end()),
-      args.compute);
+  const at::Tensor &rowLse = ops.rowLse, &ctRow = ops.ctRow;
+  const int64_t n = sim.rows.size(0), d = sim.rows.size(1);
+  TileShape tile = clippedTile(n, largest(ops.colSizes), args.compute);
   TileScratch scratch(tile, 3, args.options());
   at::Tensor dRows = at::zeros({n, d}, args.options());
   double dScale = 0;
@@ -758,38 +812,40 @@ void ringSoftmaxCEGrad(KernelContext &ctx) {
       Elements g(grad), sAt(s), ctRowAt(ctRow), ctColAt(chunkCt);
       forRowTargets(ops.rowTargets, block, chunk.offset,
                     [&](int64_t i, int64_t e) { g.add(e, -ctRowAt.get(i)); });
-      forColTargets(colTargets, block, ops.rowOffset, [&](int64_t j, int64_t e) {
-        g.add(e, -ctColAt.get(j));
-        colPart -= ctColAt.get(j) * sAt.get(e);
-      });
+      forColTargets(colTargets, block, ops.rowOffset,
+                    [&](int64_t j, int64_t e) {
+                      g.add(e, -ctColAt.get(j));
+                      colPart -= ctColAt.get(j) * sAt.get(e);
+                    });
       double all = backpropTile(grad, s, block, sim, cols, dRows, dCols);
       dScale += all - colPart;
       colShare += colPart;
     });
   };
   ColumnGradient own = runGradientRing(
-      ctx.communicator(), {sim.cols, ops.colTargets, colLse, ctCol},
+      ctx.communicator(), {sim.cols, ops.colTargets, ops.colLse, ops.ctCol},
       ops.colSizes, d, args.options(), tiles);
 
-  ctx.setResult(0, dRows.to(args.type(0)));
-  ctx.setResult(1, own.dCols.to(args.type(1)));
-  ctx.setResult(2, scalarResult(dScale + own.share, args.type(2)));
+  setGradients(ctx, args, dRows, own.dCols,
+               {dScale + own.share.item<double>()});
 }
 
 //===----------------------------------------------------------------------===//
 // dloss.ring_sigmoid_pairs and its backward
 //===----------------------------------------------------------------------===//
 
-/// Operands 0-4 of both sigmoid ops, with every rank's column counts.
+/// Operands 0-4 of both sigmoid ops, with every rank's column counts, and
+/// the backward's cotangents 5-6.
 struct SigmoidOperands {
   Similarity sim;
   double bias = 0;
   std::vector<int64_t> colSizes;
   at::Tensor targets;
   TileShape tile{1, 1};
+  at::Tensor ctPair, ctPositive; ///< the backward's
 };
 
-SigmoidOperands sigmoidOperands(const FusedArgs &args) {
+SigmoidOperands sigmoidOperands(const FusedArgs &args, bool backward = false) {
   SigmoidOperands ops;
   ops.sim = similarityOperands(args);
   ops.bias = args.scalar(3, "bias");
@@ -797,10 +853,34 @@ SigmoidOperands sigmoidOperands(const FusedArgs &args) {
   ops.targets = args.targets(4, "targets", ops.sim.rows.size(0),
                              total(ops.colSizes), "columns");
   ops.tile =
-      clippedTile(ops.sim.rows.size(0),
-                  *std::max_element(ops.colSizes.begin(), ops.colSizes.end()),
-                  args.compute);
+      clippedTile(ops.sim.rows.size(0), largest(ops.colSizes), args.compute);
+  if (backward) {
+    ops.ctPair = args.vector(5, "ct_pair", ops.sim.rows.size(0));
+    ops.ctPositive = args.vector(6, "ct_positive", ops.sim.rows.size(0));
+  }
   return ops;
+}
+
+/// The SigLIP forward's ring and results, for the CPU and GPU ops:
+/// tiles(chunk, pairSum, positive) adds this rank's tiles of a chunk to each
+/// row's sum of softplus(L) and stores L at its target into `positive`.
+template <typename Tiles>
+void runSigmoidPairs(KernelContext &ctx, const FusedArgs &args,
+                     const SigmoidOperands &ops, Tiles &&tiles) {
+  const int64_t n = ops.sim.rows.size(0);
+  at::Tensor pairSum = at::zeros({n}, args.options());
+  at::Tensor positive = at::zeros({n}, args.options());
+  RingPass pass;
+  pass.features = {ops.sim.cols};
+  pass.lengths = ops.colSizes;
+  pass.visit = [&](const Chunk &chunk) {
+    tiles(chunk, pairSum, positive);
+    return Tensors{};
+  };
+  runRing(ctx.communicator(), pass);
+
+  ctx.setResult(0, pairSum.to(args.type(0)));
+  ctx.setResult(1, positive.to(args.type(0)));
 }
 
 /// L = scale S + bias for a chunk's block, in its scratch tile 0.
@@ -817,41 +897,32 @@ void ringSigmoidPairs(KernelContext &ctx) {
   SigmoidOperands ops = sigmoidOperands(args);
   const int64_t n = ops.sim.rows.size(0);
   TileScratch scratch(ops.tile, 2, args.options());
-  at::Tensor pairSum = at::zeros({n}, args.options());
-  at::Tensor positive = at::zeros({n}, args.options());
-  Elements positiveAt(positive);
 
-  RingPass pass;
-  pass.features = {ops.sim.cols};
-  pass.lengths = ops.colSizes;
-  pass.visit = [&](const Chunk &chunk) {
-    forEachBlock(n, chunk.length(), ops.tile, [&](const Block &block) {
-      at::Tensor logits = sigmoidLogits(ops, chunk.features[0], block, scratch);
-      Elements logit(logits);
-      forRowTargets(
-          ops.targets, block, chunk.offset,
-          [&](int64_t i, int64_t e) { positiveAt.set(i, logit.get(e)); });
-      // softplus(x) = log1p(exp(-|x|)) + max(x, 0), exact at both ends.
-      at::Tensor softplus = scratch(1, block);
-      at::abs_out(softplus, logits).neg_().exp_().log1p_();
-      softplus.add_(logits.clamp_min_(0));
-      pairSum.narrow(0, block.row, block.rows).add_(softplus.sum(1));
-    });
-    return Tensors{};
-  };
-  runRing(ctx.communicator(), pass);
-
-  ctx.setResult(0, pairSum.to(args.type(0)));
-  ctx.setResult(1, positive.to(args.type(0)));
+  runSigmoidPairs(
+      ctx, args, ops,
+      [&](const Chunk &chunk, at::Tensor &pairSum, at::Tensor &positive) {
+        Elements positiveAt(positive);
+        forEachBlock(n, chunk.length(), ops.tile, [&](const Block &block) {
+          at::Tensor logits =
+              sigmoidLogits(ops, chunk.features[0], block, scratch);
+          Elements logit(logits);
+          forRowTargets(
+              ops.targets, block, chunk.offset,
+              [&](int64_t i, int64_t e) { positiveAt.set(i, logit.get(e)); });
+          // softplus(x) = log1p(exp(-|x|)) + max(x, 0), exact at both ends.
+          at::Tensor softplus = scratch(1, block);
+          at::abs_out(softplus, logits).neg_().exp_().log1p_();
+          softplus.add_(logits.clamp_min_(0));
+          pairSum.narrow(0, block.row, block.rows).add_(softplus.sum(1));
+        });
+      });
 }
 
 void ringSigmoidPairsGrad(KernelContext &ctx) {
   FusedArgs args(ctx, "dloss.ring_sigmoid_pairs_grad");
   DLOSS_DEVICE_DISPATCH(ringSigmoidPairsGradDevice)
-  SigmoidOperands ops = sigmoidOperands(args);
+  SigmoidOperands ops = sigmoidOperands(args, /*backward=*/true);
   const int64_t n = ops.sim.rows.size(0), d = ops.sim.rows.size(1);
-  at::Tensor ctPair = args.vector(5, "ct_pair", n);
-  at::Tensor ctPositive = args.vector(6, "ct_positive", n);
   TileScratch scratch(ops.tile, 2, args.options());
   at::Tensor dRows = at::zeros({n, d}, args.options());
   double dScale = 0, dBias = 0;
@@ -863,8 +934,8 @@ void ringSigmoidPairsGrad(KernelContext &ctx) {
       at::Tensor s = similarityTile(ops.sim, cols, block, scratch(0, block));
       at::Tensor grad = scratch(1, block);
       grad.copy_(s).mul_(ops.sim.scale).add_(ops.bias).sigmoid_();
-      grad.mul_(ctPair.narrow(0, block.row, block.rows).unsqueeze(1));
-      Elements g(grad), ctAt(ctPositive);
+      grad.mul_(ops.ctPair.narrow(0, block.row, block.rows).unsqueeze(1));
+      Elements g(grad), ctAt(ops.ctPositive);
       forRowTargets(ops.targets, block, chunk.offset,
                     [&](int64_t i, int64_t e) { g.add(e, ctAt.get(i)); });
       dBias += grad.sum().item<double>();
@@ -875,10 +946,7 @@ void ringSigmoidPairsGrad(KernelContext &ctx) {
                                      ops.colSizes, d, args.options(), tiles)
                          .dCols;
 
-  ctx.setResult(0, dRows.to(args.type(0)));
-  ctx.setResult(1, dCols.to(args.type(1)));
-  ctx.setResult(2, scalarResult(dScale, args.type(2)));
-  ctx.setResult(3, scalarResult(dBias, args.type(3)));
+  setGradients(ctx, args, dRows, dCols, {dScale, dBias});
 }
 
 //===----------------------------------------------------------------------===//
@@ -886,15 +954,17 @@ void ringSigmoidPairsGrad(KernelContext &ctx) {
 //===----------------------------------------------------------------------===//
 
 /// Operands 0-3 of both sharded ops: the gathered rows, this rank's class
-/// shard, the scale and the global class targets.
+/// shard, the scale and the global class targets; and the backward's 4-6:
+/// the saved lse_rest and the cotangents.
 struct ShardOperands {
   Similarity sim;
   int64_t classOffset = 0;
   at::Tensor targets;
   TileShape tile{1, 1};
+  at::Tensor lseRest, ctLse, ctTarget; ///< the backward's
 };
 
-ShardOperands shardOperands(const FusedArgs &args) {
+ShardOperands shardOperands(const FusedArgs &args, bool backward = false) {
   ShardOperands ops;
   ops.sim = similarityOperands(args);
   std::vector<int64_t> classSizes = args.ctx.rankSizes(1, 0);
@@ -903,7 +973,28 @@ ShardOperands shardOperands(const FusedArgs &args) {
                              total(classSizes), "classes");
   ops.tile =
       clippedTile(ops.sim.rows.size(0), ops.sim.cols.size(0), args.compute);
+  if (backward) {
+    const int64_t batch = ops.sim.rows.size(0);
+    ops.lseRest = args.vector(4, "lse_rest", batch);
+    ops.ctLse = args.vector(5, "ct_lse", batch);
+    ops.ctTarget = args.vector(6, "ct_target", batch);
+  }
   return ops;
+}
+
+/// Combines the shards' row statistics (this rank's classes, without the
+/// targets) and target dots into the results lse_rest and target_dot. Every
+/// rank makes both calls, whatever its shard holds.
+void combineShards(KernelContext &ctx, const FusedArgs &args,
+                   RowStatistics &rows) {
+  Communicator &comm = ctx.communicator();
+  at::Tensor globalMax = comm.allReduce(rows.max, Reduction::Max);
+  rows.sum.mul_((rows.max - finiteShift(globalMax)).exp_());
+  at::Tensor sums =
+      comm.allReduce(at::stack({rows.sum, rows.picked}), Reduction::Sum);
+  // No class but the target anywhere: max -inf, sum 0, lse -inf.
+  ctx.setResult(0, lseOf(globalMax, sums[0]).to(args.type(0)));
+  ctx.setResult(1, sums[1].to(args.type(0)));
 }
 
 void shardedSoftmax(KernelContext &ctx) {
@@ -912,10 +1003,8 @@ void shardedSoftmax(KernelContext &ctx) {
   ShardOperands ops = shardOperands(args);
   const int64_t batch = ops.sim.rows.size(0);
   TileScratch scratch(ops.tile, 2, args.options());
-  at::Tensor rowMax = at::full({batch}, -kInf, args.options());
-  at::Tensor rowSum = at::zeros({batch}, args.options());
-  at::Tensor targetDot = at::zeros({batch}, args.options());
-  Elements targetDotAt(targetDot);
+  RowStatistics rows = rowStatistics(batch, args);
+  Elements targetDotAt(rows.picked);
 
   forEachBlock(batch, ops.sim.cols.size(0), ops.tile, [&](const Block &block) {
     at::Tensor logits =
@@ -928,30 +1017,18 @@ void shardedSoftmax(KernelContext &ctx) {
     logits.mul_(ops.sim.scale);
     forRowTargets(ops.targets, block, ops.classOffset,
                   [&](int64_t, int64_t e) { logit.set(e, -kInf); });
-    foldTile(logits, 1, rowMax.narrow(0, block.row, block.rows),
-             rowSum.narrow(0, block.row, block.rows), scratch(1, block));
+    foldTile(logits, 1, rows.max.narrow(0, block.row, block.rows),
+             rows.sum.narrow(0, block.row, block.rows), scratch(1, block));
   });
-
-  // Every rank makes both calls, whatever its shard holds.
-  Communicator &comm = ctx.communicator();
-  at::Tensor globalMax = comm.allReduce(rowMax, Reduction::Max);
-  rowSum.mul_((rowMax - finiteShift(globalMax)).exp_());
-  at::Tensor sums =
-      comm.allReduce(at::stack({rowSum, targetDot}), Reduction::Sum);
-  // No class but the target anywhere: max -inf, sum 0, lse -inf.
-  ctx.setResult(0, lseOf(globalMax, sums[0]).to(args.type(0)));
-  ctx.setResult(1, sums[1].to(args.type(0)));
+  combineShards(ctx, args, rows);
 }
 
 void shardedSoftmaxGrad(KernelContext &ctx) {
   FusedArgs args(ctx, "dloss.sharded_softmax_grad", "weights");
   DLOSS_DEVICE_DISPATCH(shardedSoftmaxGradDevice)
-  ShardOperands ops = shardOperands(args);
+  ShardOperands ops = shardOperands(args, /*backward=*/true);
   const Similarity &sim = ops.sim;
   const int64_t batch = sim.rows.size(0), classes = sim.cols.size(0);
-  at::Tensor lseRest = args.vector(4, "lse_rest", batch);
-  at::Tensor ctLse = args.vector(5, "ct_lse", batch);
-  at::Tensor ctTarget = args.vector(6, "ct_target", batch);
   TileScratch scratch(ops.tile, 2, args.options());
   at::Tensor dRows = at::zeros_like(sim.rows);
   at::Tensor dWeights = at::zeros_like(sim.cols);
@@ -962,11 +1039,11 @@ void shardedSoftmaxGrad(KernelContext &ctx) {
     // G = ct_lse P, P the softmax over the classes other than the target.
     at::Tensor grad = scratch(1, block);
     grad.copy_(s).mul_(sim.scale);
-    grad.sub_(lseRest.narrow(0, block.row, block.rows).unsqueeze(1)).exp_();
+    grad.sub_(ops.lseRest.narrow(0, block.row, block.rows).unsqueeze(1)).exp_();
     Elements g(grad);
     forRowTargets(ops.targets, block, ops.classOffset,
                   [&](int64_t, int64_t e) { g.set(e, 0); });
-    grad.mul_(ctLse.narrow(0, block.row, block.rows).unsqueeze(1));
+    grad.mul_(ops.ctLse.narrow(0, block.row, block.rows).unsqueeze(1));
     dScale += backpropTile(grad, s, block, sim, sim.cols, dRows, dWeights);
   });
 
@@ -979,13 +1056,11 @@ void shardedSoftmaxGrad(KernelContext &ctx) {
                });
   at::Tensor rowIndex = at::tensor(rowsHit, at::kLong);
   at::Tensor classIndex = at::tensor(classesHit, at::kLong);
-  at::Tensor ct = ctTarget.index_select(0, rowIndex).unsqueeze(1);
+  at::Tensor ct = ops.ctTarget.index_select(0, rowIndex).unsqueeze(1);
   dRows.index_add_(0, rowIndex, sim.cols.index_select(0, classIndex) * ct);
   dWeights.index_add_(0, classIndex, sim.rows.index_select(0, rowIndex) * ct);
 
-  ctx.setResult(0, dRows.to(args.type(0)));
-  ctx.setResult(1, dWeights.to(args.type(1)));
-  ctx.setResult(2, scalarResult(dScale, args.type(2)));
+  setGradients(ctx, args, dRows, dWeights, {dScale});
 }
 
 #ifdef DLOSS_HAVE_CUDA
@@ -1083,275 +1158,201 @@ void onDevice(KernelContext &ctx, const FusedArgs &args,
   }
 }
 
-/// runGradientRing's GPU form: `tiles(chunk, dCols)` adds this rank's part
-/// of the chunk's column gradient and returns the columns' owner's share of
-/// a 0-d parameter's gradient as a [1] f64 device tensor.
-struct DeviceColumnGradient {
-  at::Tensor dCols, share;
-};
-
-DeviceColumnGradient runDeviceGradientRing(
-    Communicator &comm, Tensors features, std::vector<int64_t> lengths,
-    int64_t width, at::TensorOptions options,
-    const std::function<at::Tensor(const Chunk &, at::Tensor &)> &tiles) {
-  RingPass pass;
-  pass.features = std::move(features);
-  pass.lengths = std::move(lengths);
-  pass.newCarry = [&](int64_t length) {
-    return Tensors{at::empty({length, width}, options),
-                   at::empty({1}, options.dtype(at::kDouble))};
-  };
-  pass.visit = [&](const Chunk &chunk) {
-    at::Tensor dCols = at::zeros({chunk.length(), width}, options);
-    at::Tensor share = tiles(chunk, dCols);
-    return Tensors{dCols, share};
-  };
-  pass.merge = [](Tensors &mine, const Tensors &upstream) {
-    mine[0].add_(upstream[0]);
-    mine[1].add_(upstream[1]);
-  };
-  Tensors home = runRing(comm, pass);
-  return {home[0], home[1]};
-}
-
-int64_t largest(const std::vector<int64_t> &sizes) {
-  return *std::max_element(sizes.begin(), sizes.end());
-}
-
 void ringSoftmaxCEDevice(KernelContext &ctx, const FusedArgs &args) {
   SoftmaxOperands ops = softmaxOperands(args);
   const Similarity &sim = ops.sim;
   const int64_t n = sim.rows.size(0);
   DeviceTiles dev(args, n, largest(ops.colSizes));
-  at::Tensor rowMax = at::full({n}, -kInf, args.options());
-  at::Tensor rowSum = at::zeros({n}, args.options());
-  at::Tensor rowTarget = at::zeros({n}, args.options());
 
-  RingPass pass;
-  pass.features = {sim.cols, ops.colTargets};
-  pass.lengths = ops.colSizes;
-  pass.newCarry = [&](int64_t length) {
-    return Tensors{at::empty({3, length}, args.options())};
-  };
-  pass.visit = [&](const Chunk &chunk) {
-    const at::Tensor &cols = chunk.features[0], &colTargets = chunk.features[1];
-    const int64_t length = chunk.length();
-    at::Tensor stats = pass.newCarry(length)[0];
-    stats[0].fill_(-kInf);
-    stats.narrow(0, 1, 2).zero_();
-    forEachBlock(n, length, dev.shape, [&](const Block &block) {
-      cuda::ClipForward tile;
-      tile.scale = static_cast<float>(sim.scale);
-      tile.rowTargets = dataAt<int64_t>(ops.rowTargets, block.row);
-      tile.colBase = chunk.offset + block.col;
-      tile.colTargets = dataAt<int64_t>(colTargets, block.col);
-      tile.rowBase = ops.rowOffset + block.row;
-      tile.rowMax = dataAt<float>(rowMax, block.row);
-      tile.rowSum = dataAt<float>(rowSum, block.row);
-      tile.rowTarget = dataAt<float>(rowTarget, block.row);
-      tile.colMax = dataAt<float>(stats, block.col);
-      tile.colSum = dataAt<float>(stats, length + block.col);
-      tile.colTarget = dataAt<float>(stats, 2 * length + block.col);
-      cuda::clipForwardTile(dev.launch, dev.tile(sim.rows, cols, block), tile);
-    });
-    return Tensors{stats};
-  };
-  pass.merge = [](Tensors &mine, const Tensors &upstream) {
-    mergeLse(mine[0][0], mine[0][1], upstream[0][0], upstream[0][1]);
-    mine[0][2].add_(upstream[0][2]);
-  };
-  at::Tensor colStats = runRing(ctx.communicator(), pass)[0];
-
-  at::Tensor rowLse = lseOf(rowMax, rowSum);
-  at::Tensor colLse = lseOf(colStats[0], colStats[1]);
-  ctx.setResult(0, (rowLse - rowTarget).to(args.type(0)));
-  ctx.setResult(1, (colLse - colStats[2]).to(args.type(1)));
-  ctx.setResult(2, rowLse.to(args.type(0)));
-  ctx.setResult(3, colLse.to(args.type(1)));
+  runSoftmaxCE(ctx, args, ops,
+               [&](const Chunk &chunk, RowStatistics &rows, at::Tensor &stats) {
+                 const at::Tensor &cols = chunk.features[0],
+                                  &colTargets = chunk.features[1];
+                 const int64_t length = chunk.length();
+                 forEachBlock(n, length, dev.shape, [&](const Block &block) {
+                   cuda::ClipForward tile;
+                   tile.scale = static_cast<float>(sim.scale);
+                   tile.rowTargets = dataAt<int64_t>(ops.rowTargets, block.row);
+                   tile.colBase = chunk.offset + block.col;
+                   tile.colTargets = dataAt<int64_t>(colTargets, block.col);
+                   tile.rowBase = ops.rowOffset + block.row;
+                   tile.rowMax = dataAt<float>(rows.max, block.row);
+                   tile.rowSum = dataAt<float>(rows.sum, block.row);
+                   tile.rowTarget = dataAt<float>(rows.picked, block.row);
+                   tile.colMax = dataAt<float>(stats, block.col);
+                   tile.colSum = dataAt<float>(stats, length + block.col);
+                   tile.colTarget =
+                       dataAt<float>(stats, 2 * length + block.col);
+                   cuda::clipForwardTile(dev.launch,
+                                         dev.tile(sim.rows, cols, block), tile);
+                 });
+               });
 }
 
+/// Per row, in f64, a backward's share of a 0-d parameter's gradient.
+at::Tensor perRowShares(int64_t n, const FusedArgs &args) {
+  return at::zeros({n}, args.options().dtype(at::kDouble));
+}
+
+/// A GPU backward's rows: their targets, the gradient dRows [n, d] and, per
+/// row, the share of dscale; what every backward tile takes (BackwardTile).
+struct DeviceRowGradient {
+  DeviceRowGradient(const FusedArgs &args, double scale,
+                    const at::Tensor &targets, int64_t n, int64_t d)
+      : scale(scale), targets(targets), d(d),
+        dRows(at::zeros({n, d}, args.options())),
+        dScaleRow(perRowShares(n, args)) {}
+
+  /// Points `tile`'s BackwardTile fields at `block`, whose columns are the
+  /// global columns colOffset + block.col... and whose column gradient is in
+  /// dCols ([count, d] float32).
+  void point(cuda::BackwardTile &tile, const Block &block, int64_t colOffset,
+             const at::Tensor &dCols) const {
+    tile.scale = static_cast<float>(scale);
+    tile.rowTargets = dataAt<int64_t>(targets, block.row);
+    tile.colBase = colOffset + block.col;
+    tile.dRows = dataAt<float>(dRows, block.row * d);
+    tile.dCols = dataAt<float>(dCols, block.col * d);
+    tile.dScaleRow = dataAt<double>(dScaleRow, block.row);
+  }
+
+  double scale;
+  at::Tensor targets;
+  int64_t d;
+  at::Tensor dRows, dScaleRow;
+};
+
+double totalOf(const at::Tensor &shares) { return shares.sum().item<double>(); }
+
 void ringSoftmaxCEGradDevice(KernelContext &ctx, const FusedArgs &args) {
-  SoftmaxOperands ops = softmaxOperands(args);
+  SoftmaxOperands ops = softmaxOperands(args, /*backward=*/true);
   const Similarity &sim = ops.sim;
-  const int64_t n = sim.rows.size(0), m = sim.cols.size(0),
-                d = sim.rows.size(1);
-  at::Tensor rowLse = args.vector(5, "row_lse", n);
-  at::Tensor colLse = args.vector(6, "col_lse", m);
-  at::Tensor ctRow = args.vector(7, "ct_row", n);
-  at::Tensor ctCol = args.vector(8, "ct_col", m);
+  const int64_t n = sim.rows.size(0), d = sim.rows.size(1);
   DeviceTiles dev(args, n, largest(ops.colSizes));
-  at::Tensor dRows = at::zeros({n, d}, args.options());
-  // Per row, in f64: the row direction's share of dscale (see the CPU op).
-  at::Tensor dScaleRow = at::zeros({n}, args.options().dtype(at::kDouble));
-  const float scale = static_cast<float>(sim.scale);
+  // Per row: the row direction's share of dscale (see the CPU op).
+  DeviceRowGradient rows(args, sim.scale, ops.rowTargets, n, d);
 
   auto tiles = [&](const Chunk &chunk, at::Tensor &dCols) {
     const at::Tensor &cols = chunk.features[0], &colTargets = chunk.features[1];
     const at::Tensor &chunkLse = chunk.features[2],
                      &chunkCt = chunk.features[3];
-    at::Tensor colShareRow = at::zeros_like(dScaleRow);
-    cuda::prepareGradientScale(dev.launch, scale, dataAt<float>(ctRow), n,
+    at::Tensor colShareRow = perRowShares(n, args);
+    cuda::prepareGradientScale(dev.launch, static_cast<float>(sim.scale),
+                               dataAt<float>(ops.ctRow), n,
                                dataAt<float>(chunkCt), chunk.length());
     forEachBlock(n, chunk.length(), dev.shape, [&](const Block &block) {
       cuda::ClipBackward tile;
-      tile.scale = scale;
-      tile.rowLse = dataAt<float>(rowLse, block.row);
-      tile.ctRow = dataAt<float>(ctRow, block.row);
-      tile.rowTargets = dataAt<int64_t>(ops.rowTargets, block.row);
-      tile.colBase = chunk.offset + block.col;
+      rows.point(tile, block, chunk.offset, dCols);
+      tile.rowLse = dataAt<float>(ops.rowLse, block.row);
+      tile.ctRow = dataAt<float>(ops.ctRow, block.row);
       tile.colLse = dataAt<float>(chunkLse, block.col);
       tile.ctCol = dataAt<float>(chunkCt, block.col);
       tile.colTargets = dataAt<int64_t>(colTargets, block.col);
       tile.rowBase = ops.rowOffset + block.row;
-      tile.dRows = dataAt<float>(dRows, block.row * d);
-      tile.dCols = dataAt<float>(dCols, block.col * d);
-      tile.dScaleRow = dataAt<double>(dScaleRow, block.row);
       tile.colShareRow = dataAt<double>(colShareRow, block.row);
       cuda::clipBackwardTile(dev.launch, dev.tile(sim.rows, cols, block), tile);
     });
     return colShareRow.sum().reshape({1});
   };
-  DeviceColumnGradient own = runDeviceGradientRing(
-      ctx.communicator(), {sim.cols, ops.colTargets, colLse, ctCol},
+  ColumnGradient own = runGradientRing(
+      ctx.communicator(), {sim.cols, ops.colTargets, ops.colLse, ops.ctCol},
       ops.colSizes, d, args.options(), tiles);
 
-  double dScale = dScaleRow.sum().item<double>() + own.share.item<double>();
-  ctx.setResult(0, dRows.to(args.type(0)));
-  ctx.setResult(1, own.dCols.to(args.type(1)));
-  ctx.setResult(2, scalarResult(dScale, args.type(2)).to(args.device));
+  setGradients(ctx, args, rows.dRows, own.dCols,
+               {totalOf(rows.dScaleRow) + own.share.item<double>()});
 }
 
 void ringSigmoidPairsDevice(KernelContext &ctx, const FusedArgs &args) {
   SigmoidOperands ops = sigmoidOperands(args);
   const int64_t n = ops.sim.rows.size(0);
   DeviceTiles dev(args, n, largest(ops.colSizes));
-  at::Tensor pairSum = at::zeros({n}, args.options());
-  at::Tensor positive = at::zeros({n}, args.options());
 
-  RingPass pass;
-  pass.features = {ops.sim.cols};
-  pass.lengths = ops.colSizes;
-  pass.visit = [&](const Chunk &chunk) {
-    forEachBlock(n, chunk.length(), dev.shape, [&](const Block &block) {
-      cuda::SigmoidForward tile;
-      tile.scale = static_cast<float>(ops.sim.scale);
-      tile.bias = static_cast<float>(ops.bias);
-      tile.targets = dataAt<int64_t>(ops.targets, block.row);
-      tile.colBase = chunk.offset + block.col;
-      tile.pairSum = dataAt<float>(pairSum, block.row);
-      tile.positive = dataAt<float>(positive, block.row);
-      cuda::sigmoidForwardTile(
-          dev.launch, dev.tile(ops.sim.rows, chunk.features[0], block), tile);
-    });
-    return Tensors{};
-  };
-  runRing(ctx.communicator(), pass);
-
-  ctx.setResult(0, pairSum.to(args.type(0)));
-  ctx.setResult(1, positive.to(args.type(0)));
+  runSigmoidPairs(
+      ctx, args, ops,
+      [&](const Chunk &chunk, at::Tensor &pairSum, at::Tensor &positive) {
+        forEachBlock(n, chunk.length(), dev.shape, [&](const Block &block) {
+          cuda::SigmoidForward tile;
+          tile.scale = static_cast<float>(ops.sim.scale);
+          tile.bias = static_cast<float>(ops.bias);
+          tile.targets = dataAt<int64_t>(ops.targets, block.row);
+          tile.colBase = chunk.offset + block.col;
+          tile.pairSum = dataAt<float>(pairSum, block.row);
+          tile.positive = dataAt<float>(positive, block.row);
+          cuda::sigmoidForwardTile(
+              dev.launch, dev.tile(ops.sim.rows, chunk.features[0], block),
+              tile);
+        });
+      });
 }
 
 void ringSigmoidPairsGradDevice(KernelContext &ctx, const FusedArgs &args) {
-  SigmoidOperands ops = sigmoidOperands(args);
+  SigmoidOperands ops = sigmoidOperands(args, /*backward=*/true);
   const int64_t n = ops.sim.rows.size(0), d = ops.sim.rows.size(1);
-  at::Tensor ctPair = args.vector(5, "ct_pair", n);
-  at::Tensor ctPositive = args.vector(6, "ct_positive", n);
   DeviceTiles dev(args, n, largest(ops.colSizes));
-  at::Tensor dRows = at::zeros({n, d}, args.options());
-  at::Tensor dScaleRow = at::zeros({n}, args.options().dtype(at::kDouble));
-  at::Tensor dBiasRow = at::zeros_like(dScaleRow);
-  const float scale = static_cast<float>(ops.sim.scale);
+  DeviceRowGradient rows(args, ops.sim.scale, ops.targets, n, d);
+  at::Tensor dBiasRow = perRowShares(n, args);
   // G's magnitude depends on this rank's cotangents only: one prescale.
-  cuda::prepareGradientScale(dev.launch, scale, dataAt<float>(ctPair), n,
-                             dataAt<float>(ctPositive), n);
+  cuda::prepareGradientScale(dev.launch, static_cast<float>(ops.sim.scale),
+                             dataAt<float>(ops.ctPair), n,
+                             dataAt<float>(ops.ctPositive), n);
 
   auto tiles = [&](const Chunk &chunk, at::Tensor &dCols) {
     forEachBlock(n, chunk.length(), dev.shape, [&](const Block &block) {
       cuda::SigmoidBackward tile;
-      tile.scale = scale;
+      rows.point(tile, block, chunk.offset, dCols);
       tile.bias = static_cast<float>(ops.bias);
-      tile.ctPair = dataAt<float>(ctPair, block.row);
-      tile.ctPositive = dataAt<float>(ctPositive, block.row);
-      tile.targets = dataAt<int64_t>(ops.targets, block.row);
-      tile.colBase = chunk.offset + block.col;
-      tile.dRows = dataAt<float>(dRows, block.row * d);
-      tile.dCols = dataAt<float>(dCols, block.col * d);
-      tile.dScaleRow = dataAt<double>(dScaleRow, block.row);
+      tile.ctPair = dataAt<float>(ops.ctPair, block.row);
+      tile.ctPositive = dataAt<float>(ops.ctPositive, block.row);
       tile.dBiasRow = dataAt<double>(dBiasRow, block.row);
       cuda::sigmoidBackwardTile(
           dev.launch, dev.tile(ops.sim.rows, chunk.features[0], block), tile);
     });
     return at::zeros({1}, args.options().dtype(at::kDouble));
   };
-  at::Tensor dCols =
-      runDeviceGradientRing(ctx.communicator(), {ops.sim.cols}, ops.colSizes, d,
-                            args.options(), tiles)
-          .dCols;
+  at::Tensor dCols = runGradientRing(ctx.communicator(), {ops.sim.cols},
+                                     ops.colSizes, d, args.options(), tiles)
+                         .dCols;
 
-  ctx.setResult(0, dRows.to(args.type(0)));
-  ctx.setResult(1, dCols.to(args.type(1)));
-  ctx.setResult(2, scalarResult(dScaleRow.sum().item<double>(), args.type(2))
-                       .to(args.device));
-  ctx.setResult(3, scalarResult(dBiasRow.sum().item<double>(), args.type(3))
-                       .to(args.device));
+  setGradients(ctx, args, rows.dRows, dCols,
+               {totalOf(rows.dScaleRow), totalOf(dBiasRow)});
 }
 
 void shardedSoftmaxDevice(KernelContext &ctx, const FusedArgs &args) {
   ShardOperands ops = shardOperands(args);
   const int64_t batch = ops.sim.rows.size(0), classes = ops.sim.cols.size(0);
   DeviceTiles dev(args, batch, classes);
-  at::Tensor rowMax = at::full({batch}, -kInf, args.options());
-  at::Tensor rowSum = at::zeros({batch}, args.options());
-  at::Tensor targetDot = at::zeros({batch}, args.options());
+  RowStatistics rows = rowStatistics(batch, args);
 
   forEachBlock(batch, classes, dev.shape, [&](const Block &block) {
     cuda::ShardedForward tile;
     tile.scale = static_cast<float>(ops.sim.scale);
     tile.targets = dataAt<int64_t>(ops.targets, block.row);
     tile.colBase = ops.classOffset + block.col;
-    tile.rowMax = dataAt<float>(rowMax, block.row);
-    tile.rowSum = dataAt<float>(rowSum, block.row);
-    tile.targetDot = dataAt<float>(targetDot, block.row);
+    tile.rowMax = dataAt<float>(rows.max, block.row);
+    tile.rowSum = dataAt<float>(rows.sum, block.row);
+    tile.targetDot = dataAt<float>(rows.picked, block.row);
     cuda::shardedForwardTile(dev.launch,
                              dev.tile(ops.sim.rows, ops.sim.cols, block), tile);
   });
-
-  // As on the CPU: every rank makes both calls, whatever its shard holds.
-  Communicator &comm = ctx.communicator();
-  at::Tensor globalMax = comm.allReduce(rowMax, Reduction::Max);
-  rowSum.mul_((rowMax - finiteShift(globalMax)).exp_());
-  at::Tensor sums =
-      comm.allReduce(at::stack({rowSum, targetDot}), Reduction::Sum);
-  ctx.setResult(0, lseOf(globalMax, sums[0]).to(args.type(0)));
-  ctx.setResult(1, sums[1].to(args.type(0)));
+  combineShards(ctx, args, rows);
 }
 
 void shardedSoftmaxGradDevice(KernelContext &ctx, const FusedArgs &args) {
-  ShardOperands ops = shardOperands(args);
+  ShardOperands ops = shardOperands(args, /*backward=*/true);
   const Similarity &sim = ops.sim;
   const int64_t batch = sim.rows.size(0), classes = sim.cols.size(0),
                 d = sim.rows.size(1);
-  at::Tensor lseRest = args.vector(4, "lse_rest", batch);
-  at::Tensor ctLse = args.vector(5, "ct_lse", batch);
-  at::Tensor ctTarget = args.vector(6, "ct_target", batch);
   DeviceTiles dev(args, batch, classes);
-  at::Tensor dRows = at::zeros({batch, d}, args.options());
+  DeviceRowGradient rows(args, sim.scale, ops.targets, batch, d);
   at::Tensor dWeights = at::zeros({classes, d}, args.options());
-  at::Tensor dScaleRow = at::zeros({batch}, args.options().dtype(at::kDouble));
-  const float scale = static_cast<float>(sim.scale);
-  cuda::prepareGradientScale(dev.launch, scale, dataAt<float>(ctLse), batch,
-                             nullptr, 0);
+  cuda::prepareGradientScale(dev.launch, static_cast<float>(sim.scale),
+                             dataAt<float>(ops.ctLse), batch, nullptr, 0);
 
   forEachBlock(batch, classes, dev.shape, [&](const Block &block) {
     cuda::ShardedBackward tile;
-    tile.scale = scale;
-    tile.lseRest = dataAt<float>(lseRest, block.row);
-    tile.ctLse = dataAt<float>(ctLse, block.row);
-    tile.targets = dataAt<int64_t>(ops.targets, block.row);
-    tile.colBase = ops.classOffset + block.col;
-    tile.dRows = dataAt<float>(dRows, block.row * d);
-    tile.dCols = dataAt<float>(dWeights, block.col * d);
-    tile.dScaleRow = dataAt<double>(dScaleRow, block.row);
+    rows.point(tile, block, ops.classOffset, dWeights);
+    tile.lseRest = dataAt<float>(ops.lseRest, block.row);
+    tile.ctLse = dataAt<float>(ops.ctLse, block.row);
     cuda::shardedBackwardTile(dev.launch, dev.tile(sim.rows, sim.cols, block),
                               tile);
   });
@@ -1361,16 +1362,13 @@ void shardedSoftmaxGradDevice(KernelContext &ctx, const FusedArgs &args) {
   at::Tensor rowIndex =
       (local >= 0).logical_and_(local < classes).nonzero().squeeze(1);
   at::Tensor classIndex = local.index_select(0, rowIndex);
-  at::Tensor ct = ctTarget.index_select(0, rowIndex).unsqueeze(1);
-  dRows.index_add_(0, rowIndex,
-                   sim.cols.index_select(0, classIndex).to(at::kFloat) * ct);
+  at::Tensor ct = ops.ctTarget.index_select(0, rowIndex).unsqueeze(1);
+  rows.dRows.index_add_(
+      0, rowIndex, sim.cols.index_select(0, classIndex).to(at::kFloat) * ct);
   dWeights.index_add_(0, classIndex,
                       sim.rows.index_select(0, rowIndex).to(at::kFloat) * ct);
 
-  ctx.setResult(0, dRows.to(args.type(0)));
-  ctx.setResult(1, dWeights.to(args.type(1)));
-  ctx.setResult(2, scalarResult(dScaleRow.sum().item<double>(), args.type(2))
-                       .to(args.device));
+  setGradients(ctx, args, rows.dRows, dWeights, {totalOf(rows.dScaleRow)});
 }
 #endif // DLOSS_HAVE_CUDA
 

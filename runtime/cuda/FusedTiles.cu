@@ -601,13 +601,29 @@ void checkLaunch(const char *kernel) {
           cudaGetErrorString(status));
 }
 
-/// tileStats + mergeRows for one tile whose S is in ws.sim.
+/// tileStats + mergeRows for one tile whose S is in ws.sim, with
+/// L = scale S + bias, each row's target at targets[i] - colBase, and the
+/// running statistics (RowMergeArgs) rowMax, rowSum and picked.
 template <Mode M>
 void rowStatistics(const TileLaunch &launch, const Tile &tile,
-                   const Workspace &ws, int64_t ld, StatArgs stats,
-                   RowMergeArgs merge) {
+                   const Workspace &ws, int64_t ld, float scale, float bias,
+                   const int64_t *targets, int64_t colBase, float *rowMax,
+                   float *rowSum, float *picked) {
   const int rows = static_cast<int>(tile.rowCount),
             cols = static_cast<int>(tile.colCount);
+  StatArgs stats{};
+  RowMergeArgs merge{};
+  stats.scale = merge.scale = scale;
+  stats.bias = merge.bias = bias;
+  if (M == Mode::Sharded) {
+    stats.rowTargets = targets;
+    stats.colBase = colBase;
+  }
+  merge.targets = targets;
+  merge.colBase = colBase;
+  merge.rowMax = rowMax;
+  merge.rowSum = rowSum;
+  merge.picked = picked;
   stats.sim = merge.sim = ws.sim;
   stats.ld = merge.ld = ld;
   stats.rows = merge.rows = rows;
@@ -651,6 +667,59 @@ bool empty(const Tile &tile) {
   return tile.rowCount <= 0 || tile.colCount <= 0;
 }
 
+/// What every launcher starts with: nothing for an empty tile; otherwise
+/// checks it (errors name `op`), makes its device current, computes S into
+/// the workspace and calls body(handle, ws, ld) in that scope.
+template <typename Body>
+void withSimilarity(const TileLaunch &launch, const Tile &tile, const char *op,
+                    Body &&body) {
+  if (empty(tile))
+    return;
+  checkTile(launch, tile, op);
+  DeviceScope scope(launch.device);
+  const Workspace ws = carve(launch);
+  const int64_t ld = leadingDim(tile.colCount);
+  cublasHandle_t handle = handleFor(launch);
+  similarity(handle, launch, tile, ws.sim, ld);
+  body(handle, ws, ld);
+}
+
+/// A forward tile whose statistics are rows only (Sigmoid, Sharded): S, then
+/// rowStatistics.
+template <Mode M>
+void rowsForwardTile(const TileLaunch &launch, const Tile &tile, const char *op,
+                     float scale, float bias, const int64_t *targets,
+                     int64_t colBase, float *rowMax, float *rowSum,
+                     float *picked) {
+  withSimilarity(launch, tile, op,
+                 [&](cublasHandle_t, const Workspace &ws, int64_t ld) {
+                   rowStatistics<M>(launch, tile, ws, ld, scale, bias, targets,
+                                    colBase, rowMax, rowSum, picked);
+                 });
+}
+
+/// A backward tile: S, then G from `grad` (the op's own fields; the tile's
+/// and BackwardTile's are filled in here) and the two GEMMs into `out`.
+template <Mode M>
+void backwardTile(const TileLaunch &launch, const Tile &tile, const char *op,
+                  const BackwardTile &out, GradArgs grad) {
+  withSimilarity(launch, tile, op,
+                 [&](cublasHandle_t handle, const Workspace &ws, int64_t ld) {
+                   grad.sim = ws.sim;
+                   grad.ld = ld;
+                   grad.rows = static_cast<int>(tile.rowCount);
+                   grad.cols = static_cast<int>(tile.colCount);
+                   grad.scale = out.scale;
+                   grad.gradScale = ws.gradScale;
+                   grad.rowTargets = out.rowTargets;
+                   grad.colBase = out.colBase;
+                   grad.dScaleRow = out.dScaleRow;
+                   launchGradient<M>(launch, tile, ws, grad);
+                   backpropagate(handle, launch, tile, ws, ld, out.dRows,
+                                 out.dCols);
+                 });
+}
+
 } // namespace
 
 //===----------------------------------------------------------------------===//
@@ -672,86 +741,43 @@ size_t tileWorkspaceBytes(int64_t maxRows, int64_t maxCols, ElementType type) {
 
 void clipForwardTile(const TileLaunch &launch, const Tile &tile,
                      const ClipForward &args) {
-  if (empty(tile))
-    return;
-  checkTile(launch, tile, "clipForwardTile");
-  DeviceScope scope(launch.device);
-  const Workspace ws = carve(launch);
-  const int64_t ld = leadingDim(tile.colCount);
-  similarity(handleFor(launch), launch, tile, ws.sim, ld);
-
-  StatArgs stats{};
-  stats.scale = args.scale;
-  RowMergeArgs merge{};
-  merge.scale = args.scale;
-  merge.targets = args.rowTargets;
-  merge.colBase = args.colBase;
-  merge.rowMax = args.rowMax;
-  merge.rowSum = args.rowSum;
-  merge.picked = args.rowTarget;
-  rowStatistics<Mode::Clip>(launch, tile, ws, ld, stats, merge);
-
-  ColMergeArgs cols{};
-  cols.sim = ws.sim;
-  cols.ld = ld;
-  cols.rows = static_cast<int>(tile.rowCount);
-  cols.cols = static_cast<int>(tile.colCount);
-  cols.parts = static_cast<int>(ceilDiv(tile.rowCount, kStatRows));
-  cols.scale = args.scale;
-  cols.colPart = ws.colPart;
-  cols.targets = args.colTargets;
-  cols.rowBase = args.rowBase;
-  cols.colMax = args.colMax;
-  cols.colSum = args.colSum;
-  cols.picked = args.colTarget;
-  mergeCols<<<static_cast<unsigned>(ceilDiv(tile.colCount, kThreads)), kThreads,
-              0, streamOf(launch)>>>(cols);
-  checkLaunch("mergeCols");
+  withSimilarity(
+      launch, tile, "clipForwardTile",
+      [&](cublasHandle_t, const Workspace &ws, int64_t ld) {
+        rowStatistics<Mode::Clip>(launch, tile, ws, ld, args.scale, 0,
+                                  args.rowTargets, args.colBase, args.rowMax,
+                                  args.rowSum, args.rowTarget);
+        ColMergeArgs cols{};
+        cols.sim = ws.sim;
+        cols.ld = ld;
+        cols.rows = static_cast<int>(tile.rowCount);
+        cols.cols = static_cast<int>(tile.colCount);
+        cols.parts = static_cast<int>(ceilDiv(tile.rowCount, kStatRows));
+        cols.scale = args.scale;
+        cols.colPart = ws.colPart;
+        cols.targets = args.colTargets;
+        cols.rowBase = args.rowBase;
+        cols.colMax = args.colMax;
+        cols.colSum = args.colSum;
+        cols.picked = args.colTarget;
+        mergeCols<<<static_cast<unsigned>(ceilDiv(tile.colCount, kThreads)),
+                    kThreads, 0, streamOf(launch)>>>(cols);
+        checkLaunch("mergeCols");
+      });
 }
 
 void sigmoidForwardTile(const TileLaunch &launch, const Tile &tile,
                         const SigmoidForward &args) {
-  if (empty(tile))
-    return;
-  checkTile(launch, tile, "sigmoidForwardTile");
-  DeviceScope scope(launch.device);
-  const Workspace ws = carve(launch);
-  const int64_t ld = leadingDim(tile.colCount);
-  similarity(handleFor(launch), launch, tile, ws.sim, ld);
-  StatArgs stats{};
-  stats.scale = args.scale;
-  stats.bias = args.bias;
-  RowMergeArgs merge{};
-  merge.scale = args.scale;
-  merge.bias = args.bias;
-  merge.targets = args.targets;
-  merge.colBase = args.colBase;
-  merge.rowSum = args.pairSum;
-  merge.picked = args.positive;
-  rowStatistics<Mode::Sigmoid>(launch, tile, ws, ld, stats, merge);
+  rowsForwardTile<Mode::Sigmoid>(launch, tile, "sigmoidForwardTile", args.scale,
+                                 args.bias, args.targets, args.colBase, nullptr,
+                                 args.pairSum, args.positive);
 }
 
 void shardedForwardTile(const TileLaunch &launch, const Tile &tile,
                         const ShardedForward &args) {
-  if (empty(tile))
-    return;
-  checkTile(launch, tile, "shardedForwardTile");
-  DeviceScope scope(launch.device);
-  const Workspace ws = carve(launch);
-  const int64_t ld = leadingDim(tile.colCount);
-  similarity(handleFor(launch), launch, tile, ws.sim, ld);
-  StatArgs stats{};
-  stats.scale = args.scale;
-  stats.rowTargets = args.targets;
-  stats.colBase = args.colBase;
-  RowMergeArgs merge{};
-  merge.scale = args.scale;
-  merge.targets = args.targets;
-  merge.colBase = args.colBase;
-  merge.rowMax = args.rowMax;
-  merge.rowSum = args.rowSum;
-  merge.picked = args.targetDot;
-  rowStatistics<Mode::Sharded>(launch, tile, ws, ld, stats, merge);
+  rowsForwardTile<Mode::Sharded>(launch, tile, "shardedForwardTile", args.scale,
+                                 0, args.targets, args.colBase, args.rowMax,
+                                 args.rowSum, args.targetDot);
 }
 
 void prepareGradientScale(const TileLaunch &launch, float scale, const float *a,
@@ -767,87 +793,33 @@ void prepareGradientScale(const TileLaunch &launch, float scale, const float *a,
 
 void clipBackwardTile(const TileLaunch &launch, const Tile &tile,
                       const ClipBackward &args) {
-  if (empty(tile))
-    return;
-  checkTile(launch, tile, "clipBackwardTile");
-  DeviceScope scope(launch.device);
-  const Workspace ws = carve(launch);
-  const int64_t ld = leadingDim(tile.colCount);
-  cublasHandle_t handle = handleFor(launch);
-  similarity(handle, launch, tile, ws.sim, ld);
   GradArgs grad{};
-  grad.sim = ws.sim;
-  grad.ld = ld;
-  grad.rows = static_cast<int>(tile.rowCount);
-  grad.cols = static_cast<int>(tile.colCount);
-  grad.scale = args.scale;
-  grad.gradScale = ws.gradScale;
   grad.rowLse = args.rowLse;
   grad.ctRow = args.ctRow;
-  grad.rowTargets = args.rowTargets;
-  grad.colBase = args.colBase;
   grad.colLse = args.colLse;
   grad.ctCol = args.ctCol;
   grad.colTargets = args.colTargets;
   grad.rowBase = args.rowBase;
-  grad.dScaleRow = args.dScaleRow;
   grad.extraRow = args.colShareRow;
-  launchGradient<Mode::Clip>(launch, tile, ws, grad);
-  backpropagate(handle, launch, tile, ws, ld, args.dRows, args.dCols);
+  backwardTile<Mode::Clip>(launch, tile, "clipBackwardTile", args, grad);
 }
 
 void sigmoidBackwardTile(const TileLaunch &launch, const Tile &tile,
                          const SigmoidBackward &args) {
-  if (empty(tile))
-    return;
-  checkTile(launch, tile, "sigmoidBackwardTile");
-  DeviceScope scope(launch.device);
-  const Workspace ws = carve(launch);
-  const int64_t ld = leadingDim(tile.colCount);
-  cublasHandle_t handle = handleFor(launch);
-  similarity(handle, launch, tile, ws.sim, ld);
   GradArgs grad{};
-  grad.sim = ws.sim;
-  grad.ld = ld;
-  grad.rows = static_cast<int>(tile.rowCount);
-  grad.cols = static_cast<int>(tile.colCount);
-  grad.scale = args.scale;
   grad.bias = args.bias;
-  grad.gradScale = ws.gradScale;
   grad.ctRow = args.ctPair;
   grad.ctExtra = args.ctPositive;
-  grad.rowTargets = args.targets;
-  grad.colBase = args.colBase;
-  grad.dScaleRow = args.dScaleRow;
   grad.extraRow = args.dBiasRow;
-  launchGradient<Mode::Sigmoid>(launch, tile, ws, grad);
-  backpropagate(handle, launch, tile, ws, ld, args.dRows, args.dCols);
+  backwardTile<Mode::Sigmoid>(launch, tile, "sigmoidBackwardTile", args, grad);
 }
 
 void shardedBackwardTile(const TileLaunch &launch, const Tile &tile,
                          const ShardedBackward &args) {
-  if (empty(tile))
-    return;
-  checkTile(launch, tile, "shardedBackwardTile");
-  DeviceScope scope(launch.device);
-  const Workspace ws = carve(launch);
-  const int64_t ld = leadingDim(tile.colCount);
-  cublasHandle_t handle = handleFor(launch);
-  similarity(handle, launch, tile, ws.sim, ld);
   GradArgs grad{};
-  grad.sim = ws.sim;
-  grad.ld = ld;
-  grad.rows = static_cast<int>(tile.rowCount);
-  grad.cols = static_cast<int>(tile.colCount);
-  grad.scale = args.scale;
-  grad.gradScale = ws.gradScale;
   grad.rowLse = args.lseRest;
   grad.ctRow = args.ctLse;
-  grad.rowTargets = args.targets;
-  grad.colBase = args.colBase;
-  grad.dScaleRow = args.dScaleRow;
-  launchGradient<Mode::Sharded>(launch, tile, ws, grad);
-  backpropagate(handle, launch, tile, ws, ld, args.dRows, args.dCols);
+  backwardTile<Mode::Sharded>(launch, tile, "shardedBackwardTile", args, grad);
 }
 
 int deviceCount() {

@@ -100,50 +100,48 @@ void shardedForwardTile(const TileLaunch &launch, const Tile &tile,
 void prepareGradientScale(const TileLaunch &launch, float scale, const float *a,
                           int64_t na, const float *b, int64_t nb);
 
-/// Backward of dloss.ring_softmax_ce on one tile: recomputes S, forms
-/// G = ct_row P_row + ct_col P_col - the one-hot targets of both directions,
-/// and accumulates dRows += scale G cols, dCols += scale G^T rows (float32
-/// [count, depth] accumulators). Per row i it adds (in float64) the row
-/// direction's part of sum_j G_ij S_ij into dScaleRow[i] and the column
-/// direction's part into colShareRow[i] (it belongs to the columns' owner).
-struct ClipBackward {
+/// What every backward tile takes and accumulates: each row's target
+/// (rowTargets, from colBase as above); with L = scale S and G the op's
+/// dLoss/dL, dRows += scale G cols and dCols += scale G^T rows (float32
+/// [count, depth] accumulators), and per row i (in float64) its part of
+/// sum_j G_ij S_ij into dScaleRow[i].
+struct BackwardTile {
   float scale = 1;
-  const float *rowLse = nullptr, *ctRow = nullptr;
   const int64_t *rowTargets = nullptr;
   int64_t colBase = 0;
+  float *dRows = nullptr, *dCols = nullptr;
+  double *dScaleRow = nullptr;
+};
+
+/// Backward of dloss.ring_softmax_ce on one tile: recomputes S and forms
+/// G = ct_row P_row + ct_col P_col - the one-hot targets of both directions.
+/// dScaleRow[i] takes the row direction's part of sum_j G_ij S_ij, and
+/// colShareRow[i] the column direction's (it belongs to the columns' owner).
+struct ClipBackward : BackwardTile {
+  const float *rowLse = nullptr, *ctRow = nullptr;
   const float *colLse = nullptr, *ctCol = nullptr;
   const int64_t *colTargets = nullptr;
   int64_t rowBase = 0;
-  float *dRows = nullptr, *dCols = nullptr;
-  double *dScaleRow = nullptr, *colShareRow = nullptr;
+  double *colShareRow = nullptr;
 };
 void clipBackwardTile(const TileLaunch &launch, const Tile &tile,
                       const ClipBackward &args);
 
-/// Backward of dloss.ring_sigmoid_pairs: G = ct_pair sigmoid(L) + ct_positive
-/// at the targets; per row sum_j G_ij S_ij into dScaleRow, sum_j G_ij into
-/// dBiasRow (float64).
-struct SigmoidBackward {
-  float scale = 1, bias = 0;
+/// Backward of dloss.ring_sigmoid_pairs: G = ct_pair sigmoid(scale S + bias)
+/// + ct_positive at the targets; per row sum_j G_ij into dBiasRow (float64).
+struct SigmoidBackward : BackwardTile {
+  float bias = 0;
   const float *ctPair = nullptr, *ctPositive = nullptr;
-  const int64_t *targets = nullptr;
-  int64_t colBase = 0;
-  float *dRows = nullptr, *dCols = nullptr;
-  double *dScaleRow = nullptr, *dBiasRow = nullptr;
+  double *dBiasRow = nullptr;
 };
 void sigmoidBackwardTile(const TileLaunch &launch, const Tile &tile,
                          const SigmoidBackward &args);
 
 /// Backward of dloss.sharded_softmax's log-sum-exp: G = ct_lse
-/// exp(L - lse_rest), zero at the target; per row sum_j G_ij S_ij into
-/// dScaleRow. (The target dot's gradient is a gather, left to the caller.)
-struct ShardedBackward {
-  float scale = 1;
+/// exp(L - lse_rest), zero at the target. (The target dot's gradient is a
+/// gather, left to the caller.)
+struct ShardedBackward : BackwardTile {
   const float *lseRest = nullptr, *ctLse = nullptr;
-  const int64_t *targets = nullptr;
-  int64_t colBase = 0;
-  float *dRows = nullptr, *dCols = nullptr;
-  double *dScaleRow = nullptr;
 };
 void shardedBackwardTile(const TileLaunch &launch, const Tile &tile,
                          const ShardedBackward &args);

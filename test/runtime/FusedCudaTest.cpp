@@ -253,6 +253,51 @@ const float kScale = 10, kBias = -5;
 constexpr double kScaleTol = 1e-4;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+/// The sum of `count` float64 values on the device.
+double deviceSum(const DeviceMemory &values, int64_t count) {
+  double sum = 0;
+  for (double value : values.read<double>(count))
+    sum += value;
+  return sum;
+}
+
+/// A backward tile's outputs (BackwardTile), zeroed, and their checks.
+struct Gradients {
+  explicit Gradients(const Problem &p)
+      : p(p), dRows(std::vector<float>(p.c.n * p.c.d, 0)),
+        dCols(std::vector<float>(p.c.m * p.c.d, 0)),
+        dScaleRow(std::vector<double>(p.c.n, 0)) {}
+
+  /// Points `args` (with scale kScale) at the tile at (row, col), whose
+  /// column 0 is global column colBase.
+  void point(BackwardTile &args, int64_t row, int64_t col,
+             const DeviceMemory &rowTargets, int64_t colBase) const {
+    args.scale = kScale;
+    args.rowTargets = rowTargets.as<int64_t>(row);
+    args.colBase = colBase;
+    args.dRows = dRows.as<float>(row * p.c.d);
+    args.dCols = dCols.as<float>(col * p.c.d);
+    args.dScaleRow = dScaleRow.as<double>(row);
+  }
+
+  /// d rows and d cols (`colsName`) against the float64 gradients for G.
+  void expectRowsAndCols(const std::vector<double> &grad,
+                         const std::string &colsName) const {
+    std::vector<double> wantRows, wantCols;
+    backprop(p, grad, kScale, wantRows, wantCols);
+    expectClose(dRows.read<float>(p.c.n * p.c.d), wantRows, p.c.gradientTol,
+                "d rows");
+    expectClose(dCols.read<float>(p.c.m * p.c.d), wantCols, p.c.gradientTol,
+                colsName);
+  }
+
+  /// The sum of every row's share of d scale.
+  double dScale() const { return deviceSum(dScaleRow, p.c.n); }
+
+  const Problem &p;
+  DeviceMemory dRows, dCols, dScaleRow;
+};
+
 class FusedCudaTest : public ::testing::TestWithParam<Config> {};
 
 TEST_P(FusedCudaTest, ClipForwardMatchesLoops) {
@@ -310,7 +355,7 @@ TEST_P(FusedCudaTest, ClipForwardMatchesLoops) {
 TEST_P(FusedCudaTest, ClipBackwardMatchesLoops) {
   SKIP_WITHOUT_GPU();
   Problem p(GetParam());
-  const int64_t n = p.c.n, m = p.c.m, d = p.c.d;
+  const int64_t n = p.c.n, m = p.c.m;
   // The saved statistics, from the float64 reference.
   std::vector<float> rowLse(n), colLse(m);
   for (int64_t i = 0; i < n; ++i) {
@@ -327,26 +372,19 @@ TEST_P(FusedCudaTest, ClipBackwardMatchesLoops) {
   }
   DeviceMemory rowTargets(p.rowTargets), colTargets(p.colTargets);
   DeviceMemory dRowLse(rowLse), dColLse(colLse), ctRow(p.ctRow), ctCol(p.ctCol);
-  DeviceMemory dRows(std::vector<float>(n * d, 0)),
-      dCols(std::vector<float>(m * d, 0));
-  DeviceMemory dScaleRow(std::vector<double>(n, 0)),
-      colShareRow(std::vector<double>(n, 0));
+  Gradients out(p);
+  DeviceMemory colShareRow(std::vector<double>(n, 0));
   prepareGradientScale(p.launch, kScale, ctRow.as<float>(), n,
                        ctCol.as<float>(), m);
   p.forEachTile(n, m, [&](int64_t row, int64_t col, const Tile &tile) {
     ClipBackward args;
-    args.scale = kScale;
+    out.point(args, row, col, rowTargets, col);
     args.rowLse = dRowLse.as<float>(row);
     args.ctRow = ctRow.as<float>(row);
-    args.rowTargets = rowTargets.as<int64_t>(row);
-    args.colBase = col;
     args.colLse = dColLse.as<float>(col);
     args.ctCol = ctCol.as<float>(col);
     args.colTargets = colTargets.as<int64_t>(col);
     args.rowBase = row;
-    args.dRows = dRows.as<float>(row * d);
-    args.dCols = dCols.as<float>(col * d);
-    args.dScaleRow = dScaleRow.as<double>(row);
     args.colShareRow = colShareRow.as<double>(row);
     clipBackwardTile(p.launch, tile, args);
   });
@@ -363,17 +401,9 @@ TEST_P(FusedCudaTest, ClipBackwardMatchesLoops) {
       wantRowPart += byRow * p.s(i, j);
       wantColPart += byCol * p.s(i, j);
     }
-  std::vector<double> wantRows, wantCols;
-  backprop(p, grad, kScale, wantRows, wantCols);
-  expectClose(dRows.read<float>(n * d), wantRows, p.c.gradientTol, "d rows");
-  expectClose(dCols.read<float>(m * d), wantCols, p.c.gradientTol, "d cols");
-  double rowPart = 0, colPart = 0;
-  for (double value : dScaleRow.read<double>(n))
-    rowPart += value;
-  for (double value : colShareRow.read<double>(n))
-    colPart += value;
-  expectClose(std::vector<double>{rowPart, colPart}, {wantRowPart, wantColPart},
-              kScaleTol, "d scale shares");
+  out.expectRowsAndCols(grad, "d cols");
+  expectClose(std::vector<double>{out.dScale(), deviceSum(colShareRow, n)},
+              {wantRowPart, wantColPart}, kScaleTol, "d scale shares");
 }
 
 TEST_P(FusedCudaTest, SigmoidForwardMatchesLoops) {
@@ -406,25 +436,18 @@ TEST_P(FusedCudaTest, SigmoidForwardMatchesLoops) {
 TEST_P(FusedCudaTest, SigmoidBackwardMatchesLoops) {
   SKIP_WITHOUT_GPU();
   Problem p(GetParam());
-  const int64_t n = p.c.n, m = p.c.m, d = p.c.d;
+  const int64_t n = p.c.n, m = p.c.m;
   DeviceMemory targets(p.rowTargets), ctPair(p.ctRow), ctPositive(p.ctExtra);
-  DeviceMemory dRows(std::vector<float>(n * d, 0)),
-      dCols(std::vector<float>(m * d, 0));
-  DeviceMemory dScaleRow(std::vector<double>(n, 0)),
-      dBiasRow(std::vector<double>(n, 0));
+  Gradients out(p);
+  DeviceMemory dBiasRow(std::vector<double>(n, 0));
   prepareGradientScale(p.launch, kScale, ctPair.as<float>(), n,
                        ctPositive.as<float>(), n);
   p.forEachTile(n, m, [&](int64_t row, int64_t col, const Tile &tile) {
     SigmoidBackward args;
-    args.scale = kScale;
+    out.point(args, row, col, targets, col);
     args.bias = kBias;
     args.ctPair = ctPair.as<float>(row);
     args.ctPositive = ctPositive.as<float>(row);
-    args.targets = targets.as<int64_t>(row);
-    args.colBase = col;
-    args.dRows = dRows.as<float>(row * d);
-    args.dCols = dCols.as<float>(col * d);
-    args.dScaleRow = dScaleRow.as<double>(row);
     args.dBiasRow = dBiasRow.as<double>(row);
     sigmoidBackwardTile(p.launch, tile, args);
   });
@@ -438,17 +461,9 @@ TEST_P(FusedCudaTest, SigmoidBackwardMatchesLoops) {
       wantScale += g * p.s(i, j);
       wantBias += g;
     }
-  std::vector<double> wantRows, wantCols;
-  backprop(p, grad, kScale, wantRows, wantCols);
-  expectClose(dRows.read<float>(n * d), wantRows, p.c.gradientTol, "d rows");
-  expectClose(dCols.read<float>(m * d), wantCols, p.c.gradientTol, "d cols");
-  double gotScale = 0, gotBias = 0;
-  for (double value : dScaleRow.read<double>(n))
-    gotScale += value;
-  for (double value : dBiasRow.read<double>(n))
-    gotBias += value;
-  expectClose(std::vector<double>{gotScale, gotBias}, {wantScale, wantBias},
-              kScaleTol, "d scale, d bias");
+  out.expectRowsAndCols(grad, "d cols");
+  expectClose(std::vector<double>{out.dScale(), deviceSum(dBiasRow, n)},
+              {wantScale, wantBias}, kScaleTol, "d scale, d bias");
 }
 
 // The shard holds global classes [5, 5 + m); targets range over [0, m + 10).
@@ -493,7 +508,7 @@ TEST_P(FusedCudaTest, ShardedForwardMatchesLoops) {
 TEST_P(FusedCudaTest, ShardedBackwardMatchesLoops) {
   SKIP_WITHOUT_GPU();
   Problem p(GetParam());
-  const int64_t n = p.c.n, m = p.c.m, d = p.c.d;
+  const int64_t n = p.c.n, m = p.c.m;
   std::vector<float> lseRest(n);
   for (int64_t i = 0; i < n; ++i) {
     double sum = 0;
@@ -503,20 +518,13 @@ TEST_P(FusedCudaTest, ShardedBackwardMatchesLoops) {
     lseRest[i] = static_cast<float>(std::log(sum));
   }
   DeviceMemory targets(p.classTargets), dLse(lseRest), ctLse(p.ctRow);
-  DeviceMemory dRows(std::vector<float>(n * d, 0)),
-      dCols(std::vector<float>(m * d, 0));
-  DeviceMemory dScaleRow(std::vector<double>(n, 0));
+  Gradients out(p);
   prepareGradientScale(p.launch, kScale, ctLse.as<float>(), n, nullptr, 0);
   p.forEachTile(n, m, [&](int64_t row, int64_t col, const Tile &tile) {
     ShardedBackward args;
-    args.scale = kScale;
+    out.point(args, row, col, targets, kClassOffset + col);
     args.lseRest = dLse.as<float>(row);
     args.ctLse = ctLse.as<float>(row);
-    args.targets = targets.as<int64_t>(row);
-    args.colBase = kClassOffset + col;
-    args.dRows = dRows.as<float>(row * d);
-    args.dCols = dCols.as<float>(col * d);
-    args.dScaleRow = dScaleRow.as<double>(row);
     shardedBackwardTile(p.launch, tile, args);
   });
   std::vector<double> grad(n * m, 0);
@@ -528,14 +536,9 @@ TEST_P(FusedCudaTest, ShardedBackwardMatchesLoops) {
         grad[i * m + j] = g;
         wantScale += g * p.s(i, j);
       }
-  std::vector<double> wantRows, wantCols;
-  backprop(p, grad, kScale, wantRows, wantCols);
-  expectClose(dRows.read<float>(n * d), wantRows, p.c.gradientTol, "d rows");
-  expectClose(dCols.read<float>(m * d), wantCols, p.c.gradientTol, "d weights");
-  double gotScale = 0;
-  for (double value : dScaleRow.read<double>(n))
-    gotScale += value;
-  expectClose(std::vector<double>{gotScale}, {wantScale}, kScaleTol, "d scale");
+  out.expectRowsAndCols(grad, "d weights");
+  expectClose(std::vector<double>{out.dScale()}, {wantScale}, kScaleTol,
+              "d scale");
 }
 
 // Small tiles cross every block edge (and leave columns that are not a

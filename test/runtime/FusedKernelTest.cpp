@@ -165,6 +165,20 @@ at::Tensor summed(Communicator &comm, const at::Tensor &partial) {
   return comm.allReduce(partial, dloss::Reduction::Sum);
 }
 
+/// How a result is compared with its reference.
+enum class Compare {
+  Forward,  ///< at the forward tolerance
+  Gradient, ///< at the gradient tolerance
+  Summed,   ///< summed over ranks, at the gradient tolerance
+};
+
+/// One result's reference.
+struct Want {
+  at::Tensor value;
+  std::string what;
+  Compare how = Compare::Forward;
+};
+
 /// One case: this rank's shards of the global inputs, and the comparisons.
 struct Case {
   Communicator &comm;
@@ -195,6 +209,31 @@ struct Case {
   void expectSummed(const at::Tensor &got, const at::Tensor &want,
                     const std::string &what) const {
     expectGradient(summed(comm, got), want, what + " summed over ranks");
+  }
+
+  /// Runs `op` (see runFused) with one result per entry of `wants`, checks
+  /// each against its reference and returns them.
+  std::vector<at::Tensor>
+  run(const std::string &op, const std::vector<at::Tensor> &operands,
+      const std::vector<Want> &wants,
+      const std::vector<size_t> &replicated = {}) const {
+    std::vector<at::Tensor> results = runFused(
+        comm, op, operands, static_cast<int>(wants.size()), replicated);
+    for (size_t k = 0; k < wants.size(); ++k) {
+      const Want &want = wants[k];
+      switch (want.how) {
+      case Compare::Forward:
+        expectForward(results[k], want.value, want.what);
+        break;
+      case Compare::Gradient:
+        expectGradient(results[k], want.value, want.what);
+        break;
+      case Compare::Summed:
+        expectSummed(results[k], want.value, want.what);
+        break;
+      }
+    }
+    return results;
   }
 };
 
@@ -236,20 +275,19 @@ void checkRingSoftmaxCE(const Case &c) {
   std::vector<at::Tensor> operands = {c.in(c.byRow(rows)), c.in(c.byCol(cols)),
                                       c.in(scale), c.byRow(rowTargets),
                                       c.byCol(colTargets)};
-  std::vector<at::Tensor> forward =
-      runFused(c.comm, "dloss.ring_softmax_ce", operands, 4);
-  c.expectForward(forward[0], c.byRow(rowCe), "row_ce");
-  c.expectForward(forward[1], c.byCol(colCe), "col_ce");
-  c.expectForward(forward[2], c.byRow(rowLse), "row_lse");
-  c.expectForward(forward[3], c.byCol(colLse), "col_lse");
+  std::vector<at::Tensor> forward = c.run("dloss.ring_softmax_ce", operands,
+                                          {{c.byRow(rowCe), "row_ce"},
+                                           {c.byCol(colCe), "col_ce"},
+                                           {c.byRow(rowLse), "row_lse"},
+                                           {c.byCol(colLse), "col_lse"}});
 
   operands.insert(operands.end(), {forward[2], forward[3], c.in(c.byRow(ctRow)),
                                    c.in(c.byCol(ctCol))});
   std::vector<at::Tensor> backward =
-      runFused(c.comm, "dloss.ring_softmax_ce_grad", operands, 3);
-  c.expectGradient(backward[0], c.byRow(R.grad()), "d_rows");
-  c.expectGradient(backward[1], c.byCol(C.grad()), "d_cols");
-  c.expectSummed(backward[2], s.grad(), "d_scale");
+      c.run("dloss.ring_softmax_ce_grad", operands,
+            {{c.byRow(R.grad()), "d_rows", Compare::Gradient},
+             {c.byCol(C.grad()), "d_cols", Compare::Gradient},
+             {s.grad(), "d_scale", Compare::Summed}});
 
   // Each rank's own share of d_scale is the gradient of its own rows' and
   // columns' losses, as in the unfused plan (each rank differentiates the
@@ -285,19 +323,16 @@ void checkRingSigmoidPairs(const Case &c) {
   std::vector<at::Tensor> operands = {c.in(c.byRow(rows)), c.in(c.byCol(cols)),
                                       c.in(scale), c.in(bias),
                                       c.byRow(targets)};
-  std::vector<at::Tensor> forward =
-      runFused(c.comm, "dloss.ring_sigmoid_pairs", operands, 2);
-  c.expectForward(forward[0], c.byRow(pairSum), "pair_sum");
-  c.expectForward(forward[1], c.byRow(positive), "positive");
+  c.run("dloss.ring_sigmoid_pairs", operands,
+        {{c.byRow(pairSum), "pair_sum"}, {c.byRow(positive), "positive"}});
 
   operands.insert(operands.end(),
                   {c.in(c.byRow(ctPair)), c.in(c.byRow(ctPositive))});
-  std::vector<at::Tensor> backward =
-      runFused(c.comm, "dloss.ring_sigmoid_pairs_grad", operands, 4);
-  c.expectGradient(backward[0], c.byRow(R.grad()), "d_rows");
-  c.expectGradient(backward[1], c.byCol(C.grad()), "d_cols");
-  c.expectSummed(backward[2], s.grad(), "d_scale");
-  c.expectSummed(backward[3], b.grad(), "d_bias");
+  c.run("dloss.ring_sigmoid_pairs_grad", operands,
+        {{c.byRow(R.grad()), "d_rows", Compare::Gradient},
+         {c.byCol(C.grad()), "d_cols", Compare::Gradient},
+         {s.grad(), "d_scale", Compare::Summed},
+         {b.grad(), "d_bias", Compare::Summed}});
 }
 
 /// The layout's `cols` are the class shards; the batch (7 rows) is the same
@@ -326,16 +361,15 @@ void checkShardedSoftmax(const Case &c) {
   std::vector<at::Tensor> operands = {c.in(rows), c.in(c.byCol(weights)),
                                       c.in(scale), targets};
   std::vector<at::Tensor> forward =
-      runFused(c.comm, "dloss.sharded_softmax", operands, 2, {0, 2, 3});
-  c.expectForward(forward[0], lseRest, "lse_rest");
-  c.expectForward(forward[1], targetDot, "target_dot");
+      c.run("dloss.sharded_softmax", operands,
+            {{lseRest, "lse_rest"}, {targetDot, "target_dot"}}, {0, 2, 3});
 
   operands.insert(operands.end(), {forward[0], c.in(ctLse), c.in(ctTarget)});
-  std::vector<at::Tensor> backward = runFused(
-      c.comm, "dloss.sharded_softmax_grad", operands, 3, {0, 2, 3, 4, 5, 6});
-  c.expectSummed(backward[0], R.grad(), "d_rows");
-  c.expectGradient(backward[1], c.byCol(W.grad()), "d_weights");
-  c.expectSummed(backward[2], s.grad(), "d_scale");
+  c.run("dloss.sharded_softmax_grad", operands,
+        {{R.grad(), "d_rows", Compare::Summed},
+         {c.byCol(W.grad()), "d_weights", Compare::Gradient},
+         {s.grad(), "d_scale", Compare::Summed}},
+        {0, 2, 3, 4, 5, 6});
 }
 
 //===----------------------------------------------------------------------===//
