@@ -199,6 +199,24 @@ public:
   void awaitTransfer(const c10::intrusive_ptr<c10d::Work> &work) const {
     work->wait(options.timeout);
   }
+  /// One ring step's transfers; null where the tensor was empty.
+  struct Swap {
+    c10::intrusive_ptr<c10d::Work> in, out;
+  };
+  /// Posts the recv of `received` from `src` before the send of `data` to
+  /// `dst`, so no cycle of the ring waits on another. Every rank knows both
+  /// sizes, so both ends skip empty tensors.
+  Swap postSwap(const at::Tensor &received, const at::Tensor &data, int src,
+                int dst, int tag) {
+    std::vector<at::Tensor> recvWire{toWire(received)};
+    std::vector<at::Tensor> sendWire{toWire(data)};
+    Swap swap;
+    if (received.numel() > 0)
+      swap.in = group->recv(recvWire, src, tag);
+    if (data.numel() > 0)
+      swap.out = group->send(sendWire, dst, tag);
+    return swap;
+  }
 
 private:
   bool reduces(at::ScalarType type) const override { return glooHasType(type); }
@@ -429,17 +447,10 @@ at::Tensor GlooCommunicator::reduceScatter(const at::Tensor &input,
       bool last = k == n - 2;
       at::Tensor recvBuffer = last ? at::Tensor() : take();
       at::Tensor recvData = last ? result : inBuffer(recvBuffer, recvBlock);
-      // Every rank knows every block's size, so both ends skip empty ones.
-      std::vector<at::Tensor> recvWire{toWire(recvData)};
-      std::vector<at::Tensor> sendWire{toWire(sendData)};
-      c10::intrusive_ptr<c10d::Work> in, out;
-      // Receives are posted before sends, so no cycle of the ring waits.
-      if (recvData.numel() > 0)
-        in = group->recv(recvWire, previous, kReduceScatterTag);
-      if (sendData.numel() > 0)
-        out = group->send(sendWire, next, kReduceScatterTag);
-      if (in)
-        awaitTransfer(in);
+      Swap swap =
+          postSwap(recvData, sendData, previous, next, kReduceScatterTag);
+      if (swap.in)
+        awaitTransfer(swap.in);
       at::Tensor own = block(recvBlock);
       switch (op) {
       case Reduction::Sum:
@@ -453,8 +464,8 @@ at::Tensor GlooCommunicator::reduceScatter(const at::Tensor &input,
         at::minimum_out(recvData, recvData, own);
         break;
       }
-      if (out)
-        awaitTransfer(out);
+      if (swap.out)
+        awaitTransfer(swap.out);
       if (sendBuffer.defined())
         spare.push_back(sendBuffer);
       sendData = recvData;
@@ -514,19 +525,13 @@ at::Tensor GlooCommunicator::ringShift(const at::Tensor &input, int64_t shift) {
     at::Tensor received =
         fromShiftHeader(call, recvHeader.data_ptr<int64_t>(), src, data);
 
-    // Both ends know both sizes now; empty tensors send nothing.
-    std::vector<at::Tensor> recvData{toWire(received)};
-    std::vector<at::Tensor> sendData{toWire(data)};
-    c10::intrusive_ptr<c10d::Work> dataIn, dataOut;
-    if (received.numel() > 0)
-      dataIn = group->recv(recvData, src, kRingShiftDataTag);
-    if (data.numel() > 0)
-      dataOut = group->send(sendData, dst, kRingShiftDataTag);
-    if (dataIn)
-      awaitTransfer(dataIn);
+    // Both ends know both sizes now.
+    Swap swap = postSwap(received, data, src, dst, kRingShiftDataTag);
+    if (swap.in)
+      awaitTransfer(swap.in);
     awaitTransfer(headerOut);
-    if (dataOut)
-      awaitTransfer(dataOut);
+    if (swap.out)
+      awaitTransfer(swap.out);
     return received;
   });
 }

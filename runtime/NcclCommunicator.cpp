@@ -251,6 +251,17 @@ private:
   void leaveCommStream(const char *what, Clock::time_point until);
   /// Launches every posted transfer as one NCCL group.
   void launchTransfers(Clock::time_point until);
+  /// One NCCL collective on the communication stream, ordered after the
+  /// compute stream's work and the posted transfers, waited for on the host:
+  /// `launch()` returns the NCCL call's result, `what` names it.
+  template <typename Launch>
+  void runCollective(const char *what, Launch &&launch) {
+    launchTransfers(deadline());
+    Clock::time_point until = deadline();
+    enterCommStream();
+    settle(launch(), what, until);
+    leaveCommStream(what, until);
+  }
   /// Grows the pinned host and device scratch buffers to `count` int64s.
   void reserveScratch(size_t count);
   void abortComm();
@@ -647,13 +658,10 @@ at::Tensor NcclCommunicator::allGather(const at::Tensor &input, int64_t axis,
   at::Tensor gathered =
       at::empty(direct ? resultShape : gatheredShape, input.options());
   communicate(call, [&] {
-    launchTransfers(deadline());
-    Clock::time_point until = deadline();
-    enterCommStream();
-    settle(ncclAllGather(padded.data_ptr(), gathered.data_ptr(),
-                         bytesOf(padded), ncclUint8, comm, commStream),
-           "ncclAllGather", until);
-    leaveCommStream("ncclAllGather", until);
+    runCollective("ncclAllGather", [&] {
+      return ncclAllGather(padded.data_ptr(), gathered.data_ptr(),
+                           bytesOf(padded), ncclUint8, comm, commStream);
+    });
   });
   if (direct)
     return gathered;
@@ -675,15 +683,12 @@ at::Tensor NcclCommunicator::allReduce(const at::Tensor &input, Reduction op) {
     return result;
   }
   communicate(call, [&] {
-    launchTransfers(deadline());
-    Clock::time_point until = deadline();
-    enterCommStream();
-    settle(ncclAllReduce(result.data_ptr(), result.data_ptr(),
-                         static_cast<size_t>(result.numel()),
-                         *ncclType(result.scalar_type()), ncclOp(op), comm,
-                         commStream),
-           "ncclAllReduce", until);
-    leaveCommStream("ncclAllReduce", until);
+    runCollective("ncclAllReduce", [&] {
+      return ncclAllReduce(result.data_ptr(), result.data_ptr(),
+                           static_cast<size_t>(result.numel()),
+                           *ncclType(result.scalar_type()), ncclOp(op), comm,
+                           commStream);
+    });
   });
   if (op == Reduction::Mean)
     result.div_(options.worldSize);
@@ -726,22 +731,20 @@ at::Tensor NcclCommunicator::reduceScatter(const at::Tensor &input,
     staged = at::empty(stagedShape, input.options());
     int64_t offset = 0;
     for (int64_t r = 0; r < n; ++r) {
-      staged[r].narrow(dim, 0, sizes[r]).copy_(input.narrow(dim, offset,
-                                                            sizes[r]));
+      staged[r]
+          .narrow(dim, 0, sizes[r])
+          .copy_(input.narrow(dim, offset, sizes[r]));
       offset += sizes[r];
     }
   }
   at::Tensor block = at::empty(blockShape, input.options());
   communicate(call, [&] {
-    launchTransfers(deadline());
-    Clock::time_point until = deadline();
-    enterCommStream();
-    settle(ncclReduceScatter(staged.data_ptr(), block.data_ptr(),
-                             static_cast<size_t>(block.numel()),
-                             *ncclType(input.scalar_type()), ncclOp(op), comm,
-                             commStream),
-           "ncclReduceScatter", until);
-    leaveCommStream("ncclReduceScatter", until);
+    runCollective("ncclReduceScatter", [&] {
+      return ncclReduceScatter(staged.data_ptr(), block.data_ptr(),
+                               static_cast<size_t>(block.numel()),
+                               *ncclType(input.scalar_type()), ncclOp(op), comm,
+                               commStream);
+    });
   });
   at::Tensor result = sizes[options.rank] == maxSize
                           ? block
@@ -763,13 +766,10 @@ at::Tensor NcclCommunicator::broadcast(const at::Tensor &input, int root) {
     return result;
   }
   communicate(call, [&] {
-    launchTransfers(deadline());
-    Clock::time_point until = deadline();
-    enterCommStream();
-    settle(ncclBroadcast(result.data_ptr(), result.data_ptr(), bytesOf(result),
-                         ncclUint8, root, comm, commStream),
-           "ncclBroadcast", until);
-    leaveCommStream("ncclBroadcast", until);
+    runCollective("ncclBroadcast", [&] {
+      return ncclBroadcast(result.data_ptr(), result.data_ptr(),
+                           bytesOf(result), ncclUint8, root, comm, commStream);
+    });
   });
   return result;
 }
