@@ -35,14 +35,19 @@ struct Scaled {
   Operation *mul = nullptr;
 };
 
-Scaled matchScaled(Value value) {
-  if (auto mul = value.getDefiningOp<MulOp>()) {
-    if (isScalarTensor(mul.getRhs()) && !isScalarTensor(mul.getLhs()))
-      return {mul.getLhs(), mul.getRhs(), mul};
-    if (isScalarTensor(mul.getLhs()) && !isScalarTensor(mul.getRhs()))
-      return {mul.getRhs(), mul.getLhs(), mul};
-  }
-  return {value, Value(), nullptr};
+/// `value` as a scaling whose product feeds nothing else, or nullopt (fusing
+/// a product that other ops read would not remove the matrix).
+std::optional<Scaled> matchScaled(Value value) {
+  auto mul = value.getDefiningOp<MulOp>();
+  if (!mul)
+    return Scaled{value, Value(), nullptr};
+  if (!mul.getResult().hasOneUse())
+    return std::nullopt;
+  if (isScalarTensor(mul.getRhs()) && !isScalarTensor(mul.getLhs()))
+    return Scaled{mul.getLhs(), mul.getRhs(), mul};
+  if (isScalarTensor(mul.getLhs()) && !isScalarTensor(mul.getRhs()))
+    return Scaled{mul.getRhs(), mul.getLhs(), mul};
+  return Scaled{value, Value(), nullptr};
 }
 
 /// `matmul(rows, all_gather(cols, axis 0, grad exact)) transpose_rhs`.
@@ -52,17 +57,17 @@ struct Similarity {
   Value rows, cols;
 };
 
+/// The similarity must feed nothing but the pattern.
 std::optional<Similarity> matchSimilarity(Value value) {
   auto matmul = value.getDefiningOp<MatmulOp>();
-  if (!matmul || matmul.getTransposeLhs() || !matmul.getTransposeRhs())
+  if (!matmul || matmul.getTransposeLhs() || !matmul.getTransposeRhs() ||
+      !matmul.getResult().hasOneUse())
     return std::nullopt;
   auto gather = matmul.getRhs().getDefiningOp<AllGatherOp>();
   if (!gather || gather.getAxis() != 0 || gather.getGrad() != GatherGrad::exact)
     return std::nullopt;
   return Similarity{matmul, gather, matmul.getLhs(), gather.getInput()};
 }
-
-bool hasOneUse(Value value) { return value.hasOneUse(); }
 
 /// The value `scale`, or a 0-d constant `fill` of the element type of `like`.
 Value scaleOr(OpBuilder &b, Location loc, Value scale, Value like, double fill) {
@@ -110,27 +115,24 @@ public:
   }
 
 private:
-  /// `value` where it can be used before `at`: itself when it dominates `at`,
-  /// a copy of a constant defined later, or null.
-  Value availableAt(Value value, Operation *at) {
-    if (dominance.properlyDominates(value, at))
-      return value;
-    if (auto constant = value.getDefiningOp<arith::ConstantOp>()) {
-      OpBuilder b(at);
-      return b.clone(*constant)->getResult(0);
-    }
-    return Value();
-  }
-
-  /// Every operand available before `at`, or failure.
-  LogicalResult makeAvailable(MutableArrayRef<Value> values, Operation *at) {
-    for (Value &value : values) {
-      if (!value)
-        continue;
-      value = availableAt(value, at);
-      if (!value)
+  /// Makes a fused op's operands usable before `at`: each one that is
+  /// defined later must be a constant, which is copied there; a missing
+  /// scale (operand `scaleIndex`) becomes a constant 1. Fails without
+  /// touching the IR when an operand is defined later and is not a constant.
+  LogicalResult prepareOperands(OpBuilder &b, Location loc, Operation *at,
+                                MutableArrayRef<Value> operands,
+                                unsigned scaleIndex) {
+    auto later = [&](Value v) {
+      return v && !dominance.properlyDominates(v, at);
+    };
+    for (Value v : operands)
+      if (later(v) && !v.getDefiningOp<arith::ConstantOp>())
         return failure();
-    }
+    for (Value &v : operands)
+      if (later(v))
+        v = b.clone(*v.getDefiningOp())->getResult(0);
+    operands[scaleIndex] =
+        scaleOr(b, loc, operands[scaleIndex], operands[0], 1.0);
     return success();
   }
 
@@ -145,13 +147,13 @@ private:
   std::optional<ClipSide> matchClipSide(CrossEntropyOp ce) {
     if (ce.getAxis() != 1)
       return std::nullopt;
-    Scaled scaled = matchScaled(ce.getLogits());
-    if (scaled.mul && !hasOneUse(scaled.mul->getResult(0)))
+    std::optional<Scaled> scaled = matchScaled(ce.getLogits());
+    if (!scaled)
       return std::nullopt;
-    std::optional<Similarity> sim = matchSimilarity(scaled.x);
-    if (!sim || !hasOneUse(sim->matmul.getResult()))
+    std::optional<Similarity> sim = matchSimilarity(scaled->x);
+    if (!sim)
       return std::nullopt;
-    return ClipSide{ce, scaled, *sim};
+    return ClipSide{ce, *scaled, *sim};
   }
 
   /// CLIP: `ce` and its mirror (rows and cols swapped, same scale) become one
@@ -178,13 +180,12 @@ private:
     Location loc = b.getFusedLoc({ce.getLoc(), col->ce.getLoc()});
     Value operands[] = {row->sim.rows, row->sim.cols, row->scaled.scale,
                         ce.getTargets(), col->ce.getTargets()};
-    if (failed(makeAvailable(operands, at)))
+    if (failed(prepareOperands(b, loc, at, operands, 2)))
       return {};
-    Value scale = scaleOr(b, loc, operands[2], operands[0], 1.0);
     Type rowType = ce.getResult().getType(), colType = col->ce.getResult().getType();
     auto fused = RingSoftmaxCEOp::create(
         b, loc, TypeRange{rowType, colType, rowType, colType}, operands[0],
-        operands[1], scale, operands[3], operands[4]);
+        operands[1], operands[2], operands[3], operands[4]);
     ce.getResult().replaceAllUsesWith(fused.getRowCe());
     col->ce.getResult().replaceAllUsesWith(fused.getColCe());
     CrossEntropyOp mirror = col->ce;
@@ -208,11 +209,11 @@ private:
       bias = add.getLhs(), body = add.getRhs();
     else
       return;
-    Scaled scaled = matchScaled(body);
-    if (scaled.mul && !hasOneUse(scaled.mul->getResult(0)))
+    std::optional<Scaled> scaled = matchScaled(body);
+    if (!scaled)
       return;
-    std::optional<Similarity> sim = matchSimilarity(scaled.x);
-    if (!sim || !hasOneUse(sim->matmul.getResult()))
+    std::optional<Similarity> sim = matchSimilarity(scaled->x);
+    if (!sim)
       return;
     // The pair sum: softplus feeds one reduce sum over [1] or [0, 1].
     if (!sp.getResult().hasOneUse())
@@ -234,24 +235,22 @@ private:
         return;
       positives = take;
     }
-    if (!positives)
+    if (!positives || positives->getBlock() != sp->getBlock() ||
+        sum->getBlock() != sp->getBlock())
       return;
-    Operation *at = sp;
-    if (positives->isBeforeInBlock(sp))
-      at = positives;
-    if (positives->getBlock() != sp->getBlock() || sum->getBlock() != sp->getBlock())
-      return;
+    Operation *at = positives->isBeforeInBlock(sp) ? positives.getOperation()
+                                                   : sp.getOperation();
     OpBuilder b(at);
     Location loc = b.getFusedLoc({sp.getLoc(), positives.getLoc()});
-    Value operands[] = {sim->rows, sim->cols, scaled.scale, bias,
+    Value operands[] = {sim->rows, sim->cols, scaled->scale, bias,
                         positives.getIndices()};
-    if (failed(makeAvailable(operands, at)))
+    if (failed(prepareOperands(b, loc, at, operands, 2)))
       return;
-    Value scale = scaleOr(b, loc, operands[2], operands[0], 1.0);
     Type perRow = positives.getResult().getType();
     auto fused = RingSigmoidPairsOp::create(b, loc, TypeRange{perRow, perRow},
-                                            operands[0], operands[1], scale,
-                                            operands[3], operands[4]);
+                                            operands[0], operands[1],
+                                            operands[2], operands[3],
+                                            operands[4]);
     positives.getResult().replaceAllUsesWith(fused.getPositive());
     Value pairs = fused.getPairSum();
     if (rowsToo) {
@@ -260,7 +259,7 @@ private:
                                ArrayRef<int64_t>{0});
     }
     sum.getResult().replaceAllUsesWith(pairs);
-    eraseDead({sum, sp, positives, add, scaled.mul, sim->matmul, sim->gather});
+    eraseDead({sum, sp, positives, add, scaled->mul, sim->matmul, sim->gather});
   }
 
   /// PartialFC: `cross_entropy(s * C', t)` over `C = all_gather(matmul(R,
@@ -269,20 +268,20 @@ private:
     if (ce.getAxis() != 1)
       return;
     Value targets = ce.getTargets();
-    Scaled scaled = matchScaled(ce.getLogits());
-    if (scaled.mul && !hasOneUse(scaled.mul->getResult(0)))
+    std::optional<Scaled> scaled = matchScaled(ce.getLogits());
+    if (!scaled)
       return;
-    PutAlongOp put = scaled.x.getDefiningOp<PutAlongOp>();
-    Value classes = put ? put.getInput() : scaled.x;
+    PutAlongOp put = scaled->x.getDefiningOp<PutAlongOp>();
+    Value classes = put ? put.getInput() : scaled->x;
     if (put && (put.getAxis() != 1 || put.getIndices() != targets ||
-                !hasOneUse(put.getResult())))
+                !put.getResult().hasOneUse()))
       return;
     auto gather = classes.getDefiningOp<AllGatherOp>();
     if (!gather || gather.getAxis() != 1 || gather.getGrad() != GatherGrad::exact)
       return;
     auto matmul = gather.getInput().getDefiningOp<MatmulOp>();
     if (!matmul || matmul.getTransposeLhs() || !matmul.getTransposeRhs() ||
-        !hasOneUse(matmul.getResult()))
+        !matmul.getResult().hasOneUse())
       return;
     Value rows = matmul.getLhs(), weights = matmul.getRhs();
     // Every shard must see the same rows and targets.
@@ -291,7 +290,7 @@ private:
     // Users of C: the scaling (no margin), or put_along and one take_along.
     TakeAlongOp take;
     for (Operation *user : classes.getUsers()) {
-      if (user == put || (!put && user == scaled.mul) || (!put && user == ce))
+      if (user == put || (!put && user == scaled->mul) || (!put && user == ce))
         continue;
       auto t = dyn_cast<TakeAlongOp>(user);
       if (!put || !t || take || t.getAxis() != 1 || t.getIndices() != targets)
@@ -305,10 +304,10 @@ private:
       return;
     OpBuilder b(at);
     Location loc = b.getFusedLoc({matmul.getLoc(), ce.getLoc()});
-    Value operands[] = {rows, weights, scaled.scale, targets};
-    if (failed(makeAvailable(operands, at)))
+    Value operands[] = {rows, weights, scaled->scale, targets};
+    if (failed(prepareOperands(b, loc, at, operands, 2)))
       return;
-    Value scale = scaleOr(b, loc, operands[2], operands[0], 1.0);
+    Value scale = operands[2];
     Type perRow = ce.getResult().getType();
     auto fused = ShardedSoftmaxOp::create(b, loc, TypeRange{perRow, perRow},
                                           operands[0], operands[1], scale,
@@ -319,9 +318,9 @@ private:
       take.getResult().replaceAllUsesWith(target);
       target = put.getValues();
     }
+    // `at` is `ce` or precedes it, so the scale is usable there.
     b.setInsertionPoint(ce);
-    Value s = availableAt(scale, ce);
-    Value targetLogit = MulOp::create(b, loc, target, s);
+    Value targetLogit = MulOp::create(b, loc, target, scale);
     // logsumexp over every class = logaddexp(lse_rest, target logit), so
     // ce = lse_rest + softplus(target - lse_rest) - target.
     Value rest = fused.getLseRest();
@@ -329,7 +328,7 @@ private:
     Value lse = AddOp::create(b, loc, rest, SoftplusOp::create(b, loc, gap));
     Value loss = SubOp::create(b, loc, lse, targetLogit);
     ce.getResult().replaceAllUsesWith(loss);
-    eraseDead({ce, scaled.mul, put, take, gather, matmul});
+    eraseDead({ce, scaled->mul, put, take, gather, matmul});
   }
 
   func::FuncOp func;
