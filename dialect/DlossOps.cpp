@@ -1,5 +1,6 @@
-// The dloss ops: verifiers, result-type inference and folders.
+// The dloss ops: verifiers, result-type inference (through dialect/ShapeFunctions.h) and folders.
 #include "dialect/DlossOps.h"
+#include "dialect/ShapeFunctions.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
@@ -10,132 +11,55 @@
 using namespace mlir;
 using namespace mlir::dloss;
 
-//===----------------------------------------------------------------------===//
-// Shared checks. Inference runs while parsing, before any verifier, so these
-// report through an optional location, in the same words as emitOpError.
-//===----------------------------------------------------------------------===//
-
-namespace {
-/// Reports an error for op `OpT` at an optional location.
+/// The shape rules' errors for op `OpT` at an optional location: inference
+/// runs while parsing, before any verifier, and reports in the same words as
+/// emitOpError.
 template <typename OpT>
-struct OpErrors {
-  std::optional<Location> loc;
-
-  template <typename... Args>
-  LogicalResult operator()(Args &&...args) const {
-    return emitOptionalError(loc, "'", OpT::getOperationName(), "' op ",
-                             std::forward<Args>(args)...);
-  }
-};
-} // namespace
-
-template <typename OpT>
-static OpErrors<OpT> errorsFor(std::optional<Location> loc) {
-  return OpErrors<OpT>{loc};
+static shapes::Errors errorsFor(std::optional<Location> loc) {
+  return shapes::Errors(loc, OpT::getOperationName());
 }
 
 template <typename OpT>
-static OpErrors<OpT> errorsFor(OpT op) {
-  return OpErrors<OpT>{op.getLoc()};
+static shapes::Errors errorsFor(OpT op) {
+  return shapes::Errors(op.getLoc(), OpT::getOperationName());
 }
 
-/// Checks that `axis` names a dimension of `type`.
-template <typename OpT>
-static LogicalResult checkAxis(const OpErrors<OpT> &error, ShapedType type,
-                               int64_t axis, StringRef operand = "operand") {
-  if (axis < 0 || axis >= type.getRank())
-    return error("axis ", axis, " is out of range for the rank-",
-                 type.getRank(), " ", operand, " ", Type(type),
-                 "; axes count from 0");
+/// Appends the result of a shape rule to `results`.
+static LogicalResult inferred(FailureOr<RankedTensorType> type,
+                              SmallVectorImpl<Type> &results) {
+  if (failed(type))
+    return failure();
+  results.push_back(*type);
   return success();
 }
 
-/// `shape` without dimension `axis`.
-static SmallVector<int64_t> dropAxis(ArrayRef<int64_t> shape, int64_t axis) {
-  SmallVector<int64_t> result(shape);
-  result.erase(result.begin() + axis);
-  return result;
-}
-
-/// `shape` with dimension `axis` made dynamic: the size differs per rank.
-static SmallVector<int64_t> dynamicAxis(ArrayRef<int64_t> shape, int64_t axis) {
-  SmallVector<int64_t> result(shape);
-  result[axis] = ShapedType::kDynamic;
-  return result;
-}
-
-/// Joins two shapes of equal rank whose static dimensions agree, keeping every
-/// static size. Fails on the first disagreement.
-static FailureOr<SmallVector<int64_t>> joinShapes(ArrayRef<int64_t> lhs,
-                                                  ArrayRef<int64_t> rhs) {
-  if (lhs.size() != rhs.size())
-    return failure();
-  SmallVector<int64_t> result;
-  for (auto [l, r] : llvm::zip_equal(lhs, rhs)) {
-    if (!ShapedType::isDynamic(l) && !ShapedType::isDynamic(r) && l != r)
-      return failure();
-    result.push_back(ShapedType::isDynamic(l) ? r : l);
-  }
-  return result;
-}
-
-static std::string formatShape(ArrayRef<int64_t> shape) {
-  std::string text = "[";
-  llvm::raw_string_ostream os(text);
-  llvm::interleaveComma(shape, os, [&](int64_t d) {
-    if (ShapedType::isDynamic(d))
-      os << "?";
-    else
-      os << d;
-  });
-  os << "]";
-  return text;
-}
-
-/// Checks an operand that holds one entry per row of `input` along `axis`
-/// (the indices of take_along/put_along/cross_entropy, the values of
-/// put_along) and returns the joined row shape.
-template <typename OpT>
-static FailureOr<SmallVector<int64_t>>
-checkPerRowOperand(const OpErrors<OpT> &error, RankedTensorType input,
-                   int64_t axis, RankedTensorType perRow, StringRef name) {
-  SmallVector<int64_t> rows = dropAxis(input.getShape(), axis);
-  FailureOr<SmallVector<int64_t>> joined =
-      joinShapes(rows, perRow.getShape());
-  if (failed(joined)) {
-    (void)error(name, " must have the shape of the input without axis ", axis,
-                ", ", formatShape(rows), ", got ",
-                formatShape(perRow.getShape()));
-    return failure();
-  }
-  return joined;
+static RankedTensorType tensorType(Value value) {
+  return cast<RankedTensorType>(value.getType());
 }
 
 //===----------------------------------------------------------------------===//
 // Collectives
 //===----------------------------------------------------------------------===//
 
-LogicalResult AllGatherOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+LogicalResult AllGatherOp::inferReturnTypes(MLIRContext *,
+                                            std::optional<Location> loc,
                                             Adaptor adaptor,
                                             SmallVectorImpl<Type> &results) {
-  auto input = cast<RankedTensorType>(adaptor.getInput().getType());
-  if (failed(checkAxis(errorsFor<AllGatherOp>(loc), input, adaptor.getAxis())))
-    return failure();
-  results.push_back(RankedTensorType::get(
-      dynamicAxis(input.getShape(), adaptor.getAxis()), input.getElementType()));
-  return success();
+  return inferred(shapes::allGather(errorsFor<AllGatherOp>(loc),
+                                    tensorType(adaptor.getInput()),
+                                    adaptor.getAxis(), std::nullopt),
+                  results);
 }
 
 LogicalResult ReduceScatterOp::inferReturnTypes(MLIRContext *,
                                                 std::optional<Location> loc,
                                                 Adaptor adaptor,
                                                 SmallVectorImpl<Type> &results) {
-  auto input = cast<RankedTensorType>(adaptor.getInput().getType());
-  if (failed(checkAxis(errorsFor<ReduceScatterOp>(loc), input, adaptor.getAxis())))
-    return failure();
-  results.push_back(RankedTensorType::get(
-      dynamicAxis(input.getShape(), adaptor.getAxis()), input.getElementType()));
-  return success();
+  // Each rank keeps its own slice: a run-time size.
+  return inferred(shapes::resizeAxis(errorsFor<ReduceScatterOp>(loc),
+                                     tensorType(adaptor.getInput()),
+                                     adaptor.getAxis(), std::nullopt),
+                  results);
 }
 
 LogicalResult ReduceScatterOp::verify() {
@@ -199,7 +123,8 @@ Replication GlobalSizeOp::inferReplication(ArrayRef<Replication>) {
 
 template <typename OpT>
 static LogicalResult verifyAxisSizeOp(OpT op) {
-  return checkAxis(errorsFor(op), cast<ShapedType>(op.getInput().getType()),
+  return shapes::checkAxis(errorsFor(op),
+                           cast<ShapedType>(op.getInput().getType()),
                    op.getAxis());
 }
 
@@ -220,51 +145,16 @@ OpFoldResult DimOp::fold(FoldAdaptor) {
 // Compute
 //===----------------------------------------------------------------------===//
 
-LogicalResult MatmulOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+LogicalResult MatmulOp::inferReturnTypes(MLIRContext *,
+                                         std::optional<Location> loc,
                                          Adaptor adaptor,
                                          SmallVectorImpl<Type> &results) {
-  auto error = errorsFor<MatmulOp>(loc);
-  auto lhs = cast<RankedTensorType>(adaptor.getLhs().getType());
-  auto rhs = cast<RankedTensorType>(adaptor.getRhs().getType());
-  if (lhs.getRank() != 2 || rhs.getRank() != 2)
-    return error("multiplies 2-D tensors, got ", Type(lhs), " and ", Type(rhs));
-  if (lhs.getElementType() != rhs.getElementType())
-    return error("operand element types differ: ", lhs.getElementType(),
-                 " and ", rhs.getElementType(), "; insert a dloss.cast");
-  bool tl = adaptor.getTransposeLhs(), tr = adaptor.getTransposeRhs();
-  int64_t m = lhs.getDimSize(tl ? 1 : 0), kl = lhs.getDimSize(tl ? 0 : 1);
-  int64_t kr = rhs.getDimSize(tr ? 1 : 0), n = rhs.getDimSize(tr ? 0 : 1);
-  if (!ShapedType::isDynamic(kl) && !ShapedType::isDynamic(kr) && kl != kr)
-    return error("inner dimensions differ: ", kl, " (lhs", tl ? ", transposed" : "",
-                 ") vs ", kr, " (rhs", tr ? ", transposed" : "",
-                 "); check the operands or the transpose flags");
-  results.push_back(RankedTensorType::get({m, n}, lhs.getElementType()));
-  return success();
-}
-
-/// Element-wise shape rule: equal shapes, or a 0-d operand broadcast to the other.
-template <typename OpT>
-static LogicalResult inferElementwise(std::optional<Location> loc, Value lhsValue,
-                                      Value rhsValue,
-                                      SmallVectorImpl<Type> &results) {
-  auto error = errorsFor<OpT>(loc);
-  auto lhs = cast<RankedTensorType>(lhsValue.getType());
-  auto rhs = cast<RankedTensorType>(rhsValue.getType());
-  if (lhs.getElementType() != rhs.getElementType())
-    return error("operand element types differ: ", lhs.getElementType(),
-                 " and ", rhs.getElementType(), "; insert a dloss.cast");
-  if (lhs.getRank() == 0 || rhs.getRank() == 0) {
-    results.push_back(lhs.getRank() == 0 ? rhs : lhs);
-    return success();
-  }
-  FailureOr<SmallVector<int64_t>> shape =
-      joinShapes(lhs.getShape(), rhs.getShape());
-  if (failed(shape))
-    return error("operand shapes ", formatShape(lhs.getShape()), " and ",
-                 formatShape(rhs.getShape()),
-                 " differ; element-wise ops broadcast only 0-d operands");
-  results.push_back(RankedTensorType::get(*shape, lhs.getElementType()));
-  return success();
+  return inferred(shapes::matmul(errorsFor<MatmulOp>(loc),
+                                 tensorType(adaptor.getLhs()),
+                                 tensorType(adaptor.getRhs()),
+                                 adaptor.getTransposeLhs(),
+                                 adaptor.getTransposeRhs()),
+                  results);
 }
 
 #define DLOSS_ELEMENTWISE_INFER(OP)                                            \
@@ -272,8 +162,10 @@ static LogicalResult inferElementwise(std::optional<Location> loc, Value lhsValu
                                      std::optional<Location> loc,             \
                                      Adaptor adaptor,                         \
                                      SmallVectorImpl<Type> &results) {        \
-    return inferElementwise<OP>(loc, adaptor.getLhs(), adaptor.getRhs(),      \
-                                results);                                     \
+    return inferred(shapes::elementwise(errorsFor<OP>(loc),                  \
+                                        tensorType(adaptor.getLhs()),         \
+                                        tensorType(adaptor.getRhs())),        \
+                    results);                                                 \
   }
 DLOSS_ELEMENTWISE_INFER(AddOp)
 DLOSS_ELEMENTWISE_INFER(SubOp)
@@ -306,8 +198,8 @@ LogicalResult CastOp::verify() {
   auto input = cast<RankedTensorType>(getInput().getType());
   if (failed(verifyCompatibleShape(input, result)))
     return emitOpError("changes only the element type; shapes ")
-           << formatShape(input.getShape()) << " and "
-           << formatShape(result.getShape()) << " differ";
+           << shapes::formatShape(input.getShape()) << " and "
+           << shapes::formatShape(result.getShape()) << " differ";
   return success();
 }
 
@@ -318,105 +210,66 @@ OpFoldResult CastOp::fold(FoldAdaptor) {
 }
 
 LogicalResult L2NormalizeOp::verify() {
-  if (failed(checkAxis(errorsFor(*this), getInput().getType(), getAxis())))
+  if (failed(shapes::checkAxis(errorsFor(*this), getInput().getType(),
+                               getAxis())))
     return failure();
   if (!(getEps().convertToDouble() > 0.0))
     return emitOpError("eps must be positive, got ") << getEps().convertToDouble();
   return success();
 }
 
-LogicalResult ReduceOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+LogicalResult ReduceOp::inferReturnTypes(MLIRContext *,
+                                         std::optional<Location> loc,
                                          Adaptor adaptor,
                                          SmallVectorImpl<Type> &results) {
-  auto error = errorsFor<ReduceOp>(loc);
-  auto input = cast<RankedTensorType>(adaptor.getInput().getType());
-  ArrayRef<int64_t> axes = adaptor.getAxes();
-  if (axes.empty())
-    return error("needs at least one axis to reduce");
-  llvm::SmallSet<int64_t, 4> seen;
-  for (int64_t axis : axes) {
-    if (failed(checkAxis(error, input, axis)))
-      return failure();
-    if (!seen.insert(axis).second)
-      return error("axis ", axis, " is listed twice");
-  }
-  SmallVector<int64_t> shape;
-  for (auto [i, size] : llvm::enumerate(input.getShape()))
-    if (!seen.contains(i))
-      shape.push_back(size);
-  results.push_back(RankedTensorType::get(shape, input.getElementType()));
-  return success();
+  return inferred(shapes::reduce(errorsFor<ReduceOp>(loc),
+                                 tensorType(adaptor.getInput()),
+                                 adaptor.getAxes()),
+                  results);
 }
 
 LogicalResult LogSumExpOp::inferReturnTypes(MLIRContext *,
                                             std::optional<Location> loc,
                                             Adaptor adaptor,
                                             SmallVectorImpl<Type> &results) {
-  auto input = cast<RankedTensorType>(adaptor.getInput().getType());
-  if (failed(checkAxis(errorsFor<LogSumExpOp>(loc), input, adaptor.getAxis())))
-    return failure();
-  results.push_back(RankedTensorType::get(
-      dropAxis(input.getShape(), adaptor.getAxis()), input.getElementType()));
-  return success();
-}
-
-/// Shared rule of take_along and cross_entropy: one index per row.
-template <typename OpT>
-static LogicalResult inferPerRowPick(std::optional<Location> loc, Value inputValue,
-                                     Value indicesValue, int64_t axis,
-                                     SmallVectorImpl<Type> &results) {
-  auto error = errorsFor<OpT>(loc);
-  auto input = cast<RankedTensorType>(inputValue.getType());
-  auto indices = cast<RankedTensorType>(indicesValue.getType());
-  if (failed(checkAxis(error, input, axis)))
-    return failure();
-  FailureOr<SmallVector<int64_t>> rows =
-      checkPerRowOperand(error, input, axis, indices, "indices");
-  if (failed(rows))
-    return failure();
-  results.push_back(RankedTensorType::get(*rows, input.getElementType()));
-  return success();
+  return inferred(shapes::dropAxis(errorsFor<LogSumExpOp>(loc),
+                                   tensorType(adaptor.getInput()),
+                                   adaptor.getAxis()),
+                  results);
 }
 
 LogicalResult TakeAlongOp::inferReturnTypes(MLIRContext *,
                                             std::optional<Location> loc,
                                             Adaptor adaptor,
                                             SmallVectorImpl<Type> &results) {
-  return inferPerRowPick<TakeAlongOp>(loc, adaptor.getInput(),
-                                      adaptor.getIndices(), adaptor.getAxis(),
-                                      results);
+  return inferred(shapes::perRowPick(errorsFor<TakeAlongOp>(loc),
+                                     tensorType(adaptor.getInput()),
+                                     tensorType(adaptor.getIndices()),
+                                     adaptor.getAxis()),
+                  results);
 }
 
 LogicalResult CrossEntropyOp::inferReturnTypes(MLIRContext *,
                                                std::optional<Location> loc,
                                                Adaptor adaptor,
                                                SmallVectorImpl<Type> &results) {
-  return inferPerRowPick<CrossEntropyOp>(loc, adaptor.getLogits(),
-                                         adaptor.getTargets(),
-                                         adaptor.getAxis(), results);
+  return inferred(shapes::perRowPick(errorsFor<CrossEntropyOp>(loc),
+                                     tensorType(adaptor.getLogits()),
+                                     tensorType(adaptor.getTargets()),
+                                     adaptor.getAxis()),
+                  results);
 }
 
 LogicalResult PutAlongOp::inferReturnTypes(MLIRContext *,
                                            std::optional<Location> loc,
                                            Adaptor adaptor,
                                            SmallVectorImpl<Type> &results) {
-  auto error = errorsFor<PutAlongOp>(loc);
-  auto input = cast<RankedTensorType>(adaptor.getInput().getType());
-  auto values = cast<RankedTensorType>(adaptor.getValues().getType());
-  SmallVector<Type> picked;
-  if (failed(inferPerRowPick<PutAlongOp>(loc, adaptor.getInput(),
-                                         adaptor.getIndices(),
-                                         adaptor.getAxis(), picked)))
-    return failure();
-  if (values.getElementType() != input.getElementType())
-    return error("values have element type ", values.getElementType(),
-                 " but the input has ", input.getElementType(),
-                 "; insert a dloss.cast");
-  if (failed(checkPerRowOperand(error, input, adaptor.getAxis(), values,
-                                "values")))
-    return failure();
-  results.push_back(input);
-  return success();
+  return inferred(shapes::putAlong(errorsFor<PutAlongOp>(loc),
+                                   tensorType(adaptor.getInput()),
+                                   tensorType(adaptor.getIndices()),
+                                   tensorType(adaptor.getValues()),
+                                   adaptor.getAxis()),
+                  results);
 }
 
 LogicalResult ArangeOp::verify() {
@@ -426,60 +279,36 @@ LogicalResult ArangeOp::verify() {
   return success();
 }
 
-LogicalResult ExpandOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+LogicalResult ExpandOp::inferReturnTypes(MLIRContext *,
+                                         std::optional<Location> loc,
                                          Adaptor adaptor,
                                          SmallVectorImpl<Type> &results) {
-  auto error = errorsFor<ExpandOp>(loc);
-  auto input = cast<RankedTensorType>(adaptor.getInput().getType());
-  auto like = cast<RankedTensorType>(adaptor.getLike().getType());
-  llvm::SmallSet<int64_t, 4> axes;
-  for (int64_t axis : adaptor.getAxes()) {
-    if (failed(checkAxis(error, like, axis, "'like' operand")))
-      return failure();
-    if (!axes.insert(axis).second)
-      return error("axis ", axis, " is listed twice");
-  }
-  SmallVector<int64_t> kept;
-  for (auto [i, size] : llvm::enumerate(like.getShape()))
-    if (!axes.contains(i))
-      kept.push_back(size);
-  FailureOr<SmallVector<int64_t>> joined = joinShapes(kept, input.getShape());
-  if (failed(joined))
-    return error("input shape ", formatShape(input.getShape()),
-                 " must be the shape of 'like' without the expanded axes, ",
-                 formatShape(kept));
-  SmallVector<int64_t> shape;
-  unsigned next = 0;
-  for (auto [i, size] : llvm::enumerate(like.getShape()))
-    shape.push_back(axes.contains(i) ? size : (*joined)[next++]);
-  results.push_back(RankedTensorType::get(shape, input.getElementType()));
-  return success();
+  return inferred(shapes::expand(errorsFor<ExpandOp>(loc),
+                                 tensorType(adaptor.getInput()),
+                                 tensorType(adaptor.getLike()),
+                                 adaptor.getAxes()),
+                  results);
 }
 
-/// Slice and pad change one axis by run-time amounts: it becomes dynamic.
-template <typename OpT>
-static LogicalResult inferDynamicAxis(std::optional<Location> loc, Value inputValue,
-                                      int64_t axis, SmallVectorImpl<Type> &results) {
-  auto input = cast<RankedTensorType>(inputValue.getType());
-  if (failed(checkAxis(errorsFor<OpT>(loc), input, axis)))
-    return failure();
-  results.push_back(
-      RankedTensorType::get(dynamicAxis(input.getShape(), axis), input.getElementType()));
-  return success();
-}
-
-LogicalResult SliceOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+// Slice and pad change one axis by run-time amounts: it becomes dynamic.
+LogicalResult SliceOp::inferReturnTypes(MLIRContext *,
+                                        std::optional<Location> loc,
                                         Adaptor adaptor,
                                         SmallVectorImpl<Type> &results) {
-  return inferDynamicAxis<SliceOp>(loc, adaptor.getInput(), adaptor.getAxis(),
-                                   results);
+  return inferred(shapes::resizeAxis(errorsFor<SliceOp>(loc),
+                                     tensorType(adaptor.getInput()),
+                                     adaptor.getAxis(), std::nullopt),
+                  results);
 }
 
-LogicalResult PadOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+LogicalResult PadOp::inferReturnTypes(MLIRContext *,
+                                      std::optional<Location> loc,
                                       Adaptor adaptor,
                                       SmallVectorImpl<Type> &results) {
-  return inferDynamicAxis<PadOp>(loc, adaptor.getInput(), adaptor.getAxis(),
-                                 results);
+  return inferred(shapes::resizeAxis(errorsFor<PadOp>(loc),
+                                     tensorType(adaptor.getInput()),
+                                     adaptor.getAxis(), std::nullopt),
+                  results);
 }
 
 #define GET_OP_CLASSES
