@@ -101,10 +101,12 @@ def Dloss_FloatTensor : RankedTensorOf<[AnyFloat]>;
 def Dloss_IntTensor : RankedTensorOf<[AnySignlessInteger]>;
 def Dloss_NumTensor : RankedTensorOf<[AnyFloat, AnySignlessInteger]>;
 
-// Every op has an adjoint rule (dialect/DlossAdjoints.cpp).
+// Every op has an adjoint rule (dialect/DlossAdjoints.cpp) and a cost rule
+// (dialect/DlossCosts.cpp).
 class Dloss_BaseOp<string mnemonic, list<Trait> traits>
     : Op<Dloss_Dialect, mnemonic,
-         !listconcat(traits, [DeclareOpInterfaceMethods<Dloss_AdjointOpInterface>])>;
+         !listconcat(traits, [DeclareOpInterfaceMethods<Dloss_AdjointOpInterface>,
+                              DeclareOpInterfaceMethods<Dloss_CostOpInterface>])>;
 
 // Local computation: its results are invariant when all its operands are.
 class Dloss_Op<string mnemonic, list<Trait> traits = []>

@@ -1,4 +1,4 @@
-// Per-op rules of the dloss compiler: replication (invariant/varying) and reverse-mode adjoints.
+// Per-op rules of the dloss compiler: replication (invariant/varying), reverse-mode adjoints, costs.
 #ifndef DLOSS_INTERFACES_TD
 #define DLOSS_INTERFACES_TD
 
@@ -42,6 +42,28 @@ def Dloss_AdjointOpInterface : OpInterface<"AdjointOpInterface"> {
       "Adds the cotangent contributions of the op's operands.",
       "::llvm::LogicalResult", "buildAdjoint",
       (ins "::mlir::dloss::AdjointBuilder &":$adjoint)>,
+  ];
+}
+
+def Dloss_CostOpInterface : OpInterface<"CostOpInterface"> {
+  let cppNamespace = "::mlir::dloss";
+  let description = [{
+    The cost rule of an op, for the cost report (`dlossc --report`): under
+    the concrete sizes of one representative rank, the op's results (their
+    shapes through the op's shape rule in dialect/ShapeFunctions.h, or the
+    values of index results), the bytes one rank sends per call under the
+    runtime's algorithm, and the temporaries its kernel allocates beyond its
+    results. The rules live in dialect/DlossCosts.cpp (dialect/CostModel.h is
+    their contract); arith's ops get theirs as external models.
+  }];
+  let methods = [
+    InterfaceMethod<
+      "Sets the concrete value of every result in `evaluator` and returns "
+      "what the call costs; emits an error at the op when the sizes "
+      "contradict the op.",
+      "::llvm::LogicalResult", "evaluateCost",
+      (ins "::mlir::dloss::CostEvaluator &":$evaluator,
+           "::mlir::dloss::OpCost &":$cost)>,
   ];
 }
 

@@ -11,6 +11,7 @@
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
 #include "dialect/Adjoint.h"
+#include "dialect/CostModel.h"
 
 namespace mlir::dloss {
 /// Trait of the ops that communicate: every rank must run them, in order.

@@ -1,6 +1,7 @@
 // parseLoss / compileToPlan: what dlossc and the JIT both do.
-#include "passes/Compile.h"
+#include "driver/Compile.h"
 
+#include "dialect/CostModel.h"
 #include "dialect/DlossOps.h"
 #include "passes/LowerToPlan.h"
 #include "passes/Passes.h"
@@ -23,6 +24,7 @@ void dloss::registerLossDialects(DialectRegistry &registry) {
   registry.insert<DlossDialect, arith::ArithDialect, func::FuncDialect,
                   scf::SCFDialect, tensor::TensorDialect>();
   func::registerInlinerExtension(registry);
+  registerArithCostModels(registry);
 }
 
 /// Names arguments after their SSA names in the source unless already named.

@@ -1,6 +1,6 @@
 // The compiler's front door, shared by dlossc and the LibTorch JIT: parse a loss, derive its backward, lower it to a plan.
-#ifndef DLOSS_PASSES_COMPILE_H
-#define DLOSS_PASSES_COMPILE_H
+#ifndef DLOSS_DRIVER_COMPILE_H
+#define DLOSS_DRIVER_COMPILE_H
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OwningOpRef.h"
@@ -17,7 +17,7 @@ class DialectRegistry;
 namespace dloss {
 
 /// The dialects a loss may use: dloss, func, arith, scf, tensor (+ the func
-/// inliner, which the pipeline runs first).
+/// inliner, which the pipeline runs first, and the cost rules of arith ops).
 void registerLossDialects(DialectRegistry &registry);
 
 /// Parses and verifies the first buffer of `sourceMgr` into a module (the
@@ -39,4 +39,4 @@ FailureOr<std::string> compileToPlan(ModuleOp module, StringRef source,
 } // namespace dloss
 } // namespace mlir
 
-#endif // DLOSS_PASSES_COMPILE_H
+#endif // DLOSS_DRIVER_COMPILE_H

@@ -2,7 +2,7 @@
 #include "frontend/Graph.h"
 
 #include "dialect/DlossOps.h"
-#include "passes/Compile.h"
+#include "driver/Compile.h"
 #include "runtime/Error.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"

@@ -1,7 +1,7 @@
 // The LibTorch JIT: dloss MLIR (or a Graph) -> cached plan -> CompiledLoss.
 #include "frontend/Jit.h"
 
-#include "passes/Compile.h"
+#include "driver/Compile.h"
 #include "runtime/Error.h"
 
 #include "mlir/IR/BuiltinOps.h"

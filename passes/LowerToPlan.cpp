@@ -1,5 +1,7 @@
 // dloss-lower-to-plan: the compiler's side of the plan (runtime/Plan.fbs).
 #include "passes/LowerToPlan.h"
+#include "passes/LocationText.h"
+#include "passes/StraightLineLiveness.h"
 #include "passes/Passes.h"
 
 #include "runtime/PlanText.h"
@@ -37,20 +39,6 @@ static std::optional<plan::DType> toDType(Type type) {
   return std::nullopt;
 }
 
-/// "file:line:col" of the innermost file location, for runtime messages.
-static std::string locationText(Location loc) {
-  std::string text;
-  loc->walk([&](Location inner) {
-    if (auto file = dyn_cast<FileLineColLoc>(inner)) {
-      text = (file.getFilename().getValue() + ":" + Twine(file.getLine()) +
-              ":" + Twine(file.getColumn()))
-                 .str();
-      return WalkResult::interrupt();
-    }
-    return WalkResult::advance();
-  });
-  return text;
-}
 
 namespace {
 
@@ -224,35 +212,25 @@ private:
       registers[arg] = static_cast<int>(registers.size());
     }
 
-    // Number the results, then find each register's last use.
-    SmallVector<Operation *> ops;
-    for (Operation &op : body.without_terminator()) {
-      if (op.getNumRegions() != 0)
-        return op.emitOpError()
+    // Number the results; each register is freed after its value's last use.
+    StraightLineLiveness liveness(body);
+    ArrayRef<Operation *> ops = liveness.ops();
+    for (Operation *op : ops) {
+      if (op->getNumRegions() != 0)
+        return op->emitOpError()
                << "has regions, and the runtime runs straight-line plans; "
                   "compute this without control flow";
       if (isa<func::CallOp>(op))
-        return op.emitOpError() << "calls a function; inline it first "
-                                   "(dlossc and dloss-derive-backward do)";
-      for (Value result : op.getResults())
+        return op->emitOpError() << "calls a function; inline it first "
+                                    "(dlossc and dloss-derive-backward do)";
+      for (Value result : op->getResults())
         registers[result] = static_cast<int>(registers.size());
-      ops.push_back(&op);
     }
     Operation *ret = body.getTerminator();
-    llvm::DenseMap<int, size_t> lastUse;
-    for (auto [i, op] : llvm::enumerate(ops)) {
-      for (Value operand : op->getOperands())
-        lastUse[registers.lookup(operand)] = i;
-      for (Value result : op->getResults())
-        lastUse.try_emplace(registers.lookup(result), i); // dead results
-    }
-    llvm::DenseSet<int> returned;
-    for (Value v : ret->getOperands())
-      returned.insert(registers.lookup(v));
     std::vector<std::vector<int>> freeAfter(ops.size());
-    for (auto [reg, step] : lastUse)
-      if (!returned.contains(reg))
-        freeAfter[step].push_back(reg);
+    for (size_t i = 0; i < ops.size(); ++i)
+      for (Value value : liveness.deadAfter(i))
+        freeAfter[i].push_back(registers.lookup(value));
 
     std::vector<fb::Offset<plan::Step>> steps;
     for (auto [i, op] : llvm::enumerate(ops)) {

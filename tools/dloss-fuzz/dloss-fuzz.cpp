@@ -11,7 +11,7 @@
 // Each input gets a fresh single-threaded MLIRContext, so a finding replays
 // exactly with dloss-opt or dlossc, which also start from a fresh context.
 #include "dialect/DlossOps.h"
-#include "passes/Compile.h"
+#include "driver/Compile.h"
 #include "passes/LowerToPlan.h"
 #include "passes/Passes.h"
 #include "runtime/PlanText.h"

@@ -1,9 +1,9 @@
 // dlossc: the dloss compiler driver: a loss in .mlir in, a runtime plan out.
 #include "dialect/DlossOps.h"
-#include "passes/Compile.h"
+#include "driver/Compile.h"
 #include "passes/LowerToPlan.h"
 #include "passes/Passes.h"
-#include "passes/Report.h"
+#include "report/Report.h"
 #include "runtime/PlanText.h"
 #include "runtime/Plan_generated.h"
 
@@ -136,7 +136,7 @@ int main(int argc, char **argv) {
 
   if (report) {
     mlir::dloss::ReportOptions options;
-    options.worldSize = reportWorld;
+    options.cost.worldSize = reportWorld;
     options.batch = reportBatch;
     options.dim = reportDim;
     if (reportFormat != "text" && reportFormat != "json") {

@@ -1,0 +1,28 @@
+// The cost report's text and JSON forms.
+#ifndef DLOSS_REPORT_OUTPUT_H
+#define DLOSS_REPORT_OUTPUT_H
+
+#include "report/Evaluate.h"
+
+#include "llvm/Support/raw_ostream.h"
+
+namespace mlir::dloss {
+
+/// A function's fused and unfused evaluations (unfused null when the
+/// unfused compilation has no function of that name).
+struct ReportEntry {
+  const FunctionReport *fused;
+  const FunctionReport *unfused;
+};
+
+void writeReportText(llvm::raw_ostream &os, StringRef source,
+                     const ReportOptions &options,
+                     ArrayRef<ReportEntry> entries);
+
+void writeReportJson(llvm::raw_ostream &os, StringRef source,
+                     const ReportOptions &options,
+                     ArrayRef<ReportEntry> entries);
+
+} // namespace mlir::dloss
+
+#endif // DLOSS_REPORT_OUTPUT_H
