@@ -504,7 +504,34 @@ LOCAL_OPS = {
     "arith.addi": lambda op, a, b: a + b,
     "arith.subi": lambda op, a, b: a - b,
     "arith.muli": lambda op, a, b: a * b,
+    "arith.divsi": lambda op, a, b: _divsi(a, b),
+    "arith.maxsi": lambda op, a, b: max(a, b),
+    "arith.minsi": lambda op, a, b: min(a, b),
+    "arith.cmpi": lambda op, a, b: _cmpi(op, a, b),
+    "arith.select": lambda op, c, a, b: a if c else b,
+    "arith.index_cast": lambda op, a: a,
 }
+
+
+def _divsi(a, b):
+    if b == 0:
+        raise SimError("division by zero")
+    q = abs(a) // abs(b)  # C's division truncates toward zero
+    return q if (a < 0) == (b < 0) else -q
+
+
+# arith.cmpi's predicates in the generic form's integer encoding (signless
+# index values compare as signed; the unsigned forms as their 64-bit images).
+_CMPI = ["eq", "ne", "slt", "sle", "sgt", "sge", "ult", "ule", "ugt", "uge"]
+
+
+def _cmpi(op, a, b):
+    pred = op.attr("predicate")
+    pred = _CMPI[pred] if isinstance(pred, int) else str(pred).strip('"')
+    if pred.startswith("u"):
+        a, b, pred = a % 2**64, b % 2**64, "s" + pred[1:]
+    return int({"eq": a == b, "ne": a != b, "slt": a < b, "sle": a <= b,
+                "sgt": a > b, "sge": a >= b}[pred])
 
 
 def _same_shapes(name, xs):
@@ -811,3 +838,21 @@ def run_spmd(func, inputs, single_device=False):
         except (RuntimeError, IndexError, TypeError) as e:
             raise SimError(f"@{func.name}: {op.name} failed: {e}\n  at: {op.line}") from None
     raise SimError(f"@{func.name} has no func.return")
+
+
+# Ops run_spmd interprets itself, outside the tables.
+SPECIAL_OPS = {"arith.constant", "dloss.rank", "dloss.world_size"}
+
+
+def known_ops():
+    """Every op the simulator gives a meaning (the op-completeness test asks)."""
+    return (SPECIAL_OPS | set(LOCAL_OPS) | set(COLLECTIVE_OPS)
+            | set(MULTI_OPERAND_COLLECTIVES))
+
+
+if __name__ == "__main__":
+    import sys
+    if sys.argv[1:] != ["--list-ops"]:
+        sys.exit("usage: dloss_sim.py --list-ops (the module is the numeric "
+                 "checks' oracle; run test/numeric/check_gradients.py)")
+    print("\n".join(sorted(known_ops())))
