@@ -2,6 +2,7 @@
 #include "tools/dloss-run/DlossRun.h"
 
 #include "runtime/Error.h"
+#include "runtime/Kernels.h"
 #include "runtime/Npy.h"
 
 #include <cstdlib>
@@ -27,33 +28,6 @@ std::string inputPath(const std::string &source, int rank) {
   if (!source.empty() && *end == 0 && !endsWith(source, ".npy"))
     return "";
   return substituteRank(source, rank);
-}
-
-at::ScalarType scalarTypeOf(plan::DType dtype) {
-  using plan::DType;
-  switch (dtype) {
-  case DType::f16:
-    return at::kHalf;
-  case DType::bf16:
-    return at::kBFloat16;
-  case DType::f32:
-    return at::kFloat;
-  case DType::f64:
-    return at::kDouble;
-  case DType::i8:
-    return at::kChar;
-  case DType::i16:
-    return at::kShort;
-  case DType::i32:
-    return at::kInt;
-  case DType::i64:
-    return at::kLong;
-  case DType::u8:
-    return at::kByte;
-  case DType::boolean:
-    return at::kBool;
-  }
-  return at::kFloat;
 }
 
 /// Why an input file could not be loaded, as a code every rank can explain.
@@ -112,13 +86,18 @@ std::vector<at::Tensor> loadInputs(const Options &o, const plan::Function &f,
     while (argumentName(f, i) != name)
       ++i;
     std::string path = inputPath(source, rank);
+    if (path.empty()) {
+      // An unknown plan dtype raises here, alike on every rank (they share
+      // the plan), rather than being reported as an unreadable file.
+      at::ScalarType type =
+          toScalarType(f.arguments()->Get(i)->type()->dtype());
+      inputs[i] =
+          at::scalar_tensor(std::strtod(source.c_str(), nullptr), at::kDouble)
+              .to(type);
+      continue;
+    }
     try {
-      if (path.empty())
-        inputs[i] =
-            at::scalar_tensor(std::strtod(source.c_str(), nullptr), at::kDouble)
-                .to(scalarTypeOf(f.arguments()->Get(i)->type()->dtype()));
-      else
-        inputs[i] = npy::load(path);
+      inputs[i] = npy::load(path);
     } catch (const std::exception &) {
       if (!failure)
         throw;
