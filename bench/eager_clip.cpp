@@ -18,12 +18,14 @@
 // Or: dloss-bench-eager-clip --world N ... (forks N local ranks; rank r
 // writes FILE.json with ".rank<r>" before the extension, or prints its JSON).
 //
-// Prints one JSON line per rank: median_ms over the K timed calls, and
-// loss_mem_mb = VmHWM after the calls - VmRSS right before the first call
-// (VmHWM is reset through /proc/self/clear_refs first where the kernel allows
-// it; "hwm_reset" says whether it did), plus peak_rss_mb, the rank's total
-// peak RSS. Both are measured as dloss-run measures them (LossMemory.h).
+// Prints one JSON line per rank: median_ms over the K timed calls (each
+// started with the ranks lined up), and loss_mem_mb = VmHWM after the calls -
+// VmRSS right before the first call (VmHWM is reset through
+// /proc/self/clear_refs first where the kernel allows it; "hwm_reset" says
+// whether it did), plus peak_rss_mb, the rank's total peak RSS. All three are
+// measured as dloss-run measures them (CallTiming.h, LossMemory.h).
 #include "runtime/Communicator.h"
+#include "tools/dloss-run/CallTiming.h"
 #include "tools/dloss-run/LossMemory.h"
 
 #include <torch/torch.h>
@@ -31,8 +33,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -127,20 +127,8 @@ int runRank(const Options &o) {
 
   // Baseline: inputs built, peers met, right before the first call.
   auto memory = dloss::tools::LossMemory::start();
-  for (int k = 0; k < o.warmup; ++k)
-    step();
-  std::vector<double> times;
-  for (int k = 0; k < o.iters; ++k) {
-    comm->allGatherInts({0}); // line the ranks up: time the call, not the skew
-    auto start = std::chrono::steady_clock::now();
-    step();
-    times.push_back(std::chrono::duration<double, std::milli>(
-                        std::chrono::steady_clock::now() - start)
-                        .count());
-  }
+  double median = dloss::tools::timeCalls(*comm, "", o.warmup, o.iters, step);
   memory.stop();
-  std::sort(times.begin(), times.end());
-  double median = times.empty() ? 0.0 : times[times.size() / 2];
 
   std::ostringstream json;
   json.precision(9);

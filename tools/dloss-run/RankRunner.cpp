@@ -1,8 +1,9 @@
 // One rank of a job: loads its inputs, runs the loss timed, writes results.
 //
-// Each rank's result.json has the median time of one forward+backward and the
-// loss's memory: loss_mem_mb = peak RSS (VmHWM) after the timed calls minus the
-// RSS right before the first call (LossMemory.h).
+// Each rank's result.json has the median time of one forward+backward
+// (CallTiming.h) and the loss's memory: loss_mem_mb = peak RSS (VmHWM) after
+// the timed calls minus the RSS right before the first call (LossMemory.h).
+#include "tools/dloss-run/CallTiming.h"
 #include "tools/dloss-run/DlossRun.h"
 #include "tools/dloss-run/LossMemory.h"
 
@@ -11,7 +12,6 @@
 #include "runtime/Npy.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -54,18 +54,11 @@ int runRank(const Options &o, const std::string &planPath) {
 
     // Inputs loaded, peers met: what the calls add from here is the loss's.
     auto memory = LossMemory::start();
-    std::vector<at::Tensor> outputs = executor.run(gradName, inputs); // warm-up
-    std::vector<double> times;
-    for (int k = 0; k < o.iters; ++k) {
-      auto start = std::chrono::steady_clock::now();
+    std::vector<at::Tensor> outputs;
+    double median = timeCalls(*comm, gradName, /*warmup=*/1, o.iters, [&] {
       outputs = executor.run(gradName, inputs);
-      times.push_back(std::chrono::duration<double, std::milli>(
-                          std::chrono::steady_clock::now() - start)
-                          .count());
-    }
+    });
     memory.stop();
-    std::sort(times.begin(), times.end());
-    double median = times.empty() ? 0.0 : times[times.size() / 2];
     // The summary names the rank that must fit: the largest loss memory.
     std::vector<int64_t> lossKb =
         comm->allGatherInts({memory.hwmKb - memory.baselineKb});
