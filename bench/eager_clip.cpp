@@ -3,11 +3,11 @@
 //
 // Rank r holds random L2-normalised image and text features [B_local, d]
 // (requires_grad) and a replicated logit scale. Per call:
-//   all_image = all_gather_with_grad(image), all_text = all_gather_with_grad(text)
-//   logits_per_image = scale * image @ all_text^T     [B_local, B_global]
-//   logits_per_text  = scale * text  @ all_image^T    [B_local, B_global]
-//   labels = arange(B_local) + B_local * rank
-//   loss = (CE(logits_per_image, labels) + CE(logits_per_text, labels)) / 2
+//   all_image = all_gather_with_grad(image), all_text =
+//   all_gather_with_grad(text) logits_per_image = scale * image @ all_text^T
+//   [B_local, B_global] logits_per_text  = scale * text  @ all_image^T
+//   [B_local, B_global] labels = arange(B_local) + B_local * rank loss =
+//   (CE(logits_per_image, labels) + CE(logits_per_text, labels)) / 2
 //   loss.backward()
 // The gather's backward is torch.distributed.nn's: all_reduce(sum) of the
 // gradient of the gathered tensor, then this rank's rows.
@@ -18,12 +18,14 @@
 // Or: dloss-bench-eager-clip --world N ... (forks N local ranks; rank r
 // writes FILE.json with ".rank<r>" before the extension, or prints its JSON).
 //
-// Prints one JSON line per rank: median_ms over the K timed calls, and
-// loss_mem_mb = VmHWM after the calls - VmRSS right before the first call
-// (VmHWM is reset through /proc/self/clear_refs first where the kernel allows
-// it; "hwm_reset" says whether it did), plus peak_rss_mb, the rank's total
-// peak RSS. Both are measured as dloss-run measures them (LossMemory.h).
+// Prints one JSON line per rank: median_ms over the K timed calls (each
+// started with the ranks lined up), and loss_mem_mb = VmHWM after the calls -
+// VmRSS right before the first call (VmHWM is reset through
+// /proc/self/clear_refs first where the kernel allows it; "hwm_reset" says
+// whether it did), plus peak_rss_mb, the rank's total peak RSS. All three are
+// measured as dloss-run measures them (CallTiming.h, LossMemory.h).
 #include "runtime/Communicator.h"
+#include "tools/dloss-run/CallTiming.h"
 #include "tools/dloss-run/LossMemory.h"
 
 #include <torch/torch.h>
@@ -31,8 +33,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -63,7 +63,8 @@ struct AllGatherWithGrad : public torch::autograd::Function<AllGatherWithGrad> {
   static tensor_list backward(AutogradContext *ctx, tensor_list grads) {
     int64_t offset = ctx->saved_data["offset"].toInt();
     int64_t rows = ctx->saved_data["rows"].toInt();
-    at::Tensor summed = gComm->allReduce(grads[0].contiguous(), dloss::Reduction::Sum);
+    at::Tensor summed =
+        gComm->allReduce(grads[0].contiguous(), dloss::Reduction::Sum);
     return {summed.narrow(0, offset, rows).clone()};
   }
 };
@@ -95,15 +96,17 @@ int runRank(const Options &o) {
 
   torch::manual_seed(o.seed + rank);
   torch::Tensor image =
-      torch::nn::functional::normalize(torch::randn({o.bLocal, o.dim}),
-                                       torch::nn::functional::NormalizeFuncOptions().dim(1))
+      torch::nn::functional::normalize(
+          torch::randn({o.bLocal, o.dim}),
+          torch::nn::functional::NormalizeFuncOptions().dim(1))
           .requires_grad_(true);
-  torch::Tensor text =
-      torch::nn::functional::normalize(torch::randn({o.bLocal, o.dim}),
-                                       torch::nn::functional::NormalizeFuncOptions().dim(1))
-          .requires_grad_(true);
+  torch::Tensor text = torch::nn::functional::normalize(
+                           torch::randn({o.bLocal, o.dim}),
+                           torch::nn::functional::NormalizeFuncOptions().dim(1))
+                           .requires_grad_(true);
   torch::Tensor scale = torch::full({}, 14.285714f).requires_grad_(true);
-  torch::Tensor labels = torch::arange(o.bLocal, torch::kLong) + o.bLocal * rank;
+  torch::Tensor labels =
+      torch::arange(o.bLocal, torch::kLong) + o.bLocal * rank;
 
   double loss = 0;
   auto step = [&]() {
@@ -114,36 +117,25 @@ int runRank(const Options &o) {
     torch::Tensor allText = AllGatherWithGrad::apply(text);
     torch::Tensor logitsPerImage = scale * image.matmul(allText.t());
     torch::Tensor logitsPerText = scale * text.matmul(allImage.t());
-    torch::Tensor l = (torch::nn::functional::cross_entropy(logitsPerImage, labels) +
-                       torch::nn::functional::cross_entropy(logitsPerText, labels)) /
-                      2;
+    torch::Tensor l =
+        (torch::nn::functional::cross_entropy(logitsPerImage, labels) +
+         torch::nn::functional::cross_entropy(logitsPerText, labels)) /
+        2;
     l.backward();
     loss = l.item<double>();
   };
 
   // Baseline: inputs built, peers met, right before the first call.
   auto memory = dloss::tools::LossMemory::start();
-  for (int k = 0; k < o.warmup; ++k)
-    step();
-  std::vector<double> times;
-  for (int k = 0; k < o.iters; ++k) {
-    comm->allGatherInts({0}); // line the ranks up: time the call, not the skew
-    auto start = std::chrono::steady_clock::now();
-    step();
-    times.push_back(std::chrono::duration<double, std::milli>(
-                        std::chrono::steady_clock::now() - start)
-                        .count());
-  }
+  double median = dloss::tools::timeCalls(*comm, "", o.warmup, o.iters, step);
   memory.stop();
-  std::sort(times.begin(), times.end());
-  double median = times.empty() ? 0.0 : times[times.size() / 2];
 
   std::ostringstream json;
   json.precision(9);
-  json << "{\"impl\": \"eager\", \"rank\": " << rank << ", \"world_size\": " << world
-       << ", \"b_local\": " << o.bLocal << ", \"d\": " << o.dim
-       << ", \"iters\": " << o.iters << ", \"loss\": " << loss
-       << ", \"median_ms\": " << median
+  json << "{\"impl\": \"eager\", \"rank\": " << rank
+       << ", \"world_size\": " << world << ", \"b_local\": " << o.bLocal
+       << ", \"d\": " << o.dim << ", \"iters\": " << o.iters
+       << ", \"loss\": " << loss << ", \"median_ms\": " << median
        << ", \"baseline_rss_mb\": " << memory.baselineMb()
        << ", \"vm_hwm_mb\": " << memory.hwmMb()
        << ", \"loss_mem_mb\": " << memory.lossMb()
@@ -160,9 +152,11 @@ int runRank(const Options &o) {
 }
 
 int usage() {
-  std::cerr << "usage: dloss-bench-eager-clip [--world N] [--b-local B] [--dim D] "
-               "[--iters K] [--warmup W] [--threads T] [--seed S] [--out FILE.json]\n"
-               "  without --world: one rank, from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT\n";
+  std::cerr
+      << "usage: dloss-bench-eager-clip [--world N] [--b-local B] [--dim D] "
+         "[--iters K] [--warmup W] [--threads T] [--seed S] [--out FILE.json]\n"
+         "  without --world: one rank, from "
+         "RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT\n";
   return 2;
 }
 
@@ -179,15 +173,24 @@ int main(int argc, char **argv) {
       }
       return argv[++i];
     };
-    if (a == "--b-local") o.bLocal = std::stoll(next());
-    else if (a == "--dim") o.dim = std::stoll(next());
-    else if (a == "--iters") o.iters = std::stoi(next());
-    else if (a == "--warmup") o.warmup = std::stoi(next());
-    else if (a == "--world") o.world = std::stoi(next());
-    else if (a == "--threads") o.threads = std::stoi(next());
-    else if (a == "--seed") o.seed = std::stoull(next());
-    else if (a == "--out") o.out = next();
-    else if (a == "--help" || a == "-h") return usage(), 0;
+    if (a == "--b-local")
+      o.bLocal = std::stoll(next());
+    else if (a == "--dim")
+      o.dim = std::stoll(next());
+    else if (a == "--iters")
+      o.iters = std::stoi(next());
+    else if (a == "--warmup")
+      o.warmup = std::stoi(next());
+    else if (a == "--world")
+      o.world = std::stoi(next());
+    else if (a == "--threads")
+      o.threads = std::stoi(next());
+    else if (a == "--seed")
+      o.seed = std::stoull(next());
+    else if (a == "--out")
+      o.out = next();
+    else if (a == "--help" || a == "-h")
+      return usage(), 0;
     else {
       std::cerr << "dloss-bench-eager-clip: unknown argument " << a << "\n";
       return usage();
@@ -197,8 +200,9 @@ int main(int argc, char **argv) {
     if (o.world <= 0)
       return runRank(o);
     // Fork N local ranks (before LibTorch starts its thread pools).
-    std::string port = std::getenv("MASTER_PORT") ? std::getenv("MASTER_PORT")
-                                                  : std::to_string(29500 + getpid() % 20000);
+    std::string port = std::getenv("MASTER_PORT")
+                           ? std::getenv("MASTER_PORT")
+                           : std::to_string(29500 + getpid() % 20000);
     std::vector<pid_t> children;
     for (int r = 0; r < o.world; ++r) {
       pid_t pid = fork();
@@ -215,7 +219,8 @@ int main(int argc, char **argv) {
         try {
           rc = runRank(o);
         } catch (const std::exception &e) {
-          std::cerr << "dloss-bench-eager-clip: rank " << r << ": " << e.what() << "\n";
+          std::cerr << "dloss-bench-eager-clip: rank " << r << ": " << e.what()
+                    << "\n";
         }
         std::fflush(nullptr);
         _exit(rc);

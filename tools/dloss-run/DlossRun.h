@@ -1,0 +1,137 @@
+// What dloss-run's files share: its options and the pieces main() runs.
+#ifndef DLOSS_TOOLS_DLOSS_RUN_DLOSSRUN_H
+#define DLOSS_TOOLS_DLOSS_RUN_DLOSSRUN_H
+
+#include "runtime/Communicator.h"
+#include "runtime/PlanFile.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dloss {
+namespace tools {
+
+/// The command line (Options.cpp has the usage text).
+struct Options {
+  std::string loss;
+  int world = 0; // 0: not a launcher
+  std::string entry;
+  std::vector<std::pair<std::string, std::string>> inputs;
+  std::string out = "dloss-run-out";
+  int iters = 5;
+  bool check = false;
+  double tolerance = 1e-5;
+  std::string dlossc;
+  std::string gradMode;   // passed to dlossc --grad-mode
+  int timeoutSeconds = 0; // 0: the runtime's default (DLOSS_TIMEOUT_S or 300)
+  bool runtimeChecks = false; // else DLOSS_CHECK decides
+  bool noFuse = false;        // passed to dlossc --no-fuse
+};
+
+//===----------------------------------------------------------------------===//
+// Options.cpp
+//===----------------------------------------------------------------------===//
+
+/// Parses the command line; prints the usage and exits 2 on a mistake
+/// (0 for --help).
+Options parseOptions(int argc, char **argv);
+
+//===----------------------------------------------------------------------===//
+// Paths.cpp
+//===----------------------------------------------------------------------===//
+
+bool endsWith(const std::string &s, const std::string &suffix);
+/// This executable's path (/proc/self/exe), or "dloss-run" if unknown.
+std::string selfPath();
+/// `mkdir -p`; a dloss::Error naming the directory when it cannot.
+void makeDirectories(const std::string &path);
+/// Where rank `rank` writes its results: OUT/rank<r>.
+std::string rankDir(const Options &o, int rank);
+
+//===----------------------------------------------------------------------===//
+// Compile.cpp
+//===----------------------------------------------------------------------===//
+
+/// Compiles the .mlir loss with dlossc into OUT/loss.plan; returns its path.
+std::string compile(const Options &o);
+
+//===----------------------------------------------------------------------===//
+// Entry.cpp
+//===----------------------------------------------------------------------===//
+
+/// The loss to run and its derived gradient function.
+struct Entry {
+  const plan::Function *loss = nullptr;
+  const plan::Function *grad = nullptr;
+};
+
+/// The loss `requested` names (or the plan's only loss) and its gradient
+/// function; a dloss::Error listing the choices otherwise.
+Entry findEntry(const PlanFile &plan, const std::string &requested);
+
+/// Argument `i`'s name in the plan, or "arg<i>": the NAME of --input and of
+/// grad_<NAME>.npy.
+std::string argumentName(const plan::Function &f, unsigned i);
+
+//===----------------------------------------------------------------------===//
+// Inputs.cpp
+//===----------------------------------------------------------------------===//
+
+/// An input this rank could not load: its argument (-1: none) and a reason
+/// code that every rank can explain, so that the peers can be told.
+struct InputFailure {
+  int64_t argument = -1;
+  int64_t reason = 0;
+};
+
+/// Checks that every --input names an argument and every argument has one.
+/// The same on every rank (they share the command line), so it may raise
+/// before the ranks meet.
+void checkInputNames(const Options &o, const plan::Function &f);
+
+/// Rank `rank`'s inputs, in argument order. With `failure` given, an input
+/// file that cannot be loaded does not raise: its argument and reason go
+/// there, so that the rank can tell its peers instead of leaving them
+/// waiting.
+std::vector<at::Tensor> loadInputs(const Options &o, const plan::Function &f,
+                                   int rank, InputFailure *failure = nullptr);
+
+/// Every rank learns which ranks could not load an input, and all raise the
+/// same error naming them, their files and why. Collective.
+void agreeOnInputs(const Options &o, const plan::Function &f,
+                   Communicator &comm, InputFailure mine);
+
+//===----------------------------------------------------------------------===//
+// RankRunner.cpp
+//===----------------------------------------------------------------------===//
+
+/// Runs this process's rank: the gradient function, timed, results written.
+/// Returns the process exit code.
+int runRank(const Options &o, const std::string &planPath);
+
+//===----------------------------------------------------------------------===//
+// ReferenceCheck.cpp
+//===----------------------------------------------------------------------===//
+
+/// Compares the ranks' results with one process over the global batch, per
+/// the gradient contract. Returns the process exit code.
+int checkAgainstReference(const Options &o, const std::string &planPath,
+                          int world);
+
+//===----------------------------------------------------------------------===//
+// Launcher.cpp
+//===----------------------------------------------------------------------===//
+
+/// Starts o.world ranks of this program and waits for them. Returns the
+/// process exit code: 0 when every rank succeeded.
+int launch(const Options &o, int argc, char **argv,
+           const std::string &planPath);
+
+} // namespace tools
+} // namespace dloss
+
+#endif // DLOSS_TOOLS_DLOSS_RUN_DLOSSRUN_H

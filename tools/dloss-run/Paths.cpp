@@ -1,0 +1,52 @@
+// Where dloss-run finds itself and writes its results.
+#include "tools/dloss-run/DlossRun.h"
+
+#include "runtime/Error.h"
+
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace dloss {
+namespace tools {
+
+bool endsWith(const std::string &s, const std::string &suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string selfPath() {
+  char buffer[4096];
+  ssize_t n = readlink("/proc/self/exe", buffer, sizeof(buffer) - 1);
+  if (n <= 0)
+    return "dloss-run";
+  buffer[n] = 0;
+  return buffer;
+}
+
+void makeDirectories(const std::string &path) {
+  std::string partial;
+  std::stringstream ss(path);
+  std::string piece;
+  if (!path.empty() && path[0] == '/')
+    partial = "/";
+  while (std::getline(ss, piece, '/')) {
+    if (piece.empty())
+      continue;
+    partial += piece + "/";
+    if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST)
+      throw Error("cannot create the directory '" + partial +
+                      "': " + std::strerror(errno),
+                  "choose an --out directory you can write to");
+  }
+}
+
+std::string rankDir(const Options &o, int rank) {
+  return o.out + "/rank" + std::to_string(rank);
+}
+
+} // namespace tools
+} // namespace dloss

@@ -1,0 +1,116 @@
+// One rank of a job: loads its inputs, runs the loss timed, writes results.
+//
+// Each rank's result.json has the median time of one forward+backward
+// (CallTiming.h) and the loss's memory: loss_mem_mb = peak RSS (VmHWM) after
+// the timed calls minus the RSS right before the first call (LossMemory.h).
+#include "tools/dloss-run/CallTiming.h"
+#include "tools/dloss-run/DlossRun.h"
+#include "tools/dloss-run/LossMemory.h"
+
+#include "runtime/Error.h"
+#include "runtime/Executor.h"
+#include "runtime/Npy.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include <unistd.h>
+
+namespace dloss {
+namespace tools {
+
+int runRank(const Options &o, const std::string &planPath) {
+  RendezvousOptions rendezvous = RendezvousOptions::fromEnvironment();
+  if (o.timeoutSeconds > 0)
+    rendezvous.timeout = std::chrono::seconds(o.timeoutSeconds);
+  int rank = rendezvous.rank;
+  // Outlives the try block, so that an error is printed before the
+  // communicator's teardown (which may wait briefly for the peers).
+  std::unique_ptr<Communicator> comm;
+  try {
+    auto plan = PlanFile::load(planPath);
+    Entry entry = findEntry(*plan, o.entry);
+    checkInputNames(o, *entry.grad);
+    ExecutorOptions executorOptions = ExecutorOptions::fromEnvironment();
+    if (o.runtimeChecks)
+      executorOptions.check = true;
+    // Flight records go beside the rank's results unless DLOSS_FLIGHT_DIR says.
+    if (!std::getenv("DLOSS_FLIGHT_DIR")) {
+      rendezvous.flightDir = rankDir(o, rank);
+      makeDirectories(rendezvous.flightDir);
+    }
+    // Meet the peers first: from here on, a problem of this rank reaches
+    // every rank through the preflight.
+    comm = connectGloo(rendezvous);
+    Executor executor(plan, *comm, executorOptions);
+    const std::string gradName = entry.grad->name()->str();
+    InputFailure failure;
+    std::vector<at::Tensor> inputs = loadInputs(o, *entry.grad, rank, &failure);
+    agreeOnInputs(o, *entry.grad, *comm, failure);
+
+    // Inputs loaded, peers met: what the calls add from here is the loss's.
+    auto memory = LossMemory::start();
+    std::vector<at::Tensor> outputs;
+    double median = timeCalls(*comm, gradName, /*warmup=*/1, o.iters, [&] {
+      outputs = executor.run(gradName, inputs);
+    });
+    memory.stop();
+    // The summary names the rank that must fit: the largest loss memory.
+    std::vector<int64_t> lossKb =
+        comm->allGatherInts({memory.hwmKb - memory.baselineKb});
+    double worstLossMb =
+        *std::max_element(lossKb.begin(), lossKb.end()) / 1024.0;
+
+    std::string dir = rankDir(o, rank);
+    makeDirectories(dir);
+    std::ostringstream json;
+    json.precision(9);
+    json << "{\n  \"rank\": " << rank
+         << ",\n  \"world_size\": " << comm->worldSize()
+         << ",\n  \"loss\": " << outputs[0].item<double>();
+    for (unsigned k = 1; k < outputs.size(); ++k) {
+      std::string name =
+          argumentName(*entry.grad, entry.grad->grad_arguments()->Get(k - 1));
+      at::Tensor g = outputs[k].to(at::kFloat).contiguous();
+      npy::save(dir + "/grad_" + name + ".npy", g);
+      if (g.dim() == 0)
+        json << ",\n  \"grad_" << name << "\": " << g.item<double>();
+    }
+    json << ",\n  \"median_ms\": " << median
+         << ",\n  \"peak_rss_mb\": " << memory.peakRssMb()
+         << ",\n  \"loss_mem_mb\": " << memory.lossMb()
+         << ",\n  \"baseline_rss_mb\": " << memory.baselineMb()
+         << ",\n  \"vm_hwm_mb\": " << memory.hwmMb()
+         << ",\n  \"hwm_reset\": " << (memory.hwmReset ? "true" : "false")
+         << "\n}\n";
+    std::ofstream(dir + "/result.json") << json.str();
+    if (rank == 0)
+      std::cout << "dloss-run: @" << entry.loss->name()->str() << " on "
+                << comm->worldSize() << " ranks: loss "
+                << outputs[0].item<double>() << ", " << median
+                << " ms per forward+backward (median of " << o.iters << ")\n"
+                << "dloss-run: loss memory " << worstLossMb
+                << " MB per rank at most (peak RSS minus the RSS before the "
+                   "first call"
+                << (memory.hwmReset
+                        ? ""
+                        : "; the peak could not be reset, so it may be "
+                          "an earlier one")
+                << ")\n";
+    return 0;
+  } catch (const std::exception &e) {
+    // One write, so that the ranks' lines never interleave.
+    std::string line =
+        "dloss-run: rank " + std::to_string(rank) + ": " + e.what() + "\n";
+    ssize_t written = ::write(2, line.data(), line.size());
+    (void)written;
+    return 1;
+  }
+}
+
+} // namespace tools
+} // namespace dloss
