@@ -47,6 +47,7 @@ def Dloss_Dialect : Dialect {
   let hasConstantMaterializer = 1;
   let hasOperationAttrVerify = 1;
   let hasRegionArgAttrVerify = 1;
+  let useDefaultAttributePrinterParser = 1;
   let dependentDialects = ["::mlir::arith::ArithDialect"];
   let extraClassDeclaration = [{
     // Attribute names of the entry-point contract (see the dialect description).
@@ -67,20 +68,29 @@ def Dloss_Dialect : Dialect {
 // Enums
 //===----------------------------------------------------------------------===//
 
-// Integer-backed enums print as a bare keyword in the ops (`dloss.all_reduce sum`).
-def Dloss_ReduceKindAttr : I32EnumAttr<"ReduceKind", "how values are combined", [
-    I32EnumAttrCase<"sum", 0>,
-    I32EnumAttrCase<"mean", 1>,
-    I32EnumAttrCase<"max", 2>,
-    I32EnumAttrCase<"min", 3>]> {
+// The enums are dialect attributes (EnumAttr), not IntegerAttrs: the ops print
+// them as a bare keyword (`dloss.all_reduce sum`), the generic form names the
+// case (`kind = #dloss<reduce_kind sum>`), and every consumer (the plan
+// writer, the simulator) reads the case name through
+// Dloss_EnumAttrInterface instead of knowing which op holds which enum.
+// The attributes print a space before the keyword (the generic form needs it
+// after the mnemonic), so op formats write `` before them: "`` $kind $input".
+def Dloss_ReduceKind : I32Enum<"ReduceKind", "how values are combined", [
+    I32EnumCase<"sum", 0>,
+    I32EnumCase<"mean", 1>,
+    I32EnumCase<"max", 2>,
+    I32EnumCase<"min", 3>]> {
   let cppNamespace = "::mlir::dloss";
 }
 
-def Dloss_GatherGradAttr : I32EnumAttr<"GatherGrad",
+def Dloss_ReduceKindAttr : EnumAttr<Dloss_Dialect, Dloss_ReduceKind, "reduce_kind",
+                                    [Dloss_EnumAttrInterface]>;
+
+def Dloss_GatherGrad : I32Enum<"GatherGrad",
     "which gradient flows back through an all_gather", [
-    I32EnumAttrCase<"exact", 0>,
-    I32EnumAttrCase<"local", 1>,
-    I32EnumAttrCase<"none", 2>]> {
+    I32EnumCase<"exact", 0>,
+    I32EnumCase<"local", 1>,
+    I32EnumCase<"none", 2>]> {
   let cppNamespace = "::mlir::dloss";
   let description = [{
     * `exact`: the true adjoint, a `reduce_scatter(sum)` of the cotangent; the
@@ -92,6 +102,9 @@ def Dloss_GatherGradAttr : I32EnumAttr<"GatherGrad",
       compiler warns.
   }];
 }
+
+def Dloss_GatherGradAttr : EnumAttr<Dloss_Dialect, Dloss_GatherGrad, "gather_grad",
+                                    [Dloss_EnumAttrInterface]>;
 
 //===----------------------------------------------------------------------===//
 // Type constraints

@@ -1,4 +1,4 @@
-// Per-op rules of the dloss compiler: replication (invariant/varying) and reverse-mode adjoints.
+// Per-op rules of the dloss compiler (replication, reverse-mode adjoints) and the enum attribute interface.
 #ifndef DLOSS_INTERFACES_TD
 #define DLOSS_INTERFACES_TD
 
@@ -42,6 +42,23 @@ def Dloss_AdjointOpInterface : OpInterface<"AdjointOpInterface"> {
       "Adds the cotangent contributions of the op's operands.",
       "::llvm::LogicalResult", "buildAdjoint",
       (ins "::mlir::dloss::AdjointBuilder &":$adjoint)>,
+  ];
+}
+
+def Dloss_EnumAttrInterface : AttrInterface<"EnumAttrInterface"> {
+  let cppNamespace = "::mlir::dloss";
+  let description = [{
+    An attribute holding one case of a dloss enum. Consumers outside the
+    compiler (the plan, the simulator) receive enums by case name, which stays
+    stable when cases are reordered; this interface gives that name for any
+    dloss enum attribute, so they need not know which op holds which enum.
+  }];
+  let methods = [
+    InterfaceMethod<
+      "Returns the name of the case the attribute holds (`sum`, `exact`, ...).",
+      "::llvm::StringRef", "getCaseName", (ins), [{}], [{
+        return stringifyEnum($_attr.getValue());
+      }]>,
   ];
 }
 
