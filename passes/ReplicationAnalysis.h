@@ -18,6 +18,9 @@ class ReplicationAnalysis {
 public:
   explicit ReplicationAnalysis(FunctionOpInterface func);
 
+  /// The function the analysis describes.
+  FunctionOpInterface getFunction() const { return func; }
+
   Replication lookup(Value value) const;
   bool isVarying(Value value) const {
     return lookup(value) == Replication::Varying;
