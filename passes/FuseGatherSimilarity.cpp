@@ -1,4 +1,5 @@
-// dloss-fuse-gather-similarity: all_gather + similarity matmul + loss -> one ring-tiled op.
+// dloss-fuse-gather-similarity: all_gather + similarity matmul + loss -> one
+// ring-tiled op.
 //
 // One rewrite pattern per fused family (CLIP, SigLIP, class-sharded softmax),
 // matched on the forward program, before autodiff: each fused op's adjoint
@@ -39,7 +40,7 @@ bool isScalarTensor(Value value) {
 /// `x * s` (either operand order, `s` 0-d) or `x` alone (no scale).
 struct Scaled {
   Value x;
-  Value scale;           ///< null when unscaled
+  Value scale; ///< null when unscaled
   Operation *mul = nullptr;
 };
 
@@ -78,7 +79,8 @@ std::optional<Similarity> matchSimilarity(Value value) {
 }
 
 /// The value `scale`, or a 0-d constant `fill` of the element type of `like`.
-Value scaleOr(OpBuilder &b, Location loc, Value scale, Value like, double fill) {
+Value scaleOr(OpBuilder &b, Location loc, Value scale, Value like,
+              double fill) {
   if (scale)
     return scale;
   Type element = cast<ShapedType>(like.getType()).getElementType();
@@ -157,7 +159,8 @@ struct ClipFusion : OpRewritePattern<CrossEntropyOp> {
                                 PatternRewriter &rewriter) const override {
     std::optional<ClipSide> row = matchClipSide(ce);
     if (!row)
-      return rewriter.notifyMatchFailure(ce, "not a scaled gathered similarity");
+      return rewriter.notifyMatchFailure(ce,
+                                         "not a scaled gathered similarity");
     std::optional<ClipSide> col;
     for (CrossEntropyOp other : ce->getBlock()->getOps<CrossEntropyOp>()) {
       if (other == ce)
@@ -179,15 +182,16 @@ struct ClipFusion : OpRewritePattern<CrossEntropyOp> {
                         ce.getTargets(), col->ce.getTargets()};
     if (failed(prepareOperands(rewriter, dominance, loc, at, operands, 2)))
       return rewriter.notifyMatchFailure(ce, "an operand is defined too late");
-    Type rowType = ce.getResult().getType(), colType = col->ce.getResult().getType();
+    Type rowType = ce.getResult().getType(),
+         colType = col->ce.getResult().getType();
     auto fused = RingSoftmaxCEOp::create(
         rewriter, loc, TypeRange{rowType, colType, rowType, colType},
         operands[0], operands[1], operands[2], operands[3], operands[4]);
     rewriter.replaceAllUsesWith(ce.getResult(), fused.getRowCe());
     rewriter.replaceAllUsesWith(col->ce.getResult(), fused.getColCe());
-    eraseDead(rewriter, {ce, col->ce, row->scaled.mul, col->scaled.mul,
-                         row->sim.matmul, col->sim.matmul, row->sim.gather,
-                         col->sim.gather});
+    eraseDead(rewriter,
+              {ce, col->ce, row->scaled.mul, col->scaled.mul, row->sim.matmul,
+               col->sim.matmul, row->sim.gather, col->sim.gather});
     return success();
   }
 
@@ -220,7 +224,8 @@ struct SiglipFusion : OpRewritePattern<SoftplusOp> {
       return rewriter.notifyMatchFailure(sp, "no 0-d bias");
     std::optional<Scaled> scaled = matchScaled(body);
     if (!scaled)
-      return rewriter.notifyMatchFailure(sp, "the scaled similarity has other users");
+      return rewriter.notifyMatchFailure(
+          sp, "the scaled similarity has other users");
     std::optional<Similarity> sim = matchSimilarity(scaled->x);
     if (!sim)
       return rewriter.notifyMatchFailure(sp, "not a gathered similarity");
@@ -233,7 +238,8 @@ struct SiglipFusion : OpRewritePattern<SoftplusOp> {
     ArrayRef<int64_t> axes = sum.getAxes();
     bool rowsToo = axes.size() == 2 && axes[0] == 0 && axes[1] == 1;
     if (!rowsToo && !(axes.size() == 1 && axes[0] == 1))
-      return rewriter.notifyMatchFailure(sp, "the pairs are summed over rows only");
+      return rewriter.notifyMatchFailure(sp,
+                                         "the pairs are summed over rows only");
     // The positives: exactly one take_along, and nothing else reads L.
     TakeAlongOp positives;
     for (Operation *user : logits.getUsers()) {
@@ -267,8 +273,8 @@ struct SiglipFusion : OpRewritePattern<SoftplusOp> {
                                ArrayRef<int64_t>{0});
     }
     rewriter.replaceAllUsesWith(sum.getResult(), pairs);
-    eraseDead(rewriter, {sum, sp, positives, add, scaled->mul, sim->matmul,
-                         sim->gather});
+    eraseDead(rewriter,
+              {sum, sp, positives, add, scaled->mul, sim->matmul, sim->gather});
     return success();
   }
 
@@ -301,15 +307,18 @@ struct ShardedSoftmaxFusion : OpRewritePattern<CrossEntropyOp> {
     Value targets = ce.getTargets();
     std::optional<Scaled> scaled = matchScaled(ce.getLogits());
     if (!scaled)
-      return rewriter.notifyMatchFailure(ce, "the scaled logits have other users");
+      return rewriter.notifyMatchFailure(ce,
+                                         "the scaled logits have other users");
     PutAlongOp put = scaled->x.getDefiningOp<PutAlongOp>();
     Value classes = put ? put.getInput() : scaled->x;
     if (put && (put.getAxis() != 1 || put.getIndices() != targets ||
                 !put.getResult().hasOneUse()))
       return rewriter.notifyMatchFailure(ce, "not a margin on the targets");
     auto gather = classes.getDefiningOp<AllGatherOp>();
-    if (!gather || gather.getAxis() != 1 || gather.getGrad() != GatherGrad::exact)
-      return rewriter.notifyMatchFailure(ce, "not an exact gather of class shards");
+    if (!gather || gather.getAxis() != 1 ||
+        gather.getGrad() != GatherGrad::exact)
+      return rewriter.notifyMatchFailure(ce,
+                                         "not an exact gather of class shards");
     auto matmul = gather.getInput().getDefiningOp<MatmulOp>();
     if (!matmul || matmul.getTransposeLhs() || !matmul.getTransposeRhs() ||
         !matmul.getResult().hasOneUse())
@@ -317,7 +326,8 @@ struct ShardedSoftmaxFusion : OpRewritePattern<CrossEntropyOp> {
     Value rows = matmul.getLhs(), weights = matmul.getRhs();
     // Every shard must see the same rows and targets.
     if (replication.isVarying(rows) || replication.isVarying(targets))
-      return rewriter.notifyMatchFailure(ce, "rows or targets vary across ranks");
+      return rewriter.notifyMatchFailure(ce,
+                                         "rows or targets vary across ranks");
     // Users of C: the scaling (no margin), or put_along and one take_along.
     TakeAlongOp take;
     for (Operation *user : classes.getUsers()) {
@@ -332,7 +342,8 @@ struct ShardedSoftmaxFusion : OpRewritePattern<CrossEntropyOp> {
       return rewriter.notifyMatchFailure(ce, "the margin reads no target");
     Operation *at = take ? take.getOperation() : ce.getOperation();
     if (at->getBlock() != ce->getBlock())
-      return rewriter.notifyMatchFailure(ce, "the target is read in another block");
+      return rewriter.notifyMatchFailure(ce,
+                                         "the target is read in another block");
     rewriter.setInsertionPoint(at);
     Location loc = rewriter.getFusedLoc({matmul.getLoc(), ce.getLoc()});
     Value operands[] = {rows, weights, scaled->scale, targets};
@@ -340,10 +351,9 @@ struct ShardedSoftmaxFusion : OpRewritePattern<CrossEntropyOp> {
       return rewriter.notifyMatchFailure(ce, "an operand is defined too late");
     Value scale = operands[2];
     Type perRow = ce.getResult().getType();
-    auto fused = ShardedSoftmaxOp::create(rewriter, loc,
-                                          TypeRange{perRow, perRow},
-                                          operands[0], operands[1], scale,
-                                          operands[3]);
+    auto fused =
+        ShardedSoftmaxOp::create(rewriter, loc, TypeRange{perRow, perRow},
+                                 operands[0], operands[1], scale, operands[3]);
     // The target logit: s * f(c) with a margin, s * c without.
     Value target = fused.getTargetDot();
     if (take) {

@@ -28,9 +28,9 @@ class ReplicationAnalysis;
 /// pattern asks whether its rows vary; every pattern asks whether its operands
 /// are defined before the fused op). The patterns create, replace and erase
 /// ops only through the rewriter.
-void populateFuseGatherSimilarityPatterns(RewritePatternSet &patterns,
-                                          const ReplicationAnalysis &replication,
-                                          const DominanceInfo &dominance);
+void populateFuseGatherSimilarityPatterns(
+    RewritePatternSet &patterns, const ReplicationAnalysis &replication,
+    const DominanceInfo &dominance);
 
 /// Adds inline -> verify-collectives -> fuse-gather-similarity (when `fuse`)
 /// -> infer-replication -> autodiff -> canonicalize/CSE.

@@ -102,7 +102,8 @@ void ReplicationAnalysis::visitRegionBranch(RegionBranchOpInterface op,
     for (Block &block : region) {
       if (block.empty())
         continue;
-      auto terminator = dyn_cast<RegionBranchTerminatorOpInterface>(block.back());
+      auto terminator =
+          dyn_cast<RegionBranchTerminatorOpInterface>(block.back());
       if (!terminator)
         continue;
       SmallVector<RegionSuccessor> successors;
