@@ -50,6 +50,9 @@ def Dloss_Dialect : Dialect {
   let useDefaultAttributePrinterParser = 1;
   let dependentDialects = ["::mlir::arith::ArithDialect"];
   let extraClassDeclaration = [{
+    // Registers the enum attributes (DlossAttrs.cpp, where their storage is).
+    void registerAttributes();
+
     // Attribute names of the entry-point contract (see the dialect description).
     static constexpr ::llvm::StringLiteral kLossAttrName = "dloss.loss";
     static constexpr ::llvm::StringLiteral kGradModeAttrName = "dloss.grad_mode";
@@ -73,8 +76,16 @@ def Dloss_Dialect : Dialect {
 // case (`kind = #dloss<reduce_kind sum>`), and every consumer (the plan
 // writer, the simulator) reads the case name through
 // Dloss_EnumAttrInterface instead of knowing which op holds which enum.
-// The attributes print a space before the keyword (the generic form needs it
-// after the mnemonic), so op formats write `` before them: "`` $kind $input".
+// Their syntax is written once for every dloss enum (DlossAttrs.cpp): one
+// diagnostic for an unknown case, naming the cases. They print a space before
+// the keyword (the generic form needs it after the mnemonic), so op formats
+// write `` before them: "`` $kind $input".
+class Dloss_EnumAttr<EnumInfo enumInfo, string name>
+    : EnumAttr<Dloss_Dialect, enumInfo, name, [Dloss_EnumAttrInterface]> {
+  let assemblyFormat = ?;
+  let hasCustomAssemblyFormat = 1;
+}
+
 def Dloss_ReduceKind : I32Enum<"ReduceKind", "how values are combined", [
     I32EnumCase<"sum", 0>,
     I32EnumCase<"mean", 1>,
@@ -83,8 +94,7 @@ def Dloss_ReduceKind : I32Enum<"ReduceKind", "how values are combined", [
   let cppNamespace = "::mlir::dloss";
 }
 
-def Dloss_ReduceKindAttr : EnumAttr<Dloss_Dialect, Dloss_ReduceKind, "reduce_kind",
-                                    [Dloss_EnumAttrInterface]>;
+def Dloss_ReduceKindAttr : Dloss_EnumAttr<Dloss_ReduceKind, "reduce_kind">;
 
 def Dloss_GatherGrad : I32Enum<"GatherGrad",
     "which gradient flows back through an all_gather", [
@@ -103,8 +113,7 @@ def Dloss_GatherGrad : I32Enum<"GatherGrad",
   }];
 }
 
-def Dloss_GatherGradAttr : EnumAttr<Dloss_Dialect, Dloss_GatherGrad, "gather_grad",
-                                    [Dloss_EnumAttrInterface]>;
+def Dloss_GatherGradAttr : Dloss_EnumAttr<Dloss_GatherGrad, "gather_grad">;
 
 //===----------------------------------------------------------------------===//
 // Type constraints

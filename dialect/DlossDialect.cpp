@@ -16,20 +16,12 @@ using namespace mlir::dloss;
 
 #include "dialect/DlossInterfaces.cpp.inc"
 
-#include "dialect/DlossAttrInterfaces.cpp.inc"
-
-#define GET_ATTRDEF_CLASSES
-#include "dialect/DlossAttrs.cpp.inc"
-
 void DlossDialect::initialize() {
   addOperations<
 #define GET_OP_LIST
 #include "dialect/DlossOps.cpp.inc"
       >();
-  addAttributes<
-#define GET_ATTRDEF_LIST
-#include "dialect/DlossAttrs.cpp.inc"
-      >();
+  registerAttributes();
 }
 
 Operation *DlossDialect::materializeConstant(OpBuilder &builder, Attribute value,
