@@ -1,4 +1,4 @@
-// Per-op rules of the dloss compiler (replication, reverse-mode adjoints) and the enum attribute interface.
+// The dloss dialect's interfaces: per-op replication and adjoint rules, the enums' case names.
 #ifndef DLOSS_INTERFACES_TD
 #define DLOSS_INTERFACES_TD
 
