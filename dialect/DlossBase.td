@@ -47,8 +47,12 @@ def Dloss_Dialect : Dialect {
   let hasConstantMaterializer = 1;
   let hasOperationAttrVerify = 1;
   let hasRegionArgAttrVerify = 1;
+  let useDefaultAttributePrinterParser = 1;
   let dependentDialects = ["::mlir::arith::ArithDialect"];
   let extraClassDeclaration = [{
+    // Registers the enum attributes (DlossAttrs.cpp, where their storage is).
+    void registerAttributes();
+
     // Attribute names of the entry-point contract (see the dialect description).
     static constexpr ::llvm::StringLiteral kLossAttrName = "dloss.loss";
     static constexpr ::llvm::StringLiteral kGradModeAttrName = "dloss.grad_mode";
@@ -67,20 +71,36 @@ def Dloss_Dialect : Dialect {
 // Enums
 //===----------------------------------------------------------------------===//
 
-// Integer-backed enums print as a bare keyword in the ops (`dloss.all_reduce sum`).
-def Dloss_ReduceKindAttr : I32EnumAttr<"ReduceKind", "how values are combined", [
-    I32EnumAttrCase<"sum", 0>,
-    I32EnumAttrCase<"mean", 1>,
-    I32EnumAttrCase<"max", 2>,
-    I32EnumAttrCase<"min", 3>]> {
+// The enums are dialect attributes (EnumAttr), not IntegerAttrs: the ops print
+// them as a bare keyword (`dloss.all_reduce sum`), the generic form names the
+// case (`kind = #dloss<reduce_kind sum>`), and every consumer (the plan
+// writer, the simulator) reads the case name through
+// Dloss_EnumAttrInterface instead of knowing which op holds which enum.
+// Their syntax is written once for every dloss enum (DlossAttrs.cpp): one
+// diagnostic for an unknown case, naming the cases. They print a space before
+// the keyword (the generic form needs it after the mnemonic), so op formats
+// write `` before them: "`` $kind $input".
+class Dloss_EnumAttr<EnumInfo enumInfo, string name>
+    : EnumAttr<Dloss_Dialect, enumInfo, name, [Dloss_EnumAttrInterface]> {
+  let assemblyFormat = ?;
+  let hasCustomAssemblyFormat = 1;
+}
+
+def Dloss_ReduceKind : I32Enum<"ReduceKind", "how values are combined", [
+    I32EnumCase<"sum", 0>,
+    I32EnumCase<"mean", 1>,
+    I32EnumCase<"max", 2>,
+    I32EnumCase<"min", 3>]> {
   let cppNamespace = "::mlir::dloss";
 }
 
-def Dloss_GatherGradAttr : I32EnumAttr<"GatherGrad",
+def Dloss_ReduceKindAttr : Dloss_EnumAttr<Dloss_ReduceKind, "reduce_kind">;
+
+def Dloss_GatherGrad : I32Enum<"GatherGrad",
     "which gradient flows back through an all_gather", [
-    I32EnumAttrCase<"exact", 0>,
-    I32EnumAttrCase<"local", 1>,
-    I32EnumAttrCase<"none", 2>]> {
+    I32EnumCase<"exact", 0>,
+    I32EnumCase<"local", 1>,
+    I32EnumCase<"none", 2>]> {
   let cppNamespace = "::mlir::dloss";
   let description = [{
     * `exact`: the true adjoint, a `reduce_scatter(sum)` of the cotangent; the
@@ -92,6 +112,8 @@ def Dloss_GatherGradAttr : I32EnumAttr<"GatherGrad",
       compiler warns.
   }];
 }
+
+def Dloss_GatherGradAttr : Dloss_EnumAttr<Dloss_GatherGrad, "gather_grad">;
 
 //===----------------------------------------------------------------------===//
 // Type constraints

@@ -21,6 +21,7 @@ void DlossDialect::initialize() {
 #define GET_OP_LIST
 #include "dialect/DlossOps.cpp.inc"
       >();
+  registerAttributes();
 }
 
 Operation *DlossDialect::materializeConstant(OpBuilder &builder, Attribute value,

@@ -1,4 +1,4 @@
-// Per-op rules of the dloss compiler: replication (invariant/varying), reverse-mode adjoints, costs.
+// The dloss dialect's interfaces: per-op replication, adjoint and cost rules, the enums' case names.
 #ifndef DLOSS_INTERFACES_TD
 #define DLOSS_INTERFACES_TD
 
@@ -64,6 +64,23 @@ def Dloss_CostOpInterface : OpInterface<"CostOpInterface"> {
       "::llvm::LogicalResult", "evaluateCost",
       (ins "::mlir::dloss::CostEvaluator &":$evaluator,
            "::mlir::dloss::OpCost &":$cost)>,
+  ];
+}
+
+def Dloss_EnumAttrInterface : AttrInterface<"EnumAttrInterface"> {
+  let cppNamespace = "::mlir::dloss";
+  let description = [{
+    An attribute holding one case of a dloss enum. Consumers outside the
+    compiler (the plan, the simulator) receive enums by case name, which stays
+    stable when cases are reordered; this interface gives that name for any
+    dloss enum attribute, so they need not know which op holds which enum.
+  }];
+  let methods = [
+    InterfaceMethod<
+      "Returns the name of the case the attribute holds (`sum`, `exact`, ...).",
+      "::llvm::StringRef", "getCaseName", (ins), [{}], [{
+        return stringifyEnum($_attr.getValue());
+      }]>,
   ];
 }
 

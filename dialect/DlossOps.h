@@ -25,6 +25,11 @@ class IsCollective : public OpTrait::TraitBase<ConcreteType, IsCollective> {};
 
 #include "dialect/DlossEnums.h.inc"
 
+#include "dialect/DlossAttrInterfaces.h.inc"
+
+#define GET_ATTRDEF_CLASSES
+#include "dialect/DlossAttrs.h.inc"
+
 #define GET_OP_CLASSES
 #include "dialect/DlossOps.h.inc"
 

@@ -32,7 +32,8 @@ def Dloss_AllGatherOp : Dloss_CollectiveOp<"all_gather",
   let arguments = (ins Dloss_NumTensor:$input, I64Attr:$axis,
                    DefaultValuedAttr<Dloss_GatherGradAttr, "GatherGrad::exact">:$grad);
   let results = (outs Dloss_NumTensor:$result);
-  let assemblyFormat = "$input `axis` $axis (`grad` $grad^)? attr-dict `:` type($input)";
+  // `` before an enum: its attribute writes its own leading space (DlossBase.td).
+  let assemblyFormat = "$input `axis` $axis (`grad` `` $grad^)? attr-dict `:` type($input)";
 }
 
 def Dloss_AllReduceOp : Dloss_CollectiveOp<"all_reduce", [SameOperandsAndResultType]> {
@@ -48,7 +49,7 @@ def Dloss_AllReduceOp : Dloss_CollectiveOp<"all_reduce", [SameOperandsAndResultT
   }];
   let arguments = (ins Dloss_ReduceKindAttr:$kind, Dloss_NumTensor:$input);
   let results = (outs Dloss_NumTensor:$result);
-  let assemblyFormat = "$kind $input attr-dict `:` type($input)";
+  let assemblyFormat = "`` $kind $input attr-dict `:` type($input)";
 }
 
 def Dloss_ReduceScatterOp : Dloss_CollectiveOp<"reduce_scatter",
@@ -75,7 +76,7 @@ def Dloss_ReduceScatterOp : Dloss_CollectiveOp<"reduce_scatter",
                    I64Attr:$axis, Optional<Index>:$size);
   let results = (outs Dloss_NumTensor:$result);
   let assemblyFormat = [{
-    $kind $input `axis` $axis (`size` $size^)? attr-dict `:` type($input)
+    `` $kind $input `axis` $axis (`size` $size^)? attr-dict `:` type($input)
   }];
   let hasVerifier = 1;
 }
@@ -334,7 +335,7 @@ def Dloss_ReduceOp : Dloss_Op<"reduce",
   let arguments = (ins Dloss_ReduceKindAttr:$kind, Dloss_NumTensor:$input,
                    DenseI64ArrayAttr:$axes);
   let results = (outs Dloss_NumTensor:$result);
-  let assemblyFormat = "$kind $input `axes` $axes attr-dict `:` type($input)";
+  let assemblyFormat = "`` $kind $input `axes` $axes attr-dict `:` type($input)";
 }
 
 def Dloss_LogSumExpOp : Dloss_Op<"logsumexp",

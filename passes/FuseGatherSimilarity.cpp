@@ -1,17 +1,22 @@
-// dloss-fuse-gather-similarity: all_gather + similarity matmul + loss -> one ring-tiled op.
+// dloss-fuse-gather-similarity: all_gather + similarity matmul + loss -> one
+// ring-tiled op.
 //
-// The three patterns (CLIP, SigLIP, class-sharded softmax) are matched on the
-// forward program, before autodiff: each fused op's adjoint rule
-// (dialect/DlossAdjoints.cpp) emits its fused backward op, so the backward is
-// fused too without matching the derived IR. docs/Fusion.md describes the
-// schedules and the memory they need.
+// One rewrite pattern per fused family (CLIP, SigLIP, class-sharded softmax),
+// matched on the forward program, before autodiff: each fused op's adjoint
+// rule (dialect/DlossAdjoints.cpp) emits its fused backward op, so the
+// backward is fused too without matching the derived IR. docs/Fusion.md
+// describes the schedules and the memory they need.
 #include "passes/Passes.h"
 #include "passes/ReplicationAnalysis.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
-#include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/Dominance.h"
+#include "mlir/IR/PatternMatch.h"
+#include "mlir/Rewrite/FrozenRewritePatternSet.h"
+#include "mlir/Rewrite/PatternApplicator.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/SmallPtrSet.h"
 
 namespace mlir::dloss {
 #define GEN_PASS_DEF_FUSEGATHERSIMILARITYPASS
@@ -23,6 +28,10 @@ using namespace mlir::dloss;
 
 namespace {
 
+//===----------------------------------------------------------------------===//
+// Pieces the patterns share
+//===----------------------------------------------------------------------===//
+
 bool isScalarTensor(Value value) {
   auto type = dyn_cast<RankedTensorType>(value.getType());
   return type && type.getRank() == 0;
@@ -31,7 +40,7 @@ bool isScalarTensor(Value value) {
 /// `x * s` (either operand order, `s` 0-d) or `x` alone (no scale).
 struct Scaled {
   Value x;
-  Value scale;           ///< null when unscaled
+  Value scale; ///< null when unscaled
   Operation *mul = nullptr;
 };
 
@@ -70,7 +79,8 @@ std::optional<Similarity> matchSimilarity(Value value) {
 }
 
 /// The value `scale`, or a 0-d constant `fill` of the element type of `like`.
-Value scaleOr(OpBuilder &b, Location loc, Value scale, Value like, double fill) {
+Value scaleOr(OpBuilder &b, Location loc, Value scale, Value like,
+              double fill) {
   if (scale)
     return scale;
   Type element = cast<ShapedType>(like.getType()).getElementType();
@@ -79,128 +89,131 @@ Value scaleOr(OpBuilder &b, Location loc, Value scale, Value like, double fill) 
       b, loc, DenseElementsAttr::get(type, b.getFloatAttr(element, fill)));
 }
 
-/// Erases `ops` in order, each once it has no users left (collectives too:
-/// every rank compiles the same plan, so all drop the same gathers).
-void eraseDead(ArrayRef<Operation *> ops) {
-  for (Operation *op : ops)
-    if (op && op->use_empty())
-      op->erase();
+/// Makes a fused op's operands usable at the rewriter's insertion point, just
+/// before `at`: each one that is defined later must be a constant, which is
+/// copied there; a missing scale (operand `scaleIndex`) becomes a constant 1.
+/// Fails without touching the IR when an operand is defined later and is not
+/// a constant.
+LogicalResult prepareOperands(PatternRewriter &rewriter,
+                              const DominanceInfo &dominance, Location loc,
+                              Operation *at, MutableArrayRef<Value> operands,
+                              unsigned scaleIndex) {
+  auto later = [&](Value v) {
+    return v && !dominance.properlyDominates(v, at);
+  };
+  for (Value v : operands)
+    if (later(v) && !v.getDefiningOp<arith::ConstantOp>())
+      return failure();
+  for (Value &v : operands)
+    if (later(v))
+      v = rewriter.clone(*v.getDefiningOp())->getResult(0);
+  operands[scaleIndex] =
+      scaleOr(rewriter, loc, operands[scaleIndex], operands[0], 1.0);
+  return success();
 }
 
-class Fuser {
-public:
-  Fuser(func::FuncOp func) : func(func), dominance(func), replication(func) {}
-
-  void run() {
-    SmallVector<CrossEntropyOp> entropies;
-    SmallVector<SoftplusOp> softpluses;
-    func.walk([&](Operation *op) {
-      if (auto ce = dyn_cast<CrossEntropyOp>(op))
-        entropies.push_back(ce);
-      else if (auto sp = dyn_cast<SoftplusOp>(op))
-        softpluses.push_back(sp);
-    });
-    llvm::SmallPtrSet<Operation *, 8> done;
-    for (CrossEntropyOp ce : entropies) {
-      if (done.contains(ce))
-        continue;
-      if (CrossEntropyOp mirror = fuseClip(ce)) {
-        done.insert(mirror);
-        continue;
-      }
-      fuseShardedSoftmax(ce);
+/// Erases `ops` in order, each once it has no users left (collectives too:
+/// every rank compiles the same plan, so all drop the same gathers). An op
+/// listed twice (one gather feeding both CLIP directions) is erased once.
+void eraseDead(PatternRewriter &rewriter, ArrayRef<Operation *> ops) {
+  llvm::SmallPtrSet<Operation *, 8> erased;
+  for (Operation *op : ops)
+    if (op && !erased.contains(op) && op->use_empty()) {
+      erased.insert(op);
+      rewriter.eraseOp(op);
     }
-    for (SoftplusOp sp : softpluses)
-      fuseSiglip(sp);
-  }
+}
 
-private:
-  /// Makes a fused op's operands usable before `at`: each one that is
-  /// defined later must be a constant, which is copied there; a missing
-  /// scale (operand `scaleIndex`) becomes a constant 1. Fails without
-  /// touching the IR when an operand is defined later and is not a constant.
-  LogicalResult prepareOperands(OpBuilder &b, Location loc, Operation *at,
-                                MutableArrayRef<Value> operands,
-                                unsigned scaleIndex) {
-    auto later = [&](Value v) {
-      return v && !dominance.properlyDominates(v, at);
-    };
-    for (Value v : operands)
-      if (later(v) && !v.getDefiningOp<arith::ConstantOp>())
-        return failure();
-    for (Value &v : operands)
-      if (later(v))
-        v = b.clone(*v.getDefiningOp())->getResult(0);
-    operands[scaleIndex] =
-        scaleOr(b, loc, operands[scaleIndex], operands[0], 1.0);
-    return success();
-  }
+//===----------------------------------------------------------------------===//
+// CLIP
+//===----------------------------------------------------------------------===//
 
-  /// A cross-entropy over axis 1 of `s * matmul(rows, all_gather(cols))^T`
-  /// whose similarity and scaling feed nothing else.
-  struct ClipSide {
-    CrossEntropyOp ce;
-    Scaled scaled;
-    Similarity sim;
-  };
+/// A cross-entropy over axis 1 of `s * matmul(rows, all_gather(cols))^T`
+/// whose similarity and scaling feed nothing else.
+struct ClipSide {
+  CrossEntropyOp ce;
+  Scaled scaled;
+  Similarity sim;
+};
 
-  std::optional<ClipSide> matchClipSide(CrossEntropyOp ce) {
-    if (ce.getAxis() != 1)
-      return std::nullopt;
-    std::optional<Scaled> scaled = matchScaled(ce.getLogits());
-    if (!scaled)
-      return std::nullopt;
-    std::optional<Similarity> sim = matchSimilarity(scaled->x);
-    if (!sim)
-      return std::nullopt;
-    return ClipSide{ce, *scaled, *sim};
-  }
+std::optional<ClipSide> matchClipSide(CrossEntropyOp ce) {
+  if (ce.getAxis() != 1)
+    return std::nullopt;
+  std::optional<Scaled> scaled = matchScaled(ce.getLogits());
+  if (!scaled)
+    return std::nullopt;
+  std::optional<Similarity> sim = matchSimilarity(scaled->x);
+  if (!sim)
+    return std::nullopt;
+  return ClipSide{ce, *scaled, *sim};
+}
 
-  /// CLIP: `ce` and its mirror (rows and cols swapped, same scale) become one
-  /// dloss.ring_softmax_ce. Returns the mirror when fused.
-  CrossEntropyOp fuseClip(CrossEntropyOp ce) {
+/// CLIP: a cross-entropy and its mirror (rows and cols swapped, same scale,
+/// same block; the first such in the block) become one dloss.ring_softmax_ce
+/// placed at the earlier of the two.
+struct ClipFusion : OpRewritePattern<CrossEntropyOp> {
+  ClipFusion(MLIRContext *context, const DominanceInfo &dominance)
+      : OpRewritePattern(context), dominance(dominance) {}
+
+  LogicalResult matchAndRewrite(CrossEntropyOp ce,
+                                PatternRewriter &rewriter) const override {
     std::optional<ClipSide> row = matchClipSide(ce);
     if (!row)
-      return {};
+      return rewriter.notifyMatchFailure(ce,
+                                         "not a scaled gathered similarity");
     std::optional<ClipSide> col;
-    func.walk([&](CrossEntropyOp other) {
-      if (other == ce || col)
-        return;
+    for (CrossEntropyOp other : ce->getBlock()->getOps<CrossEntropyOp>()) {
+      if (other == ce)
+        continue;
       std::optional<ClipSide> side = matchClipSide(other);
       if (side && side->sim.rows == row->sim.cols &&
           side->sim.cols == row->sim.rows &&
-          side->scaled.scale == row->scaled.scale &&
-          side->ce->getBlock() == ce->getBlock())
+          side->scaled.scale == row->scaled.scale) {
         col = side;
-    });
+        break;
+      }
+    }
     if (!col)
-      return {};
+      return rewriter.notifyMatchFailure(ce, "no mirrored cross-entropy");
     Operation *at = ce->isBeforeInBlock(col->ce) ? ce : col->ce;
-    OpBuilder b(at);
-    Location loc = b.getFusedLoc({ce.getLoc(), col->ce.getLoc()});
+    rewriter.setInsertionPoint(at);
+    Location loc = rewriter.getFusedLoc({ce.getLoc(), col->ce.getLoc()});
     Value operands[] = {row->sim.rows, row->sim.cols, row->scaled.scale,
                         ce.getTargets(), col->ce.getTargets()};
-    if (failed(prepareOperands(b, loc, at, operands, 2)))
-      return {};
-    Type rowType = ce.getResult().getType(), colType = col->ce.getResult().getType();
+    if (failed(prepareOperands(rewriter, dominance, loc, at, operands, 2)))
+      return rewriter.notifyMatchFailure(ce, "an operand is defined too late");
+    Type rowType = ce.getResult().getType(),
+         colType = col->ce.getResult().getType();
     auto fused = RingSoftmaxCEOp::create(
-        b, loc, TypeRange{rowType, colType, rowType, colType}, operands[0],
-        operands[1], operands[2], operands[3], operands[4]);
-    ce.getResult().replaceAllUsesWith(fused.getRowCe());
-    col->ce.getResult().replaceAllUsesWith(fused.getColCe());
-    CrossEntropyOp mirror = col->ce;
-    eraseDead({ce, mirror, row->scaled.mul, col->scaled.mul, row->sim.matmul,
+        rewriter, loc, TypeRange{rowType, colType, rowType, colType},
+        operands[0], operands[1], operands[2], operands[3], operands[4]);
+    rewriter.replaceAllUsesWith(ce.getResult(), fused.getRowCe());
+    rewriter.replaceAllUsesWith(col->ce.getResult(), fused.getColCe());
+    eraseDead(rewriter,
+              {ce, col->ce, row->scaled.mul, col->scaled.mul, row->sim.matmul,
                col->sim.matmul, row->sim.gather, col->sim.gather});
-    return mirror;
+    return success();
   }
 
-  /// SigLIP: `L = s * matmul(rows, all_gather(cols))^T + b`, used by
-  /// `softplus` (summed over rows and columns, or over columns) and by one
-  /// `take_along(L, t, axis 1)`.
-  void fuseSiglip(SoftplusOp sp) {
+  const DominanceInfo &dominance;
+};
+
+//===----------------------------------------------------------------------===//
+// SigLIP
+//===----------------------------------------------------------------------===//
+
+/// SigLIP: `L = s * matmul(rows, all_gather(cols))^T + b`, used by
+/// `softplus` (summed over rows and columns, or over columns) and by one
+/// `take_along(L, t, axis 1)`, becomes one dloss.ring_sigmoid_pairs.
+struct SiglipFusion : OpRewritePattern<SoftplusOp> {
+  SiglipFusion(MLIRContext *context, const DominanceInfo &dominance)
+      : OpRewritePattern(context), dominance(dominance) {}
+
+  LogicalResult matchAndRewrite(SoftplusOp sp,
+                                PatternRewriter &rewriter) const override {
     auto add = sp.getInput().getDefiningOp<AddOp>();
     if (!add)
-      return;
+      return rewriter.notifyMatchFailure(sp, "not a softplus of a sum");
     Value logits = add.getResult();
     Value bias, body;
     if (isScalarTensor(add.getRhs()) && !isScalarTensor(add.getLhs()))
@@ -208,23 +221,25 @@ private:
     else if (isScalarTensor(add.getLhs()) && !isScalarTensor(add.getRhs()))
       bias = add.getLhs(), body = add.getRhs();
     else
-      return;
+      return rewriter.notifyMatchFailure(sp, "no 0-d bias");
     std::optional<Scaled> scaled = matchScaled(body);
     if (!scaled)
-      return;
+      return rewriter.notifyMatchFailure(
+          sp, "the scaled similarity has other users");
     std::optional<Similarity> sim = matchSimilarity(scaled->x);
     if (!sim)
-      return;
+      return rewriter.notifyMatchFailure(sp, "not a gathered similarity");
     // The pair sum: softplus feeds one reduce sum over [1] or [0, 1].
     if (!sp.getResult().hasOneUse())
-      return;
+      return rewriter.notifyMatchFailure(sp, "the pairs have other users");
     auto sum = dyn_cast<ReduceOp>(*sp.getResult().getUsers().begin());
     if (!sum || sum.getKind() != ReduceKind::sum)
-      return;
+      return rewriter.notifyMatchFailure(sp, "the pairs are not summed");
     ArrayRef<int64_t> axes = sum.getAxes();
     bool rowsToo = axes.size() == 2 && axes[0] == 0 && axes[1] == 1;
     if (!rowsToo && !(axes.size() == 1 && axes[0] == 1))
-      return;
+      return rewriter.notifyMatchFailure(sp,
+                                         "the pairs are summed over rows only");
     // The positives: exactly one take_along, and nothing else reads L.
     TakeAlongOp positives;
     for (Operation *user : logits.getUsers()) {
@@ -232,61 +247,87 @@ private:
         continue;
       auto take = dyn_cast<TakeAlongOp>(user);
       if (!take || take.getAxis() != 1 || positives)
-        return;
+        return rewriter.notifyMatchFailure(sp, "the logits have other users");
       positives = take;
     }
     if (!positives || positives->getBlock() != sp->getBlock() ||
         sum->getBlock() != sp->getBlock())
-      return;
+      return rewriter.notifyMatchFailure(sp, "no positives in this block");
     Operation *at = positives->isBeforeInBlock(sp) ? positives.getOperation()
                                                    : sp.getOperation();
-    OpBuilder b(at);
-    Location loc = b.getFusedLoc({sp.getLoc(), positives.getLoc()});
+    rewriter.setInsertionPoint(at);
+    Location loc = rewriter.getFusedLoc({sp.getLoc(), positives.getLoc()});
     Value operands[] = {sim->rows, sim->cols, scaled->scale, bias,
                         positives.getIndices()};
-    if (failed(prepareOperands(b, loc, at, operands, 2)))
-      return;
+    if (failed(prepareOperands(rewriter, dominance, loc, at, operands, 2)))
+      return rewriter.notifyMatchFailure(sp, "an operand is defined too late");
     Type perRow = positives.getResult().getType();
-    auto fused = RingSigmoidPairsOp::create(b, loc, TypeRange{perRow, perRow},
-                                            operands[0], operands[1],
-                                            operands[2], operands[3],
-                                            operands[4]);
-    positives.getResult().replaceAllUsesWith(fused.getPositive());
+    auto fused = RingSigmoidPairsOp::create(
+        rewriter, loc, TypeRange{perRow, perRow}, operands[0], operands[1],
+        operands[2], operands[3], operands[4]);
+    rewriter.replaceAllUsesWith(positives.getResult(), fused.getPositive());
     Value pairs = fused.getPairSum();
     if (rowsToo) {
-      b.setInsertionPoint(sum);
-      pairs = ReduceOp::create(b, sum.getLoc(), ReduceKind::sum, pairs,
+      rewriter.setInsertionPoint(sum);
+      pairs = ReduceOp::create(rewriter, sum.getLoc(), ReduceKind::sum, pairs,
                                ArrayRef<int64_t>{0});
     }
-    sum.getResult().replaceAllUsesWith(pairs);
-    eraseDead({sum, sp, positives, add, scaled->mul, sim->matmul, sim->gather});
+    rewriter.replaceAllUsesWith(sum.getResult(), pairs);
+    eraseDead(rewriter,
+              {sum, sp, positives, add, scaled->mul, sim->matmul, sim->gather});
+    return success();
   }
 
-  /// PartialFC: `cross_entropy(s * C', t)` over `C = all_gather(matmul(R,
-  /// W)^T, axis 1)`, `C'` = `C` or `put_along(C, t, f(take_along(C, t)))`.
-  void fuseShardedSoftmax(CrossEntropyOp ce) {
+  const DominanceInfo &dominance;
+};
+
+//===----------------------------------------------------------------------===//
+// Class-sharded softmax (PartialFC)
+//===----------------------------------------------------------------------===//
+
+/// PartialFC: `cross_entropy(s * C', t)` over `C = all_gather(matmul(R,
+/// W)^T, axis 1)`, `C'` = `C` or `put_along(C, t, f(take_along(C, t)))`,
+/// becomes one dloss.sharded_softmax; the margin `f` stays ordinary IR and
+/// the cross-entropy is rebuilt from the op's statistics.
+struct ShardedSoftmaxFusion : OpRewritePattern<CrossEntropyOp> {
+  ShardedSoftmaxFusion(MLIRContext *context,
+                       const ReplicationAnalysis &replication,
+                       const DominanceInfo &dominance)
+      : OpRewritePattern(context), replication(replication),
+        dominance(dominance) {}
+
+  LogicalResult matchAndRewrite(CrossEntropyOp ce,
+                                PatternRewriter &rewriter) const override {
+    // The analysis answers only for its own function (unknown values read
+    // as invariant), and the rows must truly be invariant.
+    if (ce->getParentOfType<FunctionOpInterface>() != replication.getFunction())
+      return rewriter.notifyMatchFailure(ce, "replication of another function");
     if (ce.getAxis() != 1)
-      return;
+      return rewriter.notifyMatchFailure(ce, "not over classes (axis 1)");
     Value targets = ce.getTargets();
     std::optional<Scaled> scaled = matchScaled(ce.getLogits());
     if (!scaled)
-      return;
+      return rewriter.notifyMatchFailure(ce,
+                                         "the scaled logits have other users");
     PutAlongOp put = scaled->x.getDefiningOp<PutAlongOp>();
     Value classes = put ? put.getInput() : scaled->x;
     if (put && (put.getAxis() != 1 || put.getIndices() != targets ||
                 !put.getResult().hasOneUse()))
-      return;
+      return rewriter.notifyMatchFailure(ce, "not a margin on the targets");
     auto gather = classes.getDefiningOp<AllGatherOp>();
-    if (!gather || gather.getAxis() != 1 || gather.getGrad() != GatherGrad::exact)
-      return;
+    if (!gather || gather.getAxis() != 1 ||
+        gather.getGrad() != GatherGrad::exact)
+      return rewriter.notifyMatchFailure(ce,
+                                         "not an exact gather of class shards");
     auto matmul = gather.getInput().getDefiningOp<MatmulOp>();
     if (!matmul || matmul.getTransposeLhs() || !matmul.getTransposeRhs() ||
         !matmul.getResult().hasOneUse())
-      return;
+      return rewriter.notifyMatchFailure(ce, "not a similarity with the shard");
     Value rows = matmul.getLhs(), weights = matmul.getRhs();
     // Every shard must see the same rows and targets.
     if (replication.isVarying(rows) || replication.isVarying(targets))
-      return;
+      return rewriter.notifyMatchFailure(ce,
+                                         "rows or targets vary across ranks");
     // Users of C: the scaling (no margin), or put_along and one take_along.
     TakeAlongOp take;
     for (Operation *user : classes.getUsers()) {
@@ -294,58 +335,120 @@ private:
         continue;
       auto t = dyn_cast<TakeAlongOp>(user);
       if (!put || !t || take || t.getAxis() != 1 || t.getIndices() != targets)
-        return;
+        return rewriter.notifyMatchFailure(ce, "the classes have other users");
       take = t;
     }
     if (put && !take)
-      return;
+      return rewriter.notifyMatchFailure(ce, "the margin reads no target");
     Operation *at = take ? take.getOperation() : ce.getOperation();
     if (at->getBlock() != ce->getBlock())
-      return;
-    OpBuilder b(at);
-    Location loc = b.getFusedLoc({matmul.getLoc(), ce.getLoc()});
+      return rewriter.notifyMatchFailure(ce,
+                                         "the target is read in another block");
+    rewriter.setInsertionPoint(at);
+    Location loc = rewriter.getFusedLoc({matmul.getLoc(), ce.getLoc()});
     Value operands[] = {rows, weights, scaled->scale, targets};
-    if (failed(prepareOperands(b, loc, at, operands, 2)))
-      return;
+    if (failed(prepareOperands(rewriter, dominance, loc, at, operands, 2)))
+      return rewriter.notifyMatchFailure(ce, "an operand is defined too late");
     Value scale = operands[2];
     Type perRow = ce.getResult().getType();
-    auto fused = ShardedSoftmaxOp::create(b, loc, TypeRange{perRow, perRow},
-                                          operands[0], operands[1], scale,
-                                          operands[3]);
+    auto fused =
+        ShardedSoftmaxOp::create(rewriter, loc, TypeRange{perRow, perRow},
+                                 operands[0], operands[1], scale, operands[3]);
     // The target logit: s * f(c) with a margin, s * c without.
     Value target = fused.getTargetDot();
     if (take) {
-      take.getResult().replaceAllUsesWith(target);
+      rewriter.replaceAllUsesWith(take.getResult(), target);
       target = put.getValues();
     }
     // `at` is `ce` or precedes it, so the scale is usable there.
-    b.setInsertionPoint(ce);
-    Value targetLogit = MulOp::create(b, loc, target, scale);
+    rewriter.setInsertionPoint(ce);
+    Value targetLogit = MulOp::create(rewriter, loc, target, scale);
     // logsumexp over every class = logaddexp(lse_rest, target logit), so
     // ce = lse_rest + softplus(target - lse_rest) - target.
     Value rest = fused.getLseRest();
-    Value gap = SubOp::create(b, loc, targetLogit, rest);
-    Value lse = AddOp::create(b, loc, rest, SoftplusOp::create(b, loc, gap));
-    Value loss = SubOp::create(b, loc, lse, targetLogit);
-    ce.getResult().replaceAllUsesWith(loss);
-    eraseDead({ce, scaled->mul, put, take, gather, matmul});
+    Value gap = SubOp::create(rewriter, loc, targetLogit, rest);
+    Value lse = AddOp::create(rewriter, loc, rest,
+                              SoftplusOp::create(rewriter, loc, gap));
+    Value loss = SubOp::create(rewriter, loc, lse, targetLogit);
+    rewriter.replaceAllUsesWith(ce.getResult(), loss);
+    eraseDead(rewriter, {ce, scaled->mul, put, take, gather, matmul});
+    return success();
   }
 
-  func::FuncOp func;
-  DominanceInfo dominance;
-  ReplicationAnalysis replication;
+  const ReplicationAnalysis &replication;
+  const DominanceInfo &dominance;
 };
+
+//===----------------------------------------------------------------------===//
+// The pass
+//===----------------------------------------------------------------------===//
+
+/// Records the ops a rewrite erases, so the driver skips them.
+struct ErasedOps : RewriterBase::Listener {
+  void notifyOperationErased(Operation *op) override { erased.insert(op); }
+  llvm::DenseSet<Operation *> erased;
+};
+
+/// Applies `patterns` once to every op of `func` that exists when it starts,
+/// in program order; ops a rewrite erases are skipped and ops it creates are
+/// not visited. `rewritten` runs after each successful rewrite.
+///
+/// Neither upstream driver fits: the greedy driver also erases trivially dead
+/// ops and orders its worklist itself, so the result would differ from a
+/// single pass in program order, and walkAndApplyPatterns forbids erasing ops
+/// other than the matched one (CLIP erases its mirror, SigLIP the sum after
+/// the softplus).
+void applyOnceInProgramOrder(func::FuncOp func,
+                             const FrozenRewritePatternSet &patterns,
+                             function_ref<void()> rewritten) {
+  SmallVector<Operation *> ops;
+  func.walk([&](Operation *op) {
+    if (op != func.getOperation())
+      ops.push_back(op);
+  });
+  ErasedOps listener;
+  PatternRewriter rewriter(func.getContext());
+  rewriter.setListener(&listener);
+  PatternApplicator applicator(patterns);
+  applicator.applyDefaultCostModel();
+  for (Operation *op : ops)
+    if (!listener.erased.contains(op) &&
+        succeeded(applicator.matchAndRewrite(op, rewriter)))
+      rewritten();
+}
 
 struct FuseGatherSimilarityPass
     : dloss::impl::FuseGatherSimilarityPassBase<FuseGatherSimilarityPass> {
   using Base::Base;
 
   void runOnOperation() override {
-    getOperation().walk([](func::FuncOp func) {
+    SmallVector<func::FuncOp> funcs;
+    getOperation().walk([&](func::FuncOp func) {
       if (!func.isExternal())
-        Fuser(func).run();
+        funcs.push_back(func);
     });
+    for (func::FuncOp func : funcs) {
+      // The patterns hold these by reference; both are brought up to date
+      // after every rewrite, so a later match sees the function as it is.
+      ReplicationAnalysis replication(func);
+      DominanceInfo dominance(func);
+      RewritePatternSet patterns(&getContext());
+      populateFuseGatherSimilarityPatterns(patterns, replication, dominance);
+      FrozenRewritePatternSet frozen(std::move(patterns));
+      applyOnceInProgramOrder(func, frozen, [&] {
+        replication = ReplicationAnalysis(func);
+        dominance.invalidate();
+      });
+    }
   }
 };
 
 } // namespace
+
+void mlir::dloss::populateFuseGatherSimilarityPatterns(
+    RewritePatternSet &patterns, const ReplicationAnalysis &replication,
+    const DominanceInfo &dominance) {
+  MLIRContext *context = patterns.getContext();
+  patterns.add<ClipFusion, SiglipFusion>(context, dominance);
+  patterns.add<ShardedSoftmaxFusion>(context, replication, dominance);
+}

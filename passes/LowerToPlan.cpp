@@ -114,14 +114,13 @@ private:
       return b.Finish();
     };
     // Enums travel by name: stable across reorderings of their cases.
+    if (auto e = dyn_cast<EnumAttrInterface>(value))
+      return text(e.getCaseName());
     if (auto i = dyn_cast<IntegerAttr>(value)) {
-      if (isa<AllReduceOp, ReduceScatterOp, ReduceOp>(op) && name == "kind")
-        return text(stringifyReduceKind(static_cast<ReduceKind>(i.getInt())));
-      if (isa<AllGatherOp>(op) && name == "grad")
-        return text(stringifyGatherGrad(static_cast<GatherGrad>(i.getInt())));
-      if (isa<arith::CmpIOp>(op) && name == "predicate")
-        return text(arith::stringifyCmpIPredicate(
-            static_cast<arith::CmpIPredicate>(i.getInt())));
+      // arith's predicate is an I64EnumAttr, a bare IntegerAttr that does not
+      // know its enum, so only the op can name it.
+      if (auto cmp = dyn_cast<arith::CmpIOp>(op); cmp && name == "predicate")
+        return text(arith::stringifyCmpIPredicate(cmp.getPredicate()));
       return integer(i.getValue().getSExtValue());
     }
     if (isa<UnitAttr>(value))

@@ -4,15 +4,33 @@
 
 #include "dialect/DlossOps.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/IR/PatternMatch.h"
 #include "mlir/Pass/Pass.h"
 
+namespace mlir {
+class DominanceInfo;
+} // namespace mlir
+
 namespace mlir::dloss {
+
+class ReplicationAnalysis;
 
 #define GEN_PASS_DECL
 #include "passes/Passes.h.inc"
 
 #define GEN_PASS_REGISTRATION
 #include "passes/Passes.h.inc"
+
+/// Adds the patterns of dloss-fuse-gather-similarity, one per fused family
+/// (CLIP, SigLIP, class-sharded softmax), for the ops of one function.
+/// `replication` and `dominance` must describe that function whenever a
+/// pattern runs: a driver recomputes them after each rewrite (the class-sharded
+/// pattern asks whether its rows vary; every pattern asks whether its operands
+/// are defined before the fused op). The patterns create, replace and erase
+/// ops only through the rewriter.
+void populateFuseGatherSimilarityPatterns(
+    RewritePatternSet &patterns, const ReplicationAnalysis &replication,
+    const DominanceInfo &dominance);
 
 /// Adds inline -> verify-collectives -> fuse-gather-similarity (when `fuse`)
 /// -> infer-replication -> autodiff -> canonicalize/CSE.

@@ -2,7 +2,8 @@
 #include "passes/ReplicationAnalysis.h"
 
 #include "dialect/DlossOps.h"
-#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Interfaces/ControlFlowInterfaces.h"
+#include "llvm/ADT/SmallBitVector.h"
 #include "llvm/ADT/SmallPtrSet.h"
 
 using namespace mlir;
@@ -54,48 +55,94 @@ static Replication joinValues(const ReplicationAnalysis &analysis, ValueRange va
   return result;
 }
 
+/// The operands of a region-branch op that it forwards to no region or result
+/// (a condition, loop bounds, a switch value): they choose the path.
+static SmallVector<Value> choosingOperands(RegionBranchOpInterface op) {
+  SmallVector<RegionSuccessor> entries;
+  op.getSuccessorRegions(RegionBranchPoint::parent(), entries);
+  llvm::SmallBitVector forwarded(op->getNumOperands());
+  for (const RegionSuccessor &entry : entries) {
+    OperandRange range = op.getEntrySuccessorOperands(entry);
+    if (!range.empty())
+      forwarded.set(range.getBeginOperandIndex(),
+                    range.getBeginOperandIndex() + range.size());
+  }
+  SmallVector<Value> choosing;
+  for (OpOperand &operand : op->getOpOperands())
+    if (!forwarded.test(operand.getOperandNumber()))
+      choosing.push_back(operand.get());
+  return choosing;
+}
+
+/// A region-branch op (scf.if, scf.for, scf.while, scf.index_switch, ...)
+/// forwards values along its edges: its operands into a region or its
+/// results, a terminator's operands into a region or the results. What an
+/// edge delivers is as varying as what it forwards. When an operand that
+/// chooses the path (choosingOperands; for a terminator, its operands that it
+/// forwards nowhere, such as scf.condition's condition) varies, ranks may take
+/// different paths, so everything reached from that choice varies.
+void ReplicationAnalysis::visitRegionBranch(RegionBranchOpInterface op,
+                                            bool &changed) {
+  Replication choice = joinValues(*this, choosingOperands(op));
+  llvm::SmallPtrSet<Value, 8> fed;
+  auto forward = [&](OperandRange from, ValueRange to, Replication base) {
+    for (auto [value, input] : llvm::zip(from, to)) {
+      update(input, joinValues(*this, value, base), changed);
+      fed.insert(input);
+    }
+  };
+
+  SmallVector<RegionSuccessor> entries;
+  op.getSuccessorRegions(RegionBranchPoint::parent(), entries);
+  for (const RegionSuccessor &entry : entries)
+    forward(op.getEntrySuccessorOperands(entry), entry.getSuccessorInputs(),
+            choice);
+
+  for (Region &region : op->getRegions())
+    for (Block &block : region) {
+      if (block.empty())
+        continue;
+      auto terminator =
+          dyn_cast<RegionBranchTerminatorOpInterface>(block.back());
+      if (!terminator)
+        continue;
+      SmallVector<RegionSuccessor> successors;
+      op.getSuccessorRegions(RegionBranchPoint(terminator), successors);
+      llvm::SmallBitVector forwarded(terminator->getNumOperands());
+      for (const RegionSuccessor &successor : successors) {
+        OperandRange range = terminator.getSuccessorOperands(successor);
+        if (!range.empty())
+          forwarded.set(range.getBeginOperandIndex(),
+                        range.getBeginOperandIndex() + range.size());
+      }
+      Replication branch = choice;
+      for (OpOperand &operand : terminator->getOpOperands())
+        if (!forwarded.test(operand.getOperandNumber()) &&
+            isVarying(operand.get()))
+          branch = Replication::Varying;
+      for (const RegionSuccessor &successor : successors)
+        forward(terminator.getSuccessorOperands(successor),
+                successor.getSuccessorInputs(), branch);
+    }
+
+  // Block arguments that no edge feeds are the op's own (an induction
+  // variable, derived from the bounds): as varying as the path's choice.
+  for (Region &region : op->getRegions())
+    for (Block &block : region)
+      for (BlockArgument arg : block.getArguments())
+        if (!fed.contains(arg))
+          update(arg, choice, changed);
+  // Results that no edge feeds: as varying as anything the op reads.
+  for (Value result : op->getResults())
+    if (!fed.contains(result))
+      update(result, joinValues(*this, op->getOperands()), changed);
+}
+
 void ReplicationAnalysis::visit(Operation *op, bool &changed) {
+  if (auto branch = dyn_cast<RegionBranchOpInterface>(op))
+    return visitRegionBranch(branch, changed);
+
   Replication operands = joinValues(*this, op->getOperands());
-
-  if (auto ifOp = dyn_cast<scf::IfOp>(op)) {
-    // A varying condition sends ranks down different branches.
-    for (auto [i, result] : llvm::enumerate(ifOp.getResults())) {
-      Replication r = joinValues(*this, ifOp.getCondition());
-      for (Region *region : {&ifOp.getThenRegion(), &ifOp.getElseRegion()})
-        if (!region->empty())
-          r = joinValues(*this, region->front().getTerminator()->getOperand(i), r);
-      update(result, r, changed);
-    }
-    return;
-  }
-  if (auto forOp = dyn_cast<scf::ForOp>(op)) {
-    Replication bounds = joinValues(
-        *this, {forOp.getLowerBound(), forOp.getUpperBound(), forOp.getStep()});
-    update(forOp.getInductionVar(), bounds, changed);
-    Operation *yield = forOp.getBody()->getTerminator();
-    for (auto [i, arg] : llvm::enumerate(forOp.getRegionIterArgs())) {
-      Replication r = joinValues(
-          *this, {forOp.getInitArgs()[i], yield->getOperand(i)}, bounds);
-      update(arg, r, changed);
-      update(forOp.getResult(i), r, changed);
-    }
-    return;
-  }
-  if (auto whileOp = dyn_cast<scf::WhileOp>(op)) {
-    Operation *yield = whileOp.getAfterBody()->getTerminator();
-    for (auto [i, arg] : llvm::enumerate(whileOp.getBeforeArguments()))
-      update(arg, joinValues(*this, {whileOp.getInits()[i], yield->getOperand(i)}),
-             changed);
-    scf::ConditionOp condition = whileOp.getConditionOp();
-    Replication stop = joinValues(*this, condition.getCondition());
-    for (auto [i, arg] : llvm::enumerate(whileOp.getAfterArguments())) {
-      Replication r = joinValues(*this, condition.getArgs()[i], stop);
-      update(arg, r, changed);
-      update(whileOp.getResult(i), r, changed);
-    }
-    return;
-  }
-
   Replication results = operands;
   if (auto rule = dyn_cast<ReplicationOpInterface>(op)) {
     SmallVector<Replication> each;
@@ -142,8 +189,11 @@ void ReplicationAnalysis::explainVarying(Value value,
     }
     Operation *def = current.getDefiningOp();
     Value next;
-    if (auto ifOp = dyn_cast<scf::IfOp>(def); ifOp && isVarying(ifOp.getCondition()))
-      next = ifOp.getCondition();
+    // A region-branch op whose path differs between ranks: that choice.
+    if (auto branch = dyn_cast<RegionBranchOpInterface>(def))
+      for (Value choosing : choosingOperands(branch))
+        if (!next && isVarying(choosing))
+          next = choosing;
     // Prefer an operand computed by an op: loop-carried block arguments
     // explain less than the op that made them vary.
     for (Value operand : def->getOperands())

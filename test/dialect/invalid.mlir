@@ -28,7 +28,7 @@ func.func @all_gather_scalar(%x: tensor<f32>) {
 // -----
 
 func.func @all_gather_unknown_grad(%x: tensor<?x8xf32>) {
-  // expected-error@+1 {{custom op 'dloss.all_gather' expected string or keyword containing one of the following enum values for attribute 'grad' [exact, local, none]}}
+  // expected-error@+1 {{custom op 'dloss.all_gather' expected one of [exact, local, none] for which gradient flows back through an all_gather, got: partial}}
   %0 = dloss.all_gather %x axis 0 grad partial : tensor<?x8xf32>
   return
 }
@@ -39,14 +39,14 @@ func.func @all_gather_result_type_differs(%x: tensor<4x8xf32>) {
   // The gathered axis is dynamic: the global size is known only at run time.
   // expected-error@+2 {{'dloss.all_gather' op inferred type(s) 'tensor<?x8xf32>' are incompatible with return type(s) of operation 'tensor<4x8xf32>'}}
   // expected-error@+1 {{'dloss.all_gather' op failed to infer returned types}}
-  %0 = "dloss.all_gather"(%x) <{axis = 0 : i64, grad = 0 : i32}> : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %0 = "dloss.all_gather"(%x) <{axis = 0 : i64, grad = #dloss<gather_grad exact>}> : (tensor<4x8xf32>) -> tensor<4x8xf32>
   return
 }
 
 // -----
 
 func.func @all_reduce_unknown_kind(%x: tensor<f32>) {
-  // expected-error@+1 {{custom op 'dloss.all_reduce' expected string or keyword containing one of the following enum values for attribute 'kind' [sum, mean, max, min]}}
+  // expected-error@+1 {{custom op 'dloss.all_reduce' expected one of [sum, mean, max, min] for how values are combined, got: prod}}
   %0 = dloss.all_reduce prod %x : tensor<f32>
   return
 }
@@ -55,7 +55,7 @@ func.func @all_reduce_unknown_kind(%x: tensor<f32>) {
 
 func.func @all_reduce_result_type_differs(%x: tensor<4xf32>) {
   // expected-error@+1 {{'dloss.all_reduce' op requires the same type for all operands and results}}
-  %0 = "dloss.all_reduce"(%x) <{kind = 0 : i32}> : (tensor<4xf32>) -> tensor<4xf64>
+  %0 = "dloss.all_reduce"(%x) <{kind = #dloss<reduce_kind sum>}> : (tensor<4xf32>) -> tensor<4xf64>
   return
 }
 
@@ -63,7 +63,7 @@ func.func @all_reduce_result_type_differs(%x: tensor<4xf32>) {
 
 func.func @collective_of_non_tensor(%x: f32) {
   // expected-error@+1 {{'dloss.all_reduce' op operand #0 must be ranked tensor of floating-point or signless integer values, but got 'f32'}}
-  %0 = "dloss.all_reduce"(%x) <{kind = 0 : i32}> : (f32) -> f32
+  %0 = "dloss.all_reduce"(%x) <{kind = #dloss<reduce_kind sum>}> : (f32) -> f32
   return
 }
 

@@ -26,9 +26,9 @@ import torch
 FLOAT = torch.float64
 INT = torch.int64
 
-# Enum encodings of the generic form (dialect/DlossBase.td).
-REDUCE_KINDS = {0: "sum", 1: "mean", 2: "max", 3: "min"}
-GATHER_GRADS = {0: "exact", 1: "local", 2: "none"}
+# The generic form spells a dloss enum as `#dloss<reduce_kind sum>`
+# (dialect/DlossBase.td); the simulator keeps only the case name.
+_ENUM_RE = re.compile(r"#dloss<(\w+)\s+(\w+)>")
 
 
 class SimError(Exception):
@@ -198,6 +198,9 @@ def parse_attr_value(text):
         return parse_attr_dict(text)
     if text.startswith("("):  # a function type
         return text
+    m = _ENUM_RE.fullmatch(text)
+    if m:
+        return m.group(2)
     m = re.fullmatch(r"(\S+)\s*:\s*(\w+)", text)
     if m:
         num, ty = m.groups()
@@ -488,7 +491,7 @@ LOCAL_OPS = {
     "dloss.matmul": _matmul,
     "dloss.l2_normalize": lambda op, x: torch.nn.functional.normalize(
         x, p=2.0, dim=op.attr("axis"), eps=op.attr("eps", 1e-12)),
-    "dloss.reduce": lambda op, x: _reduce(REDUCE_KINDS[op.attr("kind")], x,
+    "dloss.reduce": lambda op, x: _reduce(op.attr("kind"), x,
                                           op.attr("axes")),
     "dloss.logsumexp": lambda op, x: torch.logsumexp(x, dim=op.attr("axis")),
     "dloss.take_along": lambda op, x, i: _take_along(x, i, op.attr("axis")),
@@ -565,11 +568,11 @@ def _combine(name, kind, xs):
 
 
 def _all_reduce(op, xs, world):
-    return [_combine("all_reduce", REDUCE_KINDS[op.attr("kind")], xs)] * world.size
+    return [_combine("all_reduce", op.attr("kind"), xs)] * world.size
 
 
 def _reduce_scatter(op, args, world):
-    kind = REDUCE_KINDS[op.attr("kind")]
+    kind = op.attr("kind")
     if kind not in ("sum", "mean"):
         raise SimError(f"kind {kind} is not sum or mean")
     xs = [a[0] for a in args]

@@ -83,6 +83,55 @@ func.func @control_flow(%s: tensor<f32> {dloss.replicated}, %t: tensor<f32> {dlo
 
 // -----
 
+// Region ops that the analysis knows only through RegionBranchOpInterface:
+// what a case or region yields reaches the result (an invariant selector
+// does not make a varying case value invariant), and a varying selector makes
+// ranks take different cases.
+// CHECK-LABEL: func.func @region_branch_ops
+func.func @region_branch_ops(%s: tensor<f32> {dloss.replicated}, %x: tensor<f32>, %i: index {dloss.replicated}) {
+  %r = dloss.rank
+  %one = arith.constant dense<1.0> : tensor<f32>
+  // CHECK: scf.index_switch %arg2 {dloss.replication = "varying"}
+  %a = scf.index_switch %i -> tensor<f32>
+  case 0 {
+    scf.yield %x : tensor<f32>
+  }
+  default {
+    scf.yield %s : tensor<f32>
+  }
+  // CHECK: scf.index_switch %{{.*}} {dloss.replication = "varying"}
+  %b = scf.index_switch %r -> tensor<f32>
+  case 0 {
+    scf.yield %one : tensor<f32>
+  }
+  default {
+    scf.yield %s : tensor<f32>
+  }
+  // CHECK: scf.index_switch %arg2 {dloss.replication = "invariant"}
+  %c = scf.index_switch %i -> tensor<f32>
+  case 0 {
+    scf.yield %one : tensor<f32>
+  }
+  default {
+    scf.yield %s : tensor<f32>
+  }
+  // CHECK: scf.execute_region
+  // CHECK-NEXT: scf.yield %arg1
+  // CHECK-NEXT: } {dloss.replication = "varying"}
+  %d = scf.execute_region -> tensor<f32> {
+    scf.yield %x : tensor<f32>
+  }
+  // CHECK: scf.execute_region
+  // CHECK: } {dloss.replication = "invariant"}
+  %e = scf.execute_region -> tensor<f32> {
+    %t = dloss.add %s, %one : tensor<f32>, tensor<f32>
+    scf.yield %t : tensor<f32>
+  }
+  return
+}
+
+// -----
+
 func.func @varying_loss(%x: tensor<?xf32>) -> tensor<f32> attributes {dloss.loss} {
   // expected-note@+1 {{the returned value is computed here by 'dloss.reduce' on each rank's own data; combine it across ranks with `dloss.all_reduce sum` (or mean) before returning it}}
   %s = dloss.reduce sum %x axes [0] : tensor<?xf32>
