@@ -23,7 +23,7 @@
 // (VmHWM is reset through /proc/self/clear_refs first where the kernel allows
 // it; "hwm_reset" says whether it did), plus peak_rss_mb, the rank's total
 // peak RSS. Both are measured as dloss-run measures them (LossMemory.h).
-#include "runtime/Communicator.h"
+#include "runtime/comm/Communicator.h"
 #include "tools/dloss-run/LossMemory.h"
 
 #include <torch/torch.h>

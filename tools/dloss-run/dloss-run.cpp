@@ -19,11 +19,11 @@
 // Each rank's result.json has the median time of one forward+backward and
 // the loss's memory: loss_mem_mb = peak RSS (VmHWM) after the timed calls
 // minus the RSS right before the first call (LossMemory.h).
-#include "runtime/Communicator.h"
-#include "runtime/Error.h"
-#include "runtime/Executor.h"
-#include "runtime/Npy.h"
-#include "runtime/PlanFile.h"
+#include "runtime/comm/Communicator.h"
+#include "runtime/support/Error.h"
+#include "runtime/exec/Executor.h"
+#include "runtime/io/Npy.h"
+#include "runtime/plan/PlanFile.h"
 #include "tools/dloss-run/LossMemory.h"
 
 #include <algorithm>
