@@ -46,6 +46,12 @@ private:
 /// dloss-verify-collectives and the runtime's preflight see to it). Tensors
 /// are CPU tensors for the Gloo engine. Failures (a peer gone, a deadline
 /// passed) raise dloss::Error naming the operation and the ranks involved.
+///
+/// The runtime's engines (Gloo, NCCL, single process) implement it through
+/// ContractCommunicator (comm/ContractCommunicator.h), which checks every
+/// call's arguments, numbers it and records it for the flight recorder once,
+/// with the same messages for every engine, and leaves only the transfer to
+/// the engine. Other implementations (tests' wrappers) may forward to one.
 class Communicator {
 public:
   virtual ~Communicator() = default;
@@ -160,7 +166,7 @@ std::unique_ptr<Communicator> connectGloo(const RendezvousOptions &options);
 /// ncclUniqueId through a c10d TCPStore at MASTER_ADDR:MASTER_PORT (a port
 /// of its own: a Gloo communicator of the same job needs another). Rendezvous,
 /// deadlines, the dloss/seq/<rank> bookkeeping, errors and flight records
-/// are the Gloo engine's; on a deadline or a NCCL error the communicator is
+/// are every engine's; on a deadline or a NCCL error the communicator is
 /// aborted (ncclCommAbort) and every later call fails fast.
 ///
 /// Streams: NCCL runs on a communication stream of its own, ordered after

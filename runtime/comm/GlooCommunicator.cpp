@@ -1,7 +1,9 @@
 // The Gloo engine: Communicator over c10d's ProcessGroupGloo.
 // Every ProcessGroupGloo call of the project lives in this file; the store
 // (TCPStore), the rendezvous and the failure diagnosis it shares with the
-// NCCL engine live in EngineCommon.cpp. Setup (device, process group) goes
+// NCCL engine live in StoreRendezvous.cpp and PeerStates.cpp, and the
+// contract every engine keeps (checks, numbering, flight record) in
+// ContractCommunicator.cpp. Setup (device, process group) goes
 // through namespace `compat`, the place to adapt when c10d changes; the
 // collective calls themselves (allgather, allreduce, broadcast, send, recv,
 // Work::wait) read the same in LibTorch 1.13 and 2.x.
@@ -9,7 +11,8 @@
 #define USE_C10D_GLOO // ProcessGroupGloo.hpp is empty without it.
 #endif
 
-#include "runtime/comm/EngineCommon.h"
+#include "runtime/comm/ContractCommunicator.h"
+#include "runtime/comm/StoreRendezvous.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -22,7 +25,7 @@
 
 namespace dloss {
 
-using namespace engine;
+using namespace comm;
 
 namespace {
 
@@ -88,9 +91,6 @@ constexpr EngineWording kWording{
     "A peer rank probably failed or exited: check the other ranks' logs "
     "for the first error (this one is a consequence)",
     /*failureSuffix=*/"",
-    /*tagHint=*/
-    "Use tags in [0, 2^30); larger ones are reserved for the "
-    "engine's own ringShift and reduceScatter",
     /*reduceTypeHint=*/
     "Convert to float, double, half or an integer type first"};
 
@@ -146,38 +146,23 @@ c10d::ReduceOp toC10d(Reduction op) {
   return c10d::ReduceOp::SUM;
 }
 
-// What a failing call reports: the method, the IR op a plan step lowers to
-
 //===----------------------------------------------------------------------===//
 // GlooCommunicator
 //===----------------------------------------------------------------------===//
 
-class GlooCommunicator final : public EngineBase {
+class GlooCommunicator final : public ContractCommunicator {
 public:
   GlooCommunicator(RendezvousOptions options,
                    c10::intrusive_ptr<c10d::Store> store,
                    c10::intrusive_ptr<c10d::ProcessGroupGloo> group)
-      : EngineBase(std::move(options), std::move(store), kWording),
+      : ContractCommunicator(
+            options, std::make_unique<PeerStates>(std::move(store), options),
+            kWording),
         group(std::move(group)) {}
-  // Closing the Gloo pairs first (before EngineBase's destructor keeps a
+  // Closing the Gloo pairs first (before PeerStates' destructor keeps a
   // failed rank 0's store up) makes peers still blocked on this rank fail
   // now rather than at their deadline.
   ~GlooCommunicator() override { group.reset(); }
-
-  at::Tensor allGather(const at::Tensor &input, int64_t axis,
-                       const std::vector<int64_t> &sizes) override;
-  at::Tensor allReduce(const at::Tensor &input, Reduction op) override;
-  at::Tensor reduceScatter(const at::Tensor &input, Reduction op, int64_t axis,
-                           const std::vector<int64_t> &sizes) override;
-  at::Tensor broadcast(const at::Tensor &input, int root) override;
-  at::Tensor ringShift(const at::Tensor &input, int64_t shift) override;
-  std::vector<int64_t>
-  allGatherInts(const std::vector<int64_t> &values) override;
-  std::unique_ptr<Request> send(const at::Tensor &tensor, int peer,
-                                int tag) override;
-  std::unique_ptr<Request> recv(at::Tensor &tensor, int peer, int tag) override;
-  void beginExchange(const std::string &name) override;
-  void endExchange() override;
 
   /// A Gloo allreduce of one element: returns once every rank has finished
   /// building its process group.
@@ -218,17 +203,34 @@ public:
     return swap;
   }
 
+protected:
+  at::Tensor transferAllGather(Call &call, const at::Tensor &input,
+                               int64_t dim,
+                               const std::vector<int64_t> &sizes) override;
+  at::Tensor transferAllReduce(Call &call, const at::Tensor &input,
+                               Reduction op) override;
+  at::Tensor transferReduceScatter(Call &call, const at::Tensor &input,
+                                   Reduction op, int64_t dim,
+                                   const std::vector<int64_t> &sizes) override;
+  at::Tensor transferBroadcast(Call &call, const at::Tensor &input,
+                               int root) override;
+  at::Tensor transferRingShift(Call &call, const at::Tensor &input,
+                               const ShiftPeers &ring) override;
+  std::vector<int64_t>
+  transferAllGatherInts(Call &call,
+                        const std::vector<int64_t> &values) override;
+  std::unique_ptr<Request> transferSend(Call &call, const at::Tensor &tensor,
+                                        int peer, int tag) override;
+  std::unique_ptr<Request> transferRecv(Call &call, at::Tensor &tensor,
+                                        int peer, int tag) override;
+
 private:
   bool reduces(at::ScalarType type) const override { return glooHasType(type); }
-  void checkCpu(const Call &call, const at::Tensor &tensor) const;
+  void checkDevice(const Call &call, const at::Tensor &tensor) const override;
   /// The summed/maxed/minned tensor; Mean is left to the caller to divide.
   at::Tensor reduce(Call &call, const at::Tensor &input, Reduction op);
 
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
-  /// The open exchange (beginExchange), whose number its transfers carry.
-  std::optional<Call> exchange;
-  /// A send or recv's call: its own, or the open exchange's.
-  Call transferCall(std::string transfer) const;
 };
 
 // A send or recv in flight. It refers to its communicator, which must outlive
@@ -285,32 +287,8 @@ auto GlooCommunicator::communicate(Call &call, Body &&body)
   throw diagnose(call, detail, looksLikeTimeout(detail));
 }
 
-void GlooCommunicator::beginExchange(const std::string &name) {
-  Call call{name, ""};
-  begin(call, nullptr);
-  exchange = call;
-}
-
-void GlooCommunicator::endExchange() {
-  if (!exchange)
-    return;
-  // A failed exchange stays failed in the flight record.
-  if (broken.empty())
-    complete(*exchange);
-  exchange.reset();
-}
-
-Call GlooCommunicator::transferCall(std::string transfer) const {
-  if (!exchange)
-    return Call{std::move(transfer), ""};
-  Call call = *exchange;
-  call.transfer = std::move(transfer);
-  return call;
-}
-
-void GlooCommunicator::checkCpu(const Call &call,
-                                const at::Tensor &tensor) const {
-  checkDefined(call, tensor);
+void GlooCommunicator::checkDevice(const Call &call,
+                                   const at::Tensor &tensor) const {
   if (!tensor.device().is_cpu())
     throw fail(call,
                call.name + " got a tensor on " + tensor.device().str() + " " +
@@ -319,11 +297,10 @@ void GlooCommunicator::checkCpu(const Call &call,
                "tensors");
 }
 
-at::Tensor GlooCommunicator::allGather(const at::Tensor &input, int64_t axis,
-                                       const std::vector<int64_t> &sizes) {
-  Call call{"allGather", "dloss.all_gather"};
-  checkCpu(call, input);
-  int64_t dim = checkGather(call, input, axis, sizes);
+at::Tensor
+GlooCommunicator::transferAllGather(Call &call, const at::Tensor &input,
+                                    int64_t dim,
+                                    const std::vector<int64_t> &sizes) {
 
   // Gloo gathers equal shapes: pad every piece to the largest size.
   int64_t maxSize = *std::max_element(sizes.begin(), sizes.end());
@@ -334,7 +311,6 @@ at::Tensor GlooCommunicator::allGather(const at::Tensor &input, int64_t axis,
   resultShape[dim] = total;
   int64_t paddedNumel = std::accumulate(paddedShape.begin(), paddedShape.end(),
                                         int64_t{1}, std::multiplies<>());
-  begin(call, &input);
   // Every rank knows the sizes, so all skip together when nothing would move.
   if (paddedNumel == 0) {
     complete(call);
@@ -359,7 +335,6 @@ at::Tensor GlooCommunicator::allGather(const at::Tensor &input, int64_t axis,
 
 at::Tensor GlooCommunicator::reduce(Call &call, const at::Tensor &input,
                                     Reduction op) {
-  begin(call, &input);
   // The clone is what Gloo reduces in place: the caller's tensor stays as is.
   at::Tensor result = input.clone(at::MemoryFormat::Contiguous);
   if (result.numel() == 0) {
@@ -375,24 +350,19 @@ at::Tensor GlooCommunicator::reduce(Call &call, const at::Tensor &input,
   return result;
 }
 
-at::Tensor GlooCommunicator::allReduce(const at::Tensor &input, Reduction op) {
-  Call call{"allReduce", "dloss.all_reduce"};
-  checkCpu(call, input);
-  checkReducible(call, input, op);
+at::Tensor GlooCommunicator::transferAllReduce(Call &call,
+                                               const at::Tensor &input,
+                                               Reduction op) {
   at::Tensor result = reduce(call, input, op);
   if (op == Reduction::Mean)
     result.div_(options.worldSize);
   return result;
 }
 
-at::Tensor GlooCommunicator::reduceScatter(const at::Tensor &input,
-                                           Reduction op, int64_t axis,
-                                           const std::vector<int64_t> &sizes) {
-  Call call{"reduceScatter", "dloss.reduce_scatter"};
-  checkCpu(call, input);
-  checkReducible(call, input, op);
-  int64_t dim = checkScatter(call, input, axis, sizes);
-  begin(call, &input);
+at::Tensor
+GlooCommunicator::transferReduceScatter(Call &call, const at::Tensor &input,
+                                        Reduction op, int64_t dim,
+                                        const std::vector<int64_t> &sizes) {
   int n = options.worldSize;
   int rank = options.rank;
   if (n == 1) { // The only block is the whole input.
@@ -477,11 +447,9 @@ at::Tensor GlooCommunicator::reduceScatter(const at::Tensor &input,
   });
 }
 
-at::Tensor GlooCommunicator::broadcast(const at::Tensor &input, int root) {
-  Call call{"broadcast", "dloss.broadcast"};
-  checkCpu(call, input);
-  checkRoot(call, root);
-  begin(call, &input);
+at::Tensor GlooCommunicator::transferBroadcast(Call &call,
+                                               const at::Tensor &input,
+                                               int root) {
   at::Tensor result = input.clone(at::MemoryFormat::Contiguous);
   if (result.numel() == 0) {
     complete(call);
@@ -496,13 +464,10 @@ at::Tensor GlooCommunicator::broadcast(const at::Tensor &input, int root) {
   return result;
 }
 
-at::Tensor GlooCommunicator::ringShift(const at::Tensor &input, int64_t shift) {
-  Call call{"ringShift", "dloss.ring_shift"};
-  checkCpu(call, input);
-  checkShiftDims(call, input);
-  ShiftPeers ring = shiftPeers(shift);
+at::Tensor GlooCommunicator::transferRingShift(Call &call,
+                                               const at::Tensor &input,
+                                               const ShiftPeers &ring) {
   int dst = ring.dst, src = ring.src;
-  begin(call, &input);
   if (ring.step == 0) {
     complete(call);
     return input.clone(); // Every rank keeps its own tensor.
@@ -537,16 +502,15 @@ at::Tensor GlooCommunicator::ringShift(const at::Tensor &input, int64_t shift) {
 }
 
 std::vector<int64_t>
-GlooCommunicator::allGatherInts(const std::vector<int64_t> &values) {
-  Call call{"allGatherInts", ""};
-  at::Tensor local =
-      at::empty({static_cast<int64_t>(values.size())}, at::kLong);
-  std::copy(values.begin(), values.end(), local.data_ptr<int64_t>());
-  begin(call, &local);
+GlooCommunicator::transferAllGatherInts(Call &call,
+                                        const std::vector<int64_t> &values) {
   if (values.empty()) {
     complete(call);
     return {};
   }
+  at::Tensor local =
+      at::empty({static_cast<int64_t>(values.size())}, at::kLong);
+  std::copy(values.begin(), values.end(), local.data_ptr<int64_t>());
   return communicate(call, [&] {
     std::vector<at::Tensor> inputs{local};
     std::vector<std::vector<at::Tensor>> outputs(1);
@@ -563,11 +527,8 @@ GlooCommunicator::allGatherInts(const std::vector<int64_t> &values) {
 }
 
 std::unique_ptr<Communicator::Request>
-GlooCommunicator::send(const at::Tensor &tensor, int peer, int tag) {
-  Call call = transferCall("send to rank " + std::to_string(peer) + " (tag " +
-                           std::to_string(tag) + ")");
-  checkCpu(call, tensor);
-  checkPeer(call, peer, tag);
+GlooCommunicator::transferSend(Call &call, const at::Tensor &tensor, int peer,
+                               int tag) {
   // The request keeps `wire` alive until Gloo has read it.
   at::Tensor wire = toWire(tensor.contiguous());
   if (wire.numel() == 0)
@@ -582,11 +543,8 @@ GlooCommunicator::send(const at::Tensor &tensor, int peer, int tag) {
 }
 
 std::unique_ptr<Communicator::Request>
-GlooCommunicator::recv(at::Tensor &tensor, int peer, int tag) {
-  Call call = transferCall("recv from rank " + std::to_string(peer) +
-                           " (tag " + std::to_string(tag) + ")");
-  checkCpu(call, tensor);
-  checkPeer(call, peer, tag);
+GlooCommunicator::transferRecv(Call &call, at::Tensor &tensor, int peer,
+                               int tag) {
   // Receive in place when Gloo can; otherwise stage and copy in wait().
   at::Tensor wire;
   if (tensor.is_contiguous() && glooHasType(tensor.scalar_type()))

@@ -21,9 +21,11 @@
 // unusable (later calls fail fast), records the failure in the store under
 // dloss/seq/<rank> and raises a dloss::Error naming the collective, its
 // number, the call site and the peers' states read from the store, with the
-// flight record's path. That bookkeeping, the store and the rendezvous are
-// the Gloo engine's too (EngineCommon.h).
-#include "runtime/comm/EngineCommon.h"
+// flight record's path. The argument checks, that bookkeeping, the store
+// and the rendezvous are every engine's (ContractCommunicator.h,
+// PeerStates.h, StoreRendezvous.h).
+#include "runtime/comm/ContractCommunicator.h"
+#include "runtime/comm/StoreRendezvous.h"
 #include "runtime/support/CudaDeviceGuard.h"
 #include "runtime/support/CudaStream.h"
 
@@ -40,7 +42,7 @@
 
 namespace dloss {
 
-using namespace engine;
+using namespace comm;
 
 namespace {
 
@@ -67,7 +69,6 @@ constexpr EngineWording kWording{
     "for the first error (this one may be a consequence); NCCL_DEBUG=WARN "
     "shows NCCL's own view",
     /*failureSuffix=*/" (the NCCL communicator was aborted)",
-    /*tagHint=*/"Use tags in [0, 2^30), as with the Gloo engine",
     /*reduceTypeHint=*/
     "Convert to float, double, half, bfloat16 or an integer type first"};
 
@@ -179,28 +180,36 @@ struct Transfer {
 
 class NcclRequest;
 
-class NcclCommunicator final : public EngineBase {
+class NcclCommunicator final : public ContractCommunicator {
 public:
   NcclCommunicator(RendezvousOptions options, int device,
                    c10::intrusive_ptr<c10d::Store> store, ncclComm_t comm);
   ~NcclCommunicator() override;
 
-  at::Tensor allGather(const at::Tensor &input, int64_t axis,
-                       const std::vector<int64_t> &sizes) override;
-  at::Tensor allReduce(const at::Tensor &input, Reduction op) override;
-  at::Tensor reduceScatter(const at::Tensor &input, Reduction op, int64_t axis,
-                           const std::vector<int64_t> &sizes) override;
-  at::Tensor broadcast(const at::Tensor &input, int root) override;
-  at::Tensor ringShift(const at::Tensor &input, int64_t shift) override;
-  std::vector<int64_t>
-  allGatherInts(const std::vector<int64_t> &values) override;
-  std::unique_ptr<Request> send(const at::Tensor &tensor, int peer,
-                                int tag) override;
-  std::unique_ptr<Request> recv(at::Tensor &tensor, int peer, int tag) override;
-
   /// An allreduce of one int through the scratch buffers: returns once every
   /// rank's communicator works.
   void barrier(Call &call);
+
+protected:
+  at::Tensor transferAllGather(Call &call, const at::Tensor &input,
+                               int64_t dim,
+                               const std::vector<int64_t> &sizes) override;
+  at::Tensor transferAllReduce(Call &call, const at::Tensor &input,
+                               Reduction op) override;
+  at::Tensor transferReduceScatter(Call &call, const at::Tensor &input,
+                                   Reduction op, int64_t dim,
+                                   const std::vector<int64_t> &sizes) override;
+  at::Tensor transferBroadcast(Call &call, const at::Tensor &input,
+                               int root) override;
+  at::Tensor transferRingShift(Call &call, const at::Tensor &input,
+                               const ShiftPeers &ring) override;
+  std::vector<int64_t>
+  transferAllGatherInts(Call &call,
+                        const std::vector<int64_t> &values) override;
+  std::unique_ptr<Request> transferSend(Call &call, const at::Tensor &tensor,
+                                        int peer, int tag) override;
+  std::unique_ptr<Request> transferRecv(Call &call, at::Tensor &tensor,
+                                        int peer, int tag) override;
 
 private:
   friend class NcclRequest;
@@ -241,7 +250,7 @@ private:
   bool reduces(at::ScalarType type) const override {
     return ncclType(type).has_value();
   }
-  void checkTensor(const Call &call, const at::Tensor &tensor) const;
+  void checkDevice(const Call &call, const at::Tensor &tensor) const override;
 
   int device;
   ncclComm_t comm;
@@ -301,7 +310,9 @@ private:
 NcclCommunicator::NcclCommunicator(RendezvousOptions options, int device,
                                    c10::intrusive_ptr<c10d::Store> store,
                                    ncclComm_t comm)
-    : EngineBase(std::move(options), std::move(store), kWording),
+    : ContractCommunicator(
+          options, std::make_unique<PeerStates>(std::move(store), options),
+          kWording),
       device(device), comm(comm) {
   CudaDeviceGuard guard(device);
   // Non-blocking: the stream must not synchronise with the legacy default
@@ -518,7 +529,7 @@ void NcclCommunicator::reserveScratch(size_t count) {
   scratchCount = count;
 }
 
-// EngineBase's destructor then keeps a failed rank 0's store up.
+// PeerStates' destructor then keeps a failed rank 0's store up.
 NcclCommunicator::~NcclCommunicator() {
   CudaDeviceGuard guard(device);
   posted.clear();
@@ -564,9 +575,8 @@ NcclCommunicator::~NcclCommunicator() {
 // Checks
 //===----------------------------------------------------------------------===//
 
-void NcclCommunicator::checkTensor(const Call &call,
+void NcclCommunicator::checkDevice(const Call &call,
                                    const at::Tensor &tensor) const {
-  checkDefined(call, tensor);
   if (!tensor.device().is_cuda())
     throw fail(call,
                call.name + " got a tensor on " + tensor.device().str() + " " +
@@ -595,11 +605,10 @@ void NcclCommunicator::checkTensor(const Call &call,
 // another); the padding costs (max - size) rows per rank, which is small for
 // the usual uneven case (only the last batch is short). Equal sizes along
 // axis 0 gather straight into the result.
-at::Tensor NcclCommunicator::allGather(const at::Tensor &input, int64_t axis,
-                                       const std::vector<int64_t> &sizes) {
-  Call call{"allGather", "dloss.all_gather"};
-  checkTensor(call, input);
-  int64_t dim = checkGather(call, input, axis, sizes);
+at::Tensor
+NcclCommunicator::transferAllGather(Call &call, const at::Tensor &input,
+                                    int64_t dim,
+                                    const std::vector<int64_t> &sizes) {
   int64_t n = options.worldSize;
   int64_t maxSize = *std::max_element(sizes.begin(), sizes.end());
   int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
@@ -607,7 +616,6 @@ at::Tensor NcclCommunicator::allGather(const at::Tensor &input, int64_t axis,
   paddedShape[dim] = maxSize;
   std::vector<int64_t> resultShape = input.sizes().vec();
   resultShape[dim] = total;
-  begin(call, &input);
   if (numelOf(paddedShape) == 0) {
     complete(call);
     return at::empty(resultShape, input.options());
@@ -643,11 +651,9 @@ at::Tensor NcclCommunicator::allGather(const at::Tensor &input, int64_t axis,
   return at::cat(pieces, dim);
 }
 
-at::Tensor NcclCommunicator::allReduce(const at::Tensor &input, Reduction op) {
-  Call call{"allReduce", "dloss.all_reduce"};
-  checkTensor(call, input);
-  checkReducible(call, input, op);
-  begin(call, &input);
+at::Tensor NcclCommunicator::transferAllReduce(Call &call,
+                                               const at::Tensor &input,
+                                               Reduction op) {
   CudaDeviceGuard guard(device);
   at::Tensor result = input.clone(at::MemoryFormat::Contiguous);
   if (result.numel() == 0) {
@@ -672,20 +678,16 @@ at::Tensor NcclCommunicator::allReduce(const at::Tensor &input, Reduction op) {
 // padding after it), NCCL reduces block r onto rank r, and the rank keeps
 // the first sizes[r] rows of its block. One ring collective again beats N
 // grouped ncclReduce calls; equal sizes along axis 0 need no staging copy.
-at::Tensor NcclCommunicator::reduceScatter(const at::Tensor &input,
-                                           Reduction op, int64_t axis,
-                                           const std::vector<int64_t> &sizes) {
-  Call call{"reduceScatter", "dloss.reduce_scatter"};
-  checkTensor(call, input);
-  checkReducible(call, input, op);
-  int64_t dim = checkScatter(call, input, axis, sizes);
+at::Tensor
+NcclCommunicator::transferReduceScatter(Call &call, const at::Tensor &input,
+                                        Reduction op, int64_t dim,
+                                        const std::vector<int64_t> &sizes) {
   int64_t n = options.worldSize;
   int64_t maxSize = *std::max_element(sizes.begin(), sizes.end());
   std::vector<int64_t> blockShape = input.sizes().vec();
   blockShape[dim] = maxSize;
   std::vector<int64_t> resultShape = input.sizes().vec();
   resultShape[dim] = sizes[options.rank];
-  begin(call, &input);
   if (numelOf(blockShape) == 0) {
     complete(call);
     return at::empty(resultShape, input.options());
@@ -726,11 +728,9 @@ at::Tensor NcclCommunicator::reduceScatter(const at::Tensor &input,
   return result;
 }
 
-at::Tensor NcclCommunicator::broadcast(const at::Tensor &input, int root) {
-  Call call{"broadcast", "dloss.broadcast"};
-  checkTensor(call, input);
-  checkRoot(call, root);
-  begin(call, &input);
+at::Tensor NcclCommunicator::transferBroadcast(Call &call,
+                                               const at::Tensor &input,
+                                               int root) {
   CudaDeviceGuard guard(device);
   at::Tensor result = input.clone(at::MemoryFormat::Contiguous);
   if (result.numel() == 0) {
@@ -751,13 +751,10 @@ at::Tensor NcclCommunicator::broadcast(const at::Tensor &input, int root) {
 // in one send/recv group, then the data in a second group. A shift that is a
 // multiple of N sends to this rank itself, which NCCL allows within a group
 // (so world size 1 runs the same path).
-at::Tensor NcclCommunicator::ringShift(const at::Tensor &input, int64_t shift) {
-  Call call{"ringShift", "dloss.ring_shift"};
-  checkTensor(call, input);
-  checkShiftDims(call, input);
-  ShiftPeers ring = shiftPeers(shift);
+at::Tensor NcclCommunicator::transferRingShift(Call &call,
+                                               const at::Tensor &input,
+                                               const ShiftPeers &ring) {
   int dst = ring.dst, src = ring.src;
-  begin(call, &input);
   CudaDeviceGuard guard(device);
   at::Tensor data = input.contiguous();
 
@@ -813,9 +810,8 @@ at::Tensor NcclCommunicator::ringShift(const at::Tensor &input, int64_t shift) {
 // under a CPU-only LibTorch, and it stays one NCCL collective rather than N
 // store round trips.
 std::vector<int64_t>
-NcclCommunicator::allGatherInts(const std::vector<int64_t> &values) {
-  Call call{"allGatherInts", ""};
-  begin(call, nullptr, static_cast<int64_t>(values.size()));
+NcclCommunicator::transferAllGatherInts(Call &call,
+                                        const std::vector<int64_t> &values) {
   if (values.empty()) {
     complete(call);
     return {};
@@ -879,12 +875,8 @@ void NcclCommunicator::barrier(Call &call) {
 //===----------------------------------------------------------------------===//
 
 std::unique_ptr<Communicator::Request>
-NcclCommunicator::send(const at::Tensor &tensor, int peer, int tag) {
-  Call call{"send to rank " + std::to_string(peer) + " (tag " +
-                std::to_string(tag) + ")",
-            ""};
-  checkTensor(call, tensor);
-  checkPeer(call, peer, tag);
+NcclCommunicator::transferSend(Call &call, const at::Tensor &tensor, int peer,
+                               int tag) {
   if (!broken.empty())
     communicate(call, [] {}); // Fails fast, naming the earlier failure.
   CudaDeviceGuard guard(device);
@@ -906,12 +898,8 @@ NcclCommunicator::send(const at::Tensor &tensor, int peer, int tag) {
 }
 
 std::unique_ptr<Communicator::Request>
-NcclCommunicator::recv(at::Tensor &tensor, int peer, int tag) {
-  Call call{"recv from rank " + std::to_string(peer) + " (tag " +
-                std::to_string(tag) + ")",
-            ""};
-  checkTensor(call, tensor);
-  checkPeer(call, peer, tag);
+NcclCommunicator::transferRecv(Call &call, at::Tensor &tensor, int peer,
+                               int tag) {
   if (!broken.empty())
     communicate(call, [] {});
   CudaDeviceGuard guard(device);
