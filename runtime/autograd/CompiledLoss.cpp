@@ -53,7 +53,7 @@ CompiledLoss::CompiledLoss(std::shared_ptr<const PlanFile> planFile,
     : plan(std::move(planFile)), comm(std::move(communicator)) {
   if (!plan || !comm)
     throw Error("CompiledLoss needs a plan and a communicator",
-                "pass dloss::PlanFile::load(...) and dloss::connectGloo(...)");
+                "Pass dloss::PlanFile::load(...) and dloss::connectGloo(...)");
   std::vector<std::string> losses;
   for (const plan::Function *f : *plan->plan().functions())
     if (isLossFunction(*f) && (entry.empty() || f->name()->str() == entry))
@@ -62,14 +62,14 @@ CompiledLoss::CompiledLoss(std::shared_ptr<const PlanFile> planFile,
     throw Error(losses.empty() ? "plan '" + plan->name() + "' has no loss" +
                                      (entry.empty() ? "" : " called '" + entry + "'")
                                : "plan '" + plan->name() + "' has several losses",
-                "name the loss to call (entry)");
+                "Name the loss to call (entry)");
   loss = losses.front();
   for (const plan::Function *f : *plan->plan().functions())
     if (f->gradient_of() && f->gradient_of()->str() == loss)
       grad = f->name()->str();
   if (grad.empty())
     throw Error("plan '" + plan->name() + "' has no gradient function for @" + loss,
-                "compile the loss with dlossc or dloss::jit::compile, which "
+                "Compile the loss with dlossc or dloss::jit::compile, which "
                 "derive @" + loss + "_grad");
   const plan::Function &g = plan->function(grad);
   mode = g.grad_mode() ? g.grad_mode()->str() : "ddp";

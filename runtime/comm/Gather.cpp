@@ -2,22 +2,19 @@
 #include "runtime/comm/Gather.h"
 
 #include "runtime/support/Error.h"
+#include "runtime/support/Format.h"
 
 #include <map>
-#include <sstream>
 
 namespace dloss {
 
 namespace {
 constexpr int64_t kMaxDims = 8;
 
-std::string shapeText(const int64_t *record) {
-  std::ostringstream os;
-  os << c10::toString(static_cast<at::ScalarType>(record[0])) << " [";
-  for (int64_t d = 0; d < record[1]; ++d)
-    os << (d ? ", " : "") << record[2 + d];
-  os << "]";
-  return os.str();
+// "Float [3, 4]": a rank's dtype and shape from its record.
+std::string recordText(const int64_t *record) {
+  return std::string(c10::toString(static_cast<at::ScalarType>(record[0]))) +
+         " " + shapeText(c10::ArrayRef<int64_t>(record + 2, record[1]));
 }
 } // namespace
 
@@ -53,7 +50,7 @@ at::Tensor gatherUneven(Communicator &comm, const at::Tensor &local, int64_t axi
         problem += (i ? "," : (ranks.size() > 1 ? "s " : " ")) + std::to_string(ranks[i]);
       problem += record(ranks.front())[1] < 1
                      ? " passed no tensor of rank 1 to 8;"
-                     : " passed " + shapeText(record(ranks.front())) + ";";
+                     : " passed " + recordText(record(ranks.front())) + ";";
     }
     problem.pop_back();
     throw Error(problem, "Ranks may differ only in the size along the gathered axis");

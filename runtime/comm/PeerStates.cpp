@@ -3,6 +3,7 @@
 #include "runtime/comm/PeerStates.h"
 
 #include "runtime/comm/StoreRendezvous.h"
+#include "runtime/support/Format.h"
 
 #include <algorithm>
 #include <sstream>
@@ -208,7 +209,7 @@ std::string PeerStates::summarize(const Call &call,
     all.push_back(rank);
     std::sort(all.begin(), all.end());
     out += (out.empty() ? "" : "; ") +
-           std::string(all.size() == 1 ? "rank " : "ranks ") + joinRanks(all) +
+           rankList(all, ", ") +
            " reached it";
   }
   return out;

@@ -2,6 +2,8 @@
 // protocol, connection marks.
 #include "runtime/comm/StoreRendezvous.h"
 
+#include "runtime/support/Format.h"
+
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
@@ -41,13 +43,6 @@ std::string decide(c10d::Store &store, const std::string &proposal) {
 }
 
 } // namespace
-
-std::string joinRanks(const std::vector<int> &ranks) {
-  std::string out;
-  for (size_t i = 0; i < ranks.size(); ++i)
-    out += (i ? ", " : "") + std::to_string(ranks[i]);
-  return out;
-}
 
 std::vector<uint8_t> toBytes(const std::string &text) {
   return std::vector<uint8_t>(text.begin(), text.end());
@@ -161,7 +156,7 @@ void rendezvous(c10d::Store &store, const RendezvousOptions &options,
     } else if (Clock::now() >= deadline) {
       std::vector<int> missing = missingRanks(store, n);
       verdict = decide(
-          store, missing.empty() ? "ok" : "missing:" + joinRanks(missing));
+          store, missing.empty() ? "ok" : "missing:" + joinInts(missing, ", "));
     } else {
       std::this_thread::sleep_for(kStorePoll);
     }
@@ -210,7 +205,7 @@ std::string unmarkedPeers(c10d::Store &store, const RendezvousOptions &options,
     if (missing.empty())
       return "";
     return std::string(missing.size() == 1 ? ": rank " : ": ranks ") +
-           joinRanks(missing) + " " + never +
+           joinInts(missing, ", ") + " " + never +
            " (check whether they died or failed)";
   } catch (const std::exception &) {
     return ": rank 0, which hosts the rendezvous store, is unreachable "

@@ -26,9 +26,6 @@ std::string storeAddress(const RendezvousOptions &options);
 std::vector<uint8_t> toBytes(const std::string &text);
 std::string fromBytes(const std::vector<uint8_t> &bytes);
 
-/// "1, 3".
-std::string joinRanks(const std::vector<int> &ranks);
-
 /// Throws when `options` cannot describe a job; `function` ("connectGloo")
 /// starts the message.
 void checkOptions(const RendezvousOptions &options,

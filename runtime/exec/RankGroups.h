@@ -1,9 +1,10 @@
-// How the interpreter, the preflight and check mode group ranks that agree and
-// name ranks and arguments in messages.
+// How the interpreter, the preflight and check mode group the ranks that agree
+// and name a plan argument.
 #ifndef DLOSS_RUNTIME_EXEC_RANKGROUPS_H
 #define DLOSS_RUNTIME_EXEC_RANKGROUPS_H
 
 #include "runtime/plan/Plan_generated.h"
+#include "runtime/support/Format.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -18,19 +19,6 @@ inline int64_t bitcastSigned(uint64_t value) {
   int64_t out;
   std::memcpy(&out, &value, sizeof(out));
   return out;
-}
-
-inline std::string joinInts(const std::vector<int> &values,
-                            const char *separator) {
-  std::string out;
-  for (size_t i = 0; i < values.size(); ++i)
-    out += (i ? separator : "") + std::to_string(values[i]);
-  return out;
-}
-
-/// "rank 2" or "ranks 0,1,3".
-inline std::string rankList(const std::vector<int> &ranks) {
-  return (ranks.size() == 1 ? "rank " : "ranks ") + joinInts(ranks, ",");
 }
 
 /// "argument 1 (text)", or "argument 1" when the plan has no name for it.

@@ -16,7 +16,8 @@ namespace dloss {
 struct ErrorInfo {
   /// What went wrong, as one sentence ("input 'x' has 3 dims, expected 2").
   std::string problem;
-  /// What the user should do about it ("pass a [batch, dim] tensor").
+  /// What the user should do about it, a capitalised sentence ("Pass a
+  /// [batch, dim] tensor").
   std::string hint;
   /// The rank that raised the error, when known.
   std::optional<int> rank;
@@ -33,9 +34,12 @@ struct ErrorInfo {
 /// Errors are immutable, so what() always matches the fields; the with*()
 /// methods return an amended copy, which lets a caller add context while the
 /// error travels up:
-///   throw Error("shard sizes differ", "pad the last
-///   batch").withOp("dloss.all_gather"); catch (const Error &e) { throw
-///   e.withRank(rank); }
+///   throw Error("shard sizes differ", "Pad the last batch")
+///       .withOp("dloss.all_gather");
+///   ...
+///   catch (const Error &e) { throw e.withRank(rank); }
+/// A hint is a full sentence, capitalised; what() ends each part with a
+/// period when it has none.
 class Error : public std::runtime_error {
 public:
   explicit Error(ErrorInfo fields);
