@@ -66,18 +66,18 @@ std::vector<int64_t> dropAxis(at::IntArrayRef sizes, int64_t axis) {
 // Rule builders
 //===----------------------------------------------------------------------===//
 
-KernelRule unaryRule(UnaryFn fn) {
+KernelBinding unaryRule(UnaryFn fn) {
   return {[fn](const StepAttrs &) -> Kernel {
             return [fn](KernelContext &ctx) {
               ctx.setResult(0, fn(ctx.tensor(0)));
             };
           },
-          1, 1, 1, ShapeFlow::Operand0};
+          ShapeFlow::Operand0};
 }
 
 /// Element-wise binary ops: equal shapes, or one 0-d operand broadcast to
 /// the other. General broadcasting is refused: it would hide plan bugs.
-KernelRule binaryRule(BinaryFn fn) {
+KernelBinding binaryRule(BinaryFn fn) {
   return {[fn](const StepAttrs &) -> Kernel {
             return [fn](KernelContext &ctx) {
               const at::Tensor &lhs = ctx.tensor(0);
@@ -91,39 +91,35 @@ KernelRule binaryRule(BinaryFn fn) {
               ctx.setResult(0, fn(lhs, rhs));
             };
           },
-          2, 2, 1, ShapeFlow::Elementwise};
+          ShapeFlow::Elementwise};
 }
 
 /// A rule whose kernel needs nothing from the attributes.
-KernelRule plainRule(void (*fn)(KernelContext &), int minOperands,
-                     int maxOperands) {
-  return {[fn](const StepAttrs &) -> Kernel { return fn; }, minOperands,
-          maxOperands, 1};
+KernelBinding plainRule(void (*fn)(KernelContext &)) {
+  return {[fn](const StepAttrs &) -> Kernel { return fn; }};
 }
 
 /// A rule with a single `axis` attribute, normalised against operand 0.
-KernelRule axisRule(void (*fn)(KernelContext &, int64_t axis), int operands) {
+KernelBinding axisRule(void (*fn)(KernelContext &, int64_t axis)) {
   return {[fn](const StepAttrs &attrs) -> Kernel {
-            int64_t axis = attrs.integer("axis");
-            return [fn, axis](KernelContext &ctx) {
-              fn(ctx, normalizeAxis(axis, ctx.tensor(0).dim()));
-            };
-          },
-          operands, operands, 1};
+    int64_t axis = attrs.integer("axis");
+    return [fn, axis](KernelContext &ctx) {
+      fn(ctx, normalizeAxis(axis, ctx.tensor(0).dim()));
+    };
+  }};
 }
 
-KernelRule withFlow(KernelRule rule, ShapeFlow flow) {
+KernelBinding withFlow(KernelBinding rule, ShapeFlow flow) {
   rule.shapeFlow = flow;
   return rule;
 }
 
-KernelRule indexBinaryRule(IndexFn fn) {
+KernelBinding indexBinaryRule(IndexFn fn) {
   return {[fn](const StepAttrs &) -> Kernel {
-            return [fn](KernelContext &ctx) {
-              ctx.setResult(0, Value::ofIndex(fn(ctx.index(0), ctx.index(1))));
-            };
-          },
-          2, 2, 1};
+    return [fn](KernelContext &ctx) {
+      ctx.setResult(0, Value::ofIndex(fn(ctx.index(0), ctx.index(1))));
+    };
+  }};
 }
 
 // Index arithmetic wraps like MLIR's `index` type (two's complement), which
@@ -203,25 +199,23 @@ at::Tensor materializeConstant(const plan::Constant &constant) {
   return tensor;
 }
 
-KernelRule constantRule() {
+KernelBinding constantRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
-            const plan::Attr *value = attrs.find("value");
-            if (!value)
-              fail("arith.constant has no 'value' attribute", kPlanBugHint);
-            if (value->kind() == plan::AttrKind::integer) {
-              Value index = Value::ofIndex(value->i());
-              return [index](KernelContext &ctx) { ctx.setResult(0, index); };
-            }
-            if (value->kind() == plan::AttrKind::constant &&
-                value->constant()) {
-              at::Tensor tensor = materializeConstant(*value->constant());
-              return [tensor](KernelContext &ctx) { ctx.setResult(0, tensor); };
-            }
-            fail("arith.constant's 'value' is neither an integer nor a dense "
-                 "constant (only index, i1 and dense tensor constants run)",
-                 kPlanBugHint);
-          },
-          0, 0, 1};
+    const plan::Attr *value = attrs.find("value");
+    if (!value)
+      fail("arith.constant has no 'value' attribute", kPlanBugHint);
+    if (value->kind() == plan::AttrKind::integer) {
+      Value index = Value::ofIndex(value->i());
+      return [index](KernelContext &ctx) { ctx.setResult(0, index); };
+    }
+    if (value->kind() == plan::AttrKind::constant && value->constant()) {
+      at::Tensor tensor = materializeConstant(*value->constant());
+      return [tensor](KernelContext &ctx) { ctx.setResult(0, tensor); };
+    }
+    fail("arith.constant's 'value' is neither an integer nor a dense "
+         "constant (only index, i1 and dense tensor constants run)",
+         kPlanBugHint);
+  }};
 }
 
 //===----------------------------------------------------------------------===//
@@ -263,15 +257,13 @@ Predicate parsePredicate(const std::string &name) {
   return it->second;
 }
 
-KernelRule cmpiRule() {
+KernelBinding cmpiRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
-            Predicate predicate = parsePredicate(attrs.text("predicate"));
-            return [predicate](KernelContext &ctx) {
-              ctx.setResult(
-                  0, Value::ofIndex(predicate(ctx.index(0), ctx.index(1))));
-            };
-          },
-          2, 2, 1};
+    Predicate predicate = parsePredicate(attrs.text("predicate"));
+    return [predicate](KernelContext &ctx) {
+      ctx.setResult(0, Value::ofIndex(predicate(ctx.index(0), ctx.index(1))));
+    };
+  }};
 }
 
 void selectKernel(KernelContext &ctx) {
@@ -329,29 +321,28 @@ void globalSizeKernel(KernelContext &ctx, int64_t axis) {
 // Collectives
 //===----------------------------------------------------------------------===//
 
-KernelRule allGatherRule() {
+KernelBinding allGatherRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
-            int64_t axis = attrs.integer("axis");
-            // `grad` only changes the backward plan; check it is well formed.
-            if (attrs.has("grad")) {
-              std::string grad = attrs.text("grad");
-              if (grad != "exact" && grad != "local" && grad != "none")
-                fail("unknown all_gather grad '" + grad +
-                         "' (expected exact, local or none)",
-                     kPlanBugHint);
-            }
-            return [axis](KernelContext &ctx) {
-              const at::Tensor &input = ctx.tensor(0);
-              int64_t dim = normalizeAxis(axis, input.dim());
-              std::vector<int64_t> sizes = ctx.rankSizes(0, dim);
-              ctx.setResult(0, ctx.communicator().allGather(input.contiguous(),
-                                                            dim, sizes));
-            };
-          },
-          1, 1, 1};
+    int64_t axis = attrs.integer("axis");
+    // `grad` only changes the backward plan; check it is well formed.
+    if (attrs.has("grad")) {
+      std::string grad = attrs.text("grad");
+      if (grad != "exact" && grad != "local" && grad != "none")
+        fail("unknown all_gather grad '" + grad +
+                 "' (expected exact, local or none)",
+             kPlanBugHint);
+    }
+    return [axis](KernelContext &ctx) {
+      const at::Tensor &input = ctx.tensor(0);
+      int64_t dim = normalizeAxis(axis, input.dim());
+      std::vector<int64_t> sizes = ctx.rankSizes(0, dim);
+      ctx.setResult(
+          0, ctx.communicator().allGather(input.contiguous(), dim, sizes));
+    };
+  }};
 }
 
-KernelRule allReduceRule() {
+KernelBinding allReduceRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
             Reduction kind = parseReduction(attrs.text("kind"));
             return [kind](KernelContext &ctx) {
@@ -359,56 +350,53 @@ KernelRule allReduceRule() {
                                    ctx.tensor(0).contiguous(), kind));
             };
           },
-          1, 1, 1, ShapeFlow::Operand0};
+          ShapeFlow::Operand0};
 }
 
-KernelRule reduceScatterRule() {
+KernelBinding reduceScatterRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
-            Reduction kind = parseReduction(attrs.text("kind"));
-            int64_t axis = attrs.integer("axis");
-            return [kind, axis](KernelContext &ctx) {
-              const at::Tensor &input = ctx.tensor(0);
-              int64_t dim = normalizeAxis(axis, input.dim());
-              int64_t total = input.size(dim);
-              Communicator &comm = ctx.communicator();
-              int64_t worldSize = comm.worldSize();
-              std::vector<int64_t> sizes;
-              if (ctx.numOperands() == 2) {
-                // Exchange before validating, so that every rank sees the same
-                // sizes and raises the same error (none raises alone).
-                sizes = comm.allGatherInts({ctx.index(1)});
-              } else {
-                if (total % worldSize != 0)
-                  fail("reduce_scatter without 'size' splits axis " +
-                           std::to_string(dim) + " of size " +
-                           std::to_string(total) +
-                           " evenly, but it does not "
-                           "divide by " +
-                           std::to_string(worldSize) + " ranks",
-                       "Give the op a 'size' operand (the per-rank sizes)");
-                sizes.assign(worldSize, total / worldSize);
-              }
-              int64_t sum = 0;
-              for (int64_t size : sizes) {
-                if (size < 0)
-                  fail("reduce_scatter slice sizes " + shapeText(sizes) +
-                       " include a negative size");
-                sum += size;
-              }
-              if (sum != total)
-                fail("reduce_scatter slice sizes " + shapeText(sizes) +
-                         " add up to " + std::to_string(sum) +
-                         ", not to the size " + std::to_string(total) +
-                         " of axis " + std::to_string(dim),
-                     "The slices of all ranks must cover the axis exactly");
-              ctx.setResult(
-                  0, comm.reduceScatter(input.contiguous(), kind, dim, sizes));
-            };
-          },
-          1, 2, 1};
+    Reduction kind = parseReduction(attrs.text("kind"));
+    int64_t axis = attrs.integer("axis");
+    return [kind, axis](KernelContext &ctx) {
+      const at::Tensor &input = ctx.tensor(0);
+      int64_t dim = normalizeAxis(axis, input.dim());
+      int64_t total = input.size(dim);
+      Communicator &comm = ctx.communicator();
+      int64_t worldSize = comm.worldSize();
+      std::vector<int64_t> sizes;
+      if (ctx.numOperands() == 2) {
+        // Exchange before validating, so that every rank sees the same
+        // sizes and raises the same error (none raises alone).
+        sizes = comm.allGatherInts({ctx.index(1)});
+      } else {
+        if (total % worldSize != 0)
+          fail("reduce_scatter without 'size' splits axis " +
+                   std::to_string(dim) + " of size " + std::to_string(total) +
+                   " evenly, but it does not "
+                   "divide by " +
+                   std::to_string(worldSize) + " ranks",
+               "Give the op a 'size' operand (the per-rank sizes)");
+        sizes.assign(worldSize, total / worldSize);
+      }
+      int64_t sum = 0;
+      for (int64_t size : sizes) {
+        if (size < 0)
+          fail("reduce_scatter slice sizes " + shapeText(sizes) +
+               " include a negative size");
+        sum += size;
+      }
+      if (sum != total)
+        fail("reduce_scatter slice sizes " + shapeText(sizes) + " add up to " +
+                 std::to_string(sum) + ", not to the size " +
+                 std::to_string(total) + " of axis " + std::to_string(dim),
+             "The slices of all ranks must cover the axis exactly");
+      ctx.setResult(0,
+                    comm.reduceScatter(input.contiguous(), kind, dim, sizes));
+    };
+  }};
 }
 
-KernelRule broadcastRule() {
+KernelBinding broadcastRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
             int64_t root = attrs.integer("root");
             return [root](KernelContext &ctx) {
@@ -423,25 +411,24 @@ KernelRule broadcastRule() {
                                                   static_cast<int>(root)));
             };
           },
-          1, 1, 1, ShapeFlow::Operand0};
+          ShapeFlow::Operand0};
 }
 
-KernelRule ringShiftRule() {
+KernelBinding ringShiftRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
-            int64_t shift = attrs.integer("shift");
-            return [shift](KernelContext &ctx) {
-              ctx.setResult(0, ctx.communicator().ringShift(
-                                   ctx.tensor(0).contiguous(), shift));
-            };
-          },
-          1, 1, 1};
+    int64_t shift = attrs.integer("shift");
+    return [shift](KernelContext &ctx) {
+      ctx.setResult(
+          0, ctx.communicator().ringShift(ctx.tensor(0).contiguous(), shift));
+    };
+  }};
 }
 
 //===----------------------------------------------------------------------===//
 // Compute
 //===----------------------------------------------------------------------===//
 
-KernelRule castRule() {
+KernelBinding castRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
             at::ScalarType type = attrs.resultType();
             return [type](KernelContext &ctx) {
@@ -453,10 +440,10 @@ KernelRule castRule() {
                 ctx.setResult(0, ctx.tensor(0).to(type));
             };
           },
-          1, 1, 1, ShapeFlow::Operand0};
+          ShapeFlow::Operand0};
 }
 
-KernelRule clampRule() {
+KernelBinding clampRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
             std::optional<double> lo = attrs.optionalReal("min");
             std::optional<double> hi = attrs.optionalReal("max");
@@ -472,36 +459,34 @@ KernelRule clampRule() {
               ctx.setResult(0, at::clamp(ctx.tensor(0), min, max));
             };
           },
-          1, 1, 1, ShapeFlow::Operand0};
+          ShapeFlow::Operand0};
 }
 
-KernelRule matmulRule() {
-  return {
-      [](const StepAttrs &attrs) -> Kernel {
-        bool transposeLhs = attrs.flag("transpose_lhs");
-        bool transposeRhs = attrs.flag("transpose_rhs");
-        return [transposeLhs, transposeRhs](KernelContext &ctx) {
-          at::Tensor lhs = ctx.tensor(0);
-          at::Tensor rhs = ctx.tensor(1);
-          if (lhs.dim() != 2 || rhs.dim() != 2)
-            fail("matmul operands must be 2-D, got " + describe(lhs) + " and " +
-                 describe(rhs));
-          // Transposed views: at::mm hands the strides to BLAS.
-          if (transposeLhs)
-            lhs = lhs.t();
-          if (transposeRhs)
-            rhs = rhs.t();
-          if (lhs.size(1) != rhs.size(0))
-            fail("matmul inner dimensions differ: " + shapeText(lhs.sizes()) +
-                     " x " + shapeText(rhs.sizes()) + " (after transposition)",
-                 "Check the shapes of the function's inputs");
-          ctx.setResult(0, at::mm(lhs, rhs));
-        };
-      },
-      2, 2, 1};
+KernelBinding matmulRule() {
+  return {[](const StepAttrs &attrs) -> Kernel {
+    bool transposeLhs = attrs.flag("transpose_lhs");
+    bool transposeRhs = attrs.flag("transpose_rhs");
+    return [transposeLhs, transposeRhs](KernelContext &ctx) {
+      at::Tensor lhs = ctx.tensor(0);
+      at::Tensor rhs = ctx.tensor(1);
+      if (lhs.dim() != 2 || rhs.dim() != 2)
+        fail("matmul operands must be 2-D, got " + describe(lhs) + " and " +
+             describe(rhs));
+      // Transposed views: at::mm hands the strides to BLAS.
+      if (transposeLhs)
+        lhs = lhs.t();
+      if (transposeRhs)
+        rhs = rhs.t();
+      if (lhs.size(1) != rhs.size(0))
+        fail("matmul inner dimensions differ: " + shapeText(lhs.sizes()) +
+                 " x " + shapeText(rhs.sizes()) + " (after transposition)",
+             "Check the shapes of the function's inputs");
+      ctx.setResult(0, at::mm(lhs, rhs));
+    };
+  }};
 }
 
-KernelRule l2NormalizeRule() {
+KernelBinding l2NormalizeRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
             int64_t axis = attrs.integer("axis");
             // torch.nn.functional.normalize's default.
@@ -515,40 +500,39 @@ KernelRule l2NormalizeRule() {
               ctx.setResult(0, input / norm);
             };
           },
-          1, 1, 1, ShapeFlow::Operand0};
+          ShapeFlow::Operand0};
 }
 
-KernelRule reduceRule() {
+KernelBinding reduceRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
-            Reduction kind = parseReduction(attrs.text("kind"));
-            std::vector<int64_t> axes = attrs.integers("axes");
-            return [kind, axes](KernelContext &ctx) {
-              const at::Tensor &input = ctx.tensor(0);
-              std::vector<int64_t> dims;
-              for (int64_t axis : axes)
-                dims.push_back(normalizeAxis(axis, input.dim()));
-              // ATen reads an empty dim list as "all dims"; dloss means none.
-              if (dims.empty()) {
-                ctx.setResult(0, input);
-                return;
-              }
-              switch (kind) {
-              case Reduction::Sum:
-                ctx.setResult(0, at::sum(input, dims));
-                return;
-              case Reduction::Mean:
-                ctx.setResult(0, at::mean(input, dims));
-                return;
-              case Reduction::Max:
-                ctx.setResult(0, at::amax(input, dims));
-                return;
-              case Reduction::Min:
-                ctx.setResult(0, at::amin(input, dims));
-                return;
-              }
-            };
-          },
-          1, 1, 1};
+    Reduction kind = parseReduction(attrs.text("kind"));
+    std::vector<int64_t> axes = attrs.integers("axes");
+    return [kind, axes](KernelContext &ctx) {
+      const at::Tensor &input = ctx.tensor(0);
+      std::vector<int64_t> dims;
+      for (int64_t axis : axes)
+        dims.push_back(normalizeAxis(axis, input.dim()));
+      // ATen reads an empty dim list as "all dims"; dloss means none.
+      if (dims.empty()) {
+        ctx.setResult(0, input);
+        return;
+      }
+      switch (kind) {
+      case Reduction::Sum:
+        ctx.setResult(0, at::sum(input, dims));
+        return;
+      case Reduction::Mean:
+        ctx.setResult(0, at::mean(input, dims));
+        return;
+      case Reduction::Max:
+        ctx.setResult(0, at::amax(input, dims));
+        return;
+      case Reduction::Min:
+        ctx.setResult(0, at::amin(input, dims));
+        return;
+      }
+    };
+  }};
 }
 
 void logsumexpKernel(KernelContext &ctx, int64_t axis) {
@@ -613,60 +597,56 @@ void crossEntropyKernel(KernelContext &ctx, int64_t axis) {
   ctx.setResult(0, at::logsumexp(logits, {axis}, /*keepdim=*/false) - target);
 }
 
-KernelRule arangeRule() {
+KernelBinding arangeRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
-            at::ScalarType type = attrs.resultType();
-            return [type](KernelContext &ctx) {
-              int64_t start = ctx.index(0);
-              int64_t count = ctx.index(1);
-              if (count < 0)
-                fail("arange with a negative count " + std::to_string(count));
-              // Counted in int64 so the length is exact whatever the dtype.
-              at::Tensor values = at::arange(start, start + count,
-                                             at::TensorOptions(at::kLong));
-              ctx.setResult(0, values.to(type));
-            };
-          },
-          2, 2, 1};
+    at::ScalarType type = attrs.resultType();
+    return [type](KernelContext &ctx) {
+      int64_t start = ctx.index(0);
+      int64_t count = ctx.index(1);
+      if (count < 0)
+        fail("arange with a negative count " + std::to_string(count));
+      // Counted in int64 so the length is exact whatever the dtype.
+      at::Tensor values =
+          at::arange(start, start + count, at::TensorOptions(at::kLong));
+      ctx.setResult(0, values.to(type));
+    };
+  }};
 }
 
-KernelRule expandRule() {
+KernelBinding expandRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
-            std::vector<int64_t> axes = attrs.integers("axes");
-            return [axes](KernelContext &ctx) {
-              at::Tensor input = ctx.tensor(0);
-              const at::Tensor &like = ctx.tensor(1);
-              int64_t rank = input.dim() + static_cast<int64_t>(axes.size());
-              if (like.dim() != rank)
-                fail("expand of a " + describe(input) + " along " +
-                     std::to_string(axes.size()) +
-                     " new axes cannot take the "
-                     "shape " +
-                     shapeText(like.sizes()));
-              std::vector<int64_t> dims;
-              for (int64_t axis : axes)
-                dims.push_back(normalizeAxis(axis, rank));
-              std::sort(dims.begin(), dims.end());
-              if (std::adjacent_find(dims.begin(), dims.end()) != dims.end())
-                fail("expand axes " + shapeText(axes) + " repeat an axis",
-                     kPlanBugHint);
-              // Inserting in increasing order puts each at its final place.
-              for (int64_t dim : dims)
-                input = input.unsqueeze(dim);
-              for (int64_t d = 0; d < rank; ++d)
-                if (!std::binary_search(dims.begin(), dims.end(), d) &&
-                    input.size(d) != like.size(d))
-                  fail("expand: input of shape " +
-                           shapeText(ctx.tensor(0).sizes()) +
-                           " does not fit 'like' of shape " +
-                           shapeText(like.sizes()) + " without axes " +
-                           shapeText(axes),
-                       "Check the shapes of the function's inputs");
-              // A stride-0 view: repeating costs no memory.
-              ctx.setResult(0, input.expand(like.sizes()));
-            };
-          },
-          2, 2, 1};
+    std::vector<int64_t> axes = attrs.integers("axes");
+    return [axes](KernelContext &ctx) {
+      at::Tensor input = ctx.tensor(0);
+      const at::Tensor &like = ctx.tensor(1);
+      int64_t rank = input.dim() + static_cast<int64_t>(axes.size());
+      if (like.dim() != rank)
+        fail("expand of a " + describe(input) + " along " +
+             std::to_string(axes.size()) +
+             " new axes cannot take the "
+             "shape " +
+             shapeText(like.sizes()));
+      std::vector<int64_t> dims;
+      for (int64_t axis : axes)
+        dims.push_back(normalizeAxis(axis, rank));
+      std::sort(dims.begin(), dims.end());
+      if (std::adjacent_find(dims.begin(), dims.end()) != dims.end())
+        fail("expand axes " + shapeText(axes) + " repeat an axis",
+             kPlanBugHint);
+      // Inserting in increasing order puts each at its final place.
+      for (int64_t dim : dims)
+        input = input.unsqueeze(dim);
+      for (int64_t d = 0; d < rank; ++d)
+        if (!std::binary_search(dims.begin(), dims.end(), d) &&
+            input.size(d) != like.size(d))
+          fail("expand: input of shape " + shapeText(ctx.tensor(0).sizes()) +
+                   " does not fit 'like' of shape " + shapeText(like.sizes()) +
+                   " without axes " + shapeText(axes),
+               "Check the shapes of the function's inputs");
+      // A stride-0 view: repeating costs no memory.
+      ctx.setResult(0, input.expand(like.sizes()));
+    };
+  }};
 }
 
 void sliceKernel(KernelContext &ctx, int64_t axis) {

@@ -11,48 +11,47 @@ using UnaryFn = at::Tensor (*)(const at::Tensor &);
 using BinaryFn = at::Tensor (*)(const at::Tensor &, const at::Tensor &);
 using IndexFn = int64_t (*)(int64_t, int64_t);
 
-KernelRule unaryRule(UnaryFn fn);
+KernelBinding unaryRule(UnaryFn fn);
 
 /// Element-wise binary ops: equal shapes, or one 0-d operand broadcast to
 /// the other. General broadcasting is refused: it would hide plan bugs.
-KernelRule binaryRule(BinaryFn fn);
+KernelBinding binaryRule(BinaryFn fn);
 
 at::Tensor eqIndicator(const at::Tensor &lhs, const at::Tensor &rhs);
 
-KernelRule clampRule();
+KernelBinding clampRule();
 
-KernelRule castRule();
+KernelBinding castRule();
 
-KernelRule matmulRule();
+KernelBinding matmulRule();
 
-KernelRule l2NormalizeRule();
+KernelBinding l2NormalizeRule();
 
-KernelRule reduceRule();
+KernelBinding reduceRule();
 
 /// A rule with a single `axis` attribute, normalised against operand 0.
-KernelRule axisRule(void (*fn)(KernelContext &, int64_t axis), int operands);
+KernelBinding axisRule(void (*fn)(KernelContext &, int64_t axis));
 
 void logsumexpKernel(KernelContext &ctx, int64_t axis);
 
 void takeAlongKernel(KernelContext &ctx, int64_t axis);
 
-KernelRule withFlow(KernelRule rule, ShapeFlow flow);
+KernelBinding withFlow(KernelBinding rule, ShapeFlow flow);
 
 void putAlongKernel(KernelContext &ctx, int64_t axis);
 
 void crossEntropyKernel(KernelContext &ctx, int64_t axis);
 
-KernelRule arangeRule();
+KernelBinding arangeRule();
 
-KernelRule expandRule();
+KernelBinding expandRule();
 
 void sliceKernel(KernelContext &ctx, int64_t axis);
 
 void padKernel(KernelContext &ctx, int64_t axis);
 
 /// A rule whose kernel needs nothing from the attributes.
-KernelRule plainRule(void (*fn)(KernelContext &), int minOperands,
-                     int maxOperands);
+KernelBinding plainRule(void (*fn)(KernelContext &));
 
 void rankKernel(KernelContext &ctx);
 
@@ -64,19 +63,19 @@ void shardOffsetKernel(KernelContext &ctx, int64_t axis);
 
 void globalSizeKernel(KernelContext &ctx, int64_t axis);
 
-KernelRule allGatherRule();
+KernelBinding allGatherRule();
 
-KernelRule allReduceRule();
+KernelBinding allReduceRule();
 
-KernelRule reduceScatterRule();
+KernelBinding reduceScatterRule();
 
-KernelRule broadcastRule();
+KernelBinding broadcastRule();
 
-KernelRule ringShiftRule();
+KernelBinding ringShiftRule();
 
-KernelRule constantRule();
+KernelBinding constantRule();
 
-KernelRule indexBinaryRule(IndexFn fn);
+KernelBinding indexBinaryRule(IndexFn fn);
 
 int64_t wrapAdd(int64_t a, int64_t b);
 
@@ -86,7 +85,7 @@ int64_t wrapMul(int64_t a, int64_t b);
 
 int64_t divsi(int64_t a, int64_t b);
 
-KernelRule cmpiRule();
+KernelBinding cmpiRule();
 
 void selectKernel(KernelContext &ctx);
 

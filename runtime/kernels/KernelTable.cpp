@@ -1,9 +1,9 @@
 // The kernel table: every op the runtime runs, keyed by MLIR op name, with its
 // operand and result counts; binding a step to its kernel.
 //
-// Operand and result counts are given here, op by op, in buildTable(): the
-// generic rule builders (AtenKernels.h) fix them for the ops they build, the
-// other rules take them as arguments.
+// Every op's operand and result counts are written here, in buildTable(),
+// one {min operands, max operands, results} per op; the rules (AtenKernels.h,
+// fused/FusedKernels.h) only bind kernels to attributes.
 #include "runtime/kernels/KernelTable.h"
 
 #include "runtime/fused/FusedKernels.h"
@@ -24,114 +24,115 @@ using namespace aten;
 
 std::unordered_map<std::string, KernelRule> buildTable() {
   std::unordered_map<std::string, KernelRule> table;
+  // Every op's {min operands, max operands, results}, checked by bindKernel
+  // before its rule runs.
+  auto add = [&table](const char *op, Arity arity, KernelBinding binding) {
+    table.emplace(op, KernelRule{std::move(binding.bind), arity.minOperands,
+                                 arity.maxOperands, arity.numResults,
+                                 binding.shapeFlow});
+  };
   // Element-wise.
-  table.emplace("dloss.add",
-                binaryRule([](const at::Tensor &a, const at::Tensor &b) {
-                  return at::add(a, b);
-                }));
-  table.emplace("dloss.sub",
-                binaryRule([](const at::Tensor &a, const at::Tensor &b) {
-                  return at::sub(a, b);
-                }));
-  table.emplace("dloss.mul",
-                binaryRule([](const at::Tensor &a, const at::Tensor &b) {
-                  return at::mul(a, b);
-                }));
-  table.emplace("dloss.div",
-                binaryRule([](const at::Tensor &a, const at::Tensor &b) {
-                  return at::div(a, b);
-                }));
-  table.emplace("dloss.eq", binaryRule(eqIndicator));
-  table.emplace("dloss.neg",
-                unaryRule([](const at::Tensor &x) { return at::neg(x); }));
-  table.emplace("dloss.exp",
-                unaryRule([](const at::Tensor &x) { return at::exp(x); }));
-  table.emplace("dloss.log",
-                unaryRule([](const at::Tensor &x) { return at::log(x); }));
-  table.emplace("dloss.sqrt",
-                unaryRule([](const at::Tensor &x) { return at::sqrt(x); }));
-  table.emplace("dloss.sin",
-                unaryRule([](const at::Tensor &x) { return at::sin(x); }));
-  table.emplace("dloss.cos",
-                unaryRule([](const at::Tensor &x) { return at::cos(x); }));
-  table.emplace("dloss.acos",
-                unaryRule([](const at::Tensor &x) { return at::acos(x); }));
-  table.emplace("dloss.sigmoid",
-                unaryRule([](const at::Tensor &x) { return at::sigmoid(x); }));
+  add("dloss.add", {2, 2, 1},
+      binaryRule([](const at::Tensor &a, const at::Tensor &b) {
+        return at::add(a, b);
+      }));
+  add("dloss.sub", {2, 2, 1},
+      binaryRule([](const at::Tensor &a, const at::Tensor &b) {
+        return at::sub(a, b);
+      }));
+  add("dloss.mul", {2, 2, 1},
+      binaryRule([](const at::Tensor &a, const at::Tensor &b) {
+        return at::mul(a, b);
+      }));
+  add("dloss.div", {2, 2, 1},
+      binaryRule([](const at::Tensor &a, const at::Tensor &b) {
+        return at::div(a, b);
+      }));
+  add("dloss.eq", {2, 2, 1}, binaryRule(eqIndicator));
+  add("dloss.neg", {1, 1, 1},
+      unaryRule([](const at::Tensor &x) { return at::neg(x); }));
+  add("dloss.exp", {1, 1, 1},
+      unaryRule([](const at::Tensor &x) { return at::exp(x); }));
+  add("dloss.log", {1, 1, 1},
+      unaryRule([](const at::Tensor &x) { return at::log(x); }));
+  add("dloss.sqrt", {1, 1, 1},
+      unaryRule([](const at::Tensor &x) { return at::sqrt(x); }));
+  add("dloss.sin", {1, 1, 1},
+      unaryRule([](const at::Tensor &x) { return at::sin(x); }));
+  add("dloss.cos", {1, 1, 1},
+      unaryRule([](const at::Tensor &x) { return at::cos(x); }));
+  add("dloss.acos", {1, 1, 1},
+      unaryRule([](const at::Tensor &x) { return at::acos(x); }));
+  add("dloss.sigmoid", {1, 1, 1},
+      unaryRule([](const at::Tensor &x) { return at::sigmoid(x); }));
   // ATen's softplus is exact below its threshold (log1p(exp(x))) and returns
   // x above 20, where the difference is < 2.1e-9 absolute. at::logaddexp
   // (1.13) loses exp(x) for x < -17 in fp32, so it is not used.
-  table.emplace("dloss.softplus", unaryRule([](const at::Tensor &x) {
-                  return at::softplus(x, /*beta=*/1, /*threshold=*/20);
-                }));
-  table.emplace("dloss.log_sigmoid", unaryRule([](const at::Tensor &x) {
-                  return at::log_sigmoid(x);
-                }));
-  table.emplace("dloss.zeros_like", unaryRule([](const at::Tensor &x) {
-                  return at::zeros_like(x, at::MemoryFormat::Contiguous);
-                }));
-  table.emplace("dloss.clamp", clampRule());
-  table.emplace("dloss.cast", castRule());
+  add("dloss.softplus", {1, 1, 1}, unaryRule([](const at::Tensor &x) {
+        return at::softplus(x, /*beta=*/1, /*threshold=*/20);
+      }));
+  add("dloss.log_sigmoid", {1, 1, 1},
+      unaryRule([](const at::Tensor &x) { return at::log_sigmoid(x); }));
+  add("dloss.zeros_like", {1, 1, 1}, unaryRule([](const at::Tensor &x) {
+        return at::zeros_like(x, at::MemoryFormat::Contiguous);
+      }));
+  add("dloss.clamp", {1, 1, 1}, clampRule());
+  add("dloss.cast", {1, 1, 1}, castRule());
   // Linear algebra, reductions, indexing.
-  table.emplace("dloss.matmul", matmulRule());
-  table.emplace("dloss.l2_normalize", l2NormalizeRule());
-  table.emplace("dloss.reduce", reduceRule());
-  table.emplace("dloss.logsumexp", axisRule(logsumexpKernel, 1));
-  table.emplace("dloss.take_along", axisRule(takeAlongKernel, 2));
-  table.emplace("dloss.put_along",
-                withFlow(axisRule(putAlongKernel, 3), ShapeFlow::Operand0));
-  table.emplace("dloss.cross_entropy", axisRule(crossEntropyKernel, 2));
-  table.emplace("dloss.arange", arangeRule());
-  table.emplace("dloss.expand", expandRule());
-  table.emplace("dloss.slice", axisRule(sliceKernel, 3));
-  table.emplace("dloss.pad", axisRule(padKernel, 3));
+  add("dloss.matmul", {2, 2, 1}, matmulRule());
+  add("dloss.l2_normalize", {1, 1, 1}, l2NormalizeRule());
+  add("dloss.reduce", {1, 1, 1}, reduceRule());
+  add("dloss.logsumexp", {1, 1, 1}, axisRule(logsumexpKernel));
+  add("dloss.take_along", {2, 2, 1}, axisRule(takeAlongKernel));
+  add("dloss.put_along", {3, 3, 1},
+      withFlow(axisRule(putAlongKernel), ShapeFlow::Operand0));
+  add("dloss.cross_entropy", {2, 2, 1}, axisRule(crossEntropyKernel));
+  add("dloss.arange", {2, 2, 1}, arangeRule());
+  add("dloss.expand", {2, 2, 1}, expandRule());
+  add("dloss.slice", {3, 3, 1}, axisRule(sliceKernel));
+  add("dloss.pad", {3, 3, 1}, axisRule(padKernel));
   // Rank facts.
-  table.emplace("dloss.rank", plainRule(rankKernel, 0, 0));
-  table.emplace("dloss.world_size", plainRule(worldSizeKernel, 0, 0));
-  table.emplace("dloss.dim", axisRule(dimKernel, 1));
-  table.emplace("dloss.shard_offset", axisRule(shardOffsetKernel, 1));
-  table.emplace("dloss.global_size", axisRule(globalSizeKernel, 1));
+  add("dloss.rank", {0, 0, 1}, plainRule(rankKernel));
+  add("dloss.world_size", {0, 0, 1}, plainRule(worldSizeKernel));
+  add("dloss.dim", {1, 1, 1}, axisRule(dimKernel));
+  add("dloss.shard_offset", {1, 1, 1}, axisRule(shardOffsetKernel));
+  add("dloss.global_size", {1, 1, 1}, axisRule(globalSizeKernel));
   // Collectives.
-  table.emplace("dloss.all_gather", allGatherRule());
-  table.emplace("dloss.all_reduce", allReduceRule());
-  table.emplace("dloss.reduce_scatter", reduceScatterRule());
-  table.emplace("dloss.broadcast", broadcastRule());
-  table.emplace("dloss.ring_shift", ringShiftRule());
+  add("dloss.all_gather", {1, 1, 1}, allGatherRule());
+  add("dloss.all_reduce", {1, 1, 1}, allReduceRule());
+  add("dloss.reduce_scatter", {1, 2, 1}, reduceScatterRule());
+  add("dloss.broadcast", {1, 1, 1}, broadcastRule());
+  add("dloss.ring_shift", {1, 1, 1}, ringShiftRule());
   // arith: constants and index arithmetic.
-  table.emplace("arith.constant", constantRule());
-  table.emplace("arith.addi", indexBinaryRule(wrapAdd));
-  table.emplace("arith.subi", indexBinaryRule(wrapSub));
-  table.emplace("arith.muli", indexBinaryRule(wrapMul));
-  table.emplace("arith.divsi", indexBinaryRule(divsi));
-  table.emplace("arith.maxsi", indexBinaryRule([](int64_t a, int64_t b) {
-                  return std::max(a, b);
-                }));
-  table.emplace("arith.minsi", indexBinaryRule([](int64_t a, int64_t b) {
-                  return std::min(a, b);
-                }));
-  table.emplace("arith.cmpi", cmpiRule());
-  table.emplace("arith.select", plainRule(selectKernel, 3, 3));
-  table.emplace("arith.index_cast", plainRule(indexCastKernel, 1, 1));
+  add("arith.constant", {0, 0, 1}, constantRule());
+  add("arith.addi", {2, 2, 1}, indexBinaryRule(wrapAdd));
+  add("arith.subi", {2, 2, 1}, indexBinaryRule(wrapSub));
+  add("arith.muli", {2, 2, 1}, indexBinaryRule(wrapMul));
+  add("arith.divsi", {2, 2, 1}, indexBinaryRule(divsi));
+  add("arith.maxsi", {2, 2, 1},
+      indexBinaryRule([](int64_t a, int64_t b) { return std::max(a, b); }));
+  add("arith.minsi", {2, 2, 1},
+      indexBinaryRule([](int64_t a, int64_t b) { return std::min(a, b); }));
+  add("arith.cmpi", {2, 2, 1}, cmpiRule());
+  add("arith.select", {3, 3, 1}, plainRule(selectKernel));
+  add("arith.index_cast", {1, 1, 1}, plainRule(indexCastKernel));
   // Fused similarity ops (ring-tiled; runtime/fused/). The backward ops'
   // result 0 (d rows) has the shape of operand 0 (rows).
-  auto fusedRule = [](void (*fn)(KernelContext &), int operands, int results,
-                      ShapeFlow flow = ShapeFlow::None) {
-    return KernelRule{[fn](const StepAttrs &) -> Kernel { return fn; },
-                      operands, operands, results, flow};
+  auto fusedBinding = [](void (*fn)(KernelContext &),
+                         ShapeFlow flow = ShapeFlow::None) {
+    return KernelBinding{[fn](const StepAttrs &) -> Kernel { return fn; },
+                         flow};
   };
-  table.emplace("dloss.ring_softmax_ce", fusedRule(fused::ringSoftmaxCE, 5, 4));
-  table.emplace("dloss.ring_softmax_ce_grad",
-                fusedRule(fused::ringSoftmaxCEGrad, 9, 3, ShapeFlow::Operand0));
-  table.emplace("dloss.ring_sigmoid_pairs",
-                fusedRule(fused::ringSigmoidPairs, 5, 2));
-  table.emplace(
-      "dloss.ring_sigmoid_pairs_grad",
-      fusedRule(fused::ringSigmoidPairsGrad, 7, 4, ShapeFlow::Operand0));
-  table.emplace("dloss.sharded_softmax",
-                fusedRule(fused::shardedSoftmax, 4, 2));
-  table.emplace(
-      "dloss.sharded_softmax_grad",
-      fusedRule(fused::shardedSoftmaxGrad, 7, 3, ShapeFlow::Operand0));
+  add("dloss.ring_softmax_ce", {5, 5, 4}, fusedBinding(fused::ringSoftmaxCE));
+  add("dloss.ring_softmax_ce_grad", {9, 9, 3},
+      fusedBinding(fused::ringSoftmaxCEGrad, ShapeFlow::Operand0));
+  add("dloss.ring_sigmoid_pairs", {5, 5, 2},
+      fusedBinding(fused::ringSigmoidPairs));
+  add("dloss.ring_sigmoid_pairs_grad", {7, 7, 4},
+      fusedBinding(fused::ringSigmoidPairsGrad, ShapeFlow::Operand0));
+  add("dloss.sharded_softmax", {4, 4, 2}, fusedBinding(fused::shardedSoftmax));
+  add("dloss.sharded_softmax_grad", {7, 7, 3},
+      fusedBinding(fused::shardedSoftmaxGrad, ShapeFlow::Operand0));
   return table;
 }
 

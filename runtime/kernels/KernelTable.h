@@ -28,7 +28,23 @@ enum class ShapeFlow : uint8_t {
   Elementwise,
 };
 
-/// The lowering rule of one op.
+/// How many operands and results a step of an op has.
+struct Arity {
+  int minOperands;
+  int maxOperands;
+  int numResults;
+};
+
+/// How a rule binds a step: the kernel from its attributes, and how the
+/// result's sizes follow from the operands'.
+struct KernelBinding {
+  /// Parses the step's attributes (raising dloss::Error when they are
+  /// missing or malformed) and returns the kernel.
+  std::function<Kernel(const StepAttrs &)> bind;
+  ShapeFlow shapeFlow = ShapeFlow::None;
+};
+
+/// The lowering rule of one op: its binding and its arity.
 struct KernelRule {
   /// Parses the step's attributes (raising dloss::Error when they are
   /// missing or malformed) and returns the kernel.
