@@ -1,4 +1,5 @@
-// The flight recorder and the thread's current call site (no c10d here).
+// The flight recorder: a rank's last collectives, written as JSON when one
+// fails (no c10d here).
 #include "runtime/comm/FlightRecorder.h"
 
 #include "runtime/comm/Communicator.h"
@@ -13,22 +14,6 @@
 #include <unistd.h>
 
 namespace dloss {
-
-//===----------------------------------------------------------------------===//
-// CallSite
-//===----------------------------------------------------------------------===//
-
-namespace {
-thread_local const CallSite *currentSite = nullptr;
-} // namespace
-
-const CallSite *currentCallSite() { return currentSite; }
-
-CallSiteScope::CallSiteScope(const CallSite &site) : previous(currentSite) {
-  currentSite = &site;
-}
-
-CallSiteScope::~CallSiteScope() { currentSite = previous; }
 
 //===----------------------------------------------------------------------===//
 // FlightRecorder

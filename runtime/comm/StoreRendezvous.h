@@ -1,5 +1,5 @@
-// Connecting ranks through the rendezvous store: opening the c10d TCPStore
-// (rank 0 hosts it) and the arrival protocol.
+// Connecting ranks through the rendezvous store: the c10d TCPStore (rank 0
+// hosts it), the arrival protocol, connection marks.
 //
 // Internal to the runtime's engines (Gloo, NCCL): the store is where the
 // ranks meet, where an engine's own bootstrap data travels (the NCCL unique

@@ -1,5 +1,5 @@
-// Check mode (DLOSS_CHECK): its switch, and the bit-for-bit comparison of
-// replicated gradients across ranks after a global-mode call.
+// Check mode (DLOSS_CHECK): after a global-mode call, replicated gradients
+// must agree bit for bit on every rank.
 #include "runtime/exec/Executor.h"
 
 #include "runtime/exec/RankGroups.h"

@@ -1,5 +1,5 @@
-// The plan interpreter: binds a plan's steps to kernels and runs one function
-// on this rank's tensors.
+// The plan interpreter: runs one function of a plan, step by step, on this
+// rank's tensors.
 #include "runtime/exec/Executor.h"
 
 #include "runtime/exec/RankGroups.h"

@@ -1,5 +1,5 @@
-// What a kernel sees of the interpreter: the registers of one step (Value) and
-// its operands, results and communicator.
+// What a kernel sees of the interpreter: a step's registers (Value), operands,
+// results, communicator.
 #ifndef DLOSS_RUNTIME_EXEC_KERNELCONTEXT_H
 #define DLOSS_RUNTIME_EXEC_KERNELCONTEXT_H
 

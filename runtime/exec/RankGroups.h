@@ -1,5 +1,5 @@
-// How the interpreter, the preflight and check mode group the ranks that agree
-// and name a plan argument.
+// Message helpers of the interpreter, the preflight and check mode: groups of
+// ranks that agree, the name of a plan argument.
 #ifndef DLOSS_RUNTIME_EXEC_RANKGROUPS_H
 #define DLOSS_RUNTIME_EXEC_RANKGROUPS_H
 

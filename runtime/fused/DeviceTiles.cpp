@@ -1,5 +1,5 @@
-// The fused ops' GPU tile launches: workspace, stream and element type of one
-// call, and its error translation.
+// The fused ops' GPU tile launches: one call's workspace, stream, element type,
+// error translation.
 #include "runtime/fused/DeviceTiles.h"
 
 #include "runtime/support/CudaStream.h"

@@ -1,5 +1,5 @@
 // The kernel table: every op the runtime runs, keyed by MLIR op name, with its
-// operand and result counts; binding a step to its kernel.
+// arity; bindKernel looks a step up in it.
 //
 // Every op's operand and result counts are written here, in buildTable(),
 // one {min operands, max operands, results} per op; the rules (AtenKernels.h,
