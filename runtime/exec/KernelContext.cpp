@@ -6,12 +6,6 @@
 
 namespace dloss {
 
-namespace {
-[[noreturn]] void fail(std::string problem, std::string hint = {}) {
-  throw Error(std::move(problem), std::move(hint));
-}
-} // namespace
-
 const at::Tensor &KernelContext::tensor(size_t i) const {
   const Value &value = operand(i);
   if (!value.isTensor())

@@ -20,10 +20,6 @@ namespace dloss::aten {
 
 namespace {
 
-[[noreturn]] void fail(std::string problem, std::string hint = {}) {
-  throw Error(std::move(problem), std::move(hint));
-}
-
 std::string describe(const at::Tensor &tensor) {
   std::string dtype = c10::toString(tensor.scalar_type());
   if (auto planType = toPlanDType(tensor.scalar_type()))

@@ -18,10 +18,6 @@ namespace {
 
 using namespace aten;
 
-[[noreturn]] void fail(std::string problem, std::string hint = {}) {
-  throw Error(std::move(problem), std::move(hint));
-}
-
 std::unordered_map<std::string, KernelRule> buildTable() {
   std::unordered_map<std::string, KernelRule> table;
   // Every op's {min operands, max operands, results}, checked by bindKernel

@@ -7,12 +7,6 @@
 
 namespace dloss {
 
-namespace {
-[[noreturn]] void fail(std::string problem, std::string hint = {}) {
-  throw Error(std::move(problem), std::move(hint));
-}
-} // namespace
-
 const plan::Attr *StepAttrs::find(const char *name) const {
   if (!step.attrs())
     return nullptr;

@@ -5,6 +5,10 @@
 
 namespace dloss {
 
+void fail(std::string problem, std::string hint) {
+  throw Error(std::move(problem), std::move(hint));
+}
+
 const char *const kPlanBugHint =
     "The plan does not match this runtime; recompile it with dlossc, and "
     "report a bug if that does not help";

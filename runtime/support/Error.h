@@ -69,6 +69,10 @@ private:
   ErrorInfo info;
 };
 
+/// Throws Error(problem, hint): the runtime's kernels and plan readers fail
+/// through it.
+[[noreturn]] void fail(std::string problem, std::string hint = {});
+
 /// The hint of an error that only a malformed plan, or one this runtime
 /// reads differently from the compiler that wrote it, can cause.
 extern const char *const kPlanBugHint;
