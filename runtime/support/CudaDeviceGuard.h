@@ -17,12 +17,14 @@ class CudaDeviceGuard {
 public:
   explicit CudaDeviceGuard(int device) {
     result = cudaGetDevice(&previous);
-    if (result != cudaSuccess) {
+    // Unknown previous device: still switch (nothing to restore later).
+    if (result != cudaSuccess)
       previous = -1;
-      return;
+    if (previous != device) {
+      cudaError_t set = cudaSetDevice(device);
+      if (result == cudaSuccess)
+        result = set;
     }
-    if (previous != device)
-      result = cudaSetDevice(device);
   }
   ~CudaDeviceGuard() {
     int current = previous;
@@ -33,7 +35,7 @@ public:
   CudaDeviceGuard(const CudaDeviceGuard &) = delete;
   CudaDeviceGuard &operator=(const CudaDeviceGuard &) = delete;
 
-  /// cudaSuccess, or the error of reading or setting the device.
+  /// cudaSuccess, or the first error of reading or setting the device.
   cudaError_t status() const { return result; }
 
 private:
