@@ -1,4 +1,5 @@
-// The thread's current call site: what the executor is running while it calls a collective.
+// The thread's current call site: what the executor is running while it
+// calls a collective.
 #include "runtime/comm/Communicator.h"
 
 namespace dloss {

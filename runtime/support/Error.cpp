@@ -1,4 +1,4 @@
-// Rendering of dloss::Error messages.
+// dloss::Error: rendering its message, the one way the runtime raises it.
 #include "runtime/support/Error.h"
 
 #include <utility>

@@ -1,6 +1,7 @@
-// The CUDA tiles of the fused ops (runtime/cuda/FusedTiles.h) against plain
-// float64 loops at world size 1, on raw device memory (no ATen CUDA); with a
-// CUDA LibTorch, also the executor's CUDA dispatch against its CPU kernels.
+// The CUDA tiles of the fused ops (runtime/fused/cuda/FusedTiles.h) against
+// plain float64 loops at world size 1, on raw device memory (no ATen CUDA);
+// with a CUDA LibTorch, also the executor's CUDA dispatch against its CPU
+// kernels.
 // Every test skips where no GPU is visible (ctest label gpu).
 #include "runtime/fused/cuda/FusedTiles.h"
 
@@ -589,8 +590,10 @@ void expectDeviceMatchesCpu(const std::string &op,
   std::vector<at::Tensor> onDevice;
   for (const at::Tensor &operand : operands)
     onDevice.push_back(operand.to(at::kCUDA));
-  std::vector<at::Tensor> want = runFused(*dloss::makeSingleProcessCommunicator(), op, operands, numResults);
-  std::vector<at::Tensor> got = runFused(*dloss::makeSingleProcessCommunicator(), op, onDevice, numResults);
+  std::vector<at::Tensor> want = runFused(
+      *dloss::makeSingleProcessCommunicator(), op, operands, numResults);
+  std::vector<at::Tensor> got = runFused(
+      *dloss::makeSingleProcessCommunicator(), op, onDevice, numResults);
   ASSERT_EQ(got.size(), want.size());
   for (size_t k = 0; k < got.size(); ++k) {
     EXPECT_TRUE(got[k].is_cuda()) << op << " result " << k;

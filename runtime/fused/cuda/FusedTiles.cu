@@ -1,5 +1,5 @@
 // CUDA tiles of the fused similarity ops: cuBLAS GEMMs (fp32 accumulation)
-// plus epilogue kernels that reproduce runtime/FusedKernels.cpp's tile math.
+// plus epilogue kernels that reproduce runtime/fused/TileMath.h's tile math.
 //
 // A tile S = rows cols^T (fp32, row-major, leading dimension ld = colCount
 // rounded up to 8) is written by one cublasGemmEx into the workspace; the

@@ -1,13 +1,13 @@
 // CUDA tile launchers of the fused similarity ops, over raw device pointers:
 // no CUDA, cuBLAS or ATen type crosses this header, so plain C++ (the
-// runtime's FusedKernels.cpp, tests, benches) can include it.
+// runtime's fused/DeviceTiles.cpp, tests, benches) can include it.
 //
 // One tile is a block of `rowCount` rows x `colCount` columns of the
 // similarity S = rows cols^T. Each launcher runs the tile's GEMM(s) with
 // cuBLAS (bf16/fp16/fp32 inputs, fp32 accumulation and output) and the op's
 // epilogue kernels, enqueued on `TileLaunch::stream`; nothing synchronises
 // the host. The statistics they update are the ones the CPU kernels of
-// runtime/FusedKernels.cpp keep, with the same meaning, so the same ring
+// runtime/fused/TileMath.h keep, with the same meaning, so the same ring
 // driver merges and forwards them.
 #ifndef DLOSS_RUNTIME_CUDA_FUSEDTILES_H
 #define DLOSS_RUNTIME_CUDA_FUSEDTILES_H
