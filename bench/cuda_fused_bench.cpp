@@ -9,7 +9,7 @@
 // shapes, the plain cublasGemmEx calls alone (1 forward, 3 backward). The
 // ratio GEMM time / fused time is the share of tensor-core throughput the
 // fused kernels keep (target >= 0.70).
-#include "runtime/cuda/FusedTiles.h"
+#include "runtime/fused/cuda/FusedTiles.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>

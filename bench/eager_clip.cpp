@@ -24,7 +24,7 @@
 // /proc/self/clear_refs first where the kernel allows it; "hwm_reset" says
 // whether it did), plus peak_rss_mb, the rank's total peak RSS. All three are
 // measured as dloss-run measures them (CallTiming.h, LossMemory.h).
-#include "runtime/Communicator.h"
+#include "runtime/comm/Communicator.h"
 #include "tools/dloss-run/CallTiming.h"
 #include "tools/dloss-run/LossMemory.h"
 

@@ -4,7 +4,7 @@
 Input: `llvm-tblgen --dump-json` of dialect/DlossOps.td and of MLIR's
 ArithOps.td. Output: one C++ initializer per op (name, operand and result
 counts, each attribute's plan kind, whether it may be absent, an enum's
-cases), included by the runtime's op table (runtime/OpTable.cpp). The
+cases), included by the runtime's op table (runtime/kernels/OpTable.cpp). The
 runtime builds where no LLVM is installed, so the table is committed; the
 build regenerates it and a test fails when the two differ (as for
 docs/DlossDialect.md).

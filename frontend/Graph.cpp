@@ -3,7 +3,7 @@
 
 #include "dialect/DlossOps.h"
 #include "driver/Compile.h"
-#include "runtime/Error.h"
+#include "runtime/support/Error.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"

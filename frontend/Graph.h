@@ -2,7 +2,7 @@
 #ifndef DLOSS_FRONTEND_GRAPH_H
 #define DLOSS_FRONTEND_GRAPH_H
 
-#include "runtime/Reduction.h"
+#include "runtime/comm/Reduction.h"
 
 #include <cstdint>
 #include <memory>

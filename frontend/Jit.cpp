@@ -2,7 +2,7 @@
 #include "frontend/Jit.h"
 
 #include "driver/Compile.h"
-#include "runtime/Error.h"
+#include "runtime/support/Error.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/Diagnostics.h"

@@ -3,7 +3,7 @@
 #define DLOSS_FRONTEND_JIT_H
 
 #include "frontend/Graph.h"
-#include "runtime/CompiledLoss.h"
+#include "runtime/autograd/CompiledLoss.h"
 
 #include <memory>
 #include <string>

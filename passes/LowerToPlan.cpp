@@ -4,9 +4,9 @@
 #include "passes/StraightLineLiveness.h"
 #include "passes/Passes.h"
 
-#include "runtime/PlanText.h"
-#include "runtime/PlanVersion.h"
-#include "runtime/Plan_generated.h"
+#include "runtime/plan/PlanText.h"
+#include "runtime/plan/PlanVersion.h"
+#include "runtime/plan/Plan_generated.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"

@@ -2,8 +2,8 @@
 #include "frontend/Graph.h"
 #include "frontend/Jit.h"
 #include "frontend/Losses.h"
-#include "runtime/Error.h"
-#include "runtime/PlanText.h"
+#include "runtime/support/Error.h"
+#include "runtime/plan/PlanText.h"
 #include "test/runtime/MultiProcess.h"
 
 #include <torch/torch.h>

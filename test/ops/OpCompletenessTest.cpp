@@ -5,8 +5,8 @@
 // test names each op and what it lacks.
 #include "dialect/DlossOps.h"
 #include "driver/Compile.h"
-#include "runtime/Kernels.h"
-#include "runtime/OpTable.h"
+#include "runtime/kernels/KernelTable.h"
+#include "runtime/kernels/OpTable.h"
 
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/IR/MLIRContext.h"

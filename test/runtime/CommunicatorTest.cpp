@@ -1,8 +1,8 @@
 // Tests of the communicators: the Gloo engine across real processes on
 // loopback (world sizes 1-4, uneven sizes, failures), the single-process
 // communicator, and RendezvousOptions::fromEnvironment.
-#include "runtime/Communicator.h"
-#include "runtime/Error.h"
+#include "runtime/comm/Communicator.h"
+#include "runtime/support/Error.h"
 #include "test/runtime/MultiProcess.h"
 
 #include <gtest/gtest.h>

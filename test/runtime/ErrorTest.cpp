@@ -1,6 +1,6 @@
 // Tests for dloss::Error: message rendering, field accessors and amended
 // copies.
-#include "runtime/Error.h"
+#include "runtime/support/Error.h"
 
 #include <gtest/gtest.h>
 

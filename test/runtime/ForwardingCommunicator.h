@@ -2,7 +2,7 @@
 #ifndef DLOSS_TEST_RUNTIME_FORWARDINGCOMMUNICATOR_H
 #define DLOSS_TEST_RUNTIME_FORWARDINGCOMMUNICATOR_H
 
-#include "runtime/Communicator.h"
+#include "runtime/comm/Communicator.h"
 
 #include <memory>
 #include <string>

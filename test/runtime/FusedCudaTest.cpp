@@ -1,8 +1,9 @@
-// The CUDA tiles of the fused ops (runtime/cuda/FusedTiles.h) against plain
-// float64 loops at world size 1, on raw device memory (no ATen CUDA); with a
-// CUDA LibTorch, also the executor's CUDA dispatch against its CPU kernels.
+// The CUDA tiles of the fused ops (runtime/fused/cuda/FusedTiles.h) against
+// plain float64 loops at world size 1, on raw device memory (no ATen CUDA);
+// with a CUDA LibTorch, also the executor's CUDA dispatch against its CPU
+// kernels.
 // Every test skips where no GPU is visible (ctest label gpu).
-#include "runtime/cuda/FusedTiles.h"
+#include "runtime/fused/cuda/FusedTiles.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -23,8 +24,8 @@
 
 #ifdef DLOSS_TORCH_HAS_CUDA
 #include "PlanTestUtil.h"
-#include "runtime/Communicator.h"
-#include "runtime/Executor.h"
+#include "runtime/comm/Communicator.h"
+#include "runtime/exec/Executor.h"
 #endif
 
 namespace {
@@ -581,31 +582,6 @@ TEST(FusedCudaLaunchTest, OversizedTileRaises) {
 
 using namespace dloss::test;
 
-/// Runs one fused step through a plan and an executor at world size 1.
-std::vector<at::Tensor> runFused(const std::string &op,
-                                 const std::vector<at::Tensor> &operands,
-                                 int numResults) {
-  FunctionSpec function;
-  StepSpec step;
-  step.op = op;
-  for (size_t i = 0; i < operands.size(); ++i) {
-    std::vector<int64_t> dynamic;
-    if (operands[i].dim() > 0)
-      dynamic.push_back(0);
-    function.args.push_back(
-        tensorArg("arg" + std::to_string(i), operands[i], dynamic));
-    step.operands.push_back(static_cast<int32_t>(i));
-  }
-  for (int j = 0; j < numResults; ++j)
-    step.results.push_back(static_cast<int32_t>(operands.size()) + j);
-  function.results = step.results;
-  function.numRegisters = static_cast<int32_t>(operands.size()) + numResults;
-  function.steps = {step};
-  auto comm = dloss::makeSingleProcessCommunicator();
-  dloss::Executor executor(buildPlan({function}), *comm);
-  return executor.run("f", operands);
-}
-
 /// `op` on CUDA copies of `operands` against the CPU kernel, result by
 /// result (the CPU computes bf16 inputs in f32 too).
 void expectDeviceMatchesCpu(const std::string &op,
@@ -614,8 +590,10 @@ void expectDeviceMatchesCpu(const std::string &op,
   std::vector<at::Tensor> onDevice;
   for (const at::Tensor &operand : operands)
     onDevice.push_back(operand.to(at::kCUDA));
-  std::vector<at::Tensor> want = runFused(op, operands, numResults);
-  std::vector<at::Tensor> got = runFused(op, onDevice, numResults);
+  std::vector<at::Tensor> want = runFused(
+      *dloss::makeSingleProcessCommunicator(), op, operands, numResults);
+  std::vector<at::Tensor> got = runFused(
+      *dloss::makeSingleProcessCommunicator(), op, onDevice, numResults);
   ASSERT_EQ(got.size(), want.size());
   for (size_t k = 0; k < got.size(); ++k) {
     EXPECT_TRUE(got[k].is_cuda()) << op << " result " << k;
@@ -647,8 +625,9 @@ TEST_P(FusedCudaDispatchTest, EveryOpMatchesTheCpuKernel) {
   at::Tensor colTargets = at::randint(n, {m}, at::kLong);
   at::Tensor ctRow = at::rand({n}), ctCol = at::rand({m});
 
-  std::vector<at::Tensor> clip = runFused(
-      "dloss.ring_softmax_ce", {rows, cols, scale, rowTargets, colTargets}, 4);
+  std::vector<at::Tensor> clip =
+      runFused(*dloss::makeSingleProcessCommunicator(), "dloss.ring_softmax_ce",
+               {rows, cols, scale, rowTargets, colTargets}, 4);
   expectDeviceMatchesCpu("dloss.ring_softmax_ce",
                          {rows, cols, scale, rowTargets, colTargets}, 4, tol);
   expectDeviceMatchesCpu("dloss.ring_softmax_ce_grad",
@@ -663,7 +642,8 @@ TEST_P(FusedCudaDispatchTest, EveryOpMatchesTheCpuKernel) {
       {rows, cols, scale, bias, rowTargets, ctRow, at::rand({n})}, 4, tol);
   at::Tensor classTargets = at::randint(m, {n}, at::kLong);
   std::vector<at::Tensor> sharded =
-      runFused("dloss.sharded_softmax", {rows, cols, scale, classTargets}, 2);
+      runFused(*dloss::makeSingleProcessCommunicator(), "dloss.sharded_softmax",
+               {rows, cols, scale, classTargets}, 2);
   expectDeviceMatchesCpu("dloss.sharded_softmax",
                          {rows, cols, scale, classTargets}, 2, tol);
   expectDeviceMatchesCpu("dloss.sharded_softmax_grad",

@@ -2,8 +2,8 @@
 // autograd) on the global matrices.
 #include "PlanTestUtil.h"
 
-#include "runtime/Error.h"
-#include "runtime/FusedKernels.h"
+#include "runtime/support/Error.h"
+#include "runtime/fused/FusedKernels.h"
 #include "test/runtime/MultiProcess.h"
 
 #include <torch/csrc/autograd/autograd.h>
@@ -105,36 +105,6 @@ at::Tensor randn(std::vector<int64_t> shape, const Precision &precision) {
 
 at::Tensor leaf(const at::Tensor &value) {
   return value.clone().requires_grad_(true);
-}
-
-/// Runs one fused step through a plan and an executor. Operands listed in
-/// `replicated` are the same on every rank; the others may differ along
-/// axis 0.
-std::vector<at::Tensor> runFused(Communicator &comm, const std::string &op,
-                                 const std::vector<at::Tensor> &operands,
-                                 int numResults,
-                                 const std::vector<size_t> &replicated = {}) {
-  FunctionSpec function;
-  StepSpec step;
-  step.op = op;
-  for (size_t i = 0; i < operands.size(); ++i) {
-    bool same =
-        std::find(replicated.begin(), replicated.end(), i) != replicated.end();
-    std::vector<int64_t> dynamic;
-    if (operands[i].dim() > 0 && !same)
-      dynamic.push_back(0);
-    ArgSpec arg = tensorArg("arg" + std::to_string(i), operands[i], dynamic);
-    arg.replicated = same;
-    function.args.push_back(arg);
-    step.operands.push_back(static_cast<int32_t>(i));
-  }
-  for (int j = 0; j < numResults; ++j)
-    step.results.push_back(static_cast<int32_t>(operands.size()) + j);
-  function.results = step.results;
-  function.numRegisters = static_cast<int32_t>(operands.size()) + numResults;
-  function.steps = {step};
-  dloss::Executor executor(buildPlan({function}), comm);
-  return executor.run("f", operands);
 }
 
 /// `got` (in the tested type) against the f64 reference `want`.

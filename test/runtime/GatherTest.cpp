@@ -1,6 +1,6 @@
 // gatherUneven on real Gloo processes: uneven (and empty) shards, and the shared error on a mismatch.
-#include "runtime/Error.h"
-#include "runtime/Gather.h"
+#include "runtime/support/Error.h"
+#include "runtime/comm/Gather.h"
 #include "test/runtime/MultiProcess.h"
 
 #include <gtest/gtest.h>

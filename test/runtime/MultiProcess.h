@@ -2,7 +2,7 @@
 #ifndef DLOSS_TEST_RUNTIME_MULTIPROCESS_H
 #define DLOSS_TEST_RUNTIME_MULTIPROCESS_H
 
-#include "runtime/Communicator.h"
+#include "runtime/comm/Communicator.h"
 
 #include <gtest/gtest.h>
 

@@ -8,8 +8,8 @@
 // The test process itself never touches CUDA: ranks are forked children
 // (MultiProcess.h), and CUDA cannot be used in a child forked after its
 // parent initialised it. Even the device count is probed in a child.
-#include "runtime/Communicator.h"
-#include "runtime/Error.h"
+#include "runtime/comm/Communicator.h"
+#include "runtime/support/Error.h"
 
 #include "test/runtime/MultiProcess.h"
 

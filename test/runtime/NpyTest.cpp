@@ -1,7 +1,7 @@
 // Tests for dloss::npy: round trips, the exact bytes written, hand-made files
 // and every malformed-file error.
-#include "runtime/Npy.h"
-#include "runtime/Error.h"
+#include "runtime/io/Npy.h"
+#include "runtime/support/Error.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -2,10 +2,12 @@
 // MLIR.
 #include "PlanTestUtil.h"
 
-#include "runtime/Kernels.h"
+#include "runtime/kernels/DTypes.h"
+#include "runtime/kernels/KernelTable.h"
 
 #include <flatbuffers/flatbuffers.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace dloss::test {
@@ -206,6 +208,33 @@ int64_t runIndexOp(const std::string &op, const std::vector<Operand> &operands,
   if (result.scalar_type() != at::kLong || result.dim() != 0)
     throw std::runtime_error("expected an index result");
   return result.item<int64_t>();
+}
+
+std::vector<at::Tensor> runFused(Communicator &comm, const std::string &op,
+                                 const std::vector<at::Tensor> &operands,
+                                 int numResults,
+                                 const std::vector<size_t> &replicated) {
+  FunctionSpec function;
+  StepSpec step;
+  step.op = op;
+  for (size_t i = 0; i < operands.size(); ++i) {
+    bool same =
+        std::find(replicated.begin(), replicated.end(), i) != replicated.end();
+    std::vector<int64_t> dynamic;
+    if (operands[i].dim() > 0 && !same)
+      dynamic.push_back(0);
+    ArgSpec arg = tensorArg("arg" + std::to_string(i), operands[i], dynamic);
+    arg.replicated = same;
+    function.args.push_back(arg);
+    step.operands.push_back(static_cast<int32_t>(i));
+  }
+  for (int j = 0; j < numResults; ++j)
+    step.results.push_back(static_cast<int32_t>(operands.size()) + j);
+  function.results = step.results;
+  function.numRegisters = static_cast<int32_t>(operands.size()) + numResults;
+  function.steps = {step};
+  dloss::Executor executor(buildPlan({function}), comm);
+  return executor.run("f", operands);
 }
 
 } // namespace dloss::test

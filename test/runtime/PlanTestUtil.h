@@ -3,8 +3,8 @@
 #ifndef DLOSS_TEST_RUNTIME_PLANTESTUTIL_H
 #define DLOSS_TEST_RUNTIME_PLANTESTUTIL_H
 
-#include "runtime/Executor.h"
-#include "runtime/PlanFile.h"
+#include "runtime/exec/Executor.h"
+#include "runtime/plan/PlanFile.h"
 
 #include <ATen/ATen.h>
 
@@ -112,6 +112,14 @@ at::Tensor runOp(const std::string &op, const std::vector<Operand> &operands,
                  const std::vector<AttrSpec> &attrs = {},
                  Communicator *comm = nullptr);
 
+/// Runs one fused step `op` with `numResults` results through a plan and an
+/// Executor over `comm`. Operands listed in `replicated` are the same on
+/// every rank; the others may differ along axis 0.
+std::vector<at::Tensor> runFused(Communicator &comm, const std::string &op,
+                                 const std::vector<at::Tensor> &operands,
+                                 int numResults,
+                                 const std::vector<size_t> &replicated = {});
+
 /// The index result of `op` as an integer.
 int64_t runIndexOp(const std::string &op, const std::vector<Operand> &operands,
                    const std::vector<AttrSpec> &attrs = {},
@@ -123,7 +131,7 @@ template <typename Fn> std::string errorOf(Fn &&fn);
 
 } // namespace dloss::test
 
-#include "runtime/Error.h"
+#include "runtime/support/Error.h"
 #include <gtest/gtest.h>
 
 template <typename Fn> std::string dloss::test::errorOf(Fn &&fn) {

@@ -5,10 +5,10 @@
 // surviving rank and the time to error printed ("time-to-error" lines).
 #include "PlanTestUtil.h"
 
-#include "runtime/Communicator.h"
-#include "runtime/Error.h"
-#include "runtime/Executor.h"
-#include "runtime/FlightRecorder.h"
+#include "runtime/comm/Communicator.h"
+#include "runtime/support/Error.h"
+#include "runtime/exec/Executor.h"
+#include "runtime/comm/FlightRecorder.h"
 #include "test/runtime/ForwardingCommunicator.h"
 #include "test/runtime/MultiProcess.h"
 

@@ -14,8 +14,8 @@
 #include "driver/Compile.h"
 #include "passes/LowerToPlan.h"
 #include "passes/Passes.h"
-#include "runtime/PlanText.h"
-#include "runtime/Plan_generated.h"
+#include "runtime/plan/PlanText.h"
+#include "runtime/plan/Plan_generated.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/Diagnostics.h"

@@ -1,7 +1,7 @@
 // Compiles a .mlir loss by exec'ing dlossc, so that dloss-run stays MLIR-free.
 #include "tools/dloss-run/DlossRun.h"
 
-#include "runtime/Error.h"
+#include "runtime/support/Error.h"
 
 #include <cstdio>
 

@@ -2,8 +2,8 @@
 #ifndef DLOSS_TOOLS_DLOSS_RUN_DLOSSRUN_H
 #define DLOSS_TOOLS_DLOSS_RUN_DLOSSRUN_H
 
-#include "runtime/Communicator.h"
-#include "runtime/PlanFile.h"
+#include "runtime/comm/Communicator.h"
+#include "runtime/plan/PlanFile.h"
 
 #include <ATen/ATen.h>
 

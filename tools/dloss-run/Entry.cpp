@@ -1,7 +1,7 @@
 // Reading the loss to run from a plan: --entry, its gradient, argument names.
 #include "tools/dloss-run/DlossRun.h"
 
-#include "runtime/Error.h"
+#include "runtime/support/Error.h"
 
 namespace dloss {
 namespace tools {

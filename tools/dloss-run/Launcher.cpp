@@ -7,7 +7,7 @@
 // outright. It signals only processes it started.
 #include "tools/dloss-run/DlossRun.h"
 
-#include "runtime/Error.h"
+#include "runtime/support/Error.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -1,7 +1,7 @@
 // Where dloss-run finds itself and writes its results.
 #include "tools/dloss-run/DlossRun.h"
 
-#include "runtime/Error.h"
+#include "runtime/support/Error.h"
 
 #include <cerrno>
 #include <cstring>

@@ -7,9 +7,9 @@
 #include "tools/dloss-run/DlossRun.h"
 #include "tools/dloss-run/LossMemory.h"
 
-#include "runtime/Error.h"
-#include "runtime/Executor.h"
-#include "runtime/Npy.h"
+#include "runtime/support/Error.h"
+#include "runtime/exec/Executor.h"
+#include "runtime/io/Npy.h"
 
 #include <algorithm>
 #include <cstdlib>

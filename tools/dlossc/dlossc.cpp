@@ -4,8 +4,8 @@
 #include "passes/LowerToPlan.h"
 #include "passes/Passes.h"
 #include "report/Report.h"
-#include "runtime/PlanText.h"
-#include "runtime/Plan_generated.h"
+#include "runtime/plan/PlanText.h"
+#include "runtime/plan/Plan_generated.h"
 
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/IR/MLIRContext.h"

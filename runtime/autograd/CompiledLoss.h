@@ -1,0 +1,62 @@
+// A compiled loss as a LibTorch callable with autograd (MLIR-free: plans come from dlossc or the JIT).
+#ifndef DLOSS_RUNTIME_COMPILEDLOSS_H
+#define DLOSS_RUNTIME_COMPILEDLOSS_H
+
+#include "runtime/comm/Communicator.h"
+#include "runtime/plan/PlanFile.h"
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dloss {
+
+class Executor;
+
+/// Calls a plan's loss on this rank's tensors. The result is the global loss
+/// (the same value on every rank, so logging it needs no collective). When
+/// any input requires grad, the result has a grad_fn and `loss.backward()`
+/// fills each `dloss.grad` input's `.grad` per the plan's gradient contract
+/// (ddp: N * dF/dx_r, so that DDP's average gives the single-device gradient;
+/// global: dF/dx_r).
+///
+/// The plan's derived @<loss>_grad computes the loss and its gradients in one
+/// pass, with every collective, when the loss is called; backward() only
+/// scales the saved gradients by the incoming gradient. So all communication
+/// happens in the call that every rank makes, and a rank that skips
+/// backward() cannot hang its peers.
+class CompiledLoss {
+public:
+  /// `entry`: the loss to call (default: the plan's only loss).
+  CompiledLoss(std::shared_ptr<const PlanFile> plan,
+               std::shared_ptr<Communicator> communicator,
+               const std::string &entry = "");
+  ~CompiledLoss();
+  CompiledLoss(CompiledLoss &&) noexcept;
+  CompiledLoss &operator=(CompiledLoss &&) noexcept;
+
+  at::Tensor operator()(const std::vector<at::Tensor> &inputs);
+
+  /// The inputs' names, in call order (from dloss.name / the source).
+  const std::vector<std::string> &argumentNames() const { return names; }
+  const std::string &lossName() const { return loss; }
+  /// "ddp" or "global".
+  const std::string &gradMode() const { return mode; }
+  Communicator &communicator() const { return *comm; }
+  const PlanFile &planFile() const { return *plan; }
+
+private:
+  std::shared_ptr<const PlanFile> plan;
+  std::shared_ptr<Communicator> comm;
+  std::unique_ptr<Executor> executor;
+  std::string loss, grad, mode;
+  std::vector<std::string> names;
+  /// For each output gradient of @<loss>_grad, the input it belongs to.
+  std::vector<int> gradArguments;
+};
+
+} // namespace dloss
+
+#endif // DLOSS_RUNTIME_COMPILEDLOSS_H

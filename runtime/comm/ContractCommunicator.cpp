@@ -1,0 +1,451 @@
+// The communicator contract above every engine: argument checks, numbering,
+// flight record, failure diagnosis.
+#include "runtime/comm/ContractCommunicator.h"
+
+#include "runtime/support/Format.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace dloss::comm {
+
+ContractCommunicator::ContractCommunicator(RendezvousOptions options,
+                                           std::unique_ptr<PeerStates> peers,
+                                           const EngineWording &wording)
+    : options(std::move(options)), peers(std::move(peers)), wording(wording) {}
+
+// Out of line: PeerStates' destructor (rank 0 keeping the store up after a
+// failure) runs after the engine's teardown.
+ContractCommunicator::~ContractCommunicator() = default;
+
+//===----------------------------------------------------------------------===//
+// The contract: check, number, record, then the engine's transfer
+//===----------------------------------------------------------------------===//
+
+at::Tensor ContractCommunicator::allGather(const at::Tensor &input,
+                                           int64_t axis,
+                                           const std::vector<int64_t> &sizes) {
+  Call call{"allGather", "dloss.all_gather"};
+  checkTensor(call, input);
+  int64_t dim = checkGather(call, input, axis, sizes);
+  begin(call, &input);
+  return transferAllGather(call, input, dim, sizes);
+}
+
+at::Tensor ContractCommunicator::allReduce(const at::Tensor &input,
+                                           Reduction op) {
+  Call call{"allReduce", "dloss.all_reduce"};
+  checkTensor(call, input);
+  checkReducible(call, input, op);
+  begin(call, &input);
+  return transferAllReduce(call, input, op);
+}
+
+at::Tensor
+ContractCommunicator::reduceScatter(const at::Tensor &input, Reduction op,
+                                    int64_t axis,
+                                    const std::vector<int64_t> &sizes) {
+  Call call{"reduceScatter", "dloss.reduce_scatter"};
+  checkTensor(call, input);
+  checkReducible(call, input, op);
+  int64_t dim = checkScatter(call, input, axis, sizes);
+  begin(call, &input);
+  return transferReduceScatter(call, input, op, dim, sizes);
+}
+
+at::Tensor ContractCommunicator::broadcast(const at::Tensor &input, int root) {
+  Call call{"broadcast", "dloss.broadcast"};
+  checkTensor(call, input);
+  checkRoot(call, root);
+  begin(call, &input);
+  return transferBroadcast(call, input, root);
+}
+
+at::Tensor ContractCommunicator::ringShift(const at::Tensor &input,
+                                           int64_t shift) {
+  Call call{"ringShift", "dloss.ring_shift"};
+  checkTensor(call, input);
+  checkShiftDims(call, input);
+  ShiftPeers ring = shiftPeers(shift);
+  begin(call, &input);
+  return transferRingShift(call, input, ring);
+}
+
+std::vector<int64_t>
+ContractCommunicator::allGatherInts(const std::vector<int64_t> &values) {
+  Call call{"allGatherInts", ""};
+  begin(call, nullptr, static_cast<int64_t>(values.size()));
+  return transferAllGatherInts(call, values);
+}
+
+std::unique_ptr<Communicator::Request>
+ContractCommunicator::send(const at::Tensor &tensor, int peer, int tag) {
+  Call call = transferCall("send to rank " + std::to_string(peer) + " (tag " +
+                           std::to_string(tag) + ")");
+  checkTensor(call, tensor);
+  checkPeer(call, peer, tag);
+  return transferSend(call, tensor, peer, tag);
+}
+
+std::unique_ptr<Communicator::Request>
+ContractCommunicator::recv(at::Tensor &tensor, int peer, int tag) {
+  Call call = transferCall("recv from rank " + std::to_string(peer) + " (tag " +
+                           std::to_string(tag) + ")");
+  checkTensor(call, tensor);
+  checkPeer(call, peer, tag);
+  return transferRecv(call, tensor, peer, tag);
+}
+
+void ContractCommunicator::beginExchange(const std::string &name) {
+  Call call{name, ""};
+  begin(call, nullptr);
+  exchange = call;
+}
+
+void ContractCommunicator::endExchange() {
+  if (!exchange)
+    return;
+  // A failed exchange stays failed in the flight record.
+  if (broken.empty())
+    complete(*exchange);
+  exchange.reset();
+}
+
+Call ContractCommunicator::transferCall(std::string transfer) const {
+  if (!exchange)
+    return Call{std::move(transfer), ""};
+  Call call = *exchange;
+  call.transfer = std::move(transfer);
+  return call;
+}
+
+//===----------------------------------------------------------------------===//
+// Numbering, flight record, failures
+//===----------------------------------------------------------------------===//
+
+Error ContractCommunicator::fail(const Call &call, std::string problem,
+                                 std::string hint) const {
+  ErrorInfo info;
+  info.problem = std::move(problem);
+  info.hint = std::move(hint);
+  info.rank = options.rank;
+  // The plan step's op names what the user wrote; the engine's op is the
+  // fallback for direct calls.
+  info.op = call.site.op.empty() ? call.irOp : call.site.op;
+  info.location = call.site.location;
+  return Error(std::move(info));
+}
+
+std::string ContractCommunicator::where() const {
+  return "on rank " + std::to_string(options.rank) + " of " +
+         std::to_string(options.worldSize);
+}
+
+void ContractCommunicator::begin(Call &call, const at::Tensor *tensor,
+                                 int64_t values) {
+  call.seq = ++started;
+  call.startUnixMs = unixMillis();
+  FlightEntry entry;
+  entry.seq = call.seq;
+  entry.collective = call.name;
+  entry.function = call.site.function;
+  entry.op = call.site.op.empty() ? call.irOp : call.site.op;
+  entry.location = call.site.location;
+  entry.phase = call.site.phase;
+  if (tensor && tensor->defined()) {
+    entry.shape = shapeText(tensor->sizes());
+    entry.dtype = c10::toString(tensor->scalar_type());
+    entry.bytes =
+        static_cast<int64_t>(tensor->numel() * tensor->element_size());
+  } else if (values >= 0) {
+    entry.shape = "[" + std::to_string(values) + "]";
+    entry.dtype = "Long";
+    entry.bytes = values * static_cast<int64_t>(sizeof(int64_t));
+  }
+  call.flight = flight.start(std::move(entry));
+  // A broken communicator refuses the call; its recorded failure stays.
+  if (broken.empty() && peers)
+    peers->publish(call.seq, "started", call.name, call.site, call.startUnixMs,
+                   "");
+}
+
+void ContractCommunicator::complete(Call &call) {
+  // A transfer of an exchange completes with the exchange (endExchange).
+  if (!call.transfer.empty())
+    return;
+  flight.finish(call.flight, FlightEntry::State::Completed);
+}
+
+void ContractCommunicator::refuseIfBroken(Call &call) {
+  if (broken.empty())
+    return;
+  flight.finish(call.flight, FlightEntry::State::Failed,
+                "not run: the communicator was already unusable");
+  throw fail(call,
+             call.describe() + " cannot run " + where() +
+                 ": the communicator is unusable after an earlier failure (" +
+                 broken + ")",
+             "Handle the first error: the job has to be restarted once a "
+             "collective has failed");
+}
+
+void ContractCommunicator::breakOn(const Call &call, const Error &error) {
+  broken = call.name + ": " + error.problem();
+  flight.finish(call.flight, FlightEntry::State::Failed, error.problem());
+}
+
+void ContractCommunicator::noteFailure(const std::string &message) {
+  // A failed collective has recorded its own, more precise state.
+  if (!broken.empty() || !peers)
+    return;
+  peers->publish(started, "failed", "", CallSite{}, unixMillis(), message);
+}
+
+Error ContractCommunicator::diagnose(Call &call, const std::string &detail,
+                                     bool timedOut) {
+  broken = call.describe() + " failed: " + detail;
+  flight.finish(call.flight, FlightEntry::State::Failed, detail);
+  std::string timeoutHint =
+      std::string("Some rank did not reach this collective in time: check the "
+                  "ranks named above (and the other ranks' logs) for an "
+                  "earlier error or a hang, make sure every rank makes the "
+                  "same collective calls in the same order") +
+      wording.sameOrderDetail +
+      ", or raise DLOSS_TIMEOUT_S if the ranks are only slow";
+  if (call.seq < 0) {
+    // A send or recv: its peer is the only rank involved.
+    if (timedOut)
+      return fail(call,
+                  call.name + " timed out " + where() +
+                      " after the deadline of " + seconds(options.timeout) +
+                      " (" + detail + ")" + wording.failureSuffix,
+                  timeoutHint);
+    return fail(call,
+                call.name + " failed " + where() + ": " + detail +
+                    wording.failureSuffix,
+                wording.peerHint);
+  }
+
+  std::string storeProblem;
+  std::vector<PeerState> peerStates;
+  std::string summary;
+  if (peers) {
+    peerStates = peers->failed(
+        call, timedOut ? "timed out after " + seconds(options.timeout) : detail,
+        timedOut ? std::chrono::milliseconds(0) : PeerStates::kReportGrace,
+        storeProblem);
+    summary = storeProblem.empty()
+                  ? peers->summarize(call, peerStates, timedOut)
+                  : "the peers' states are unknown: " + storeProblem;
+  }
+
+  std::string problem =
+      timedOut ? call.describe() + " timed out " + where() +
+                     " after the deadline of " + seconds(options.timeout)
+               : call.describe() + " failed " + where() + " (" + detail + ")";
+  if (!summary.empty())
+    problem += ": " + summary;
+  if (timedOut)
+    problem += " (" + detail + ")";
+  problem += wording.failureSuffix;
+  std::string hint = timedOut ? timeoutHint : wording.peerHint;
+
+  // The record holds the whole message, and the message the record's path.
+  std::string record;
+  if (options.flightDir != "off") {
+    FlightRecorder::Header header;
+    header.rank = options.rank;
+    header.worldSize = options.worldSize;
+    header.timeoutSeconds = options.timeout.count() / 1000.0;
+    header.reason = fail(call, problem, hint).what();
+    for (const PeerState &peer : peerStates)
+      header.peers.push_back(PeerStates::describe(peer));
+    if (!storeProblem.empty())
+      header.peers.push_back(storeProblem);
+    try {
+      record = "flight record of this rank's last collectives: " +
+               flight.write(options.flightDir, header);
+    } catch (const std::exception &e) {
+      record = "the flight record could not be written (" +
+               std::string(e.what()) + "; set DLOSS_FLIGHT_DIR)";
+    }
+  }
+  if (!record.empty())
+    problem += ". " + record;
+  return fail(call, problem, hint);
+}
+
+//===----------------------------------------------------------------------===//
+// Checks
+//===----------------------------------------------------------------------===//
+
+void ContractCommunicator::checkTensor(const Call &call,
+                                       const at::Tensor &tensor) const {
+  if (!tensor.defined())
+    throw fail(call, call.name + " got an undefined tensor " + where(),
+               "Pass a tensor");
+  checkDevice(call, tensor);
+}
+
+void ContractCommunicator::checkReducible(const Call &call,
+                                          const at::Tensor &tensor,
+                                          Reduction op) const {
+  at::ScalarType type = tensor.scalar_type();
+  if (op == Reduction::Mean && !at::isFloatingType(type))
+    throw fail(call,
+               call.name + " Mean of an integer tensor (" +
+                   c10::toString(type) + ") is not defined " + where(),
+               "Convert the tensor to a floating type, or reduce with Sum and "
+               "divide by the world size");
+  if (!reduces(type))
+    throw fail(call,
+               call.name + " " + reductionName(op) + " of a " +
+                   c10::toString(type) + " tensor is not supported by " +
+                   wording.name + " " + where(),
+               wording.reduceTypeHint);
+}
+
+int64_t ContractCommunicator::checkAxis(const Call &call,
+                                        const at::Tensor &tensor,
+                                        int64_t axis) const {
+  int64_t dims = tensor.dim();
+  if (dims == 0 || axis < -dims || axis >= dims)
+    throw fail(call,
+               call.name + " axis " + std::to_string(axis) +
+                   " is out of range for a " + std::to_string(dims) +
+                   "-d tensor " + where(),
+               "Pass an axis in [-dims, dims) of a tensor with at least one "
+               "dimension");
+  return axis < 0 ? axis + dims : axis;
+}
+
+void ContractCommunicator::checkSizes(const Call &call,
+                                      const std::vector<int64_t> &sizes) const {
+  if (static_cast<int64_t>(sizes.size()) != options.worldSize)
+    throw fail(call,
+               call.name + " got " + std::to_string(sizes.size()) + " sizes " +
+                   where() + ", expected one per rank (" +
+                   std::to_string(options.worldSize) + ")",
+               "Pass every rank's size in rank order, as exchanged with "
+               "allGatherInts");
+  for (size_t r = 0; r < sizes.size(); ++r)
+    if (sizes[r] < 0)
+      throw fail(call,
+                 call.name + " got a negative size " +
+                     std::to_string(sizes[r]) + " for rank " +
+                     std::to_string(r) + " " + where(),
+                 "Pass every rank's size in rank order, as exchanged with "
+                 "allGatherInts");
+}
+
+int64_t
+ContractCommunicator::checkGather(const Call &call, const at::Tensor &input,
+                                  int64_t axis,
+                                  const std::vector<int64_t> &sizes) const {
+  int64_t dim = checkAxis(call, input, axis);
+  checkSizes(call, sizes);
+  if (sizes[options.rank] != input.size(dim))
+    throw fail(call,
+               "allGather sizes[" + std::to_string(options.rank) +
+                   "] = " + std::to_string(sizes[options.rank]) +
+                   " but this rank's tensor has " +
+                   std::to_string(input.size(dim)) + " along axis " +
+                   std::to_string(dim) + " " + where(),
+               "Pass the sizes exchanged with allGatherInts, in rank order, "
+               "for the same tensor");
+  return dim;
+}
+
+int64_t
+ContractCommunicator::checkScatter(const Call &call, const at::Tensor &input,
+                                   int64_t axis,
+                                   const std::vector<int64_t> &sizes) const {
+  int64_t dim = checkAxis(call, input, axis);
+  checkSizes(call, sizes);
+  int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  if (total != input.size(dim))
+    throw fail(call,
+               "reduceScatter sizes add up to " + std::to_string(total) +
+                   " but the tensor has " + std::to_string(input.size(dim)) +
+                   " along axis " + std::to_string(dim) + " " + where(),
+               "Pass every rank's slice size in rank order; they must add up "
+               "to the reduced axis");
+  return dim;
+}
+
+void ContractCommunicator::checkRoot(const Call &call, int root) const {
+  if (root < 0 || root >= options.worldSize)
+    throw fail(call,
+               "broadcast root " + std::to_string(root) + " is not a rank " +
+                   where(),
+               "Pass a root in [0, world size)");
+}
+
+void ContractCommunicator::checkShiftDims(const Call &call,
+                                          const at::Tensor &input) const {
+  if (input.dim() > kMaxDims)
+    throw fail(call,
+               "ringShift of a " + std::to_string(input.dim()) + "-d tensor " +
+                   where() + " exceeds the limit of " +
+                   std::to_string(kMaxDims) + " dimensions",
+               "Reshape the tensor to fewer dimensions before the shift");
+}
+
+ContractCommunicator::ShiftPeers
+ContractCommunicator::shiftPeers(int64_t shift) const {
+  int64_t n = options.worldSize;
+  int64_t step = ((shift % n) + n) % n;
+  return {step, static_cast<int>((options.rank + step) % n),
+          static_cast<int>((options.rank - step + n) % n)};
+}
+
+void ContractCommunicator::checkPeer(const Call &call, int peer,
+                                     int tag) const {
+  if (options.worldSize == 1)
+    throw fail(call,
+               call.name + " names peer rank " + std::to_string(peer) + " " +
+                   where() +
+                   ", but a single-process run (world size 1) has no other "
+                   "rank",
+               "Point-to-point transfers need at least 2 ranks; use "
+               "ringShift, which is the identity in a world of 1");
+  if (peer < 0 || peer >= options.worldSize || peer == options.rank)
+    throw fail(call,
+               call.name + " names peer rank " + std::to_string(peer) + " " +
+                   where() + ", which is not another rank of the job",
+               "Pass a peer in [0, world size) other than this rank; a "
+               "transfer to oneself is a local copy");
+  if (tag < 0 || tag >= kReservedTagBase)
+    throw fail(call,
+               call.name + " tag " + std::to_string(tag) + " is out of range " +
+                   where(),
+               "Use tags in [0, 2^30); larger ones are reserved for the "
+               "engines' own transfers (ringShift, reduceScatter)");
+}
+
+void ContractCommunicator::writeShiftHeader(const at::Tensor &data,
+                                            int64_t *header) {
+  std::fill(header, header + kHeaderLength, int64_t{0});
+  header[0] = data.dim();
+  header[1] = static_cast<int64_t>(data.scalar_type());
+  for (int64_t d = 0; d < data.dim(); ++d)
+    header[2 + d] = data.size(d);
+}
+
+at::Tensor ContractCommunicator::fromShiftHeader(const Call &call,
+                                                 const int64_t *header, int src,
+                                                 const at::Tensor &data) const {
+  int64_t dims = header[0];
+  if (dims < 0 || dims > kMaxDims || header[1] < 0 ||
+      header[1] >= static_cast<int64_t>(at::ScalarType::NumOptions))
+    throw fail(call,
+               "ringShift received a malformed header from rank " +
+                   std::to_string(src) + " " + where(),
+               "Make sure every rank runs the same dloss build and the same "
+               "collective calls in the same order");
+  std::vector<int64_t> shape(header + 2, header + 2 + dims);
+  auto type = static_cast<at::ScalarType>(header[1]);
+  return at::empty(shape, data.options().dtype(type));
+}
+
+} // namespace dloss::comm

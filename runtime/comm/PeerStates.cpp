@@ -1,0 +1,260 @@
+// Each rank's latest collective in the rendezvous store: recording it, reading
+// the peers', naming them in an error.
+#include "runtime/comm/PeerStates.h"
+
+#include "runtime/comm/StoreRendezvous.h"
+#include "runtime/support/Format.h"
+
+#include <algorithm>
+#include <sstream>
+#include <thread>
+
+namespace dloss::comm {
+
+namespace {
+
+// Between two queries of the store.
+constexpr std::chrono::milliseconds kStorePoll{20};
+// Each rank's latest collective ("<seq>\x1f<state>\x1f..."), written before
+// it enters one and when it fails: what a failing rank reads to learn which
+// peers never arrived.
+const char *const kSeqPrefix = "dloss/seq/";
+// Set by a rank once it has read its peers' states after a failure, so that
+// rank 0 (the store's host) keeps the store up until then.
+const char *const kDonePrefix = "dloss/done/";
+// How long a failed rank 0 keeps the store up for the peers' diagnosis.
+constexpr std::chrono::milliseconds kFailureLinger{3000};
+// Peers named one by one in an error; the rest are counted.
+constexpr size_t kMaxPeerClauses = 8;
+
+constexpr char kFieldSeparator = '\x1f';
+
+std::string encodeState(int64_t seq, const std::string &state,
+                        const std::string &collective, const CallSite &site,
+                        int64_t unixMs, const std::string &detail) {
+  std::string out;
+  for (const std::string &field :
+       {std::to_string(seq), state, collective, site.function, site.op,
+        site.location, site.phase, std::to_string(unixMs), detail}) {
+    out += field;
+    out += kFieldSeparator;
+  }
+  return out;
+}
+
+PeerState decodeState(int rank, const std::string &text) {
+  std::vector<std::string> fields;
+  std::string field;
+  for (char c : text) {
+    if (c == kFieldSeparator) {
+      fields.push_back(field);
+      field.clear();
+    } else {
+      field += c;
+    }
+  }
+  PeerState peer;
+  peer.rank = rank;
+  if (fields.size() < 9)
+    return peer;
+  peer.known = true;
+  peer.seq = std::strtoll(fields[0].c_str(), nullptr, 10);
+  peer.state = fields[1];
+  peer.collective = fields[2];
+  peer.site = CallSite{fields[3], fields[4], fields[5], fields[6]};
+  peer.unixMs = std::strtoll(fields[7].c_str(), nullptr, 10);
+  peer.detail = fields[8];
+  return peer;
+}
+
+std::string truncated(const std::string &text, size_t limit) {
+  return text.size() <= limit ? text : text.substr(0, limit) + "...";
+}
+
+} // namespace
+
+PeerStates::PeerStates(c10::intrusive_ptr<c10d::Store> store,
+                       const RendezvousOptions &options)
+    : store(std::move(store)), rank(options.rank), worldSize(options.worldSize),
+      storeAt("the rendezvous store at " + storeAddress(options)) {}
+
+void PeerStates::publish(int64_t seq, const std::string &state,
+                         const std::string &collective, const CallSite &site,
+                         int64_t unixMs, const std::string &detail) {
+  if (!usable)
+    return;
+  try {
+    store->set(kSeqPrefix + std::to_string(rank),
+               toBytes(encodeState(seq, state, collective, site, unixMs,
+                                   truncated(detail, 600))));
+  } catch (const std::exception &) {
+    usable = false;
+  }
+}
+
+std::vector<PeerState> PeerStates::read(std::chrono::milliseconds grace,
+                                        std::string &storeProblem) {
+  std::vector<PeerState> peers;
+  if (!usable) {
+    storeProblem = storeAt + " could not be reached earlier: rank 0, which "
+                             "hosts it, has probably exited or died";
+    return peers;
+  }
+  Clock::time_point end = Clock::now() + grace;
+  try {
+    while (true) {
+      peers.clear();
+      bool allFailed = true;
+      for (int r = 0; r < worldSize; ++r) {
+        if (r == rank)
+          continue;
+        std::string key = kSeqPrefix + std::to_string(r);
+        PeerState peer;
+        peer.rank = r;
+        if (store->check({key}))
+          peer = decodeState(r, fromBytes(store->get(key)));
+        allFailed &= peer.known && peer.state == "failed";
+        peers.push_back(std::move(peer));
+      }
+      if (allFailed || Clock::now() >= end)
+        return peers;
+      std::this_thread::sleep_for(kStorePoll);
+    }
+  } catch (const std::exception &e) {
+    usable = false;
+    storeProblem = storeAt + " cannot be read (" + describeError(e) +
+                   "): rank 0, which hosts it, has probably exited or died";
+    peers.clear();
+    return peers;
+  }
+}
+
+std::vector<PeerState> PeerStates::failed(const Call &call,
+                                          const std::string &detail,
+                                          std::chrono::milliseconds grace,
+                                          std::string &storeProblem) {
+  failedSeq = call.seq;
+  publish(call.seq, "failed", call.name, call.site, unixMillis(), detail);
+  std::vector<PeerState> peers = read(grace, storeProblem);
+  if (usable) {
+    try {
+      store->set(kDonePrefix + std::to_string(rank), toBytes("1"));
+    } catch (const std::exception &) {
+      usable = false;
+    }
+  }
+  return peers;
+}
+
+std::string PeerStates::summarize(const Call &call,
+                                  const std::vector<PeerState> &peers,
+                                  bool timedOut) const {
+  std::vector<std::string> clauses;
+  std::vector<int> reached;
+  int64_t now = unixMillis();
+  auto ago = [now](int64_t unixMs) {
+    std::ostringstream out;
+    out.precision(1);
+    out << std::fixed << std::max<int64_t>(0, now - unixMs) / 1000.0
+        << " s ago";
+    return out.str();
+  };
+  for (const PeerState &peer : peers) {
+    std::string who = "rank " + std::to_string(peer.rank);
+    if (!peer.known) {
+      clauses.push_back(who + " has recorded no collective");
+      continue;
+    }
+    std::string latest = "#" + std::to_string(peer.seq) + " " +
+                         peer.collective + siteText(peer.site);
+    if (peer.state == "failed") {
+      if (peer.collective.empty())
+        clauses.push_back(who + " failed outside a collective after #" +
+                          std::to_string(peer.seq) + ": " +
+                          truncated(peer.detail, 300));
+      else
+        clauses.push_back(who + " failed in collective " + latest + ": " +
+                          truncated(peer.detail, 300));
+      continue;
+    }
+    if (peer.seq < call.seq) {
+      clauses.push_back(who + " never arrived (its latest collective is " +
+                        latest + ", entered " + ago(peer.unixMs) + ")" +
+                        (timedOut ? ""
+                                  : " and has recorded no failure: it may "
+                                    "have died"));
+    } else if (peer.seq == call.seq && peer.collective == call.name) {
+      if (timedOut)
+        reached.push_back(peer.rank);
+      else
+        clauses.push_back(who + " reached it but had recorded no failure " +
+                          seconds(kReportGrace) +
+                          " later (it died, or it still waits on another "
+                          "rank)");
+    } else if (peer.seq == call.seq) {
+      clauses.push_back(who + " is in collective " + latest +
+                        " instead: the ranks' collective calls differ");
+    } else {
+      clauses.push_back(who + " has moved on to collective " + latest);
+    }
+  }
+  std::string out;
+  for (size_t i = 0; i < clauses.size() && i < kMaxPeerClauses; ++i)
+    out += (i ? "; " : "") + clauses[i];
+  if (clauses.size() > kMaxPeerClauses)
+    out += "; and " + std::to_string(clauses.size() - kMaxPeerClauses) +
+           " more ranks (see the flight record)";
+  if (!reached.empty()) {
+    std::vector<int> all = reached;
+    all.push_back(rank);
+    std::sort(all.begin(), all.end());
+    out += (out.empty() ? "" : "; ") +
+           rankList(all, ", ") +
+           " reached it";
+  }
+  return out;
+}
+
+std::string PeerStates::describe(const PeerState &peer) {
+  return "rank " + std::to_string(peer.rank) + ": " +
+         (peer.known ? peer.state + " #" + std::to_string(peer.seq) + " " +
+                           peer.collective + siteText(peer.site) +
+                           (peer.detail.empty() ? "" : ": " + peer.detail)
+                     : "no collective recorded");
+}
+
+PeerStates::~PeerStates() {
+  if (rank != 0 || failedSeq < 0 || !usable)
+    return;
+  // Rank 0 hosts the store: keep it up while peers that were in the failed
+  // collective (or later) still read their peers' states. A peer that has
+  // recorded its failure is reading (for at most kReportGrace); one that
+  // has not may yet fail, or may be dead, so it gets about that long too.
+  Clock::time_point start = Clock::now();
+  Clock::time_point end = start + kFailureLinger;
+  auto silentEnd = start + kReportGrace + std::chrono::milliseconds(500);
+  try {
+    while (Clock::now() < end) {
+      bool diagnosing = false, silent = false;
+      for (int r = 1; r < worldSize; ++r) {
+        if (store->check({kDonePrefix + std::to_string(r)}))
+          continue;
+        std::string key = kSeqPrefix + std::to_string(r);
+        if (!store->check({key}))
+          continue;
+        PeerState peer = decodeState(r, fromBytes(store->get(key)));
+        if (!peer.known || peer.seq < failedSeq)
+          continue;
+        diagnosing |= peer.state == "failed";
+        silent |= peer.state != "failed";
+      }
+      if (!diagnosing && (!silent || Clock::now() >= silentEnd))
+        return;
+      std::this_thread::sleep_for(kStorePoll);
+    }
+  } catch (const std::exception &) {
+    // Nothing to keep up any more.
+  }
+}
+
+} // namespace dloss::comm

@@ -1,0 +1,262 @@
+// The plan interpreter: runs one function of a plan, step by step, on this
+// rank's tensors.
+#include "runtime/exec/Executor.h"
+
+#include "runtime/exec/RankGroups.h"
+#include "runtime/kernels/DTypes.h"
+#include "runtime/support/Error.h"
+#include "runtime/support/Format.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <utility>
+
+namespace dloss {
+
+using namespace exec;
+
+//===----------------------------------------------------------------------===//
+// Steps
+//===----------------------------------------------------------------------===//
+
+/// The registers of one call, as the kernel of the current step sees them.
+class Executor::StepContext final : public KernelContext {
+public:
+  using KnownShapes = const std::vector<std::vector<int64_t>> *;
+
+  StepContext(Communicator &comm, std::vector<Value> &registers,
+              std::vector<KnownShapes> &known)
+      : comm(comm), registers(registers), known(known) {}
+
+  void begin(const BoundStep &next) {
+    step = &next;
+    pending.assign(next.results.size(), Value());
+  }
+
+  /// Moves the kernel's results into their registers (after the kernel, so
+  /// a result register may also be an operand of the same step), with the
+  /// per-rank sizes of result 0 when its shape flow tells them.
+  void commit() {
+    KnownShapes flowed = nullptr;
+    switch (step->kernel.shapeFlow) {
+    case ShapeFlow::None:
+      break;
+    case ShapeFlow::Operand0:
+      flowed = known[step->operands[0]];
+      break;
+    case ShapeFlow::Elementwise: {
+      // Which operand is 0-d is fixed by the plan, so every rank picks the
+      // same one (and keeps sizes exactly when the others do).
+      const Value &lhs = registers[step->operands[0]];
+      flowed = known[step->operands[lhs.tensor().dim() != 0 ? 0 : 1]];
+      break;
+    }
+    }
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (pending[i].isEmpty())
+        throw Error("the kernel produced no result " + std::to_string(i),
+                    "Report a bug in the dloss runtime");
+      int32_t reg = step->results[i];
+      registers[reg] = std::move(pending[i]);
+      known[reg] = i == 0 ? flowed : nullptr;
+    }
+  }
+
+  Communicator &communicator() override { return comm; }
+  size_t numOperands() const override { return step->operands.size(); }
+  const Value &operand(size_t i) const override {
+    if (i >= step->operands.size())
+      throw Error("the kernel read operand " + std::to_string(i) +
+                      " of a step with " +
+                      std::to_string(step->operands.size()),
+                  kPlanBugHint);
+    const Value &value = registers[step->operands[i]];
+    if (value.isEmpty())
+      throw Error("operand " + std::to_string(i) + " (register " +
+                      std::to_string(step->operands[i]) +
+                      ") is read before it is written or after it is freed",
+                  kPlanBugHint);
+    return value;
+  }
+  void setResult(size_t i, Value value) override {
+    if (i >= pending.size())
+      throw Error("the kernel wrote result " + std::to_string(i) +
+                      " of a step with " + std::to_string(pending.size()),
+                  kPlanBugHint);
+    pending[i] = std::move(value);
+  }
+
+  std::vector<int64_t> rankSizes(size_t i, int64_t axis) override {
+    const at::Tensor &input = tensor(i);
+    if (KnownShapes shapes = known[step->operands[i]]) {
+      std::vector<int64_t> sizes;
+      for (const std::vector<int64_t> &shape : *shapes)
+        sizes.push_back(shape.at(axis));
+      return sizes;
+    }
+    // A computed value: every rank reaches this step with the same register
+    // state, so every rank makes this collective call too.
+    return comm.allGatherInts({input.size(axis)});
+  }
+
+private:
+  Communicator &comm;
+  std::vector<Value> &registers;
+  std::vector<KnownShapes> &known;
+  const BoundStep *step = nullptr;
+  std::vector<Value> pending;
+};
+
+//===----------------------------------------------------------------------===//
+// Executor
+//===----------------------------------------------------------------------===//
+
+Executor::Executor(std::shared_ptr<const PlanFile> planFile,
+                   Communicator &communicator)
+    : Executor(std::move(planFile), communicator,
+               ExecutorOptions::fromEnvironment()) {}
+
+Executor::Executor(std::shared_ptr<const PlanFile> planFile,
+                   Communicator &communicator, ExecutorOptions options)
+    : plan(std::move(planFile)), comm(communicator), opts(options) {
+  if (!plan)
+    throw Error("Executor built without a plan",
+                "Load one with PlanFile::load");
+  if (!plan->plan().functions())
+    return;
+  for (const plan::Function *function : *plan->plan().functions()) {
+    std::string name = function->name()->str();
+    auto fail = [&](const std::string &problem) -> Error {
+      return Error("plan '" + plan->name() + "', function @" + name + ": " +
+                       problem,
+                   kPlanBugHint);
+    };
+    int32_t numRegisters = function->num_registers();
+    size_t numArgs = numArguments(*function);
+    if (numRegisters < 0 || numArgs > static_cast<size_t>(numRegisters))
+      throw fail(std::to_string(numArgs) + " arguments do not fit in " +
+                 std::to_string(numRegisters) + " registers");
+    auto checkRegisters = [&](const flatbuffers::Vector<int32_t> *regs,
+                              const char *what) {
+      std::vector<int32_t> out;
+      if (!regs)
+        return out;
+      for (int32_t reg : *regs) {
+        if (reg < 0 || reg >= numRegisters)
+          throw fail(std::string(what) + " register " + std::to_string(reg) +
+                     " is outside [0, " + std::to_string(numRegisters) + ")");
+        out.push_back(reg);
+      }
+      return out;
+    };
+    checkRegisters(function->results(), "result");
+
+    BoundFunction bound;
+    bound.function = function;
+    if (function->steps()) {
+      for (const plan::Step *step : *function->steps()) {
+        BoundStep boundStep;
+        boundStep.op = step->op()->str();
+        boundStep.loc = step->loc() ? step->loc()->str() : "";
+        try {
+          boundStep.operands = checkRegisters(step->operands(), "operand");
+          boundStep.results = checkRegisters(step->results(), "result");
+          boundStep.free = checkRegisters(step->free(), "freed");
+        } catch (const Error &error) {
+          throw error.withOp(boundStep.op).withLocation(boundStep.loc);
+        }
+        boundStep.kernel = bindKernel(*step);
+        boundStep.site = CallSite{name, boundStep.op, boundStep.loc, ""};
+        bound.steps.push_back(std::move(boundStep));
+      }
+    }
+    functions.emplace(std::move(name), std::move(bound));
+  }
+}
+
+std::vector<at::Tensor> Executor::run(const std::string &name,
+                                      const std::vector<at::Tensor> &inputs) {
+  auto found = functions.find(name);
+  const BoundFunction *bound =
+      found == functions.end() ? nullptr : &found->second;
+  // Nothing may raise before the preflight: the other ranks would wait in it
+  // until their deadline instead of hearing what went wrong.
+  RankShapes shapes;
+  {
+    CallSite site{name, "", "", "preflight"};
+    CallSiteScope scope(site);
+    shapes = preflight(name, bound, inputs);
+  }
+  const plan::Function &function = *bound->function;
+  int rank = comm.rank();
+
+  std::vector<Value> registers(function.num_registers());
+  std::vector<StepContext::KnownShapes> known(registers.size(), nullptr);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (function.arguments()->Get(i)->type()->kind() ==
+        plan::RegisterKind::index)
+      registers[i] = Value::ofIndex(inputs[i].item<int64_t>());
+    else
+      registers[i] = inputs[i];
+    if (!shapes[i].empty())
+      known[i] = &shapes[i];
+  }
+
+  StepContext context(comm, registers, known);
+  for (const BoundStep &step : bound->steps) {
+    // A rank failing alone leaves its peers waiting at their next
+    // collective: tell the communicator, so that they can name this rank.
+    auto failed = [this](const Error &error) {
+      comm.noteFailure(error.what());
+      return error;
+    };
+    try {
+      CallSiteScope scope(step.site);
+      context.begin(step);
+      step.kernel.run(context);
+      context.commit();
+    } catch (const Error &error) {
+      throw failed(error.withRank(rank).withOp(step.op).withLocation(step.loc));
+    } catch (const c10::Error &error) {
+      throw failed(Error(ErrorInfo{error.what_without_backtrace(),
+                                   "ATen rejected the operands; check the "
+                                   "shapes and dtypes of the function's "
+                                   "inputs",
+                                   rank, step.op, step.loc}));
+    } catch (const std::exception &error) {
+      throw failed(Error(ErrorInfo{error.what(), "", rank, step.op, step.loc}));
+    }
+    // Drop dead values now, so their buffers return to the allocator before
+    // the next (possibly large) intermediate is allocated.
+    for (int32_t reg : step.free) {
+      registers[reg].reset();
+      known[reg] = nullptr;
+    }
+  }
+
+  std::vector<at::Tensor> results;
+  if (function.results()) {
+    for (int32_t reg : *function.results()) {
+      const Value &value = registers[reg];
+      if (value.isEmpty())
+        throw Error(ErrorInfo{"result register " + std::to_string(reg) +
+                                  " of @" + name + " holds no value",
+                              kPlanBugHint,
+                              rank,
+                              {},
+                              {}});
+      results.push_back(
+          value.isIndex()
+              ? at::scalar_tensor(value.index(), at::TensorOptions(at::kLong))
+              : value.tensor());
+    }
+  }
+  if (opts.check && function.gradient_of() && function.gradient_of()->size() &&
+      function.grad_mode() && function.grad_mode()->str() == "global")
+    checkReplicatedGradients(name, function, results);
+  return results;
+}
+
+} // namespace dloss

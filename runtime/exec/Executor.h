@@ -1,0 +1,111 @@
+// The plan interpreter: runs one function of a plan on this rank's tensors.
+#ifndef DLOSS_RUNTIME_EXECUTOR_H
+#define DLOSS_RUNTIME_EXECUTOR_H
+
+#include "runtime/comm/Communicator.h"
+#include "runtime/kernels/KernelTable.h"
+#include "runtime/plan/PlanFile.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace dloss {
+
+/// How an executor runs its calls.
+struct ExecutorOptions {
+  /// Check mode. (a) The preflight also reports NaN and infinite values in
+  /// floating inputs ("rank 2 passed argument 1 (text) with 3 NaN values"),
+  /// the same error on every rank. (b) After a gradient function in global
+  /// mode, the gradients of replicated arguments must be bit-identical on
+  /// every rank: they are hashed and compared (one allGatherInts), and a
+  /// difference names the first rank and element that differ. (In ddp mode
+  /// those gradients legitimately differ per rank and are not checked.)
+  /// Costs a pass over the inputs and one small collective per call; every
+  /// rank must run with the same setting (the preflight checks it).
+  bool check = false;
+
+  /// `check` from DLOSS_CHECK ("1" on; "0" or unset off); any other value
+  /// is a dloss::Error.
+  static ExecutorOptions fromEnvironment();
+};
+
+/// Interprets the functions of one plan over one communicator.
+///
+/// Every step's kernel is resolved when the executor is built, so an op the
+/// runtime does not support is reported before anything runs. run() is
+/// collective: every rank calls it with the same function, in the same
+/// order. It starts with a preflight (one allGatherInts) in which the ranks
+/// compare the plan fingerprint, the function and the inputs' dtypes and
+/// shapes; a mismatch on any rank raises the same dloss::Error on every rank.
+/// An executor is not thread-safe (its communicator is not either).
+class Executor {
+public:
+  /// Raises dloss::Error for a malformed plan (registers out of range) and
+  /// for an op the runtime does not support, naming the op and its location.
+  /// Options from the environment (ExecutorOptions::fromEnvironment).
+  Executor(std::shared_ptr<const PlanFile> plan, Communicator &communicator);
+  Executor(std::shared_ptr<const PlanFile> plan, Communicator &communicator,
+           ExecutorOptions options);
+
+  /// Runs `function` on this rank's `inputs` (one per argument, in order;
+  /// index-typed arguments and results are 0-d int64 tensors). Every error is
+  /// a dloss::Error carrying this rank and, for a step, its op and location.
+  std::vector<at::Tensor> run(const std::string &function,
+                              const std::vector<at::Tensor> &inputs);
+
+  const PlanFile &planFile() const { return *plan; }
+  Communicator &communicator() const { return comm; }
+  const ExecutorOptions &options() const { return opts; }
+
+  /// The number of int64 values each rank contributes to the preflight. It
+  /// is fixed (independent of the plan) so that ranks holding different
+  /// plans still meet in a well-formed collective and report the mismatch.
+  static constexpr size_t kPreflightArgs = 32;
+  static constexpr size_t kPreflightDims = 8;
+  static constexpr size_t kPreflightHeader = 14;
+  static constexpr size_t kPreflightLength =
+      kPreflightHeader + kPreflightArgs * (2 + kPreflightDims);
+
+private:
+  struct BoundStep {
+    BoundKernel kernel;
+    std::vector<int32_t> operands;
+    std::vector<int32_t> results;
+    std::vector<int32_t> free;
+    std::string op;
+    std::string loc;
+    /// What a collective of this step reports as its call site.
+    CallSite site;
+  };
+  struct BoundFunction {
+    const plan::Function *function = nullptr;
+    std::vector<BoundStep> steps;
+  };
+  /// Each argument's shape on every rank: shapes[argument][rank]. Empty for
+  /// arguments the preflight could not record in full.
+  using RankShapes = std::vector<std::vector<std::vector<int64_t>>>;
+  class StepContext;
+
+  /// The preflight; returns every rank's argument shapes or raises.
+  RankShapes preflight(const std::string &name, const BoundFunction *bound,
+                       const std::vector<at::Tensor> &inputs);
+  /// Check mode, after a global-mode gradient function: the replicated
+  /// arguments' gradients agree bit for bit on every rank, or this raises.
+  void checkReplicatedGradients(const std::string &name,
+                                const plan::Function &function,
+                                const std::vector<at::Tensor> &results);
+
+  std::shared_ptr<const PlanFile> plan;
+  Communicator &comm;
+  ExecutorOptions opts;
+  std::unordered_map<std::string, BoundFunction> functions;
+};
+
+} // namespace dloss
+
+#endif // DLOSS_RUNTIME_EXECUTOR_H

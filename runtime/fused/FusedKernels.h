@@ -1,0 +1,46 @@
+// The kernels of the fused similarity ops (dloss.ring_softmax_ce, ...), as the
+// kernel table runs them.
+//
+// One file per fused family holds its CPU and GPU visits, forward and _grad:
+// RingSoftmaxCE.cpp (CLIP), RingSigmoidPairs.cpp (SigLIP), ShardedSoftmax.cpp
+// (PartialFC). They share the ring driver (RingDriver.h), the operand checks
+// (FusedArgs.h), the CPU tile arithmetic (TileMath.h) and, on CUDA, the tile
+// launches (DeviceTiles.h over cuda/FusedTiles.h).
+#ifndef DLOSS_RUNTIME_FUSED_FUSEDKERNELS_H
+#define DLOSS_RUNTIME_FUSED_FUSEDKERNELS_H
+
+#include "runtime/kernels/KernelTable.h"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dloss {
+
+/// The rows x columns of one similarity tile.
+struct TileShape {
+  int64_t rows;
+  int64_t cols;
+};
+
+/// The tile the fused kernels use for elements of `elementSize` bytes: about
+/// half the L2 cache, columns a multiple of 64. The environment variable
+/// DLOSS_TILE=RxC (e.g. 3x5) overrides it, for experiments and for tests of
+/// the block edges; a malformed value raises dloss::Error.
+TileShape fusedTileShape(size_t elementSize);
+
+namespace fused {
+
+// The six fused ops; CUDA tensors go to the GPU visits when the runtime has
+// CUDA (DLOSS_HAVE_CUDA). Registered in the kernel table
+// (kernels/KernelTable.cpp) with their operand and result counts.
+void ringSoftmaxCE(KernelContext &ctx);
+void ringSoftmaxCEGrad(KernelContext &ctx);
+void ringSigmoidPairs(KernelContext &ctx);
+void ringSigmoidPairsGrad(KernelContext &ctx);
+void shardedSoftmax(KernelContext &ctx);
+void shardedSoftmaxGrad(KernelContext &ctx);
+
+} // namespace fused
+} // namespace dloss
+
+#endif // DLOSS_RUNTIME_FUSED_FUSEDKERNELS_H

@@ -1,0 +1,154 @@
+// The ring driver of the fused ops: posts each step's transfers, runs the
+// visit, merges and forwards the carries.
+#include "runtime/fused/RingDriver.h"
+
+namespace dloss::fused {
+
+namespace {
+
+// Point-to-point tags of the fused ops: 16 per step, carries in slots 0-7,
+// features in 8-15. Far below GlooCommunicator's reserved tags (2^30), and
+// distinct per step, so a late message can never match the wrong buffer.
+// Between two ranks, the order in which the sender posts (features of step
+// k, then the carry for step k+1, then the features of step k+1) is the
+// order in which the receiver posts and the order of the tags: engines that
+// match by order rather than by tag (NCCL) pair them the same way.
+constexpr int kRingTagBase = 1000;
+constexpr int kTagsPerStep = 16;
+constexpr int kCarrySlot = 0;
+constexpr int kFeatureSlot = 8;
+
+int ringTag(int step, int slot) {
+  return kRingTagBase + kTagsPerStep * step + slot;
+}
+
+/// Outstanding transfers, completed together.
+class Pending {
+public:
+  void add(std::unique_ptr<Communicator::Request> request) {
+    requests.push_back(std::move(request));
+  }
+  void wait() {
+    for (auto &request : requests)
+      request->wait();
+    requests.clear();
+  }
+
+private:
+  std::vector<std::unique_ptr<Communicator::Request>> requests;
+};
+
+void postRecvs(Communicator &comm, Tensors &buffers, int peer, int tag,
+               Pending &pending) {
+  for (size_t i = 0; i < buffers.size(); ++i)
+    pending.add(comm.recv(buffers[i], peer, tag + static_cast<int>(i)));
+}
+
+void postSends(Communicator &comm, const Tensors &tensors, int peer, int tag,
+               Pending &pending) {
+  for (size_t i = 0; i < tensors.size(); ++i)
+    pending.add(comm.send(tensors[i], peer, tag + static_cast<int>(i)));
+}
+
+/// Uninitialised tensors shaped like `like` but with `length` along axis 0.
+Tensors emptyLike(const Tensors &like, int64_t length) {
+  Tensors out;
+  for (const at::Tensor &tensor : like) {
+    std::vector<int64_t> shape = tensor.sizes().vec();
+    shape[0] = length;
+    out.push_back(at::empty(shape, tensor.options()));
+  }
+  return out;
+}
+
+} // namespace
+
+Tensors runRing(Communicator &comm, const RingPass &pass) {
+  const int n = comm.worldSize(), r = comm.rank();
+  // The ring's transfers are one collective for errors and the flight
+  // record, named after the op ("ring_softmax_ce").
+  const CallSite *site = currentCallSite();
+  std::string op = site && !site->op.empty() ? site->op : "ring";
+  ExchangeScope exchange(comm, op.substr(op.find('.') + 1));
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  const bool carries = static_cast<bool>(pass.newCarry);
+  Tensors held = pass.features, carry;
+  Pending carrySent;
+  for (int k = 0; k < n; ++k) {
+    const int q = (r - k + n) % n;
+    // The carry r-1 sent at the end of step k-1 first, then the features.
+    Tensors upstream;
+    Pending carryIn;
+    if (carries && k > 0) {
+      upstream = pass.newCarry(pass.lengths[q]);
+      postRecvs(comm, upstream, prev, ringTag(k, kCarrySlot), carryIn);
+    }
+    Pending transfers;
+    Tensors incoming;
+    if (k + 1 < n) {
+      incoming = emptyLike(pass.features, pass.lengths[(q + n - 1) % n]);
+      postRecvs(comm, incoming, prev, ringTag(k, kFeatureSlot), transfers);
+      postSends(comm, held, next, ringTag(k, kFeatureSlot), transfers);
+    }
+    carry = pass.visit(Chunk{offsetOf(pass.lengths, q), held});
+    if (carries) {
+      carryIn.wait();
+      if (k > 0)
+        pass.merge(carry, upstream);
+      // r+1 posted its recv for the previous send at the start of step k.
+      carrySent.wait();
+      if (n > 1)
+        postSends(comm, carry, next, ringTag(k + 1, kCarrySlot), carrySent);
+    }
+    transfers.wait();
+    if (k + 1 < n)
+      held = std::move(incoming);
+  }
+  if (!carries || n == 1)
+    return carry;
+  Tensors home = pass.newCarry(pass.lengths[r]);
+  Pending homeIn;
+  postRecvs(comm, home, prev, ringTag(n, kCarrySlot), homeIn);
+  carrySent.wait();
+  homeIn.wait();
+  return home;
+}
+
+ColumnGradient runGradientRing(
+    Communicator &comm, Tensors features, std::vector<int64_t> lengths,
+    int64_t width, at::TensorOptions options,
+    const std::function<at::Tensor(const Chunk &, at::Tensor &)> &tiles) {
+  RingPass pass;
+  pass.features = std::move(features);
+  pass.lengths = std::move(lengths);
+  pass.newCarry = [&](int64_t length) {
+    return Tensors{at::empty({length, width}, options),
+                   at::empty({1}, options.dtype(at::kDouble))};
+  };
+  pass.visit = [&](const Chunk &chunk) {
+    at::Tensor dCols = at::zeros({chunk.length(), width}, options);
+    at::Tensor share = tiles(chunk, dCols);
+    return Tensors{dCols, share};
+  };
+  pass.merge = [](Tensors &mine, const Tensors &upstream) {
+    mine[0].add_(upstream[0]);
+    mine[1].add_(upstream[1]);
+  };
+  Tensors home = runRing(comm, pass);
+  return {home[0], home[1]};
+}
+
+ColumnGradient runGradientRing(
+    Communicator &comm, Tensors features, std::vector<int64_t> lengths,
+    int64_t width, at::TensorOptions options,
+    const std::function<void(const Chunk &, at::Tensor &, double &)> &tiles) {
+  return runGradientRing(comm, std::move(features), std::move(lengths), width,
+                         options, [&](const Chunk &chunk, at::Tensor &dCols) {
+                           double share = 0;
+                           tiles(chunk, dCols, share);
+                           return at::full({1}, share,
+                                           options.dtype(at::kDouble));
+                         });
+}
+
+} // namespace dloss::fused

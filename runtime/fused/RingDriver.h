@@ -1,0 +1,81 @@
+// The ring schedule of the fused ops: column chunks travel round the ranks
+// while each rank computes its tiles.
+//
+// Rank r keeps its rows; the column chunks travel round the ring. At step
+// k = 0..N-1 it holds the chunk owned by q = (r - k) mod N.
+//   * Features (the chunk's cols, targets and, for the backward, its lse and
+//     cotangents) never change. At the start of step k the rank posts the
+//     recv of the next chunk from r-1 and the send of the held one to r+1,
+//     computes the held chunk's tiles meanwhile, and waits at the end of the
+//     step: two chunk buffers, the transfer hidden behind the tiles.
+//   * A carry (the forward's column statistics, the backward's column
+//     gradient) accumulates as the chunk travels. The rank computes its own
+//     contribution, merges the carry r-1 sent after processing the same chunk
+//     at step k-1, and passes the sum to r+1. After step N-1 the held chunk
+//     belongs to r+1 and its carry is complete: one more hop takes it home,
+//     and r receives its own from r-1.
+//   * Row state (online log-sum-exp, row gradients) never moves.
+// Every wait on a rank at step k depends only on peers' progress at earlier
+// steps or at the start of step k (a carry send is waited on one step after
+// it is posted), so the waits form no cycle. With N == 1 nothing is sent.
+#ifndef DLOSS_RUNTIME_FUSED_RINGDRIVER_H
+#define DLOSS_RUNTIME_FUSED_RINGDRIVER_H
+
+#include "runtime/comm/Communicator.h"
+#include "runtime/fused/FusedArgs.h"
+
+#include <functional>
+
+namespace dloss::fused {
+
+/// The chunk a rank holds at one step.
+struct Chunk {
+  /// Global index of the chunk's first column.
+  int64_t offset;
+  const Tensors &features;
+  int64_t length() const { return features[0].size(0); }
+};
+
+/// What one pass round the ring moves and computes.
+struct RingPass {
+  /// This rank's chunk: contiguous tensors whose axis 0 is its length.
+  Tensors features;
+  /// Every rank's chunk length, in rank order.
+  std::vector<int64_t> lengths;
+  /// An uninitialised carry for a chunk of `length`; null: nothing carried.
+  std::function<Tensors(int64_t length)> newCarry;
+  /// Computes this rank's tiles of the chunk; returns its part of the
+  /// chunk's carry (nothing when nothing is carried).
+  std::function<Tensors(const Chunk &)> visit;
+  /// Adds the carry from upstream into this rank's part, in place.
+  std::function<void(Tensors &mine, const Tensors &upstream)> merge;
+};
+
+/// Runs `pass` on every rank's chunk; returns this rank's own chunk's
+/// complete carry.
+Tensors runRing(Communicator &comm, const RingPass &pass);
+
+/// The backward's ring: the carry is each chunk's column gradient [length,
+/// width] and its owner's share of a 0-d parameter's gradient ([1] f64),
+/// summed on their way home; tiles(chunk, dCols) adds this rank's part of the
+/// column gradient and returns its part of the share. Returns the gradient of
+/// this rank's own columns and its share.
+struct ColumnGradient {
+  at::Tensor dCols, share;
+};
+
+/// The GPU form: tiles(chunk, dCols) returns the share as a [1] f64 tensor.
+ColumnGradient runGradientRing(
+    Communicator &comm, Tensors features, std::vector<int64_t> lengths,
+    int64_t width, at::TensorOptions options,
+    const std::function<at::Tensor(const Chunk &, at::Tensor &)> &tiles);
+
+/// The CPU form: tiles(chunk, dCols, share) adds to a double share.
+ColumnGradient runGradientRing(
+    Communicator &comm, Tensors features, std::vector<int64_t> lengths,
+    int64_t width, at::TensorOptions options,
+    const std::function<void(const Chunk &, at::Tensor &, double &)> &tiles);
+
+} // namespace dloss::fused
+
+#endif // DLOSS_RUNTIME_FUSED_RINGDRIVER_H

@@ -1,0 +1,200 @@
+// dloss.ring_sigmoid_pairs and its _grad (SigLIP): the sigmoid loss of every
+// pair of the gathered similarity, on the CPU and the GPU.
+#include "runtime/fused/FusedKernels.h"
+
+#include "runtime/fused/DeviceTiles.h"
+#include "runtime/fused/FusedArgs.h"
+#include "runtime/fused/RingDriver.h"
+#include "runtime/fused/TileMath.h"
+
+namespace dloss::fused {
+
+namespace {
+
+#ifdef DLOSS_HAVE_CUDA
+// The GPU visits (below, after the CPU ones).
+void ringSigmoidPairsDevice(KernelContext &ctx, const FusedArgs &args);
+void ringSigmoidPairsGradDevice(KernelContext &ctx, const FusedArgs &args);
+#endif
+
+/// Operands 0-4 of both sigmoid ops, with every rank's column counts, and
+/// the backward's cotangents 5-6.
+struct SigmoidOperands {
+  Similarity sim;
+  double bias = 0;
+  std::vector<int64_t> colSizes;
+  at::Tensor targets;
+  TileShape tile{1, 1};
+  at::Tensor ctPair, ctPositive; ///< the backward's
+};
+
+SigmoidOperands sigmoidOperands(const FusedArgs &args, bool backward = false) {
+  SigmoidOperands ops;
+  ops.sim = similarityOperands(args);
+  ops.bias = args.scalar(3, "bias");
+  ops.colSizes = args.ctx.rankSizes(1, 0);
+  ops.targets = args.targets(4, "targets", ops.sim.rows.size(0),
+                             total(ops.colSizes), "columns");
+  ops.tile =
+      clippedTile(ops.sim.rows.size(0), largest(ops.colSizes), args.compute);
+  if (backward) {
+    ops.ctPair = args.vector(5, "ct_pair", ops.sim.rows.size(0));
+    ops.ctPositive = args.vector(6, "ct_positive", ops.sim.rows.size(0));
+  }
+  return ops;
+}
+
+/// The SigLIP forward's ring and results, for the CPU and GPU ops:
+/// tiles(chunk, pairSum, positive) adds this rank's tiles of a chunk to each
+/// row's sum of softplus(L) and stores L at its target into `positive`.
+template <typename Tiles>
+void runSigmoidPairs(KernelContext &ctx, const FusedArgs &args,
+                     const SigmoidOperands &ops, Tiles &&tiles) {
+  const int64_t n = ops.sim.rows.size(0);
+  at::Tensor pairSum = at::zeros({n}, args.options());
+  at::Tensor positive = at::zeros({n}, args.options());
+  RingPass pass;
+  pass.features = {ops.sim.cols};
+  pass.lengths = ops.colSizes;
+  pass.visit = [&](const Chunk &chunk) {
+    tiles(chunk, pairSum, positive);
+    return Tensors{};
+  };
+  runRing(ctx.communicator(), pass);
+
+  ctx.setResult(0, pairSum.to(args.type(0)));
+  ctx.setResult(1, positive.to(args.type(0)));
+}
+
+/// L = scale S + bias for a chunk's block, in its scratch tile 0.
+at::Tensor sigmoidLogits(const SigmoidOperands &ops, const at::Tensor &cols,
+                         const Block &block, const TileScratch &scratch) {
+  return similarityTile(ops.sim, cols, block, scratch(0, block))
+      .mul_(ops.sim.scale)
+      .add_(ops.bias);
+}
+
+} // namespace
+
+void ringSigmoidPairs(KernelContext &ctx) {
+  FusedArgs args(ctx, "dloss.ring_sigmoid_pairs");
+  DLOSS_DEVICE_DISPATCH(ringSigmoidPairsDevice)
+  SigmoidOperands ops = sigmoidOperands(args);
+  const int64_t n = ops.sim.rows.size(0);
+  TileScratch scratch(ops.tile, 2, args.options());
+
+  runSigmoidPairs(
+      ctx, args, ops,
+      [&](const Chunk &chunk, at::Tensor &pairSum, at::Tensor &positive) {
+        Elements positiveAt(positive);
+        forEachBlock(n, chunk.length(), ops.tile, [&](const Block &block) {
+          at::Tensor logits =
+              sigmoidLogits(ops, chunk.features[0], block, scratch);
+          Elements logit(logits);
+          forRowTargets(
+              ops.targets, block, chunk.offset,
+              [&](int64_t i, int64_t e) { positiveAt.set(i, logit.get(e)); });
+          // softplus(x) = log1p(exp(-|x|)) + max(x, 0), exact at both ends.
+          at::Tensor softplus = scratch(1, block);
+          at::abs_out(softplus, logits).neg_().exp_().log1p_();
+          softplus.add_(logits.clamp_min_(0));
+          pairSum.narrow(0, block.row, block.rows).add_(softplus.sum(1));
+        });
+      });
+}
+
+namespace {} // namespace
+
+void ringSigmoidPairsGrad(KernelContext &ctx) {
+  FusedArgs args(ctx, "dloss.ring_sigmoid_pairs_grad");
+  DLOSS_DEVICE_DISPATCH(ringSigmoidPairsGradDevice)
+  SigmoidOperands ops = sigmoidOperands(args, /*backward=*/true);
+  const int64_t n = ops.sim.rows.size(0), d = ops.sim.rows.size(1);
+  TileScratch scratch(ops.tile, 2, args.options());
+  at::Tensor dRows = at::zeros({n, d}, args.options());
+  double dScale = 0, dBias = 0;
+
+  auto tiles = [&](const Chunk &chunk, at::Tensor &dCols, double &) {
+    const at::Tensor &cols = chunk.features[0];
+    forEachBlock(n, chunk.length(), ops.tile, [&](const Block &block) {
+      // S in tile 0; G = ct_pair sigmoid(L) + ct_positive at the targets.
+      at::Tensor s = similarityTile(ops.sim, cols, block, scratch(0, block));
+      at::Tensor grad = scratch(1, block);
+      grad.copy_(s).mul_(ops.sim.scale).add_(ops.bias).sigmoid_();
+      grad.mul_(ops.ctPair.narrow(0, block.row, block.rows).unsqueeze(1));
+      Elements g(grad), ctAt(ops.ctPositive);
+      forRowTargets(ops.targets, block, chunk.offset,
+                    [&](int64_t i, int64_t e) { g.add(e, ctAt.get(i)); });
+      dBias += grad.sum().item<double>();
+      dScale += backpropTile(grad, s, block, ops.sim, cols, dRows, dCols);
+    });
+  };
+  at::Tensor dCols = runGradientRing(ctx.communicator(), {ops.sim.cols},
+                                     ops.colSizes, d, args.options(), tiles)
+                         .dCols;
+
+  setGradients(ctx, args, dRows, dCols, {dScale, dBias});
+}
+
+namespace {
+
+#ifdef DLOSS_HAVE_CUDA
+void ringSigmoidPairsDevice(KernelContext &ctx, const FusedArgs &args) {
+  SigmoidOperands ops = sigmoidOperands(args);
+  const int64_t n = ops.sim.rows.size(0);
+  DeviceTiles dev(args, n, largest(ops.colSizes));
+
+  runSigmoidPairs(
+      ctx, args, ops,
+      [&](const Chunk &chunk, at::Tensor &pairSum, at::Tensor &positive) {
+        forEachBlock(n, chunk.length(), dev.shape, [&](const Block &block) {
+          cuda::SigmoidForward tile;
+          tile.scale = static_cast<float>(ops.sim.scale);
+          tile.bias = static_cast<float>(ops.bias);
+          tile.targets = dataAt<int64_t>(ops.targets, block.row);
+          tile.colBase = chunk.offset + block.col;
+          tile.pairSum = dataAt<float>(pairSum, block.row);
+          tile.positive = dataAt<float>(positive, block.row);
+          cuda::sigmoidForwardTile(
+              dev.launch, dev.tile(ops.sim.rows, chunk.features[0], block),
+              tile);
+        });
+      });
+}
+
+void ringSigmoidPairsGradDevice(KernelContext &ctx, const FusedArgs &args) {
+  SigmoidOperands ops = sigmoidOperands(args, /*backward=*/true);
+  const int64_t n = ops.sim.rows.size(0), d = ops.sim.rows.size(1);
+  DeviceTiles dev(args, n, largest(ops.colSizes));
+  DeviceRowGradient rows(args, ops.sim.scale, ops.targets, n, d);
+  at::Tensor dBiasRow = perRowShares(n, args);
+  // G's magnitude depends on this rank's cotangents only: one prescale.
+  cuda::prepareGradientScale(dev.launch, static_cast<float>(ops.sim.scale),
+                             dataAt<float>(ops.ctPair), n,
+                             dataAt<float>(ops.ctPositive), n);
+
+  auto tiles = [&](const Chunk &chunk, at::Tensor &dCols) {
+    forEachBlock(n, chunk.length(), dev.shape, [&](const Block &block) {
+      cuda::SigmoidBackward tile;
+      rows.point(tile, block, chunk.offset, dCols);
+      tile.bias = static_cast<float>(ops.bias);
+      tile.ctPair = dataAt<float>(ops.ctPair, block.row);
+      tile.ctPositive = dataAt<float>(ops.ctPositive, block.row);
+      tile.dBiasRow = dataAt<double>(dBiasRow, block.row);
+      cuda::sigmoidBackwardTile(
+          dev.launch, dev.tile(ops.sim.rows, chunk.features[0], block), tile);
+    });
+    return at::zeros({1}, args.options().dtype(at::kDouble));
+  };
+  at::Tensor dCols = runGradientRing(ctx.communicator(), {ops.sim.cols},
+                                     ops.colSizes, d, args.options(), tiles)
+                         .dCols;
+
+  setGradients(ctx, args, rows.dRows, dCols,
+               {totalOf(rows.dScaleRow), totalOf(dBiasRow)});
+}
+#endif // DLOSS_HAVE_CUDA
+
+} // namespace
+
+} // namespace dloss::fused

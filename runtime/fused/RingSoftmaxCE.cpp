@@ -1,0 +1,254 @@
+// dloss.ring_softmax_ce and its _grad (CLIP): both softmax directions of the
+// gathered similarity, on the CPU and the GPU.
+#include "runtime/fused/FusedKernels.h"
+
+#include "runtime/fused/DeviceTiles.h"
+#include "runtime/fused/FusedArgs.h"
+#include "runtime/fused/RingDriver.h"
+#include "runtime/fused/TileMath.h"
+
+namespace dloss::fused {
+
+namespace {
+
+#ifdef DLOSS_HAVE_CUDA
+// The GPU visits (below, after the CPU ones).
+void ringSoftmaxCEDevice(KernelContext &ctx, const FusedArgs &args);
+void ringSoftmaxCEGradDevice(KernelContext &ctx, const FusedArgs &args);
+#endif
+
+/// Operands 0-4 of both softmax ops, with every rank's sizes, and the
+/// backward's 5-8: the saved statistics and the cotangents.
+struct SoftmaxOperands {
+  Similarity sim;
+  std::vector<int64_t> rowSizes, colSizes;
+  int64_t rowOffset = 0;
+  at::Tensor rowTargets, colTargets;
+  at::Tensor rowLse, colLse, ctRow, ctCol; ///< the backward's
+};
+
+SoftmaxOperands softmaxOperands(const FusedArgs &args, bool backward = false) {
+  SoftmaxOperands ops;
+  ops.sim = similarityOperands(args);
+  ops.rowSizes = args.ctx.rankSizes(0, 0);
+  ops.colSizes = args.ctx.rankSizes(1, 0);
+  ops.rowOffset = offsetOf(ops.rowSizes, args.rank);
+  ops.rowTargets = args.targets(3, "row_targets", ops.sim.rows.size(0),
+                                total(ops.colSizes), "columns");
+  ops.colTargets = args.targets(4, "col_targets", ops.sim.cols.size(0),
+                                total(ops.rowSizes), "rows");
+  if (backward) {
+    const int64_t n = ops.sim.rows.size(0), m = ops.sim.cols.size(0);
+    ops.rowLse = args.vector(5, "row_lse", n);
+    ops.colLse = args.vector(6, "col_lse", m);
+    ops.ctRow = args.vector(7, "ct_row", n);
+    ops.ctCol = args.vector(8, "ct_col", m);
+  }
+  return ops;
+}
+
+/// The CLIP forward's ring and results, for the CPU and GPU ops:
+/// tiles(chunk, rows, stats) folds this rank's tiles of a chunk into the row
+/// statistics and the chunk's column statistics `stats` [3, length] (running
+/// max, sum of exp, target logit).
+template <typename Tiles>
+void runSoftmaxCE(KernelContext &ctx, const FusedArgs &args,
+                  const SoftmaxOperands &ops, Tiles &&tiles) {
+  RowStatistics rows = rowStatistics(ops.sim.rows.size(0), args);
+  RingPass pass;
+  pass.features = {ops.sim.cols, ops.colTargets};
+  pass.lengths = ops.colSizes;
+  pass.newCarry = [&](int64_t length) {
+    return Tensors{at::empty({3, length}, args.options())};
+  };
+  pass.visit = [&](const Chunk &chunk) {
+    at::Tensor stats = pass.newCarry(chunk.length())[0];
+    stats[0].fill_(-kInf);
+    stats.narrow(0, 1, 2).zero_();
+    tiles(chunk, rows, stats);
+    return Tensors{stats};
+  };
+  pass.merge = [](Tensors &mine, const Tensors &upstream) {
+    mergeLse(mine[0][0], mine[0][1], upstream[0][0], upstream[0][1]);
+    mine[0][2].add_(upstream[0][2]);
+  };
+  at::Tensor colStats = runRing(ctx.communicator(), pass)[0];
+
+  at::Tensor rowLse = lseOf(rows.max, rows.sum);
+  at::Tensor colLse = lseOf(colStats[0], colStats[1]);
+  ctx.setResult(0, (rowLse - rows.picked).to(args.type(0)));
+  ctx.setResult(1, (colLse - colStats[2]).to(args.type(1)));
+  ctx.setResult(2, rowLse.to(args.type(0)));
+  ctx.setResult(3, colLse.to(args.type(1)));
+}
+
+} // namespace
+
+void ringSoftmaxCE(KernelContext &ctx) {
+  FusedArgs args(ctx, "dloss.ring_softmax_ce");
+  DLOSS_DEVICE_DISPATCH(ringSoftmaxCEDevice)
+  SoftmaxOperands ops = softmaxOperands(args);
+  const Similarity &sim = ops.sim;
+  const int64_t n = sim.rows.size(0);
+  TileShape tile = clippedTile(n, largest(ops.colSizes), args.compute);
+  TileScratch scratch(tile, 2, args.options());
+
+  runSoftmaxCE(
+      ctx, args, ops,
+      [&](const Chunk &chunk, RowStatistics &rows, at::Tensor &stats) {
+        const at::Tensor &cols = chunk.features[0],
+                         &colTargets = chunk.features[1];
+        Elements rowTargetAt(rows.picked), colTargetAt(stats[2]);
+        forEachBlock(n, chunk.length(), tile, [&](const Block &block) {
+          at::Tensor logits =
+              similarityTile(sim, cols, block, scratch(0, block))
+                  .mul_(sim.scale);
+          Elements logit(logits);
+          forRowTargets(
+              ops.rowTargets, block, chunk.offset,
+              [&](int64_t i, int64_t e) { rowTargetAt.set(i, logit.get(e)); });
+          forColTargets(
+              colTargets, block, ops.rowOffset,
+              [&](int64_t j, int64_t e) { colTargetAt.set(j, logit.get(e)); });
+          foldTile(logits, 1, rows.max.narrow(0, block.row, block.rows),
+                   rows.sum.narrow(0, block.row, block.rows),
+                   scratch(1, block));
+          foldTile(logits, 0, stats[0].narrow(0, block.col, block.cols),
+                   stats[1].narrow(0, block.col, block.cols),
+                   scratch(1, block));
+        });
+      });
+}
+
+namespace {} // namespace
+
+void ringSoftmaxCEGrad(KernelContext &ctx) {
+  FusedArgs args(ctx, "dloss.ring_softmax_ce_grad");
+  DLOSS_DEVICE_DISPATCH(ringSoftmaxCEGradDevice)
+  SoftmaxOperands ops = softmaxOperands(args, /*backward=*/true);
+  const Similarity &sim = ops.sim;
+  const at::Tensor &rowLse = ops.rowLse, &ctRow = ops.ctRow;
+  const int64_t n = sim.rows.size(0), d = sim.rows.size(1);
+  TileShape tile = clippedTile(n, largest(ops.colSizes), args.compute);
+  TileScratch scratch(tile, 3, args.options());
+  at::Tensor dRows = at::zeros({n, d}, args.options());
+  double dScale = 0;
+
+  // dscale = sum(G * S) splits into the row direction's part (this rank's
+  // share) and the column direction's part, which belongs to the columns'
+  // owner and travels home with their gradient: each rank's share is then the
+  // gradient of its own rows' and columns' losses, as in the unfused plan
+  // (and OpenCLIP's local_loss + gather_with_grad).
+  auto tiles = [&](const Chunk &chunk, at::Tensor &dCols, double &colShare) {
+    const at::Tensor &cols = chunk.features[0], &colTargets = chunk.features[1];
+    const at::Tensor &chunkLse = chunk.features[2],
+                     &chunkCt = chunk.features[3];
+    forEachBlock(n, chunk.length(), tile, [&](const Block &block) {
+      at::Tensor s = similarityTile(sim, cols, block, scratch(0, block));
+      // G = ct_row P_row + ct_col P_col - the one-hot targets.
+      at::Tensor grad = scratch(1, block), byCol = scratch(2, block);
+      grad.copy_(s).mul_(sim.scale);
+      grad.sub_(rowLse.narrow(0, block.row, block.rows).unsqueeze(1)).exp_();
+      grad.mul_(ctRow.narrow(0, block.row, block.rows).unsqueeze(1));
+      byCol.copy_(s).mul_(sim.scale);
+      byCol.sub_(chunkLse.narrow(0, block.col, block.cols).unsqueeze(0)).exp_();
+      byCol.mul_(chunkCt.narrow(0, block.col, block.cols).unsqueeze(0));
+      double colPart = at::dot(byCol.view({-1}), s.view({-1})).item<double>();
+      grad.add_(byCol);
+      Elements g(grad), sAt(s), ctRowAt(ctRow), ctColAt(chunkCt);
+      forRowTargets(ops.rowTargets, block, chunk.offset,
+                    [&](int64_t i, int64_t e) { g.add(e, -ctRowAt.get(i)); });
+      forColTargets(colTargets, block, ops.rowOffset,
+                    [&](int64_t j, int64_t e) {
+                      g.add(e, -ctColAt.get(j));
+                      colPart -= ctColAt.get(j) * sAt.get(e);
+                    });
+      double all = backpropTile(grad, s, block, sim, cols, dRows, dCols);
+      dScale += all - colPart;
+      colShare += colPart;
+    });
+  };
+  ColumnGradient own = runGradientRing(
+      ctx.communicator(), {sim.cols, ops.colTargets, ops.colLse, ops.ctCol},
+      ops.colSizes, d, args.options(), tiles);
+
+  setGradients(ctx, args, dRows, own.dCols,
+               {dScale + own.share.item<double>()});
+}
+
+namespace {
+
+#ifdef DLOSS_HAVE_CUDA
+void ringSoftmaxCEDevice(KernelContext &ctx, const FusedArgs &args) {
+  SoftmaxOperands ops = softmaxOperands(args);
+  const Similarity &sim = ops.sim;
+  const int64_t n = sim.rows.size(0);
+  DeviceTiles dev(args, n, largest(ops.colSizes));
+
+  runSoftmaxCE(ctx, args, ops,
+               [&](const Chunk &chunk, RowStatistics &rows, at::Tensor &stats) {
+                 const at::Tensor &cols = chunk.features[0],
+                                  &colTargets = chunk.features[1];
+                 const int64_t length = chunk.length();
+                 forEachBlock(n, length, dev.shape, [&](const Block &block) {
+                   cuda::ClipForward tile;
+                   tile.scale = static_cast<float>(sim.scale);
+                   tile.rowTargets = dataAt<int64_t>(ops.rowTargets, block.row);
+                   tile.colBase = chunk.offset + block.col;
+                   tile.colTargets = dataAt<int64_t>(colTargets, block.col);
+                   tile.rowBase = ops.rowOffset + block.row;
+                   tile.rowMax = dataAt<float>(rows.max, block.row);
+                   tile.rowSum = dataAt<float>(rows.sum, block.row);
+                   tile.rowTarget = dataAt<float>(rows.picked, block.row);
+                   tile.colMax = dataAt<float>(stats, block.col);
+                   tile.colSum = dataAt<float>(stats, length + block.col);
+                   tile.colTarget =
+                       dataAt<float>(stats, 2 * length + block.col);
+                   cuda::clipForwardTile(dev.launch,
+                                         dev.tile(sim.rows, cols, block), tile);
+                 });
+               });
+}
+
+void ringSoftmaxCEGradDevice(KernelContext &ctx, const FusedArgs &args) {
+  SoftmaxOperands ops = softmaxOperands(args, /*backward=*/true);
+  const Similarity &sim = ops.sim;
+  const int64_t n = sim.rows.size(0), d = sim.rows.size(1);
+  DeviceTiles dev(args, n, largest(ops.colSizes));
+  // Per row: the row direction's share of dscale (see the CPU op).
+  DeviceRowGradient rows(args, sim.scale, ops.rowTargets, n, d);
+
+  auto tiles = [&](const Chunk &chunk, at::Tensor &dCols) {
+    const at::Tensor &cols = chunk.features[0], &colTargets = chunk.features[1];
+    const at::Tensor &chunkLse = chunk.features[2],
+                     &chunkCt = chunk.features[3];
+    at::Tensor colShareRow = perRowShares(n, args);
+    cuda::prepareGradientScale(dev.launch, static_cast<float>(sim.scale),
+                               dataAt<float>(ops.ctRow), n,
+                               dataAt<float>(chunkCt), chunk.length());
+    forEachBlock(n, chunk.length(), dev.shape, [&](const Block &block) {
+      cuda::ClipBackward tile;
+      rows.point(tile, block, chunk.offset, dCols);
+      tile.rowLse = dataAt<float>(ops.rowLse, block.row);
+      tile.ctRow = dataAt<float>(ops.ctRow, block.row);
+      tile.colLse = dataAt<float>(chunkLse, block.col);
+      tile.ctCol = dataAt<float>(chunkCt, block.col);
+      tile.colTargets = dataAt<int64_t>(colTargets, block.col);
+      tile.rowBase = ops.rowOffset + block.row;
+      tile.colShareRow = dataAt<double>(colShareRow, block.row);
+      cuda::clipBackwardTile(dev.launch, dev.tile(sim.rows, cols, block), tile);
+    });
+    return colShareRow.sum().reshape({1});
+  };
+  ColumnGradient own = runGradientRing(
+      ctx.communicator(), {sim.cols, ops.colTargets, ops.colLse, ops.ctCol},
+      ops.colSizes, d, args.options(), tiles);
+
+  setGradients(ctx, args, rows.dRows, own.dCols,
+               {totalOf(rows.dScaleRow) + own.share.item<double>()});
+}
+#endif // DLOSS_HAVE_CUDA
+
+} // namespace
+
+} // namespace dloss::fused

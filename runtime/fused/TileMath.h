@@ -1,0 +1,154 @@
+// The fused ops' arithmetic on one similarity tile: blocking, scratch, targets,
+// online log-sum-exp, backpropagation.
+//
+// A chunk is processed in blocks of Br rows x Bc columns: one at::mm_out into
+// a preallocated tile sized to half the L2 cache, then the element-wise math
+// in place on it. Extra memory is O((n_r + 2 m_max) d + Br Bc): the two chunk
+// buffers, the carries and a few tiles, never n_r x M.
+#ifndef DLOSS_RUNTIME_FUSED_TILEMATH_H
+#define DLOSS_RUNTIME_FUSED_TILEMATH_H
+
+#include "runtime/fused/FusedArgs.h"
+#include "runtime/fused/FusedKernels.h"
+
+#include <algorithm>
+
+namespace dloss::fused {
+
+/// The tile for a `rows` x `cols` problem of `type`: fusedTileShape, never
+/// larger than the problem.
+TileShape clippedTile(int64_t rows, int64_t cols, at::ScalarType type);
+/// The GPU tile, clipped the same way: DLOSS_TILE when set (tests cross
+/// block edges with it), otherwise 2048 x 4096.
+TileShape deviceTileShape(int64_t rows, int64_t cols);
+
+/// A tile's place: rows [row, row + rows) x columns [col, col + cols).
+struct Block {
+  int64_t row, rows, col, cols;
+};
+
+/// Calls fn(block) for every tile of a `rows` x `cols` matrix.
+template <typename Fn>
+void forEachBlock(int64_t rows, int64_t cols, TileShape tile, Fn &&fn) {
+  for (int64_t col = 0; col < cols; col += tile.cols)
+    for (int64_t row = 0; row < rows; row += tile.rows)
+      fn(Block{row, std::min(tile.rows, rows - row), col,
+               std::min(tile.cols, cols - col)});
+}
+
+/// Tile buffers, allocated once per call and reused by every tile.
+class TileScratch {
+public:
+  TileScratch(TileShape shape, int count, at::TensorOptions options) {
+    for (int i = 0; i < count; ++i)
+      buffers.push_back(at::empty({shape.rows * shape.cols}, options));
+  }
+  /// Buffer `which` as a contiguous [block.rows, block.cols] matrix.
+  at::Tensor operator()(int which, const Block &block) const {
+    return buffers[which]
+        .narrow(0, 0, block.rows * block.cols)
+        .view({block.rows, block.cols});
+  }
+
+private:
+  Tensors buffers;
+};
+
+/// S = rows[block] x cols[block]^T, written into `out`.
+at::Tensor similarityTile(const Similarity &sim, const at::Tensor &cols,
+                          const Block &block, at::Tensor out);
+
+/// Single elements of a contiguous f32 or f64 tensor.
+class Elements {
+public:
+  explicit Elements(const at::Tensor &tensor)
+      : isDouble(tensor.scalar_type() == at::kDouble), data(tensor.data_ptr()) {
+  }
+  double get(int64_t k) const {
+    return isDouble ? static_cast<const double *>(data)[k]
+                    : static_cast<const float *>(data)[k];
+  }
+  void set(int64_t k, double value) const {
+    if (isDouble)
+      static_cast<double *>(data)[k] = value;
+    else
+      static_cast<float *>(data)[k] = static_cast<float>(value);
+  }
+  void add(int64_t k, double value) const { set(k, get(k) + value); }
+
+private:
+  bool isDouble;
+  void *data;
+};
+
+/// Calls fn(k, c) for every k in [begin, begin + count) whose target lies in
+/// [low, low + width), with c = targets[k] - low.
+template <typename Fn>
+void forTargetsIn(const at::Tensor &targets, int64_t begin, int64_t count,
+                  int64_t low, int64_t width, Fn &&fn) {
+  const int64_t *data = targets.data_ptr<int64_t>();
+  for (int64_t k = begin; k < begin + count; ++k) {
+    int64_t c = data[k] - low;
+    if (c >= 0 && c < width)
+      fn(k, c);
+  }
+}
+
+/// The tile elements of this rank's rows' targets: fn(k, element index) for
+/// each row k of the block whose target column (global; the tile's columns
+/// start at global column `colBase`) is in the block.
+template <typename Fn>
+void forRowTargets(const at::Tensor &targets, const Block &block,
+                   int64_t colBase, Fn &&fn) {
+  forTargetsIn(
+      targets, block.row, block.rows, colBase + block.col, block.cols,
+      [&](int64_t i, int64_t c) { fn(i, (i - block.row) * block.cols + c); });
+}
+
+/// The same for columns whose target row (global; the tile's rows start at
+/// global row `rowBase`) is in the block.
+template <typename Fn>
+void forColTargets(const at::Tensor &targets, const Block &block,
+                   int64_t rowBase, Fn &&fn) {
+  forTargetsIn(
+      targets, block.col, block.cols, rowBase + block.row, block.rows,
+      [&](int64_t j, int64_t c) { fn(j, c * block.cols + (j - block.col)); });
+}
+
+/// `x` with infinities replaced by 0: a shift that keeps exp(-inf - shift) =
+/// 0 instead of exp(-inf + inf) = NaN.
+at::Tensor finiteShift(const at::Tensor &x);
+
+/// Online log-sum-exp: folds the statistics (max2, sum2) into (max1, sum1),
+/// in place; sum is the sum of exp(x - max), an empty set has (-inf, 0).
+void mergeLse(at::Tensor max1, at::Tensor sum1, const at::Tensor &max2,
+              const at::Tensor &sum2);
+
+/// Folds a tile into running statistics along `dim` (1: one per tile row, 0:
+/// one per tile column). `work` is a scratch tile of the same shape.
+void foldTile(const at::Tensor &tile, int64_t dim, at::Tensor max,
+              at::Tensor sum, at::Tensor work);
+
+/// The log-sum-exp of running statistics.
+at::Tensor lseOf(const at::Tensor &max, const at::Tensor &sum);
+
+/// Backpropagates a tile's gradient G = dLoss/dL through L = scale S:
+/// dRows[block] += scale G cols[block], dCols[block] += scale G^T
+/// rows[block]; returns sum(G * S), the tile's part of dLoss/dscale.
+double backpropTile(const at::Tensor &grad, const at::Tensor &sim,
+                    const Block &block, const Similarity &operands,
+                    const at::Tensor &cols, at::Tensor &dRows,
+                    at::Tensor &dCols);
+
+/// Running log-sum-exp statistics per row (max, sum of exp(x - max); empty:
+/// (-inf, 0)) and the value each row picks at its target.
+struct RowStatistics {
+  at::Tensor max, sum, picked;
+};
+
+/// Empty statistics for `n` rows.
+RowStatistics rowStatistics(int64_t n, const FusedArgs &args);
+
+} // namespace dloss::fused
+
+#endif // DLOSS_RUNTIME_FUSED_TILEMATH_H

@@ -1,0 +1,46 @@
+// The ops a plan may hold, as their ODS definitions declare them (generated: runtime/kernels/OpTable.inc).
+#ifndef DLOSS_RUNTIME_OPTABLE_H
+#define DLOSS_RUNTIME_OPTABLE_H
+
+#include <string>
+#include <vector>
+
+namespace dloss {
+
+/// How a plan carries an attribute (plan::AttrKind, plus a UnitAttr's
+/// presence and arith.constant's typed value).
+enum class OpAttrKind {
+  Integer,  ///< plan integer
+  Real,     ///< plan real (an integer is accepted)
+  Integers, ///< plan integers
+  Text,     ///< plan text; an enum's case by name
+  Flag,     ///< a UnitAttr: plan integer 1 when present
+  Any,      ///< a typed constant: integer, real or constant
+};
+
+struct OpAttrSpec {
+  std::string name;
+  OpAttrKind kind;
+  /// Optional, default-valued or a flag: a plan may leave it out.
+  bool mayBeAbsent;
+  /// An enum's cases (the only texts it may hold); empty otherwise.
+  std::vector<std::string> cases;
+};
+
+struct OpSpec {
+  std::string name; ///< "dloss.all_gather"
+  int minOperands;
+  int maxOperands; ///< -1: any number (variadic)
+  int numResults;
+  std::vector<OpAttrSpec> attrs;
+};
+
+/// The spec of op `name`, or nullptr when no ODS definition names it.
+const OpSpec *findOpSpec(const std::string &name);
+
+/// Every op of the table (the dloss dialect and arith), sorted by name.
+const std::vector<OpSpec> &opSpecs();
+
+} // namespace dloss
+
+#endif // DLOSS_RUNTIME_OPTABLE_H
