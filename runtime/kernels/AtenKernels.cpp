@@ -62,7 +62,7 @@ std::vector<int64_t> dropAxis(at::IntArrayRef sizes, int64_t axis) {
 // Rule builders
 //===----------------------------------------------------------------------===//
 
-KernelBinding unaryRule(UnaryFn fn) {
+KernelRule unaryRule(UnaryFn fn) {
   return {[fn](const StepAttrs &) -> Kernel {
             return [fn](KernelContext &ctx) {
               ctx.setResult(0, fn(ctx.tensor(0)));
@@ -73,7 +73,7 @@ KernelBinding unaryRule(UnaryFn fn) {
 
 /// Element-wise binary ops: equal shapes, or one 0-d operand broadcast to
 /// the other. General broadcasting is refused: it would hide plan bugs.
-KernelBinding binaryRule(BinaryFn fn) {
+KernelRule binaryRule(BinaryFn fn) {
   return {[fn](const StepAttrs &) -> Kernel {
             return [fn](KernelContext &ctx) {
               const at::Tensor &lhs = ctx.tensor(0);
@@ -91,12 +91,12 @@ KernelBinding binaryRule(BinaryFn fn) {
 }
 
 /// A rule whose kernel needs nothing from the attributes.
-KernelBinding plainRule(void (*fn)(KernelContext &)) {
+KernelRule plainRule(void (*fn)(KernelContext &)) {
   return {[fn](const StepAttrs &) -> Kernel { return fn; }};
 }
 
 /// A rule with a single `axis` attribute, normalised against operand 0.
-KernelBinding axisRule(void (*fn)(KernelContext &, int64_t axis)) {
+KernelRule axisRule(void (*fn)(KernelContext &, int64_t axis)) {
   return {[fn](const StepAttrs &attrs) -> Kernel {
     int64_t axis = attrs.integer("axis");
     return [fn, axis](KernelContext &ctx) {
@@ -105,12 +105,12 @@ KernelBinding axisRule(void (*fn)(KernelContext &, int64_t axis)) {
   }};
 }
 
-KernelBinding withFlow(KernelBinding rule, ShapeFlow flow) {
+KernelRule withFlow(KernelRule rule, ShapeFlow flow) {
   rule.shapeFlow = flow;
   return rule;
 }
 
-KernelBinding indexBinaryRule(IndexFn fn) {
+KernelRule indexBinaryRule(IndexFn fn) {
   return {[fn](const StepAttrs &) -> Kernel {
     return [fn](KernelContext &ctx) {
       ctx.setResult(0, Value::ofIndex(fn(ctx.index(0), ctx.index(1))));
@@ -195,7 +195,7 @@ at::Tensor materializeConstant(const plan::Constant &constant) {
   return tensor;
 }
 
-KernelBinding constantRule() {
+KernelRule constantRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
     const plan::Attr *value = attrs.find("value");
     if (!value)
@@ -253,7 +253,7 @@ Predicate parsePredicate(const std::string &name) {
   return it->second;
 }
 
-KernelBinding cmpiRule() {
+KernelRule cmpiRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
     Predicate predicate = parsePredicate(attrs.text("predicate"));
     return [predicate](KernelContext &ctx) {
@@ -317,7 +317,7 @@ void globalSizeKernel(KernelContext &ctx, int64_t axis) {
 // Collectives
 //===----------------------------------------------------------------------===//
 
-KernelBinding allGatherRule() {
+KernelRule allGatherRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
     int64_t axis = attrs.integer("axis");
     // `grad` only changes the backward plan; check it is well formed.
@@ -338,7 +338,7 @@ KernelBinding allGatherRule() {
   }};
 }
 
-KernelBinding allReduceRule() {
+KernelRule allReduceRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
             Reduction kind = parseReduction(attrs.text("kind"));
             return [kind](KernelContext &ctx) {
@@ -349,7 +349,7 @@ KernelBinding allReduceRule() {
           ShapeFlow::Operand0};
 }
 
-KernelBinding reduceScatterRule() {
+KernelRule reduceScatterRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
     Reduction kind = parseReduction(attrs.text("kind"));
     int64_t axis = attrs.integer("axis");
@@ -392,7 +392,7 @@ KernelBinding reduceScatterRule() {
   }};
 }
 
-KernelBinding broadcastRule() {
+KernelRule broadcastRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
             int64_t root = attrs.integer("root");
             return [root](KernelContext &ctx) {
@@ -410,7 +410,7 @@ KernelBinding broadcastRule() {
           ShapeFlow::Operand0};
 }
 
-KernelBinding ringShiftRule() {
+KernelRule ringShiftRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
     int64_t shift = attrs.integer("shift");
     return [shift](KernelContext &ctx) {
@@ -424,7 +424,7 @@ KernelBinding ringShiftRule() {
 // Compute
 //===----------------------------------------------------------------------===//
 
-KernelBinding castRule() {
+KernelRule castRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
             at::ScalarType type = attrs.resultType();
             return [type](KernelContext &ctx) {
@@ -439,7 +439,7 @@ KernelBinding castRule() {
           ShapeFlow::Operand0};
 }
 
-KernelBinding clampRule() {
+KernelRule clampRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
             std::optional<double> lo = attrs.optionalReal("min");
             std::optional<double> hi = attrs.optionalReal("max");
@@ -458,7 +458,7 @@ KernelBinding clampRule() {
           ShapeFlow::Operand0};
 }
 
-KernelBinding matmulRule() {
+KernelRule matmulRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
     bool transposeLhs = attrs.flag("transpose_lhs");
     bool transposeRhs = attrs.flag("transpose_rhs");
@@ -482,7 +482,7 @@ KernelBinding matmulRule() {
   }};
 }
 
-KernelBinding l2NormalizeRule() {
+KernelRule l2NormalizeRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
             int64_t axis = attrs.integer("axis");
             // torch.nn.functional.normalize's default.
@@ -499,7 +499,7 @@ KernelBinding l2NormalizeRule() {
           ShapeFlow::Operand0};
 }
 
-KernelBinding reduceRule() {
+KernelRule reduceRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
     Reduction kind = parseReduction(attrs.text("kind"));
     std::vector<int64_t> axes = attrs.integers("axes");
@@ -593,7 +593,7 @@ void crossEntropyKernel(KernelContext &ctx, int64_t axis) {
   ctx.setResult(0, at::logsumexp(logits, {axis}, /*keepdim=*/false) - target);
 }
 
-KernelBinding arangeRule() {
+KernelRule arangeRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
     at::ScalarType type = attrs.resultType();
     return [type](KernelContext &ctx) {
@@ -609,7 +609,7 @@ KernelBinding arangeRule() {
   }};
 }
 
-KernelBinding expandRule() {
+KernelRule expandRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
     std::vector<int64_t> axes = attrs.integers("axes");
     return [axes](KernelContext &ctx) {

@@ -11,47 +11,47 @@ using UnaryFn = at::Tensor (*)(const at::Tensor &);
 using BinaryFn = at::Tensor (*)(const at::Tensor &, const at::Tensor &);
 using IndexFn = int64_t (*)(int64_t, int64_t);
 
-KernelBinding unaryRule(UnaryFn fn);
+KernelRule unaryRule(UnaryFn fn);
 
 /// Element-wise binary ops: equal shapes, or one 0-d operand broadcast to
 /// the other. General broadcasting is refused: it would hide plan bugs.
-KernelBinding binaryRule(BinaryFn fn);
+KernelRule binaryRule(BinaryFn fn);
 
 at::Tensor eqIndicator(const at::Tensor &lhs, const at::Tensor &rhs);
 
-KernelBinding clampRule();
+KernelRule clampRule();
 
-KernelBinding castRule();
+KernelRule castRule();
 
-KernelBinding matmulRule();
+KernelRule matmulRule();
 
-KernelBinding l2NormalizeRule();
+KernelRule l2NormalizeRule();
 
-KernelBinding reduceRule();
+KernelRule reduceRule();
 
 /// A rule with a single `axis` attribute, normalised against operand 0.
-KernelBinding axisRule(void (*fn)(KernelContext &, int64_t axis));
+KernelRule axisRule(void (*fn)(KernelContext &, int64_t axis));
 
 void logsumexpKernel(KernelContext &ctx, int64_t axis);
 
 void takeAlongKernel(KernelContext &ctx, int64_t axis);
 
-KernelBinding withFlow(KernelBinding rule, ShapeFlow flow);
+KernelRule withFlow(KernelRule rule, ShapeFlow flow);
 
 void putAlongKernel(KernelContext &ctx, int64_t axis);
 
 void crossEntropyKernel(KernelContext &ctx, int64_t axis);
 
-KernelBinding arangeRule();
+KernelRule arangeRule();
 
-KernelBinding expandRule();
+KernelRule expandRule();
 
 void sliceKernel(KernelContext &ctx, int64_t axis);
 
 void padKernel(KernelContext &ctx, int64_t axis);
 
 /// A rule whose kernel needs nothing from the attributes.
-KernelBinding plainRule(void (*fn)(KernelContext &));
+KernelRule plainRule(void (*fn)(KernelContext &));
 
 void rankKernel(KernelContext &ctx);
 
@@ -63,19 +63,19 @@ void shardOffsetKernel(KernelContext &ctx, int64_t axis);
 
 void globalSizeKernel(KernelContext &ctx, int64_t axis);
 
-KernelBinding allGatherRule();
+KernelRule allGatherRule();
 
-KernelBinding allReduceRule();
+KernelRule allReduceRule();
 
-KernelBinding reduceScatterRule();
+KernelRule reduceScatterRule();
 
-KernelBinding broadcastRule();
+KernelRule broadcastRule();
 
-KernelBinding ringShiftRule();
+KernelRule ringShiftRule();
 
-KernelBinding constantRule();
+KernelRule constantRule();
 
-KernelBinding indexBinaryRule(IndexFn fn);
+KernelRule indexBinaryRule(IndexFn fn);
 
 int64_t wrapAdd(int64_t a, int64_t b);
 
@@ -85,7 +85,7 @@ int64_t wrapMul(int64_t a, int64_t b);
 
 int64_t divsi(int64_t a, int64_t b);
 
-KernelBinding cmpiRule();
+KernelRule cmpiRule();
 
 void selectKernel(KernelContext &ctx);
 

@@ -1,13 +1,13 @@
-// The kernel table: every op the runtime runs, keyed by MLIR op name, with its
-// arity; bindKernel looks a step up in it.
+// The kernel table: every op the runtime runs, keyed by MLIR op name; bindKernel checks a step against its op's spec, then binds it.
 //
-// Every op's operand and result counts are written here, in buildTable(),
-// one {min operands, max operands, results} per op; the rules (AtenKernels.h,
-// fused/FusedKernels.h) only bind kernels to attributes.
+// The rules (AtenKernels.h, fused/FusedKernels.h) only bind kernels to
+// attributes. Operand and result counts and attribute kinds come from the
+// ops' ODS definitions (OpTable.h, generated), never typed in here.
 #include "runtime/kernels/KernelTable.h"
 
 #include "runtime/fused/FusedKernels.h"
 #include "runtime/kernels/AtenKernels.h"
+#include "runtime/kernels/OpTable.h"
 #include "runtime/support/Error.h"
 
 #include <algorithm>
@@ -20,116 +20,139 @@ using namespace aten;
 
 std::unordered_map<std::string, KernelRule> buildTable() {
   std::unordered_map<std::string, KernelRule> table;
-  // Every op's {min operands, max operands, results}, checked by bindKernel
-  // before its rule runs.
-  auto add = [&table](const char *op, Arity arity, KernelBinding binding) {
-    table.emplace(op, KernelRule{std::move(binding.bind), arity.minOperands,
-                                 arity.maxOperands, arity.numResults,
-                                 binding.shapeFlow});
+  auto add = [&table](const char *op, KernelRule rule) {
+    table.emplace(op, std::move(rule));
   };
   // Element-wise.
-  add("dloss.add", {2, 2, 1},
-      binaryRule([](const at::Tensor &a, const at::Tensor &b) {
+  add("dloss.add", binaryRule([](const at::Tensor &a, const at::Tensor &b) {
         return at::add(a, b);
       }));
-  add("dloss.sub", {2, 2, 1},
-      binaryRule([](const at::Tensor &a, const at::Tensor &b) {
+  add("dloss.sub", binaryRule([](const at::Tensor &a, const at::Tensor &b) {
         return at::sub(a, b);
       }));
-  add("dloss.mul", {2, 2, 1},
-      binaryRule([](const at::Tensor &a, const at::Tensor &b) {
+  add("dloss.mul", binaryRule([](const at::Tensor &a, const at::Tensor &b) {
         return at::mul(a, b);
       }));
-  add("dloss.div", {2, 2, 1},
-      binaryRule([](const at::Tensor &a, const at::Tensor &b) {
+  add("dloss.div", binaryRule([](const at::Tensor &a, const at::Tensor &b) {
         return at::div(a, b);
       }));
-  add("dloss.eq", {2, 2, 1}, binaryRule(eqIndicator));
-  add("dloss.neg", {1, 1, 1},
-      unaryRule([](const at::Tensor &x) { return at::neg(x); }));
-  add("dloss.exp", {1, 1, 1},
-      unaryRule([](const at::Tensor &x) { return at::exp(x); }));
-  add("dloss.log", {1, 1, 1},
-      unaryRule([](const at::Tensor &x) { return at::log(x); }));
-  add("dloss.sqrt", {1, 1, 1},
-      unaryRule([](const at::Tensor &x) { return at::sqrt(x); }));
-  add("dloss.sin", {1, 1, 1},
-      unaryRule([](const at::Tensor &x) { return at::sin(x); }));
-  add("dloss.cos", {1, 1, 1},
-      unaryRule([](const at::Tensor &x) { return at::cos(x); }));
-  add("dloss.acos", {1, 1, 1},
-      unaryRule([](const at::Tensor &x) { return at::acos(x); }));
-  add("dloss.sigmoid", {1, 1, 1},
-      unaryRule([](const at::Tensor &x) { return at::sigmoid(x); }));
+  add("dloss.eq", binaryRule(eqIndicator));
+  add("dloss.neg", unaryRule([](const at::Tensor &x) { return at::neg(x); }));
+  add("dloss.exp", unaryRule([](const at::Tensor &x) { return at::exp(x); }));
+  add("dloss.log", unaryRule([](const at::Tensor &x) { return at::log(x); }));
+  add("dloss.sqrt", unaryRule([](const at::Tensor &x) { return at::sqrt(x); }));
+  add("dloss.sin", unaryRule([](const at::Tensor &x) { return at::sin(x); }));
+  add("dloss.cos", unaryRule([](const at::Tensor &x) { return at::cos(x); }));
+  add("dloss.acos", unaryRule([](const at::Tensor &x) { return at::acos(x); }));
+  add("dloss.sigmoid", unaryRule([](const at::Tensor &x) { return at::sigmoid(x); }));
   // ATen's softplus is exact below its threshold (log1p(exp(x))) and returns
   // x above 20, where the difference is < 2.1e-9 absolute. at::logaddexp
   // (1.13) loses exp(x) for x < -17 in fp32, so it is not used.
-  add("dloss.softplus", {1, 1, 1}, unaryRule([](const at::Tensor &x) {
+  add("dloss.softplus", unaryRule([](const at::Tensor &x) {
         return at::softplus(x, /*beta=*/1, /*threshold=*/20);
       }));
-  add("dloss.log_sigmoid", {1, 1, 1},
-      unaryRule([](const at::Tensor &x) { return at::log_sigmoid(x); }));
-  add("dloss.zeros_like", {1, 1, 1}, unaryRule([](const at::Tensor &x) {
+  add("dloss.log_sigmoid", unaryRule([](const at::Tensor &x) { return at::log_sigmoid(x); }));
+  add("dloss.zeros_like", unaryRule([](const at::Tensor &x) {
         return at::zeros_like(x, at::MemoryFormat::Contiguous);
       }));
-  add("dloss.clamp", {1, 1, 1}, clampRule());
-  add("dloss.cast", {1, 1, 1}, castRule());
+  add("dloss.clamp", clampRule());
+  add("dloss.cast", castRule());
   // Linear algebra, reductions, indexing.
-  add("dloss.matmul", {2, 2, 1}, matmulRule());
-  add("dloss.l2_normalize", {1, 1, 1}, l2NormalizeRule());
-  add("dloss.reduce", {1, 1, 1}, reduceRule());
-  add("dloss.logsumexp", {1, 1, 1}, axisRule(logsumexpKernel));
-  add("dloss.take_along", {2, 2, 1}, axisRule(takeAlongKernel));
-  add("dloss.put_along", {3, 3, 1},
-      withFlow(axisRule(putAlongKernel), ShapeFlow::Operand0));
-  add("dloss.cross_entropy", {2, 2, 1}, axisRule(crossEntropyKernel));
-  add("dloss.arange", {2, 2, 1}, arangeRule());
-  add("dloss.expand", {2, 2, 1}, expandRule());
-  add("dloss.slice", {3, 3, 1}, axisRule(sliceKernel));
-  add("dloss.pad", {3, 3, 1}, axisRule(padKernel));
+  add("dloss.matmul", matmulRule());
+  add("dloss.l2_normalize", l2NormalizeRule());
+  add("dloss.reduce", reduceRule());
+  add("dloss.logsumexp", axisRule(logsumexpKernel));
+  add("dloss.take_along", axisRule(takeAlongKernel));
+  add("dloss.put_along", withFlow(axisRule(putAlongKernel), ShapeFlow::Operand0));
+  add("dloss.cross_entropy", axisRule(crossEntropyKernel));
+  add("dloss.arange", arangeRule());
+  add("dloss.expand", expandRule());
+  add("dloss.slice", axisRule(sliceKernel));
+  add("dloss.pad", axisRule(padKernel));
   // Rank facts.
-  add("dloss.rank", {0, 0, 1}, plainRule(rankKernel));
-  add("dloss.world_size", {0, 0, 1}, plainRule(worldSizeKernel));
-  add("dloss.dim", {1, 1, 1}, axisRule(dimKernel));
-  add("dloss.shard_offset", {1, 1, 1}, axisRule(shardOffsetKernel));
-  add("dloss.global_size", {1, 1, 1}, axisRule(globalSizeKernel));
+  add("dloss.rank", plainRule(rankKernel));
+  add("dloss.world_size", plainRule(worldSizeKernel));
+  add("dloss.dim", axisRule(dimKernel));
+  add("dloss.shard_offset", axisRule(shardOffsetKernel));
+  add("dloss.global_size", axisRule(globalSizeKernel));
   // Collectives.
-  add("dloss.all_gather", {1, 1, 1}, allGatherRule());
-  add("dloss.all_reduce", {1, 1, 1}, allReduceRule());
-  add("dloss.reduce_scatter", {1, 2, 1}, reduceScatterRule());
-  add("dloss.broadcast", {1, 1, 1}, broadcastRule());
-  add("dloss.ring_shift", {1, 1, 1}, ringShiftRule());
+  add("dloss.all_gather", allGatherRule());
+  add("dloss.all_reduce", allReduceRule());
+  add("dloss.reduce_scatter", reduceScatterRule());
+  add("dloss.broadcast", broadcastRule());
+  add("dloss.ring_shift", ringShiftRule());
   // arith: constants and index arithmetic.
-  add("arith.constant", {0, 0, 1}, constantRule());
-  add("arith.addi", {2, 2, 1}, indexBinaryRule(wrapAdd));
-  add("arith.subi", {2, 2, 1}, indexBinaryRule(wrapSub));
-  add("arith.muli", {2, 2, 1}, indexBinaryRule(wrapMul));
-  add("arith.divsi", {2, 2, 1}, indexBinaryRule(divsi));
-  add("arith.maxsi", {2, 2, 1},
-      indexBinaryRule([](int64_t a, int64_t b) { return std::max(a, b); }));
-  add("arith.minsi", {2, 2, 1},
-      indexBinaryRule([](int64_t a, int64_t b) { return std::min(a, b); }));
-  add("arith.cmpi", {2, 2, 1}, cmpiRule());
-  add("arith.select", {3, 3, 1}, plainRule(selectKernel));
-  add("arith.index_cast", {1, 1, 1}, plainRule(indexCastKernel));
+  add("arith.constant", constantRule());
+  add("arith.addi", indexBinaryRule(wrapAdd));
+  add("arith.subi", indexBinaryRule(wrapSub));
+  add("arith.muli", indexBinaryRule(wrapMul));
+  add("arith.divsi", indexBinaryRule(divsi));
+  add("arith.maxsi", indexBinaryRule([](int64_t a, int64_t b) { return std::max(a, b); }));
+  add("arith.minsi", indexBinaryRule([](int64_t a, int64_t b) { return std::min(a, b); }));
+  add("arith.cmpi", cmpiRule());
+  add("arith.select", plainRule(selectKernel));
+  add("arith.index_cast", plainRule(indexCastKernel));
   // Fused similarity ops (ring-tiled; runtime/fused/). The backward ops'
   // result 0 (d rows) has the shape of operand 0 (rows).
   auto fusedBinding = [](void (*fn)(KernelContext &),
                          ShapeFlow flow = ShapeFlow::None) {
-    return KernelBinding{[fn](const StepAttrs &) -> Kernel { return fn; },
+    return KernelRule{[fn](const StepAttrs &) -> Kernel { return fn; },
                          flow};
   };
-  add("dloss.ring_softmax_ce", {5, 5, 4}, fusedBinding(fused::ringSoftmaxCE));
-  add("dloss.ring_softmax_ce_grad", {9, 9, 3},
-      fusedBinding(fused::ringSoftmaxCEGrad, ShapeFlow::Operand0));
-  add("dloss.ring_sigmoid_pairs", {5, 5, 2},
-      fusedBinding(fused::ringSigmoidPairs));
-  add("dloss.ring_sigmoid_pairs_grad", {7, 7, 4},
-      fusedBinding(fused::ringSigmoidPairsGrad, ShapeFlow::Operand0));
-  add("dloss.sharded_softmax", {4, 4, 2}, fusedBinding(fused::shardedSoftmax));
-  add("dloss.sharded_softmax_grad", {7, 7, 3},
-      fusedBinding(fused::shardedSoftmaxGrad, ShapeFlow::Operand0));
+  add("dloss.ring_softmax_ce", fusedBinding(fused::ringSoftmaxCE));
+  add("dloss.ring_softmax_ce_grad", fusedBinding(fused::ringSoftmaxCEGrad, ShapeFlow::Operand0));
+  add("dloss.ring_sigmoid_pairs", fusedBinding(fused::ringSigmoidPairs));
+  add("dloss.ring_sigmoid_pairs_grad", fusedBinding(fused::ringSigmoidPairsGrad, ShapeFlow::Operand0));
+  add("dloss.sharded_softmax", fusedBinding(fused::shardedSoftmax));
+  add("dloss.sharded_softmax_grad", fusedBinding(fused::shardedSoftmaxGrad, ShapeFlow::Operand0));
   return table;
+}
+
+/// The step's operand and result counts fit the op's ODS definition.
+void checkArity(const OpSpec &spec, int operands, int results) {
+  bool unbounded = spec.maxOperands < 0;
+  if (operands < spec.minOperands || (!unbounded && operands > spec.maxOperands))
+    fail("the step has " + std::to_string(operands) + " operands, expected " +
+             (spec.minOperands == spec.maxOperands
+                  ? std::to_string(spec.minOperands)
+              : unbounded ? "at least " + std::to_string(spec.minOperands)
+                          : std::to_string(spec.minOperands) + " to " +
+                                std::to_string(spec.maxOperands)),
+         kPlanBugHint);
+  if (results != spec.numResults)
+    fail("the step has " + std::to_string(results) + " results, expected " +
+             std::to_string(spec.numResults),
+         kPlanBugHint);
+}
+
+/// Every attribute the op's ODS definition declares is present unless it may
+/// be absent, and of the kind the plan carries it as. StepAttrs's accessors
+/// raise the errors, so they read as they do when a kernel reads the
+/// attribute; the kernels decode an enum's case with their own message. (Attributes the definition does not
+/// declare are left alone: plans built by hand name a result type.)
+void checkAttributes(const OpSpec &spec, const StepAttrs &attrs) {
+  for (const OpAttrSpec &attr : spec.attrs) {
+    const char *name = attr.name.c_str();
+    if (attr.mayBeAbsent && !attrs.has(name))
+      continue;
+    switch (attr.kind) {
+    case OpAttrKind::Integer:
+    case OpAttrKind::Flag:
+      (void)attrs.integer(name);
+      break;
+    case OpAttrKind::Real:
+      (void)attrs.real(name);
+      break;
+    case OpAttrKind::Integers:
+      (void)attrs.integers(name);
+      break;
+    case OpAttrKind::Text: // an enum's case: its kernel decodes it
+      (void)attrs.text(name);
+      break;
+    case OpAttrKind::Any: // a typed constant: its kernel reads it
+      break;
+    }
+  }
 }
 
 } // namespace
@@ -150,22 +173,19 @@ BoundKernel bindKernel(const plan::Step &step) {
         .withOp(op)
         .withLocation(loc);
   const KernelRule &rule = it->second;
+  const OpSpec *spec = findOpSpec(op);
   int operands =
       step.operands() ? static_cast<int>(step.operands()->size()) : 0;
   int results = step.results() ? static_cast<int>(step.results()->size()) : 0;
   try {
-    if (operands < rule.minOperands || operands > rule.maxOperands)
-      fail("the step has " + std::to_string(operands) + " operands, expected " +
-               (rule.minOperands == rule.maxOperands
-                    ? std::to_string(rule.minOperands)
-                    : std::to_string(rule.minOperands) + " to " +
-                          std::to_string(rule.maxOperands)),
-           kPlanBugHint);
-    if (results != rule.numResults)
-      fail("the step has " + std::to_string(results) + " results, expected " +
-               std::to_string(rule.numResults),
-           kPlanBugHint);
-    return BoundKernel{rule.bind(StepAttrs(step)), rule.shapeFlow};
+    if (!spec)
+      fail("the runtime has a kernel but no op-table entry for this op",
+           "Regenerate runtime/kernels/OpTable.inc: cmake --build build "
+           "--target dloss-op-table");
+    checkArity(*spec, operands, results);
+    StepAttrs attrs(step);
+    checkAttributes(*spec, attrs);
+    return BoundKernel{rule.bind(attrs), rule.shapeFlow};
   } catch (const Error &error) {
     throw error.withOp(op).withLocation(loc);
   } catch (const c10::Error &error) {

@@ -1,5 +1,4 @@
-// The kernel table's types: a kernel, the rule that binds it to a step, and the
-// lookup by op name.
+// The kernel table's types: a kernel, the rule that binds it to a step, the lookup by op name.
 #ifndef DLOSS_RUNTIME_KERNELS_KERNELTABLE_H
 #define DLOSS_RUNTIME_KERNELS_KERNELTABLE_H
 
@@ -28,30 +27,15 @@ enum class ShapeFlow : uint8_t {
   Elementwise,
 };
 
-/// How many operands and results a step of an op has.
-struct Arity {
-  int minOperands;
-  int maxOperands;
-  int numResults;
-};
-
-/// How a rule binds a step: the kernel from its attributes, and how the
-/// result's sizes follow from the operands'.
-struct KernelBinding {
-  /// Parses the step's attributes (raising dloss::Error when they are
-  /// missing or malformed) and returns the kernel.
-  std::function<Kernel(const StepAttrs &)> bind;
-  ShapeFlow shapeFlow = ShapeFlow::None;
-};
-
-/// The lowering rule of one op: its binding and its arity.
+/// The lowering rule of one op: how it binds a step (the kernel from its
+/// attributes) and how the result's sizes follow from the operands'. The
+/// op's operand and result counts and its attributes' kinds are not here:
+/// they come from its ODS definition (runtime/kernels/OpTable.inc), and
+/// bindKernel checks a step against them before the rule runs.
 struct KernelRule {
   /// Parses the step's attributes (raising dloss::Error when they are
-  /// missing or malformed) and returns the kernel.
+  /// malformed) and returns the kernel.
   std::function<Kernel(const StepAttrs &)> bind;
-  int minOperands;
-  int maxOperands;
-  int numResults;
   ShapeFlow shapeFlow = ShapeFlow::None;
 };
 
@@ -65,8 +49,9 @@ struct BoundKernel {
 const std::unordered_map<std::string, KernelRule> &kernelTable();
 
 /// Resolves and binds the kernel of `step`: an unknown op, a wrong number of
-/// operands or results, or a bad attribute raise dloss::Error naming the op
-/// and its location.
+/// operands or results, or an attribute that is missing or of the wrong kind
+/// (as the op's ODS definition declares them) raise dloss::Error naming the
+/// op and its location.
 BoundKernel bindKernel(const plan::Step &step);
 
 } // namespace dloss

@@ -23,8 +23,6 @@ struct OpAttrSpec {
   OpAttrKind kind;
   /// Optional, default-valued or a flag: a plan may leave it out.
   bool mayBeAbsent;
-  /// An enum's cases (the only texts it may hold); empty otherwise.
-  std::vector<std::string> cases;
 };
 
 struct OpSpec {
