@@ -6,6 +6,7 @@
 // runtime's algorithms.
 #include "dialect/CostModel.h"
 #include "dialect/DlossOps.h"
+#include "runtime/comm/RingBuffers.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/IR/TypeUtilities.h"
@@ -217,14 +218,12 @@ LogicalResult ReduceScatterOp::evaluateCost(CostEvaluator &e, OpCost &cost) {
   cost.sent =
       Cost{double((n - 1) * block),
            llvm::formatv("ring: {0} x {1}", n - 1, bytesText(block)).str()};
-  // The ring holds the block going out and the one coming in; the last one
-  // comes into the result, and the first goes out of the input itself when
-  // the blocks are contiguous (nothing but size-1 dims before the axis).
+  // The engine's own count of the ring's temporary blocks; its first block
+  // goes out of the input when nothing but size-1 dims precede the axis.
   int64_t outer = 1;
   for (int64_t d = 0; d < axis; ++d)
     outer *= input.getDimSize(d);
-  int64_t buffers =
-      n < 2 ? 0 : std::min<int64_t>(2, outer == 1 ? n - 2 : n - 1);
+  int64_t buffers = ::dloss::glooReduceScatterBuffers(n, outer == 1);
   if (buffers)
     cost.workspace = Cost{
         double(buffers * block),

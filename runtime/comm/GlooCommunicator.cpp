@@ -12,6 +12,7 @@
 #endif
 
 #include "runtime/comm/ContractCommunicator.h"
+#include "runtime/comm/RingBuffers.h"
 #include "runtime/comm/StoreRendezvous.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -395,10 +396,17 @@ GlooCommunicator::transferReduceScatter(Call &call, const at::Tensor &input,
     // the next step. Its own first block goes out straight from the input
     // when it is contiguous (along the leading axis).
     int next = (rank + 1) % n, previous = (rank - 1 + n) % n;
-    std::vector<at::Tensor> spare; // buffers whose sends have completed
+    int firstBlock = (rank - 1 + n) % n;
+    at::Tensor sendData = block(firstBlock), sendBuffer;
+    // The pool holds what glooReduceScatterBuffers says, which the cost
+    // report counts too; a buffer goes back once its send has completed.
+    std::vector<at::Tensor> spare(
+        glooReduceScatterBuffers(n, sendData.is_contiguous()));
+    for (at::Tensor &buffer : spare)
+      buffer = at::empty({largest}, input.options());
     auto take = [&] {
-      if (spare.empty())
-        return at::empty({largest}, input.options());
+      TORCH_INTERNAL_ASSERT(!spare.empty(),
+                            "glooReduceScatterBuffers undercounts the ring");
       at::Tensor buffer = spare.back();
       spare.pop_back();
       return buffer;
@@ -406,8 +414,6 @@ GlooCommunicator::transferReduceScatter(Call &call, const at::Tensor &input,
     auto inBuffer = [&](const at::Tensor &buffer, int b) {
       return buffer.narrow(0, 0, sizes[b] * inner).view(shapeOf(b));
     };
-    int firstBlock = (rank - 1 + n) % n;
-    at::Tensor sendData = block(firstBlock), sendBuffer;
     if (!sendData.is_contiguous()) {
       sendBuffer = take();
       sendData = inBuffer(sendBuffer, firstBlock).copy_(sendData);
