@@ -1,4 +1,5 @@
-// The contract between per-op adjoint rules (dialect/DlossAdjoints.cpp) and the autodiff pass.
+// The contract between per-op adjoint rules (dialect/DlossAdjoints.cpp) and the
+// autodiff pass.
 #ifndef DLOSS_DIALECT_ADJOINT_H
 #define DLOSS_DIALECT_ADJOINT_H
 

@@ -1,4 +1,5 @@
-// The contract between per-op cost rules (dialect/DlossCosts.cpp) and the cost report (report/).
+// The contract between per-op cost rules (dialect/DlossCosts.cpp) and the cost
+// report (report/).
 //
 // The report evaluates a straight-line function on one representative rank
 // under concrete sizes. Each op's rule (CostOpInterface::evaluateCost) gives

@@ -72,16 +72,22 @@ struct Ops {
   Value div(Value x, Value y) { return DivOp::create(ab.b, ab.loc, x, y); }
   Value neg(Value x) { return NegOp::create(ab.b, ab.loc, x); }
   Value eq(Value x, Value y) { return EqOp::create(ab.b, ab.loc, x, y); }
-  Value scalar(double v, Value like) { return ab.scalar(v, elementTypeOf(like)); }
+  Value scalar(double v, Value like) {
+    return ab.scalar(v, elementTypeOf(like));
+  }
   Value sumOver(Value x, ArrayRef<int64_t> axes) {
     return ReduceOp::create(ab.b, ab.loc, ReduceKind::sum, x, axes);
   }
-  Value dim(Value x, int64_t axis) { return DimOp::create(ab.b, ab.loc, x, axis); }
+  Value dim(Value x, int64_t axis) {
+    return DimOp::create(ab.b, ab.loc, x, axis);
+  }
 };
 } // namespace
 
 /// The cotangent of a single-result op, or null.
-static Value resultCt(AdjointBuilder &ab) { return ab.resultCotangent(0).value; }
+static Value resultCt(AdjointBuilder &ab) {
+  return ab.resultCotangent(0).value;
+}
 
 //===----------------------------------------------------------------------===//
 // Collectives
@@ -121,9 +127,9 @@ LogicalResult AllGatherOp::buildAdjoint(AdjointBuilder &ab) {
   }
   // Partial: sum the ranks' contributions, each rank keeping its own block
   // (its own size, so uneven batches are exact).
-  ab.addOperandCotangent(0, ReduceScatterOp::create(ab.b, ab.loc, ReduceKind::sum,
-                                                    ct.value, getAxis(),
-                                                    o.dim(x, getAxis())));
+  ab.addOperandCotangent(
+      0, ReduceScatterOp::create(ab.b, ab.loc, ReduceKind::sum, ct.value,
+                                 getAxis(), o.dim(x, getAxis())));
   return success();
 }
 
@@ -152,7 +158,8 @@ LogicalResult AllReduceOp::buildAdjoint(AdjointBuilder &ab) {
 LogicalResult ReduceScatterOp::buildAdjoint(AdjointBuilder &ab) {
   Value ct = ab.resultCotangent(0).value;
   Ops o{ab};
-  Value all = AllGatherOp::create(ab.b, ab.loc, ct, getAxis(), GatherGrad::exact);
+  Value all =
+      AllGatherOp::create(ab.b, ab.loc, ct, getAxis(), GatherGrad::exact);
   if (getKind() == ReduceKind::mean)
     all = o.div(all, ab.worldSize(elementTypeOf(ct)));
   ab.addOperandCotangent(0, all);
@@ -164,17 +171,20 @@ LogicalResult BroadcastOp::buildAdjoint(AdjointBuilder &ab) {
   Value ct = ab.reduced(ab.resultCotangent(0));
   Ops o{ab};
   Type elementType = elementTypeOf(ct);
-  Value rank = CastOp::create(ab.b, ab.loc, RankedTensorType::get({}, elementType),
-                              RankOp::create(ab.b, ab.loc).getResult());
-  Value isRoot = o.eq(rank, ab.scalar(static_cast<double>(getRoot()), elementType));
+  Value rank =
+      CastOp::create(ab.b, ab.loc, RankedTensorType::get({}, elementType),
+                     RankOp::create(ab.b, ab.loc).getResult());
+  Value isRoot =
+      o.eq(rank, ab.scalar(static_cast<double>(getRoot()), elementType));
   ab.addOperandCotangent(0, o.mul(ct, isRoot));
   return success();
 }
 
 LogicalResult RingShiftOp::buildAdjoint(AdjointBuilder &ab) {
   Value ct = ab.partial(ab.resultCotangent(0));
-  ab.addOperandCotangent(0, RingShiftOp::create(ab.b, ab.loc, ct,
-                                                -static_cast<int64_t>(getShift())));
+  ab.addOperandCotangent(
+      0,
+      RingShiftOp::create(ab.b, ab.loc, ct, -static_cast<int64_t>(getShift())));
   return success();
 }
 
@@ -341,7 +351,8 @@ LogicalResult CastOp::buildAdjoint(AdjointBuilder &ab) {
   if (!inputType || !isa<FloatType>(inputType.getElementType()) ||
       !isa<FloatType>(elementTypeOf(getResult())))
     return success();
-  ab.addOperandCotangent(0, CastOp::create(ab.b, ab.loc, inputType, resultCt(ab)));
+  ab.addOperandCotangent(0,
+                         CastOp::create(ab.b, ab.loc, inputType, resultCt(ab)));
   return success();
 }
 
@@ -379,7 +390,8 @@ LogicalResult ReduceOp::buildAdjoint(AdjointBuilder &ab) {
     Value count;
     for (int64_t axis : axes) {
       Value d = o.dim(x, axis);
-      count = count ? arith::MulIOp::create(ab.b, ab.loc, count, d).getResult() : d;
+      count =
+          count ? arith::MulIOp::create(ab.b, ab.loc, count, d).getResult() : d;
     }
     Value countT = CastOp::create(
         ab.b, ab.loc, RankedTensorType::get({}, elementTypeOf(g)), count);
@@ -407,7 +419,8 @@ static Value softmax(AdjointBuilder &ab, Value x, Value lse, int64_t axis) {
 LogicalResult LogSumExpOp::buildAdjoint(AdjointBuilder &ab) {
   Value x = getInput();
   Value p = softmax(ab, x, getResult(), getAxis());
-  ab.addOperandCotangent(0, Ops{ab}.mul(ab.expand(resultCt(ab), getAxis(), x), p));
+  ab.addOperandCotangent(0,
+                         Ops{ab}.mul(ab.expand(resultCt(ab), getAxis(), x), p));
   return success();
 }
 
@@ -419,7 +432,8 @@ LogicalResult CrossEntropyOp::buildAdjoint(AdjointBuilder &ab) {
   Value lse = LogSumExpOp::create(ab.b, ab.loc, x, axis);
   Value dx = o.mul(ab.expand(g, axis, x), softmax(ab, x, lse, axis));
   Value atTarget = o.sub(TakeAlongOp::create(ab.b, ab.loc, dx, t, axis), g);
-  ab.addOperandCotangent(0, PutAlongOp::create(ab.b, ab.loc, dx, t, atTarget, axis));
+  ab.addOperandCotangent(
+      0, PutAlongOp::create(ab.b, ab.loc, dx, t, atTarget, axis));
   return success();
 }
 
@@ -429,8 +443,9 @@ LogicalResult CrossEntropyOp::buildAdjoint(AdjointBuilder &ab) {
 
 LogicalResult TakeAlongOp::buildAdjoint(AdjointBuilder &ab) {
   Value zeros = ZerosLikeOp::create(ab.b, ab.loc, getInput());
-  ab.addOperandCotangent(0, PutAlongOp::create(ab.b, ab.loc, zeros, getIndices(),
-                                               resultCt(ab), getAxis()));
+  ab.addOperandCotangent(0,
+                         PutAlongOp::create(ab.b, ab.loc, zeros, getIndices(),
+                                            resultCt(ab), getAxis()));
   return success();
 }
 
@@ -461,8 +476,9 @@ LogicalResult SliceOp::buildAdjoint(AdjointBuilder &ab) {
 
 LogicalResult PadOp::buildAdjoint(AdjointBuilder &ab) {
   Ops o{ab};
-  ab.addOperandCotangent(0, SliceOp::create(ab.b, ab.loc, resultCt(ab), getAxis(),
-                                            getLow(), o.dim(getInput(), getAxis())));
+  ab.addOperandCotangent(0, SliceOp::create(ab.b, ab.loc, resultCt(ab),
+                                            getAxis(), getLow(),
+                                            o.dim(getInput(), getAxis())));
   return success();
 }
 
@@ -531,12 +547,14 @@ LogicalResult ShardedSoftmaxOp::buildAdjoint(AdjointBuilder &ab) {
     return success();
   // The statistics are invariant: the shard's gradients need the full
   // cotangent of every row.
-  Value ctLse = lse ? ab.reduced(lse) : ZerosLikeOp::create(ab.b, ab.loc, getLseRest());
-  Value ctTarget =
-      target ? ab.reduced(target) : ZerosLikeOp::create(ab.b, ab.loc, getTargetDot());
+  Value ctLse =
+      lse ? ab.reduced(lse) : ZerosLikeOp::create(ab.b, ab.loc, getLseRest());
+  Value ctTarget = target ? ab.reduced(target)
+                          : ZerosLikeOp::create(ab.b, ab.loc, getTargetDot());
   auto grad = ShardedSoftmaxGradOp::create(
       ab.b, ab.loc,
-      TypeRange{getRows().getType(), getWeights().getType(), getScale().getType()},
+      TypeRange{getRows().getType(), getWeights().getType(),
+                getScale().getType()},
       getRows(), getWeights(), getScale(), getTargets(), getLseRest(), ctLse,
       ctTarget);
   ab.addOperandCotangent(0, grad.getDRows(), CotangentKind::Partial);

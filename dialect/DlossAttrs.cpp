@@ -1,4 +1,5 @@
-// The dloss enum attributes (ReduceKind, GatherGrad), with the one syntax they share.
+// The dloss enum attributes (ReduceKind, GatherGrad), with the one syntax they
+// share.
 #include "dialect/DlossOps.h"
 
 #include "mlir/IR/Builders.h"
@@ -18,8 +19,7 @@ namespace {
 /// A bare case keyword (`sum`). The enum's FieldParser names the cases when
 /// the keyword is not one; the declarative format would add a second error
 /// about its parameter, which says nothing more to a user.
-template <typename AttrT>
-Attribute parseEnumAttr(AsmParser &parser) {
+template <typename AttrT> Attribute parseEnumAttr(AsmParser &parser) {
   using Enum = decltype(std::declval<AttrT>().getValue());
   FailureOr<Enum> value = FieldParser<Enum>::parse(parser);
   if (failed(value))
@@ -29,8 +29,7 @@ Attribute parseEnumAttr(AsmParser &parser) {
 
 /// ` sum`: the space separates the case from the mnemonic in the generic
 /// form (`#dloss<reduce_kind sum>`); op formats write `` before the enum.
-template <typename AttrT>
-void printEnumAttr(AttrT attr, AsmPrinter &printer) {
+template <typename AttrT> void printEnumAttr(AttrT attr, AsmPrinter &printer) {
   printer << ' ' << stringifyEnum(attr.getValue());
 }
 

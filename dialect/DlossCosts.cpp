@@ -1,4 +1,5 @@
-// The cost rule of every op (CostOpInterface): concrete results, bytes sent, kernel workspace.
+// The cost rule of every op (CostOpInterface): concrete results, bytes sent,
+// kernel workspace.
 //
 // Shapes come from the ops' shape rules (dialect/ShapeFunctions.h), the same
 // the ops' result-type inference uses; this file adds only what the runtime
@@ -131,8 +132,7 @@ Cost ringWorkspace(int64_t chunk, int64_t vectors, int64_t acc,
 }
 
 /// Ops whose result has their first operand's type (as ODS declares).
-template <typename OpT>
-LogicalResult sameAsOperand0(OpT op, CostEvaluator &e) {
+template <typename OpT> LogicalResult sameAsOperand0(OpT op, CostEvaluator &e) {
   static_assert(OpT::template hasTrait<OpTrait::SameOperandsAndResultType>(),
                 "the result must have the operand's type");
   e.setTensor(op->getResult(0), e.shape(op->getOperand(0)));
@@ -184,9 +184,9 @@ LogicalResult AllGatherOp::evaluateCost(CostEvaluator &e, OpCost &cost) {
                                          getAxis(), e.worldSize()))))
     return failure();
   int64_t local = e.bytes(getInput()), n = e.worldSize();
-  cost.sent = Cost{
-      double((n - 1) * local),
-      llvm::formatv("ring: {0} x {1}", n - 1, bytesText(local)).str()};
+  cost.sent =
+      Cost{double((n - 1) * local),
+           llvm::formatv("ring: {0} x {1}", n - 1, bytesText(local)).str()};
   return success();
 }
 
@@ -208,8 +208,8 @@ LogicalResult ReduceScatterOp::evaluateCost(CostEvaluator &e, OpCost &cost) {
                          << " evenly, but it does not divide by " << n
                          << " ranks";
   int64_t size = getSize() ? e.index(getSize()) : total / n;
-  if (failed(e.setType(getResult(), shapes::resizeAxis(e.errors(*this), input,
-                                                       axis, size))))
+  if (failed(e.setType(getResult(),
+                       shapes::resizeAxis(e.errors(*this), input, axis, size))))
     return failure();
 
   // The ring passes N-1 partial sums of one rank's block along: (N-1)/N of
@@ -225,27 +225,27 @@ LogicalResult ReduceScatterOp::evaluateCost(CostEvaluator &e, OpCost &cost) {
     outer *= input.getDimSize(d);
   int64_t buffers = ::dloss::glooReduceScatterBuffers(n, outer == 1);
   if (buffers)
-    cost.workspace = Cost{
-        double(buffers * block),
-        llvm::formatv("{0} x {1} ring blocks", buffers, bytesText(block))
-            .str()};
+    cost.workspace =
+        Cost{double(buffers * block),
+             llvm::formatv("{0} x {1} ring blocks", buffers, bytesText(block))
+                 .str()};
   return success();
 }
 
 LogicalResult BroadcastOp::evaluateCost(CostEvaluator &e, OpCost &cost) {
   int64_t bytes = e.bytes(getInput());
-  cost.sent = Cost{e.worldSize() > 1 ? double(bytes) : 0.0,
-                   "root sends " + bytesText(bytes) +
-                       "; other ranks send nothing"};
+  cost.sent =
+      Cost{e.worldSize() > 1 ? double(bytes) : 0.0,
+           "root sends " + bytesText(bytes) + "; other ranks send nothing"};
   return sameAsOperand0(*this, e);
 }
 
 LogicalResult RingShiftOp::evaluateCost(CostEvaluator &e, OpCost &cost) {
   int64_t bytes = e.bytes(getInput());
   bool moves = getShift() % e.worldSize() != 0;
-  cost.sent = Cost{moves ? double(bytes) : 0.0,
-                   moves ? "1 x " + bytesText(bytes)
-                         : "shift is a multiple of N"};
+  cost.sent =
+      Cost{moves ? double(bytes) : 0.0,
+           moves ? "1 x " + bytesText(bytes) : "shift is a multiple of N"};
   return sameAsOperand0(*this, e);
 }
 
@@ -346,9 +346,9 @@ LogicalResult LogSumExpOp::evaluateCost(CostEvaluator &e, OpCost &cost) {
   int64_t bytes = e.bytes(getInput());
   cost.workspace =
       Cost{double(bytes), bytesText(bytes) + " log_softmax temporary (ATen)"};
-  return e.setType(getResult(), shapes::dropAxis(e.errors(*this),
-                                                 e.type(getInput()),
-                                                 getAxis()));
+  return e.setType(
+      getResult(),
+      shapes::dropAxis(e.errors(*this), e.type(getInput()), getAxis()));
 }
 
 LogicalResult TakeAlongOp::evaluateCost(CostEvaluator &e, OpCost &) {
@@ -400,8 +400,8 @@ LogicalResult PadOp::evaluateCost(CostEvaluator &e, OpCost &) {
     return failure();
   int64_t size =
       input.getDimSize(getAxis()) + e.index(getLow()) + e.index(getHigh());
-  return e.setType(getResult(), shapes::resizeAxis(e.errors(*this), input,
-                                                   getAxis(), size));
+  return e.setType(getResult(),
+                   shapes::resizeAxis(e.errors(*this), input, getAxis(), size));
 }
 
 //===----------------------------------------------------------------------===//
@@ -412,14 +412,12 @@ LogicalResult RingSoftmaxCEOp::evaluateCost(CostEvaluator &e, OpCost &cost) {
   // (row_ce, col_ce, row_lse, col_lse)
   if (failed(fusedVectors(*this, e, {0, 1, 0, 1})))
     return failure();
-  cost.sent = ringSent(e.worldSize(),
-                       e.bytes(getCols()) + e.bytes(getColTargets()),
-                       "cols + col targets", 3 * e.bytes(getColCe()),
-                       "3 column statistics");
-  cost.workspace =
-      ringWorkspace(e.bytes(getCols()),
-                    e.bytes(getColTargets()) + 3 * e.bytes(getColCe()), 0,
-                    e.tileBytes(getRows()));
+  cost.sent = ringSent(
+      e.worldSize(), e.bytes(getCols()) + e.bytes(getColTargets()),
+      "cols + col targets", 3 * e.bytes(getColCe()), "3 column statistics");
+  cost.workspace = ringWorkspace(
+      e.bytes(getCols()), e.bytes(getColTargets()) + 3 * e.bytes(getColCe()), 0,
+      e.tileBytes(getRows()));
   return success();
 }
 
@@ -427,8 +425,8 @@ LogicalResult RingSoftmaxCEGradOp::evaluateCost(CostEvaluator &e,
                                                 OpCost &cost) {
   if (failed(fusedGradients(*this, e)))
     return failure();
-  int64_t vectors = e.bytes(getColTargets()) + e.bytes(getColLse()) +
-                    e.bytes(getCtCol());
+  int64_t vectors =
+      e.bytes(getColTargets()) + e.bytes(getColLse()) + e.bytes(getCtCol());
   cost.sent = ringSent(e.worldSize(), e.bytes(getCols()) + vectors,
                        "cols + col targets + col_lse + ct_col",
                        e.bytes(getDCols()), "d_cols");
@@ -437,8 +435,7 @@ LogicalResult RingSoftmaxCEGradOp::evaluateCost(CostEvaluator &e,
   return success();
 }
 
-LogicalResult RingSigmoidPairsOp::evaluateCost(CostEvaluator &e,
-                                               OpCost &cost) {
+LogicalResult RingSigmoidPairsOp::evaluateCost(CostEvaluator &e, OpCost &cost) {
   // (pair_sum, positive)
   if (failed(fusedVectors(*this, e, {0, 0})))
     return failure();

@@ -1,4 +1,5 @@
-// The dloss dialect: registration, constant materialization and the entry-point attribute rules.
+// The dloss dialect: registration, constant materialization and the entry-point
+// attribute rules.
 #include "dialect/DlossOps.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -24,8 +25,9 @@ void DlossDialect::initialize() {
   registerAttributes();
 }
 
-Operation *DlossDialect::materializeConstant(OpBuilder &builder, Attribute value,
-                                             Type type, Location loc) {
+Operation *DlossDialect::materializeConstant(OpBuilder &builder,
+                                             Attribute value, Type type,
+                                             Location loc) {
   return arith::ConstantOp::materialize(builder, value, type, loc);
 }
 
@@ -38,7 +40,8 @@ static constexpr StringLiteral kKnownArgAttrs =
 
 static bool isReplicationName(Attribute attr) {
   auto name = dyn_cast<StringAttr>(attr);
-  return name && (name.getValue() == "invariant" || name.getValue() == "varying");
+  return name &&
+         (name.getValue() == "invariant" || name.getValue() == "varying");
 }
 
 static bool isScalarFloatTensor(Type type) {
@@ -68,22 +71,24 @@ LogicalResult DlossDialect::verifyOperationAttribute(Operation *op,
     if (results.size() != 1 || !isScalarFloatTensor(results.front()))
       return op->emitError()
              << "loss entry point @" << func.getName()
-             << " must return exactly one 0-d floating-point tensor (the loss), "
+             << " must return exactly one 0-d floating-point tensor (the "
+                "loss), "
                 "got ("
-             << results << "); reduce the loss to a scalar with dloss.reduce "
-                           "and dloss.all_reduce";
+             << results
+             << "); reduce the loss to a scalar with dloss.reduce "
+                "and dloss.all_reduce";
     return success();
   }
   if (name == kGradModeAttrName) {
     auto mode = dyn_cast<StringAttr>(attr.getValue());
     if (!mode || (mode.getValue() != "ddp" && mode.getValue() != "global"))
-      return op->emitError() << "'" << name
-                             << "' must be \"ddp\" or \"global\", got "
-                             << attr.getValue();
+      return op->emitError()
+             << "'" << name << "' must be \"ddp\" or \"global\", got "
+             << attr.getValue();
     if (!op->hasAttr(kLossAttrName))
-      return op->emitError() << "'" << name
-                             << "' only applies to a loss entry point; add `"
-                             << kLossAttrName << "` to the function";
+      return op->emitError()
+             << "'" << name << "' only applies to a loss entry point; add `"
+             << kLossAttrName << "` to the function";
     return success();
   }
   if (name == kReplicationAttrName) {
@@ -105,7 +110,8 @@ LogicalResult DlossDialect::verifyOperationAttribute(Operation *op,
                                 "as a symbol (@loss) on a func.func";
     return success();
   }
-  if (name == kGradAttrName || name == kReplicatedAttrName || name == kNameAttrName)
+  if (name == kGradAttrName || name == kReplicatedAttrName ||
+      name == kNameAttrName)
     return op->emitError() << "'" << name
                            << "' belongs on a function argument, not on '"
                            << op->getName() << "'";
@@ -141,9 +147,9 @@ LogicalResult DlossDialect::verifyRegionArgAttribute(Operation *op,
     Type type = func ? func.getArgumentTypes()[argIndex] : Type();
     auto tensor = dyn_cast_or_null<RankedTensorType>(type);
     if (!tensor || !isa<FloatType>(tensor.getElementType()))
-      return op->emitError() << "'" << name << "' on argument " << argIndex
-                             << " of type " << type
-                             << ": only floating-point tensors have gradients";
+      return op->emitError()
+             << "'" << name << "' on argument " << argIndex << " of type "
+             << type << ": only floating-point tensors have gradients";
   }
   return success();
 }

@@ -1,4 +1,5 @@
-// The dloss ops: verifiers, result-type inference (through dialect/ShapeFunctions.h) and folders.
+// The dloss ops: verifiers, result-type inference (through
+// dialect/ShapeFunctions.h) and folders.
 #include "dialect/DlossOps.h"
 #include "dialect/ShapeFunctions.h"
 
@@ -19,8 +20,7 @@ static shapes::Errors errorsFor(std::optional<Location> loc) {
   return shapes::Errors(loc, OpT::getOperationName());
 }
 
-template <typename OpT>
-static shapes::Errors errorsFor(OpT op) {
+template <typename OpT> static shapes::Errors errorsFor(OpT op) {
   return shapes::Errors(op.getLoc(), OpT::getOperationName());
 }
 
@@ -51,10 +51,10 @@ LogicalResult AllGatherOp::inferReturnTypes(MLIRContext *,
                   results);
 }
 
-LogicalResult ReduceScatterOp::inferReturnTypes(MLIRContext *,
-                                                std::optional<Location> loc,
-                                                Adaptor adaptor,
-                                                SmallVectorImpl<Type> &results) {
+LogicalResult
+ReduceScatterOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                  Adaptor adaptor,
+                                  SmallVectorImpl<Type> &results) {
   // Each rank keeps its own slice: a run-time size.
   return inferred(shapes::resizeAxis(errorsFor<ReduceScatterOp>(loc),
                                      tensorType(adaptor.getInput()),
@@ -65,15 +65,15 @@ LogicalResult ReduceScatterOp::inferReturnTypes(MLIRContext *,
 LogicalResult ReduceScatterOp::verify() {
   if (getKind() != ReduceKind::sum && getKind() != ReduceKind::mean)
     return emitOpError("combines with sum or mean, not ")
-           << stringifyReduceKind(getKind())
-           << "; use dloss.all_reduce " << stringifyReduceKind(getKind())
-           << " and keep this rank's slice";
+           << stringifyReduceKind(getKind()) << "; use dloss.all_reduce "
+           << stringifyReduceKind(getKind()) << " and keep this rank's slice";
   return success();
 }
 
 LogicalResult BroadcastOp::verify() {
   if (static_cast<int64_t>(getRoot()) < 0)
-    return emitOpError("root ") << static_cast<int64_t>(getRoot()) << " is negative; ranks count from 0";
+    return emitOpError("root ") << static_cast<int64_t>(getRoot())
+                                << " is negative; ranks count from 0";
   return success();
 }
 
@@ -121,11 +121,9 @@ Replication GlobalSizeOp::inferReplication(ArrayRef<Replication>) {
   return Replication::Invariant;
 }
 
-template <typename OpT>
-static LogicalResult verifyAxisSizeOp(OpT op) {
-  return shapes::checkAxis(errorsFor(op),
-                           cast<ShapedType>(op.getInput().getType()),
-                   op.getAxis());
+template <typename OpT> static LogicalResult verifyAxisSizeOp(OpT op) {
+  return shapes::checkAxis(
+      errorsFor(op), cast<ShapedType>(op.getInput().getType()), op.getAxis());
 }
 
 LogicalResult DimOp::verify() { return verifyAxisSizeOp(*this); }
@@ -137,8 +135,7 @@ OpFoldResult DimOp::fold(FoldAdaptor) {
   auto axis = static_cast<int64_t>(getAxis());
   if (axis < 0 || axis >= type.getRank() || type.isDynamicDim(axis))
     return {};
-  return IntegerAttr::get(IndexType::get(getContext()),
-                          type.getDimSize(axis));
+  return IntegerAttr::get(IndexType::get(getContext()), type.getDimSize(axis));
 }
 
 //===----------------------------------------------------------------------===//
@@ -149,23 +146,21 @@ LogicalResult MatmulOp::inferReturnTypes(MLIRContext *,
                                          std::optional<Location> loc,
                                          Adaptor adaptor,
                                          SmallVectorImpl<Type> &results) {
-  return inferred(shapes::matmul(errorsFor<MatmulOp>(loc),
-                                 tensorType(adaptor.getLhs()),
-                                 tensorType(adaptor.getRhs()),
-                                 adaptor.getTransposeLhs(),
-                                 adaptor.getTransposeRhs()),
-                  results);
+  return inferred(
+      shapes::matmul(errorsFor<MatmulOp>(loc), tensorType(adaptor.getLhs()),
+                     tensorType(adaptor.getRhs()), adaptor.getTransposeLhs(),
+                     adaptor.getTransposeRhs()),
+      results);
 }
 
 #define DLOSS_ELEMENTWISE_INFER(OP)                                            \
-  LogicalResult OP::inferReturnTypes(MLIRContext *,                           \
-                                     std::optional<Location> loc,             \
-                                     Adaptor adaptor,                         \
-                                     SmallVectorImpl<Type> &results) {        \
-    return inferred(shapes::elementwise(errorsFor<OP>(loc),                  \
-                                        tensorType(adaptor.getLhs()),         \
-                                        tensorType(adaptor.getRhs())),        \
-                    results);                                                 \
+  LogicalResult OP::inferReturnTypes(                                          \
+      MLIRContext *, std::optional<Location> loc, Adaptor adaptor,             \
+      SmallVectorImpl<Type> &results) {                                        \
+    return inferred(shapes::elementwise(errorsFor<OP>(loc),                    \
+                                        tensorType(adaptor.getLhs()),          \
+                                        tensorType(adaptor.getRhs())),         \
+                    results);                                                  \
   }
 DLOSS_ELEMENTWISE_INFER(AddOp)
 DLOSS_ELEMENTWISE_INFER(SubOp)
@@ -192,7 +187,8 @@ LogicalResult CastOp::verify() {
   auto result = cast<RankedTensorType>(getResult().getType());
   if (isa<IndexType>(getInput().getType())) {
     if (result.getRank() != 0)
-      return emitOpError("casts an index to a 0-d tensor, not to ") << Type(result);
+      return emitOpError("casts an index to a 0-d tensor, not to ")
+             << Type(result);
     return success();
   }
   auto input = cast<RankedTensorType>(getInput().getType());
@@ -210,11 +206,12 @@ OpFoldResult CastOp::fold(FoldAdaptor) {
 }
 
 LogicalResult L2NormalizeOp::verify() {
-  if (failed(shapes::checkAxis(errorsFor(*this), getInput().getType(),
-                               getAxis())))
+  if (failed(
+          shapes::checkAxis(errorsFor(*this), getInput().getType(), getAxis())))
     return failure();
   if (!(getEps().convertToDouble() > 0.0))
-    return emitOpError("eps must be positive, got ") << getEps().convertToDouble();
+    return emitOpError("eps must be positive, got ")
+           << getEps().convertToDouble();
   return success();
 }
 
@@ -283,11 +280,10 @@ LogicalResult ExpandOp::inferReturnTypes(MLIRContext *,
                                          std::optional<Location> loc,
                                          Adaptor adaptor,
                                          SmallVectorImpl<Type> &results) {
-  return inferred(shapes::expand(errorsFor<ExpandOp>(loc),
-                                 tensorType(adaptor.getInput()),
-                                 tensorType(adaptor.getLike()),
-                                 adaptor.getAxes()),
-                  results);
+  return inferred(
+      shapes::expand(errorsFor<ExpandOp>(loc), tensorType(adaptor.getInput()),
+                     tensorType(adaptor.getLike()), adaptor.getAxes()),
+      results);
 }
 
 // Slice and pad change one axis by run-time amounts: it becomes dynamic.
@@ -359,7 +355,8 @@ struct FusedChecks {
   }
   /// The operands every fused op starts with: two feature matrices of one
   /// feature size and a 0-d scale.
-  LogicalResult similarity(Value rows, Value cols, StringRef colsName, Value scale) {
+  LogicalResult similarity(Value rows, Value cols, StringRef colsName,
+                           Value scale) {
     return success(succeeded(features(rows, "rows")) &&
                    succeeded(features(cols, colsName)) &&
                    succeeded(sameFeatureSize(rows, cols)) &&
@@ -367,8 +364,9 @@ struct FusedChecks {
   }
   LogicalResult like(Value value, Value reference, StringRef name) {
     if (value.getType() != reference.getType())
-      return op->emitOpError() << name << " must have type " << reference.getType()
-                               << ", got " << value.getType();
+      return op->emitOpError()
+             << name << " must have type " << reference.getType() << ", got "
+             << value.getType();
     return success();
   }
 };
@@ -380,69 +378,75 @@ FusedChecks fusedChecks(Operation *op, Value features) {
 
 LogicalResult RingSoftmaxCEOp::verify() {
   FusedChecks c = fusedChecks(*this, getRows());
-  return success(succeeded(c.similarity(getRows(), getCols(), "cols", getScale())) &&
-                 succeeded(c.vector(getRowTargets(), "row_targets", true)) &&
-                 succeeded(c.vector(getColTargets(), "col_targets", true)) &&
-                 succeeded(c.vector(getRowCe(), "row_ce")) &&
-                 succeeded(c.vector(getColCe(), "col_ce")) &&
-                 succeeded(c.vector(getRowLse(), "row_lse")) &&
-                 succeeded(c.vector(getColLse(), "col_lse")));
+  return success(
+      succeeded(c.similarity(getRows(), getCols(), "cols", getScale())) &&
+      succeeded(c.vector(getRowTargets(), "row_targets", true)) &&
+      succeeded(c.vector(getColTargets(), "col_targets", true)) &&
+      succeeded(c.vector(getRowCe(), "row_ce")) &&
+      succeeded(c.vector(getColCe(), "col_ce")) &&
+      succeeded(c.vector(getRowLse(), "row_lse")) &&
+      succeeded(c.vector(getColLse(), "col_lse")));
 }
 
 LogicalResult RingSoftmaxCEGradOp::verify() {
   FusedChecks c = fusedChecks(*this, getRows());
-  return success(succeeded(c.similarity(getRows(), getCols(), "cols", getScale())) &&
-                 succeeded(c.vector(getRowTargets(), "row_targets", true)) &&
-                 succeeded(c.vector(getColTargets(), "col_targets", true)) &&
-                 succeeded(c.vector(getRowLse(), "row_lse")) &&
-                 succeeded(c.vector(getColLse(), "col_lse")) &&
-                 succeeded(c.vector(getCtRow(), "ct_row")) &&
-                 succeeded(c.vector(getCtCol(), "ct_col")) &&
-                 succeeded(c.like(getDRows(), getRows(), "d_rows")) &&
-                 succeeded(c.like(getDCols(), getCols(), "d_cols")) &&
-                 succeeded(c.like(getDScale(), getScale(), "d_scale")));
+  return success(
+      succeeded(c.similarity(getRows(), getCols(), "cols", getScale())) &&
+      succeeded(c.vector(getRowTargets(), "row_targets", true)) &&
+      succeeded(c.vector(getColTargets(), "col_targets", true)) &&
+      succeeded(c.vector(getRowLse(), "row_lse")) &&
+      succeeded(c.vector(getColLse(), "col_lse")) &&
+      succeeded(c.vector(getCtRow(), "ct_row")) &&
+      succeeded(c.vector(getCtCol(), "ct_col")) &&
+      succeeded(c.like(getDRows(), getRows(), "d_rows")) &&
+      succeeded(c.like(getDCols(), getCols(), "d_cols")) &&
+      succeeded(c.like(getDScale(), getScale(), "d_scale")));
 }
 
 LogicalResult RingSigmoidPairsOp::verify() {
   FusedChecks c = fusedChecks(*this, getRows());
-  return success(succeeded(c.similarity(getRows(), getCols(), "cols", getScale())) &&
-                 succeeded(c.scalar(getBias(), "bias")) &&
-                 succeeded(c.vector(getTargets(), "targets", true)) &&
-                 succeeded(c.vector(getPairSum(), "pair_sum")) &&
-                 succeeded(c.vector(getPositive(), "positive")));
+  return success(
+      succeeded(c.similarity(getRows(), getCols(), "cols", getScale())) &&
+      succeeded(c.scalar(getBias(), "bias")) &&
+      succeeded(c.vector(getTargets(), "targets", true)) &&
+      succeeded(c.vector(getPairSum(), "pair_sum")) &&
+      succeeded(c.vector(getPositive(), "positive")));
 }
 
 LogicalResult RingSigmoidPairsGradOp::verify() {
   FusedChecks c = fusedChecks(*this, getRows());
-  return success(succeeded(c.similarity(getRows(), getCols(), "cols", getScale())) &&
-                 succeeded(c.scalar(getBias(), "bias")) &&
-                 succeeded(c.vector(getTargets(), "targets", true)) &&
-                 succeeded(c.vector(getCtPair(), "ct_pair")) &&
-                 succeeded(c.vector(getCtPositive(), "ct_positive")) &&
-                 succeeded(c.like(getDRows(), getRows(), "d_rows")) &&
-                 succeeded(c.like(getDCols(), getCols(), "d_cols")) &&
-                 succeeded(c.like(getDScale(), getScale(), "d_scale")) &&
-                 succeeded(c.like(getDBias(), getBias(), "d_bias")));
+  return success(
+      succeeded(c.similarity(getRows(), getCols(), "cols", getScale())) &&
+      succeeded(c.scalar(getBias(), "bias")) &&
+      succeeded(c.vector(getTargets(), "targets", true)) &&
+      succeeded(c.vector(getCtPair(), "ct_pair")) &&
+      succeeded(c.vector(getCtPositive(), "ct_positive")) &&
+      succeeded(c.like(getDRows(), getRows(), "d_rows")) &&
+      succeeded(c.like(getDCols(), getCols(), "d_cols")) &&
+      succeeded(c.like(getDScale(), getScale(), "d_scale")) &&
+      succeeded(c.like(getDBias(), getBias(), "d_bias")));
 }
 
 LogicalResult ShardedSoftmaxOp::verify() {
   FusedChecks c = fusedChecks(*this, getRows());
-  return success(succeeded(c.similarity(getRows(), getWeights(), "weights", getScale())) &&
-                 succeeded(c.vector(getTargets(), "targets", true)) &&
-                 succeeded(c.vector(getLseRest(), "lse_rest")) &&
-                 succeeded(c.vector(getTargetDot(), "target_dot")));
+  return success(
+      succeeded(c.similarity(getRows(), getWeights(), "weights", getScale())) &&
+      succeeded(c.vector(getTargets(), "targets", true)) &&
+      succeeded(c.vector(getLseRest(), "lse_rest")) &&
+      succeeded(c.vector(getTargetDot(), "target_dot")));
 }
 
 LogicalResult ShardedSoftmaxGradOp::verify() {
   FusedChecks c = fusedChecks(*this, getRows());
-  return success(succeeded(c.similarity(getRows(), getWeights(), "weights", getScale())) &&
-                 succeeded(c.vector(getTargets(), "targets", true)) &&
-                 succeeded(c.vector(getLseRest(), "lse_rest")) &&
-                 succeeded(c.vector(getCtLse(), "ct_lse")) &&
-                 succeeded(c.vector(getCtTarget(), "ct_target")) &&
-                 succeeded(c.like(getDRows(), getRows(), "d_rows")) &&
-                 succeeded(c.like(getDWeights(), getWeights(), "d_weights")) &&
-                 succeeded(c.like(getDScale(), getScale(), "d_scale")));
+  return success(
+      succeeded(c.similarity(getRows(), getWeights(), "weights", getScale())) &&
+      succeeded(c.vector(getTargets(), "targets", true)) &&
+      succeeded(c.vector(getLseRest(), "lse_rest")) &&
+      succeeded(c.vector(getCtLse(), "ct_lse")) &&
+      succeeded(c.vector(getCtTarget(), "ct_target")) &&
+      succeeded(c.like(getDRows(), getRows(), "d_rows")) &&
+      succeeded(c.like(getDWeights(), getWeights(), "d_weights")) &&
+      succeeded(c.like(getDScale(), getScale(), "d_scale")));
 }
 
 // The ring ops compute this rank's rows: varying. The sharded softmax

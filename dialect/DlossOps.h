@@ -1,4 +1,5 @@
-// The dloss dialect: declarations of the dialect, its enums, attributes and ops.
+// The dloss dialect: declarations of the dialect, its enums, attributes and
+// ops.
 #ifndef DLOSS_DIALECT_DLOSSOPS_H
 #define DLOSS_DIALECT_DLOSSOPS_H
 

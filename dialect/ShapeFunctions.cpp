@@ -49,8 +49,7 @@ checkPerRowOperand(const shapes::Errors &error, RankedTensorType input,
   return joined;
 }
 
-LogicalResult sameElementType(const shapes::Errors &error, Type lhs,
-                              Type rhs) {
+LogicalResult sameElementType(const shapes::Errors &error, Type lhs, Type rhs) {
   if (lhs != rhs)
     return error("operand element types differ: ", lhs, " and ", rhs,
                  "; insert a dloss.cast");
@@ -130,8 +129,8 @@ FailureOr<RankedTensorType> shapes::matmul(const Errors &error,
     (void)error("multiplies 2-D tensors, got ", Type(lhs), " and ", Type(rhs));
     return failure();
   }
-  if (failed(sameElementType(error, lhs.getElementType(),
-                             rhs.getElementType())))
+  if (failed(
+          sameElementType(error, lhs.getElementType(), rhs.getElementType())))
     return failure();
   int64_t m = lhs.getDimSize(tl ? 1 : 0), kl = lhs.getDimSize(tl ? 0 : 1);
   int64_t kr = rhs.getDimSize(tr ? 1 : 0), n = rhs.getDimSize(tr ? 0 : 1);
@@ -148,8 +147,8 @@ FailureOr<RankedTensorType> shapes::matmul(const Errors &error,
 FailureOr<RankedTensorType> shapes::elementwise(const Errors &error,
                                                 RankedTensorType lhs,
                                                 RankedTensorType rhs) {
-  if (failed(sameElementType(error, lhs.getElementType(),
-                             rhs.getElementType())))
+  if (failed(
+          sameElementType(error, lhs.getElementType(), rhs.getElementType())))
     return failure();
   if (lhs.getRank() == 0 || rhs.getRank() == 0)
     return lhs.getRank() == 0 ? rhs : lhs;
@@ -171,8 +170,7 @@ FailureOr<RankedTensorType> shapes::reduce(const Errors &error,
     (void)error("needs at least one axis to reduce");
     return failure();
   }
-  FailureOr<llvm::SmallSet<int64_t, 4>> seen =
-      distinctAxes(error, input, axes);
+  FailureOr<llvm::SmallSet<int64_t, 4>> seen = distinctAxes(error, input, axes);
   if (failed(seen))
     return failure();
   SmallVector<int64_t> shape;
@@ -182,9 +180,8 @@ FailureOr<RankedTensorType> shapes::reduce(const Errors &error,
   return RankedTensorType::get(shape, input.getElementType());
 }
 
-FailureOr<RankedTensorType> shapes::dropAxis(const Errors &error,
-                                             RankedTensorType input,
-                                             int64_t axis) {
+FailureOr<RankedTensorType>
+shapes::dropAxis(const Errors &error, RankedTensorType input, int64_t axis) {
   if (failed(checkAxis(error, input, axis)))
     return failure();
   return RankedTensorType::get(withoutAxis(input.getShape(), axis),

@@ -1,4 +1,5 @@
-// The shape rules of the dloss ops, written once (as StableHLO's TypeInference).
+// The shape rules of the dloss ops, written once (as StableHLO's
+// TypeInference).
 //
 // Every rule maps operand types to a result type. Result-type inference calls
 // them with the IR's types, where a run-time size is dynamic (`?`); the cost
@@ -27,8 +28,7 @@ public:
   Errors(std::optional<Location> loc, StringRef opName, StringRef suffix = "")
       : loc(loc), opName(opName), suffix(suffix) {}
 
-  template <typename... Args>
-  LogicalResult operator()(Args &&...args) const {
+  template <typename... Args> LogicalResult operator()(Args &&...args) const {
     if (!loc)
       return failure();
     InFlightDiagnostic diag = emitError(*loc) << "'" << opName << "' op ";
@@ -67,9 +67,8 @@ FailureOr<RankedTensorType> matmul(const Errors &error, RankedTensorType lhs,
                                    bool transposeRhs);
 
 /// Element-wise binary ops: equal shapes, or a 0-d operand broadcast.
-FailureOr<RankedTensorType> elementwise(const Errors &error,
-                                        RankedTensorType lhs,
-                                        RankedTensorType rhs);
+FailureOr<RankedTensorType>
+elementwise(const Errors &error, RankedTensorType lhs, RankedTensorType rhs);
 
 /// dloss.reduce over `axes` (each once).
 FailureOr<RankedTensorType> reduce(const Errors &error, RankedTensorType input,

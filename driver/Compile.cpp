@@ -28,7 +28,8 @@ void dloss::registerLossDialects(DialectRegistry &registry) {
 }
 
 /// Names arguments after their SSA names in the source unless already named.
-static void nameArgumentsFromSource(ModuleOp module, const AsmParserState &state) {
+static void nameArgumentsFromSource(ModuleOp module,
+                                    const AsmParserState &state) {
   module.walk([&](func::FuncOp func) {
     if (func.isExternal())
       return;
@@ -61,8 +62,8 @@ OwningOpRef<ModuleOp> dloss::parseLoss(llvm::SourceMgr &sourceMgr,
     module = cast<ModuleOp>(block.front());
     module.get()->remove();
   } else {
-    StringRef name =
-        sourceMgr.getMemoryBuffer(sourceMgr.getMainFileID())->getBufferIdentifier();
+    StringRef name = sourceMgr.getMemoryBuffer(sourceMgr.getMainFileID())
+                         ->getBufferIdentifier();
     module = ModuleOp::create(FileLineColLoc::get(context, name, 1, 1));
     module->getBody()->getOperations().splice(module->getBody()->begin(),
                                               block.getOperations());

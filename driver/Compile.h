@@ -1,4 +1,5 @@
-// The compiler's front door, shared by dlossc and the LibTorch JIT: parse a loss, derive its backward, lower it to a plan.
+// The compiler's front door, shared by dlossc and the LibTorch JIT: parse a
+// loss, derive its backward, lower it to a plan.
 #ifndef DLOSS_DRIVER_COMPILE_H
 #define DLOSS_DRIVER_COMPILE_H
 
@@ -25,7 +26,8 @@ void registerLossDialects(DialectRegistry &registry);
 /// `dloss.name` are named after their SSA names in the source (`%image` ->
 /// "image"), so tools and runtime errors can refer to inputs by name.
 /// Diagnostics go to the context's handler; null on failure.
-OwningOpRef<ModuleOp> parseLoss(llvm::SourceMgr &sourceMgr, MLIRContext *context);
+OwningOpRef<ModuleOp> parseLoss(llvm::SourceMgr &sourceMgr,
+                                MLIRContext *context);
 
 /// Sets `dloss.grad_mode` on every loss of `module` ("ddp" or "global").
 LogicalResult overrideGradMode(ModuleOp module, StringRef mode);

@@ -1,4 +1,5 @@
-// dloss::Graph: builds the dloss MLIR of a loss op by op, checking each op as it is added.
+// dloss::Graph: builds the dloss MLIR of a loss op by op, checking each op as
+// it is added.
 #include "frontend/Graph.h"
 
 #include "dialect/DlossOps.h"
@@ -46,14 +47,16 @@ private:
 };
 
 struct Graph::Impl {
-  explicit Impl(std::string lossName) : name(std::move(lossName)), builder(&context) {
+  explicit Impl(std::string lossName)
+      : name(std::move(lossName)), builder(&context) {
     mlir::DialectRegistry registry;
     d::registerLossDialects(registry);
     context.appendDialectRegistry(registry);
     context.loadAllAvailableDialects();
     module = mlir::ModuleOp::create(builder.getUnknownLoc());
     builder.setInsertionPointToEnd(module->getBody());
-    func = mlir::func::FuncOp::create(builder, location(SourceLoc{name.c_str(), 0}),
+    func = mlir::func::FuncOp::create(builder,
+                                      location(SourceLoc{name.c_str(), 0}),
                                       name, builder.getFunctionType({}, {}));
     body = func.addEntryBlock();
     builder.setInsertionPointToEnd(body);
@@ -65,17 +68,24 @@ struct Graph::Impl {
 
   mlir::Type elementType(DType dtype) {
     switch (dtype) {
-    case DType::F16: return builder.getF16Type();
-    case DType::BF16: return builder.getBF16Type();
-    case DType::F32: return builder.getF32Type();
-    case DType::F64: return builder.getF64Type();
-    case DType::I32: return builder.getI32Type();
-    case DType::I64: return builder.getI64Type();
+    case DType::F16:
+      return builder.getF16Type();
+    case DType::BF16:
+      return builder.getBF16Type();
+    case DType::F32:
+      return builder.getF32Type();
+    case DType::F64:
+      return builder.getF64Type();
+    case DType::I32:
+      return builder.getI32Type();
+    case DType::I64:
+      return builder.getI64Type();
     }
     return builder.getF32Type();
   }
 
-  [[noreturn]] void fail(llvm::StringRef op, SourceLoc at, const std::string &what,
+  [[noreturn]] void fail(llvm::StringRef op, SourceLoc at,
+                         const std::string &what,
                          const std::string &hint = "") {
     std::ostringstream where;
     where << at.file << ":" << at.line;
@@ -97,8 +107,9 @@ struct Graph::Impl {
 
   mlir::Value size(Size s, llvm::StringRef op, SourceLoc at) {
     if (!s.defined() || s.id() < 0 || s.id() >= static_cast<int>(sizes.size()))
-      fail(op, at, "a size operand is not a size of graph '" + name + "'",
-           "build sizes with dim(), shardOffset(), globalSize() or worldSize()");
+      fail(
+          op, at, "a size operand is not a size of graph '" + name + "'",
+          "build sizes with dim(), shardOffset(), globalSize() or worldSize()");
     return sizes[s.id()];
   }
 
@@ -113,12 +124,13 @@ struct Graph::Impl {
     mlir::OperationState state(loc, OpTy::getOperationName());
     OpTy::build(builder, state, resultType ? resultType : builder.getNoneType(),
                 std::forward<Args>(args)...);
-    if constexpr (OpTy::template hasTrait<mlir::InferTypeOpInterface::Trait>()) {
+    if constexpr (OpTy::template hasTrait<
+                      mlir::InferTypeOpInterface::Trait>()) {
       llvm::SmallVector<mlir::Type> types;
       if (mlir::failed(OpTy::inferReturnTypes(
               &context, loc, state.operands,
-              state.attributes.getDictionary(&context), state.getRawProperties(),
-              state.regions, types)))
+              state.attributes.getDictionary(&context),
+              state.getRawProperties(), state.regions, types)))
         fail(OpTy::getOperationName(), at, capture.text());
       state.types.assign(types.begin(), types.end());
     }
@@ -155,18 +167,25 @@ struct Graph::Impl {
 namespace {
 d::ReduceKind reduceKind(Reduction r) {
   switch (r) {
-  case Reduction::Sum: return d::ReduceKind::sum;
-  case Reduction::Mean: return d::ReduceKind::mean;
-  case Reduction::Max: return d::ReduceKind::max;
-  case Reduction::Min: return d::ReduceKind::min;
+  case Reduction::Sum:
+    return d::ReduceKind::sum;
+  case Reduction::Mean:
+    return d::ReduceKind::mean;
+  case Reduction::Max:
+    return d::ReduceKind::max;
+  case Reduction::Min:
+    return d::ReduceKind::min;
   }
   return d::ReduceKind::sum;
 }
 d::GatherGrad gatherGrad(GatherGrad g) {
   switch (g) {
-  case GatherGrad::Exact: return d::GatherGrad::exact;
-  case GatherGrad::Local: return d::GatherGrad::local;
-  case GatherGrad::None: return d::GatherGrad::none;
+  case GatherGrad::Exact:
+    return d::GatherGrad::exact;
+  case GatherGrad::Local:
+    return d::GatherGrad::local;
+  case GatherGrad::None:
+    return d::GatherGrad::none;
   }
   return d::GatherGrad::exact;
 }
@@ -175,14 +194,16 @@ d::GatherGrad gatherGrad(GatherGrad g) {
 std::vector<int64_t> Tensor::shape() const {
   if (!owner)
     return {};
-  auto type = llvm::cast<mlir::RankedTensorType>(owner->impl().tensors[index].getType());
+  auto type = llvm::cast<mlir::RankedTensorType>(
+      owner->impl().tensors[index].getType());
   std::vector<int64_t> result;
   for (int64_t d : type.getShape())
     result.push_back(mlir::ShapedType::isDynamic(d) ? -1 : d);
   return result;
 }
 
-Graph::Graph(std::string lossName) : state(std::make_unique<Impl>(std::move(lossName))) {}
+Graph::Graph(std::string lossName)
+    : state(std::make_unique<Impl>(std::move(lossName))) {}
 Graph::~Graph() = default;
 Graph::Graph(Graph &&) noexcept = default;
 Graph &Graph::operator=(Graph &&) noexcept = default;
@@ -190,15 +211,19 @@ Graph &Graph::operator=(Graph &&) noexcept = default;
 const std::string &Graph::name() const { return state->name; }
 std::vector<std::string> Graph::inputNames() const { return state->inputNames; }
 
-Tensor Graph::input(const std::string &name, DType dtype, std::vector<int64_t> shape,
-                    InputOptions options, SourceLoc at) {
+Tensor Graph::input(const std::string &name, DType dtype,
+                    std::vector<int64_t> shape, InputOptions options,
+                    SourceLoc at) {
   Impl &s = *state;
   if (s.finished)
-    s.fail("input", at, "graph '" + s.name + "' is finished (setLoss was called)",
+    s.fail("input", at,
+           "graph '" + s.name + "' is finished (setLoss was called)",
            "declare every input before setLoss");
   for (const std::string &existing : s.inputNames)
     if (existing == name)
-      s.fail("input", at, "graph '" + s.name + "' already has an input called '" + name + "'",
+      s.fail("input", at,
+             "graph '" + s.name + "' already has an input called '" + name +
+                 "'",
              "give every input its own name");
   llvm::SmallVector<int64_t> dims;
   for (int64_t d : shape) {
@@ -209,9 +234,11 @@ Tensor Graph::input(const std::string &name, DType dtype, std::vector<int64_t> s
   }
   mlir::Type elem = s.elementType(dtype);
   if (options.grad && !llvm::isa<mlir::FloatType>(elem))
-    s.fail("input", at, "input '" + name + "' asks for a gradient but is an integer tensor",
+    s.fail("input", at,
+           "input '" + name + "' asks for a gradient but is an integer tensor",
            "only floating-point inputs have gradients");
-  mlir::Value arg = s.body->addArgument(mlir::RankedTensorType::get(dims, elem), s.location(at));
+  mlir::Value arg = s.body->addArgument(mlir::RankedTensorType::get(dims, elem),
+                                        s.location(at));
   s.inputNames.push_back(name);
   s.inputOptions.push_back(options);
   return s.addTensor(this, arg);
@@ -222,71 +249,83 @@ Tensor Graph::input(const std::string &name, DType dtype, std::vector<int64_t> s
 
 Tensor Graph::allGather(Tensor x, int64_t axis, GatherGrad grad, SourceLoc at) {
   llvm::StringRef op = d::AllGatherOp::getOperationName();
-  return state->addTensor(this, state->make<d::AllGatherOp>(at, {}, DLOSS_TENSOR(x),
-                                                            axis, gatherGrad(grad)));
+  return state->addTensor(this,
+                          state->make<d::AllGatherOp>(at, {}, DLOSS_TENSOR(x),
+                                                      axis, gatherGrad(grad)));
 }
 Tensor Graph::allReduce(Tensor x, Reduction kind, SourceLoc at) {
   llvm::StringRef op = d::AllReduceOp::getOperationName();
   mlir::Value v = DLOSS_TENSOR(x);
-  return state->addTensor(this, state->make<d::AllReduceOp>(at, v.getType(), reduceKind(kind), v));
+  return state->addTensor(
+      this, state->make<d::AllReduceOp>(at, v.getType(), reduceKind(kind), v));
 }
 Tensor Graph::reduceScatter(Tensor x, Reduction kind, int64_t axis,
                             std::optional<Size> size, SourceLoc at) {
   llvm::StringRef op = d::ReduceScatterOp::getOperationName();
   mlir::Value n = size ? DLOSS_SIZE(*size) : mlir::Value();
-  return state->addTensor(this, state->make<d::ReduceScatterOp>(
-                                    at, {}, reduceKind(kind), DLOSS_TENSOR(x), axis, n));
+  return state->addTensor(
+      this, state->make<d::ReduceScatterOp>(at, {}, reduceKind(kind),
+                                            DLOSS_TENSOR(x), axis, n));
 }
 Tensor Graph::broadcast(Tensor x, int64_t root, SourceLoc at) {
   llvm::StringRef op = d::BroadcastOp::getOperationName();
   mlir::Value v = DLOSS_TENSOR(x);
-  return state->addTensor(this, state->make<d::BroadcastOp>(at, v.getType(), v, root));
+  return state->addTensor(
+      this, state->make<d::BroadcastOp>(at, v.getType(), v, root));
 }
 Tensor Graph::ringShift(Tensor x, int64_t shift, SourceLoc at) {
   llvm::StringRef op = d::RingShiftOp::getOperationName();
   mlir::Value v = DLOSS_TENSOR(x);
-  return state->addTensor(this, state->make<d::RingShiftOp>(at, v.getType(), v, shift));
+  return state->addTensor(
+      this, state->make<d::RingShiftOp>(at, v.getType(), v, shift));
 }
 
 Size Graph::rank(SourceLoc at) {
-  return state->addSize(this, state->make<d::RankOp>(at, state->builder.getIndexType()));
+  return state->addSize(
+      this, state->make<d::RankOp>(at, state->builder.getIndexType()));
 }
 Size Graph::worldSize(SourceLoc at) {
-  return state->addSize(this, state->make<d::WorldSizeOp>(at, state->builder.getIndexType()));
+  return state->addSize(
+      this, state->make<d::WorldSizeOp>(at, state->builder.getIndexType()));
 }
 Size Graph::dim(Tensor x, int64_t axis, SourceLoc at) {
   llvm::StringRef op = d::DimOp::getOperationName();
-  return state->addSize(this, state->make<d::DimOp>(at, state->builder.getIndexType(),
-                                                    DLOSS_TENSOR(x), axis));
+  return state->addSize(this,
+                        state->make<d::DimOp>(at, state->builder.getIndexType(),
+                                              DLOSS_TENSOR(x), axis));
 }
 Size Graph::shardOffset(Tensor x, int64_t axis, SourceLoc at) {
   llvm::StringRef op = d::ShardOffsetOp::getOperationName();
-  return state->addSize(this, state->make<d::ShardOffsetOp>(
-                                  at, state->builder.getIndexType(), DLOSS_TENSOR(x), axis));
+  return state->addSize(
+      this, state->make<d::ShardOffsetOp>(at, state->builder.getIndexType(),
+                                          DLOSS_TENSOR(x), axis));
 }
 Size Graph::globalSize(Tensor x, int64_t axis, SourceLoc at) {
   llvm::StringRef op = d::GlobalSizeOp::getOperationName();
-  return state->addSize(this, state->make<d::GlobalSizeOp>(
-                                  at, state->builder.getIndexType(), DLOSS_TENSOR(x), axis));
+  return state->addSize(
+      this, state->make<d::GlobalSizeOp>(at, state->builder.getIndexType(),
+                                         DLOSS_TENSOR(x), axis));
 }
 
 Tensor Graph::constant(double value, DType dtype, SourceLoc at) {
   Impl &s = *state;
   mlir::Type elem = s.elementType(dtype);
   auto type = mlir::RankedTensorType::get({}, elem);
-  mlir::Attribute element = llvm::isa<mlir::FloatType>(elem)
-                                ? mlir::Attribute(s.builder.getFloatAttr(elem, value))
-                                : mlir::Attribute(s.builder.getIntegerAttr(
-                                      elem, static_cast<int64_t>(value)));
+  mlir::Attribute element =
+      llvm::isa<mlir::FloatType>(elem)
+          ? mlir::Attribute(s.builder.getFloatAttr(elem, value))
+          : mlir::Attribute(
+                s.builder.getIntegerAttr(elem, static_cast<int64_t>(value)));
   auto dense = mlir::DenseElementsAttr::get(type, llvm::ArrayRef(element));
   return s.addTensor(this, s.make<mlir::arith::ConstantOp>(at, type, dense));
 }
 
-Tensor Graph::matmul(Tensor a, Tensor b, bool transposeA, bool transposeB, SourceLoc at) {
+Tensor Graph::matmul(Tensor a, Tensor b, bool transposeA, bool transposeB,
+                     SourceLoc at) {
   llvm::StringRef op = d::MatmulOp::getOperationName();
-  return state->addTensor(this, state->make<d::MatmulOp>(at, {}, DLOSS_TENSOR(a),
-                                                         DLOSS_TENSOR(b), transposeA,
-                                                         transposeB));
+  return state->addTensor(
+      this, state->make<d::MatmulOp>(at, {}, DLOSS_TENSOR(a), DLOSS_TENSOR(b),
+                                     transposeA, transposeB));
 }
 
 #define DLOSS_BINARY(METHOD, OP)                                               \
@@ -321,13 +360,16 @@ DLOSS_UNARY(sqrt, d::SqrtOp)
 DLOSS_UNARY(zerosLike, d::ZerosLikeOp)
 #undef DLOSS_UNARY
 
-Tensor Graph::clamp(Tensor x, std::optional<double> min, std::optional<double> max,
-                    SourceLoc at) {
+Tensor Graph::clamp(Tensor x, std::optional<double> min,
+                    std::optional<double> max, SourceLoc at) {
   llvm::StringRef op = d::ClampOp::getOperationName();
   mlir::Value v = DLOSS_TENSOR(x);
-  mlir::FloatAttr lo = min ? state->builder.getF64FloatAttr(*min) : mlir::FloatAttr();
-  mlir::FloatAttr hi = max ? state->builder.getF64FloatAttr(*max) : mlir::FloatAttr();
-  return state->addTensor(this, state->make<d::ClampOp>(at, v.getType(), v, lo, hi));
+  mlir::FloatAttr lo =
+      min ? state->builder.getF64FloatAttr(*min) : mlir::FloatAttr();
+  mlir::FloatAttr hi =
+      max ? state->builder.getF64FloatAttr(*max) : mlir::FloatAttr();
+  return state->addTensor(this,
+                          state->make<d::ClampOp>(at, v.getType(), v, lo, hi));
 }
 
 Tensor Graph::cast(Tensor x, DType dtype, SourceLoc at) {
@@ -341,73 +383,87 @@ Tensor Graph::cast(Tensor x, DType dtype, SourceLoc at) {
 Tensor Graph::toTensor(Size n, DType dtype, SourceLoc at) {
   llvm::StringRef op = d::CastOp::getOperationName();
   auto type = mlir::RankedTensorType::get({}, state->elementType(dtype));
-  return state->addTensor(this, state->make<d::CastOp>(at, type, DLOSS_SIZE(n)));
+  return state->addTensor(this,
+                          state->make<d::CastOp>(at, type, DLOSS_SIZE(n)));
 }
 
 Tensor Graph::l2Normalize(Tensor x, int64_t axis, double eps, SourceLoc at) {
   llvm::StringRef op = d::L2NormalizeOp::getOperationName();
   mlir::Value v = DLOSS_TENSOR(x);
-  return state->addTensor(this, state->make<d::L2NormalizeOp>(at, v.getType(), v, axis,
-                                                              llvm::APFloat(eps)));
+  return state->addTensor(
+      this, state->make<d::L2NormalizeOp>(at, v.getType(), v, axis,
+                                          llvm::APFloat(eps)));
 }
 
-Tensor Graph::reduce(Tensor x, Reduction kind, std::vector<int64_t> axes, SourceLoc at) {
+Tensor Graph::reduce(Tensor x, Reduction kind, std::vector<int64_t> axes,
+                     SourceLoc at) {
   llvm::StringRef op = d::ReduceOp::getOperationName();
-  return state->addTensor(this, state->make<d::ReduceOp>(at, {}, reduceKind(kind),
-                                                         DLOSS_TENSOR(x),
-                                                         llvm::ArrayRef<int64_t>(axes)));
+  return state->addTensor(
+      this, state->make<d::ReduceOp>(at, {}, reduceKind(kind), DLOSS_TENSOR(x),
+                                     llvm::ArrayRef<int64_t>(axes)));
 }
 
 Tensor Graph::logsumexp(Tensor x, int64_t axis, SourceLoc at) {
   llvm::StringRef op = d::LogSumExpOp::getOperationName();
-  return state->addTensor(this, state->make<d::LogSumExpOp>(at, {}, DLOSS_TENSOR(x), axis));
+  return state->addTensor(
+      this, state->make<d::LogSumExpOp>(at, {}, DLOSS_TENSOR(x), axis));
 }
 
 Tensor Graph::takeAlong(Tensor x, Tensor indices, int64_t axis, SourceLoc at) {
   llvm::StringRef op = d::TakeAlongOp::getOperationName();
-  return state->addTensor(this, state->make<d::TakeAlongOp>(at, {}, DLOSS_TENSOR(x),
-                                                            DLOSS_TENSOR(indices), axis));
+  return state->addTensor(
+      this, state->make<d::TakeAlongOp>(at, {}, DLOSS_TENSOR(x),
+                                        DLOSS_TENSOR(indices), axis));
 }
 
 Tensor Graph::putAlong(Tensor x, Tensor indices, Tensor values, int64_t axis,
                        SourceLoc at) {
   llvm::StringRef op = d::PutAlongOp::getOperationName();
-  return state->addTensor(this, state->make<d::PutAlongOp>(
-                                    at, {}, DLOSS_TENSOR(x), DLOSS_TENSOR(indices),
-                                    DLOSS_TENSOR(values), axis));
+  return state->addTensor(
+      this,
+      state->make<d::PutAlongOp>(at, {}, DLOSS_TENSOR(x), DLOSS_TENSOR(indices),
+                                 DLOSS_TENSOR(values), axis));
 }
 
 Tensor Graph::arange(Size start, Size count, DType dtype, SourceLoc at) {
   llvm::StringRef op = d::ArangeOp::getOperationName();
   auto type = mlir::RankedTensorType::get({mlir::ShapedType::kDynamic},
                                           state->elementType(dtype));
-  return state->addTensor(this, state->make<d::ArangeOp>(at, type, DLOSS_SIZE(start),
-                                                         DLOSS_SIZE(count)));
+  return state->addTensor(
+      this,
+      state->make<d::ArangeOp>(at, type, DLOSS_SIZE(start), DLOSS_SIZE(count)));
 }
 
-Tensor Graph::crossEntropy(Tensor logits, Tensor targets, int64_t axis, SourceLoc at) {
+Tensor Graph::crossEntropy(Tensor logits, Tensor targets, int64_t axis,
+                           SourceLoc at) {
   llvm::StringRef op = d::CrossEntropyOp::getOperationName();
-  return state->addTensor(this, state->make<d::CrossEntropyOp>(
-                                    at, {}, DLOSS_TENSOR(logits), DLOSS_TENSOR(targets), axis));
+  return state->addTensor(
+      this, state->make<d::CrossEntropyOp>(at, {}, DLOSS_TENSOR(logits),
+                                           DLOSS_TENSOR(targets), axis));
 }
 
-Tensor Graph::expand(Tensor x, std::vector<int64_t> axes, Tensor like, SourceLoc at) {
+Tensor Graph::expand(Tensor x, std::vector<int64_t> axes, Tensor like,
+                     SourceLoc at) {
   llvm::StringRef op = d::ExpandOp::getOperationName();
-  return state->addTensor(this, state->make<d::ExpandOp>(at, {}, DLOSS_TENSOR(x),
-                                                         llvm::ArrayRef<int64_t>(axes),
-                                                         DLOSS_TENSOR(like)));
+  return state->addTensor(
+      this, state->make<d::ExpandOp>(at, {}, DLOSS_TENSOR(x),
+                                     llvm::ArrayRef<int64_t>(axes),
+                                     DLOSS_TENSOR(like)));
 }
 
-Tensor Graph::slice(Tensor x, int64_t axis, Size offset, Size size, SourceLoc at) {
+Tensor Graph::slice(Tensor x, int64_t axis, Size offset, Size size,
+                    SourceLoc at) {
   llvm::StringRef op = d::SliceOp::getOperationName();
-  return state->addTensor(this, state->make<d::SliceOp>(at, {}, DLOSS_TENSOR(x), axis,
-                                                        DLOSS_SIZE(offset), DLOSS_SIZE(size)));
+  return state->addTensor(
+      this, state->make<d::SliceOp>(at, {}, DLOSS_TENSOR(x), axis,
+                                    DLOSS_SIZE(offset), DLOSS_SIZE(size)));
 }
 
 Tensor Graph::pad(Tensor x, int64_t axis, Size low, Size high, SourceLoc at) {
   llvm::StringRef op = d::PadOp::getOperationName();
-  return state->addTensor(this, state->make<d::PadOp>(at, {}, DLOSS_TENSOR(x), axis,
-                                                      DLOSS_SIZE(low), DLOSS_SIZE(high)));
+  return state->addTensor(this, state->make<d::PadOp>(at, {}, DLOSS_TENSOR(x),
+                                                      axis, DLOSS_SIZE(low),
+                                                      DLOSS_SIZE(high)));
 }
 
 void Graph::setLoss(Tensor loss, GradMode mode, SourceLoc at) {
@@ -418,15 +474,18 @@ void Graph::setLoss(Tensor loss, GradMode mode, SourceLoc at) {
   s.func.setFunctionType(
       s.builder.getFunctionType(s.body->getArgumentTypes(), {v.getType()}));
   s.func->setAttr(d::DlossDialect::kLossAttrName, s.builder.getUnitAttr());
-  s.func->setAttr(d::DlossDialect::kGradModeAttrName,
-                  s.builder.getStringAttr(mode == GradMode::Global ? "global" : "ddp"));
+  s.func->setAttr(
+      d::DlossDialect::kGradModeAttrName,
+      s.builder.getStringAttr(mode == GradMode::Global ? "global" : "ddp"));
   for (unsigned i = 0; i < s.inputNames.size(); ++i) {
     s.func.setArgAttr(i, d::DlossDialect::kNameAttrName,
                       s.builder.getStringAttr(s.inputNames[i]));
     if (s.inputOptions[i].grad)
-      s.func.setArgAttr(i, d::DlossDialect::kGradAttrName, s.builder.getUnitAttr());
+      s.func.setArgAttr(i, d::DlossDialect::kGradAttrName,
+                        s.builder.getUnitAttr());
     if (s.inputOptions[i].replicated)
-      s.func.setArgAttr(i, d::DlossDialect::kReplicatedAttrName, s.builder.getUnitAttr());
+      s.func.setArgAttr(i, d::DlossDialect::kReplicatedAttrName,
+                        s.builder.getUnitAttr());
   }
   s.finished = true;
   DiagnosticCapture capture(&s.context);
@@ -446,7 +505,8 @@ std::string Graph::toMlir() const {
                 "call setLoss(loss) before compiling or printing it");
   std::string text;
   llvm::raw_string_ostream os(text);
-  state->module->print(os, mlir::OpPrintingFlags().enableDebugInfo(true, false));
+  state->module->print(os,
+                       mlir::OpPrintingFlags().enableDebugInfo(true, false));
   return text;
 }
 
@@ -464,9 +524,12 @@ static Tensor scalarLike(Tensor a, double v) {
   auto type = llvm::cast<mlir::RankedTensorType>(
       graphOf(a).impl().tensors.at(a.id()).getType());
   mlir::Type elem = type.getElementType();
-  DType dtype = elem.isF16() ? DType::F16 : elem.isBF16() ? DType::BF16
-              : elem.isF64() ? DType::F64 : elem.isInteger(32) ? DType::I32
-              : elem.isInteger(64) ? DType::I64 : DType::F32;
+  DType dtype = elem.isF16()         ? DType::F16
+                : elem.isBF16()      ? DType::BF16
+                : elem.isF64()       ? DType::F64
+                : elem.isInteger(32) ? DType::I32
+                : elem.isInteger(64) ? DType::I64
+                                     : DType::F32;
   return graphOf(a).constant(v, dtype);
 }
 Tensor operator+(Tensor a, Tensor b) { return graphOf(a).add(a, b); }

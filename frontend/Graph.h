@@ -1,4 +1,5 @@
-// dloss::Graph: a lazy builder for distributed losses from C++ (no MLIR types in this header).
+// dloss::Graph: a lazy builder for distributed losses from C++ (no MLIR types
+// in this header).
 #ifndef DLOSS_FRONTEND_GRAPH_H
 #define DLOSS_FRONTEND_GRAPH_H
 
@@ -64,7 +65,8 @@ private:
 struct InputOptions {
   /// Differentiate the loss with respect to this input.
   bool grad = false;
-  /// The same value on every rank (a loss parameter: a logit scale, ArcFace's W).
+  /// The same value on every rank (a loss parameter: a logit scale, ArcFace's
+  /// W).
   bool replicated = false;
 };
 
@@ -89,12 +91,14 @@ public:
   // Collectives.
   Tensor allGather(Tensor x, int64_t axis, GatherGrad grad = GatherGrad::Exact,
                    SourceLoc at = SourceLoc::current());
-  Tensor allReduce(Tensor x, Reduction kind, SourceLoc at = SourceLoc::current());
+  Tensor allReduce(Tensor x, Reduction kind,
+                   SourceLoc at = SourceLoc::current());
   Tensor reduceScatter(Tensor x, Reduction kind, int64_t axis,
                        std::optional<Size> size = std::nullopt,
                        SourceLoc at = SourceLoc::current());
   Tensor broadcast(Tensor x, int64_t root, SourceLoc at = SourceLoc::current());
-  Tensor ringShift(Tensor x, int64_t shift, SourceLoc at = SourceLoc::current());
+  Tensor ringShift(Tensor x, int64_t shift,
+                   SourceLoc at = SourceLoc::current());
 
   // Rank facts.
   Size rank(SourceLoc at = SourceLoc::current());
@@ -106,8 +110,8 @@ public:
   // Compute.
   Tensor constant(double value, DType dtype = DType::F32,
                   SourceLoc at = SourceLoc::current());
-  Tensor matmul(Tensor a, Tensor b, bool transposeA = false, bool transposeB = false,
-                SourceLoc at = SourceLoc::current());
+  Tensor matmul(Tensor a, Tensor b, bool transposeA = false,
+                bool transposeB = false, SourceLoc at = SourceLoc::current());
   Tensor add(Tensor a, Tensor b, SourceLoc at = SourceLoc::current());
   Tensor sub(Tensor a, Tensor b, SourceLoc at = SourceLoc::current());
   Tensor mul(Tensor a, Tensor b, SourceLoc at = SourceLoc::current());
@@ -127,7 +131,8 @@ public:
                SourceLoc at = SourceLoc::current());
   Tensor cast(Tensor x, DType dtype, SourceLoc at = SourceLoc::current());
   /// A size as a 0-d tensor (to divide by the global batch, say).
-  Tensor toTensor(Size n, DType dtype = DType::F32, SourceLoc at = SourceLoc::current());
+  Tensor toTensor(Size n, DType dtype = DType::F32,
+                  SourceLoc at = SourceLoc::current());
   Tensor l2Normalize(Tensor x, int64_t axis, double eps = 1e-12,
                      SourceLoc at = SourceLoc::current());
   Tensor reduce(Tensor x, Reduction kind, std::vector<int64_t> axes,

@@ -46,13 +46,14 @@ std::shared_ptr<const PlanFile> compilePlan(const std::string &mlirText,
   mlir::MLIRContext context(registry);
   context.loadAllAvailableDialects();
   llvm::SourceMgr sourceMgr;
-  sourceMgr.AddNewSourceBuffer(llvm::MemoryBuffer::getMemBufferCopy(mlirText, name),
-                               llvm::SMLoc());
+  sourceMgr.AddNewSourceBuffer(
+      llvm::MemoryBuffer::getMemBufferCopy(mlirText, name), llvm::SMLoc());
   std::string messages;
   llvm::raw_string_ostream os(messages);
   mlir::SourceMgrDiagnosticHandler diagnostics(sourceMgr, &context, os);
 
-  mlir::OwningOpRef<mlir::ModuleOp> module = mlir::dloss::parseLoss(sourceMgr, &context);
+  mlir::OwningOpRef<mlir::ModuleOp> module =
+      mlir::dloss::parseLoss(sourceMgr, &context);
   bool ok = static_cast<bool>(module);
   if (ok && !gradMode.empty())
     ok = mlir::succeeded(mlir::dloss::overrideGradMode(*module, gradMode));
@@ -63,7 +64,8 @@ std::shared_ptr<const PlanFile> compilePlan(const std::string &mlirText,
     throw Error("the loss '" + name + "' did not compile:\n" + messages,
                 "fix the loss at the location the compiler names");
 
-  auto plan = PlanFile::fromBytes(std::vector<uint8_t>(bytes->begin(), bytes->end()), name);
+  auto plan = PlanFile::fromBytes(
+      std::vector<uint8_t>(bytes->begin(), bytes->end()), name);
   std::lock_guard<std::mutex> lock(cacheMutex);
   cache().emplace(key, plan);
   return plan;
@@ -84,16 +86,17 @@ std::shared_ptr<Communicator> defaultCommunicator() {
 
 CompiledLoss compile(const std::string &mlirText, Options options) {
   auto plan = compilePlan(mlirText, options.gradMode, "<jit>", options.fuse);
-  return CompiledLoss(plan,
-                      options.communicator ? options.communicator : defaultCommunicator(),
-                      options.entry);
+  return CompiledLoss(
+      plan, options.communicator ? options.communicator : defaultCommunicator(),
+      options.entry);
 }
 
 CompiledLoss compile(const Graph &graph, Options options) {
-  auto plan = compilePlan(graph.toMlir(), options.gradMode, graph.name(), options.fuse);
-  return CompiledLoss(plan,
-                      options.communicator ? options.communicator : defaultCommunicator(),
-                      options.entry.empty() ? graph.name() : options.entry);
+  auto plan =
+      compilePlan(graph.toMlir(), options.gradMode, graph.name(), options.fuse);
+  return CompiledLoss(
+      plan, options.communicator ? options.communicator : defaultCommunicator(),
+      options.entry.empty() ? graph.name() : options.entry);
 }
 
 size_t cachedPlans() {

@@ -1,4 +1,5 @@
-// dloss::jit: compile a Graph or dloss MLIR text into a LibTorch callable with autograd.
+// dloss::jit: compile a Graph or dloss MLIR text into a LibTorch callable with
+// autograd.
 #ifndef DLOSS_FRONTEND_JIT_H
 #define DLOSS_FRONTEND_JIT_H
 
@@ -24,10 +25,10 @@ struct Options {
 
 /// Compiles dloss MLIR text to a plan: verify collectives, fuse (unless
 /// `fuse` is false), infer replication, derive @<loss>_grad, lower. Plans are
-/// cached by (text, grad mode, fuse): a plan does not depend on batch sizes, dtypes of dynamic inputs or
-/// the world size, which the runtime receives at each call (and checks in its
-/// preflight). A loss that does not compile raises dloss::Error carrying the
-/// compiler's messages with their locations.
+/// cached by (text, grad mode, fuse): a plan does not depend on batch sizes,
+/// dtypes of dynamic inputs or the world size, which the runtime receives at
+/// each call (and checks in its preflight). A loss that does not compile raises
+/// dloss::Error carrying the compiler's messages with their locations.
 std::shared_ptr<const PlanFile> compilePlan(const std::string &mlirText,
                                             const std::string &gradMode = "",
                                             const std::string &name = "<jit>",

@@ -9,8 +9,10 @@ Tensor globalRowLabels(Graph &g, Tensor rows) {
   return g.arange(g.shardOffset(rows, 0), g.dim(rows, 0));
 }
 /// Sum over the rank's rows, summed over ranks, divided by the global batch.
-Tensor globalMean(Graph &g, Tensor perRow, Tensor rows, DType dtype, double extraDivisor = 1.0) {
-  Tensor total = g.allReduce(g.reduce(perRow, Reduction::Sum, {0}), Reduction::Sum);
+Tensor globalMean(Graph &g, Tensor perRow, Tensor rows, DType dtype,
+                  double extraDivisor = 1.0) {
+  Tensor total =
+      g.allReduce(g.reduce(perRow, Reduction::Sum, {0}), Reduction::Sum);
   Tensor count = g.toTensor(g.globalSize(rows, 0), dtype);
   if (extraDivisor != 1.0)
     count = count * extraDivisor;
@@ -24,9 +26,12 @@ Graph clip(const ClipOptions &o) {
   Tensor text = g.input("text", o.dtype, {-1, o.dim}, {true, false});
   Tensor scale = g.input("scale", o.dtype, {}, {true, true});
   Tensor labels = globalRowLabels(g, image);
-  Tensor logitsImage = g.matmul(image, g.allGather(text, 0), false, true) * scale;
-  Tensor logitsText = g.matmul(text, g.allGather(image, 0), false, true) * scale;
-  Tensor perRow = g.crossEntropy(logitsImage, labels) + g.crossEntropy(logitsText, labels);
+  Tensor logitsImage =
+      g.matmul(image, g.allGather(text, 0), false, true) * scale;
+  Tensor logitsText =
+      g.matmul(text, g.allGather(image, 0), false, true) * scale;
+  Tensor perRow =
+      g.crossEntropy(logitsImage, labels) + g.crossEntropy(logitsText, labels);
   g.setLoss(globalMean(g, perRow, image, o.dtype, 2.0), o.mode);
   return g;
 }
@@ -38,10 +43,12 @@ Graph siglip(const SiglipOptions &o) {
   Tensor logT = g.input("log_t", o.dtype, {}, {true, true});
   Tensor bias = g.input("bias", o.dtype, {}, {true, true});
   Tensor labels = globalRowLabels(g, image);
-  Tensor logits = g.matmul(image, g.allGather(text, 0), false, true) * g.exp(logT) + bias;
+  Tensor logits =
+      g.matmul(image, g.allGather(text, 0), false, true) * g.exp(logT) + bias;
   // -log sigmoid(-l) = softplus(l); -log sigmoid(l) = softplus(l) - l.
   Tensor pairs = g.reduce(g.softplus(logits), Reduction::Sum, {0, 1});
-  Tensor positives = g.reduce(g.takeAlong(logits, labels, 1), Reduction::Sum, {0});
+  Tensor positives =
+      g.reduce(g.takeAlong(logits, labels, 1), Reduction::Sum, {0});
   Tensor total = g.allReduce(pairs - positives, Reduction::Sum);
   g.setLoss(total / g.toTensor(g.globalSize(image, 0), o.dtype), o.mode);
   return g;
@@ -51,7 +58,8 @@ Graph margin(const MarginOptions &o) {
   Graph g(o.kind == MarginOptions::ArcFace ? "arcface" : "cosface");
   Tensor x = g.input("embeddings", o.dtype, {-1, o.dim}, {true, false});
   Tensor labels = g.input("labels", DType::I64, {-1}, {false, false});
-  Tensor w = g.input("weights", o.dtype, {o.classes, o.dim}, {true, !o.shardedClasses});
+  Tensor w = g.input("weights", o.dtype, {o.classes, o.dim},
+                     {true, !o.shardedClasses});
   Tensor rows = g.l2Normalize(x, 1);
   if (o.shardedClasses) {
     // Every shard scores the whole global batch against its own classes;

@@ -1,4 +1,5 @@
-// Ready-made distributed losses on dloss::Graph: CLIP, SigLIP, ArcFace and CosFace.
+// Ready-made distributed losses on dloss::Graph: CLIP, SigLIP, ArcFace and
+// CosFace.
 #ifndef DLOSS_FRONTEND_LOSSES_H
 #define DLOSS_FRONTEND_LOSSES_H
 
@@ -19,7 +20,8 @@ struct ClipOptions {
 Graph clip(const ClipOptions &options = {});
 
 /// SigLIP's pairwise sigmoid loss: inputs image, text, the replicated
-/// log-temperature log_t and bias; -1/B * sum_ij log sigmoid(z_ij (e^t x_i.y_j + b)).
+/// log-temperature log_t and bias; -1/B * sum_ij log sigmoid(z_ij (e^t x_i.y_j
+/// + b)).
 struct SiglipOptions {
   int64_t dim = -1;
   DType dtype = DType::F32;
@@ -28,10 +30,10 @@ struct SiglipOptions {
 Graph siglip(const SiglipOptions &options = {});
 
 /// ArcFace (additive angular margin) or CosFace (additive cosine margin) with
-/// replicated (or, with shardedClasses, class-sharded) class weights: inputs embeddings [B_r, dim], labels [B_r] (i64)
-/// and weights [classes, dim]; mean cross-entropy over the global batch of
-/// s * cos(theta + m) (ArcFace) or s * (cos(theta) - m) (CosFace) at the
-/// target class and s * cos(theta) elsewhere.
+/// replicated (or, with shardedClasses, class-sharded) class weights: inputs
+/// embeddings [B_r, dim], labels [B_r] (i64) and weights [classes, dim]; mean
+/// cross-entropy over the global batch of s * cos(theta + m) (ArcFace) or s *
+/// (cos(theta) - m) (CosFace) at the target class and s * cos(theta) elsewhere.
 struct MarginOptions {
   enum Kind { ArcFace, CosFace } kind = ArcFace;
   int64_t dim = -1;

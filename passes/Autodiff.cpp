@@ -1,4 +1,5 @@
-// dloss-autodiff: reverse mode over each loss entry point, with exact collective adjoints.
+// dloss-autodiff: reverse mode over each loss entry point, with exact
+// collective adjoints.
 #include "passes/Passes.h"
 #include "passes/ReplicationAnalysis.h"
 
@@ -106,19 +107,21 @@ struct AutodiffPass : dloss::impl::AutodiffPassBase<AutodiffPass> {
     std::string name = (loss.getName() + "_grad").str();
     if (Operation *existing = module.lookupSymbol(name)) {
       InFlightDiagnostic diag = loss.emitError()
-          << "cannot derive @" << name << ": a symbol of that name exists";
+                                << "cannot derive @" << name
+                                << ": a symbol of that name exists";
       diag.attachNote(existing->getLoc()) << "it is defined here; rename it";
       return failure();
     }
     if (!loss.getBody().hasOneBlock())
       return loss.emitError()
              << "dloss-autodiff differentiates single-block loss functions; "
-                "@" << loss.getName() << " has "
-             << loss.getBody().getBlocks().size()
+                "@"
+             << loss.getName() << " has " << loss.getBody().getBlocks().size()
              << " blocks (use scf ops for control flow)";
 
     bool globalMode = false;
-    if (auto mode = loss->getAttrOfType<StringAttr>(DlossDialect::kGradModeAttrName))
+    if (auto mode =
+            loss->getAttrOfType<StringAttr>(DlossDialect::kGradModeAttrName))
       globalMode = mode.getValue() == "global";
 
     // @<name>_grad: the same arguments, the loss and one gradient per
@@ -140,7 +143,9 @@ struct AutodiffPass : dloss::impl::AutodiffPassBase<AutodiffPass> {
     gradFunc->setAttr(DlossDialect::kGradientOfAttrName,
                       FlatSymbolRefAttr::get(loss.getNameAttr()));
     for (unsigned i = 0, e = loss.getNumArguments(); i < e; ++i)
-      for (NamedAttribute attr : loss.getArgAttrDict(i) ? loss.getArgAttrDict(i).getValue() : ArrayRef<NamedAttribute>{})
+      for (NamedAttribute attr : loss.getArgAttrDict(i)
+                                     ? loss.getArgAttrDict(i).getValue()
+                                     : ArrayRef<NamedAttribute>{})
         if (attr.getName() != DlossDialect::kGradAttrName)
           gradFunc.setArgAttr(i, attr.getName(), attr.getValue());
     IRMapping mapping;
@@ -151,7 +156,8 @@ struct AutodiffPass : dloss::impl::AutodiffPassBase<AutodiffPass> {
     Operation *ret = body.getTerminator();
     Value lossValue = ret->getOperand(0);
     if (analysis.isVarying(lossValue)) {
-      InFlightDiagnostic diag = loss.emitError()
+      InFlightDiagnostic diag =
+          loss.emitError()
           << "cannot differentiate @" << loss.getName()
           << ": its loss varies across ranks (run dloss-infer-replication for "
              "details)";
@@ -228,7 +234,8 @@ struct AutodiffPass : dloss::impl::AutodiffPassBase<AutodiffPass> {
       } else {
         // N * dF/dx_r, or N times this rank's share of dF/dtheta: DDP's
         // average over the N ranks gives the single-device gradient.
-        Type elementType = cast<ShapedType>(ct.value.getType()).getElementType();
+        Type elementType =
+            cast<ShapedType>(ct.value.getType()).getElementType();
         grad = MulOp::create(b, arg.getLoc(), ct.value,
                              finish.worldSize(elementType));
       }

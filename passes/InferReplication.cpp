@@ -1,4 +1,5 @@
-// dloss-infer-replication: invariant/varying for every value; a loss must be invariant.
+// dloss-infer-replication: invariant/varying for every value; a loss must be
+// invariant.
 #include "passes/Passes.h"
 #include "passes/ReplicationAnalysis.h"
 
@@ -40,13 +41,14 @@ struct InferReplicationPass
       signalPassFailure();
   }
 
-  static LogicalResult verifyLossInvariant(func::FuncOp func,
-                                           const ReplicationAnalysis &analysis) {
+  static LogicalResult
+  verifyLossInvariant(func::FuncOp func, const ReplicationAnalysis &analysis) {
     Operation *ret = func.getBody().back().getTerminator();
     Value loss = ret->getOperand(0);
     if (!analysis.isVarying(loss))
       return success();
-    InFlightDiagnostic diag = ret->emitError()
+    InFlightDiagnostic diag =
+        ret->emitError()
         << "the loss returned by @" << func.getName()
         << " varies across ranks, but a loss must be the same on every rank";
     if (Operation *def = loss.getDefiningOp())
@@ -67,7 +69,8 @@ struct InferReplicationPass
       if (!callee.getArgAttr(i, DlossDialect::kReplicatedAttrName) ||
           !analysis.isVarying(operand))
         continue;
-      InFlightDiagnostic diag = call.emitOpError()
+      InFlightDiagnostic diag =
+          call.emitOpError()
           << "passes a value that varies across ranks as argument #" << i
           << " of @" << callee.getName()
           << ", which is marked dloss.replicated (the same on every rank); "
@@ -79,14 +82,16 @@ struct InferReplicationPass
     return success();
   }
 
-  static void annotateOps(func::FuncOp func, const ReplicationAnalysis &analysis) {
+  static void annotateOps(func::FuncOp func,
+                          const ReplicationAnalysis &analysis) {
     Builder b(func.getContext());
     func.walk([&](Operation *op) {
       if (op->getNumResults() == 0)
         return;
       SmallVector<Attribute> each;
       for (Value result : op->getResults())
-        each.push_back(b.getStringAttr(stringifyReplication(analysis.lookup(result))));
+        each.push_back(
+            b.getStringAttr(stringifyReplication(analysis.lookup(result))));
       op->setAttr(DlossDialect::kReplicationAttrName,
                   each.size() == 1 ? each.front() : b.getArrayAttr(each));
     });

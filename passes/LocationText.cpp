@@ -14,9 +14,9 @@ std::string dloss::locationText(Location loc, bool fileNameOnly) {
       StringRef name = file.getFilename().getValue();
       if (fileNameOnly)
         name = llvm::sys::path::filename(name);
-      text = llvm::formatv("{0}:{1}:{2}", name, file.getLine(),
-                           file.getColumn())
-                 .str();
+      text =
+          llvm::formatv("{0}:{1}:{2}", name, file.getLine(), file.getColumn())
+              .str();
       return WalkResult::interrupt();
     }
     return WalkResult::advance();

@@ -1,8 +1,8 @@
 // dloss-lower-to-plan: the compiler's side of the plan (runtime/Plan.fbs).
 #include "passes/LowerToPlan.h"
 #include "passes/LocationText.h"
-#include "passes/StraightLineLiveness.h"
 #include "passes/Passes.h"
+#include "passes/StraightLineLiveness.h"
 
 #include "runtime/plan/PlanText.h"
 #include "runtime/plan/PlanVersion.h"
@@ -26,19 +26,28 @@ namespace fb = flatbuffers;
 namespace plan = ::dloss::plan;
 
 static std::optional<plan::DType> toDType(Type type) {
-  if (type.isF16()) return plan::DType::f16;
-  if (type.isBF16()) return plan::DType::bf16;
-  if (type.isF32()) return plan::DType::f32;
-  if (type.isF64()) return plan::DType::f64;
-  if (type.isInteger(1)) return plan::DType::boolean;
-  if (type.isSignlessInteger(8)) return plan::DType::i8;
-  if (type.isSignlessInteger(16)) return plan::DType::i16;
-  if (type.isSignlessInteger(32)) return plan::DType::i32;
-  if (type.isSignlessInteger(64)) return plan::DType::i64;
-  if (type.isUnsignedInteger(8)) return plan::DType::u8;
+  if (type.isF16())
+    return plan::DType::f16;
+  if (type.isBF16())
+    return plan::DType::bf16;
+  if (type.isF32())
+    return plan::DType::f32;
+  if (type.isF64())
+    return plan::DType::f64;
+  if (type.isInteger(1))
+    return plan::DType::boolean;
+  if (type.isSignlessInteger(8))
+    return plan::DType::i8;
+  if (type.isSignlessInteger(16))
+    return plan::DType::i16;
+  if (type.isSignlessInteger(32))
+    return plan::DType::i32;
+  if (type.isSignlessInteger(64))
+    return plan::DType::i64;
+  if (type.isUnsignedInteger(8))
+    return plan::DType::u8;
   return std::nullopt;
 }
-
 
 namespace {
 
@@ -65,7 +74,8 @@ public:
     std::string ir;
     llvm::raw_string_ostream os(ir);
     module->print(os);
-    uint64_t fingerprint = llvm::xxh3_64bits(ir) ^ static_cast<uint64_t>(::dloss::kPlanVersion);
+    uint64_t fingerprint =
+        llvm::xxh3_64bits(ir) ^ static_cast<uint64_t>(::dloss::kPlanVersion);
 
     auto root = plan::CreatePlan(fbb, ::dloss::kPlanVersion, fingerprint,
                                  fbb.CreateString(source.str()),
@@ -94,7 +104,8 @@ private:
                              "integer elements, or index";
   }
 
-  FailureOr<fb::Offset<plan::Attr>> attribute(Operation *op, NamedAttribute na) {
+  FailureOr<fb::Offset<plan::Attr>> attribute(Operation *op,
+                                              NamedAttribute na) {
     StringRef name = na.getName().getValue();
     Attribute value = na.getValue();
     auto nameOffset = fbb.CreateString(name.str());
@@ -167,9 +178,9 @@ private:
     auto type = cast<RankedTensorType>(dense.getType());
     std::optional<plan::DType> dtype = toDType(type.getElementType());
     if (!dtype)
-      return op->emitOpError() << "has a constant of element type "
-                               << type.getElementType()
-                               << ", which the runtime does not support";
+      return op->emitOpError()
+             << "has a constant of element type " << type.getElementType()
+             << ", which the runtime does not support";
     std::vector<uint8_t> bytes;
     if (type.getElementType().isInteger(1)) {
       // i1 is bit-packed in MLIR; the plan stores one byte per element.
@@ -202,9 +213,10 @@ private:
       if (failed(type))
         return failure();
       unsigned i = arg.getArgNumber();
-      auto name = func.getArgAttrOfType<StringAttr>(i, DlossDialect::kNameAttrName);
-      bool replicated =
-          static_cast<bool>(func.getArgAttr(i, DlossDialect::kReplicatedAttrName));
+      auto name =
+          func.getArgAttrOfType<StringAttr>(i, DlossDialect::kNameAttrName);
+      bool replicated = static_cast<bool>(
+          func.getArgAttr(i, DlossDialect::kReplicatedAttrName));
       arguments.push_back(plan::CreateArgument(
           fbb, fbb.CreateString(name ? name.getValue().str() : ""), *type,
           replicated));
@@ -289,16 +301,17 @@ private:
           gradArguments.push_back(i);
     }
     if (loss->hasAttr(DlossDialect::kLossAttrName)) {
-      auto mode = loss->getAttrOfType<StringAttr>(DlossDialect::kGradModeAttrName);
+      auto mode =
+          loss->getAttrOfType<StringAttr>(DlossDialect::kGradModeAttrName);
       gradMode = mode ? mode.getValue().str() : "ddp";
     }
 
     return plan::CreateFunction(
-        fbb, fbb.CreateString(func.getName().str()), fbb.CreateVector(arguments),
-        fbb.CreateVector(results), fbb.CreateVector(resultTypes),
-        static_cast<int>(registers.size()), fbb.CreateVector(steps),
-        fbb.CreateString(gradMode), fbb.CreateString(gradientOf),
-        fbb.CreateVector(gradArguments));
+        fbb, fbb.CreateString(func.getName().str()),
+        fbb.CreateVector(arguments), fbb.CreateVector(results),
+        fbb.CreateVector(resultTypes), static_cast<int>(registers.size()),
+        fbb.CreateVector(steps), fbb.CreateString(gradMode),
+        fbb.CreateString(gradientOf), fbb.CreateVector(gradArguments));
   }
 
   fb::FlatBufferBuilder fbb;
@@ -316,7 +329,8 @@ static LogicalResult writeFile(StringRef path, StringRef contents,
   return success();
 }
 
-struct LowerToPlanPass : mlir::dloss::impl::LowerToPlanPassBase<LowerToPlanPass> {
+struct LowerToPlanPass
+    : mlir::dloss::impl::LowerToPlanPassBase<LowerToPlanPass> {
   using Base::Base;
 
   void runOnOperation() override {
@@ -336,6 +350,7 @@ struct LowerToPlanPass : mlir::dloss::impl::LowerToPlanPassBase<LowerToPlanPass>
 
 } // namespace
 
-FailureOr<std::string> mlir::dloss::lowerToPlan(ModuleOp module, StringRef source) {
+FailureOr<std::string> mlir::dloss::lowerToPlan(ModuleOp module,
+                                                StringRef source) {
   return PlanWriter().write(module, source);
 }

@@ -1,4 +1,5 @@
-// The replication dataflow shared by dloss-infer-replication, dloss-verify-collectives and dloss-autodiff.
+// The replication dataflow shared by dloss-infer-replication,
+// dloss-verify-collectives and dloss-autodiff.
 #include "passes/ReplicationAnalysis.h"
 
 #include "dialect/DlossOps.h"
@@ -13,12 +14,13 @@ StringRef mlir::dloss::stringifyReplication(Replication replication) {
   return replication == Replication::Invariant ? "invariant" : "varying";
 }
 
-ReplicationAnalysis::ReplicationAnalysis(FunctionOpInterface func) : func(func) {
+ReplicationAnalysis::ReplicationAnalysis(FunctionOpInterface func)
+    : func(func) {
   if (func.isExternal())
     return;
   for (BlockArgument arg : func.getArguments()) {
-    bool replicated = static_cast<bool>(func.getArgAttr(
-        arg.getArgNumber(), DlossDialect::kReplicatedAttrName));
+    bool replicated = static_cast<bool>(
+        func.getArgAttr(arg.getArgNumber(), DlossDialect::kReplicatedAttrName));
     state[arg] = replicated ? Replication::Invariant : Replication::Varying;
   }
   bool changed = true;
@@ -39,14 +41,17 @@ Replication ReplicationAnalysis::lookup(Value value) const {
 
 void ReplicationAnalysis::update(Value value, Replication replication,
                                  bool &changed) {
-  Replication &current = state.try_emplace(value, Replication::Invariant).first->second;
-  if (current == Replication::Invariant && replication == Replication::Varying) {
+  Replication &current =
+      state.try_emplace(value, Replication::Invariant).first->second;
+  if (current == Replication::Invariant &&
+      replication == Replication::Varying) {
     current = Replication::Varying;
     changed = true;
   }
 }
 
-static Replication joinValues(const ReplicationAnalysis &analysis, ValueRange values,
+static Replication joinValues(const ReplicationAnalysis &analysis,
+                              ValueRange values,
                               Replication start = Replication::Invariant) {
   Replication result = start;
   for (Value v : values)
@@ -182,7 +187,8 @@ void ReplicationAnalysis::explainVarying(Value value,
         }
       if (!current) {
         diag.attachNote(owner->getLoc())
-            << "it varies across ranks through this '" << owner->getName() << "'";
+            << "it varies across ranks through this '" << owner->getName()
+            << "'";
         return;
       }
       continue;

@@ -1,4 +1,5 @@
-// Which values are invariant (equal on every rank) and which vary, for one function.
+// Which values are invariant (equal on every rank) and which vary, for one
+// function.
 #ifndef DLOSS_PASSES_REPLICATIONANALYSIS_H
 #define DLOSS_PASSES_REPLICATIONANALYSIS_H
 

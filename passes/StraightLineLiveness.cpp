@@ -1,4 +1,5 @@
-// Where each value of a straight-line function dies (see StraightLineLiveness.h).
+// Where each value of a straight-line function dies (see
+// StraightLineLiveness.h).
 #include "passes/StraightLineLiveness.h"
 
 #include "mlir/IR/OpDefinition.h"

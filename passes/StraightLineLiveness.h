@@ -1,4 +1,5 @@
-// Where each value of a straight-line function dies: shared by plan lowering (register freeing) and the cost report.
+// Where each value of a straight-line function dies: shared by plan lowering
+// (register freeing) and the cost report.
 #ifndef DLOSS_PASSES_STRAIGHTLINELIVENESS_H
 #define DLOSS_PASSES_STRAIGHTLINELIVENESS_H
 

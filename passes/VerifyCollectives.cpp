@@ -1,4 +1,5 @@
-// dloss-verify-collectives: every rank must reach every collective, in the same order.
+// dloss-verify-collectives: every rank must reach every collective, in the same
+// order.
 #include "passes/Passes.h"
 #include "passes/ReplicationAnalysis.h"
 
@@ -56,15 +57,16 @@ struct VerifyCollectivesPass
   LogicalResult verifyReached(Operation *collective, FunctionOpInterface func,
                               const ReplicationAnalysis &analysis) {
     for (Operation *parent = collective->getParentOp();
-         parent && parent != func.getOperation(); parent = parent->getParentOp()) {
+         parent && parent != func.getOperation();
+         parent = parent->getParentOp()) {
       if (isa<scf::ExecuteRegionOp>(parent))
         continue; // runs exactly once, on every rank that reaches it
       if (!isa<scf::IfOp, scf::ForOp, scf::WhileOp>(parent)) {
         collective->emitOpError()
-                << "is nested in '" << parent->getName()
-                << "', which dloss cannot prove every rank runs the same way; "
-                   "move the collective out of it"
-                << "";
+            << "is nested in '" << parent->getName()
+            << "', which dloss cannot prove every rank runs the same way; "
+               "move the collective out of it"
+            << "";
         return failure();
       }
       for (Control control : controlsOf(parent)) {
@@ -72,8 +74,9 @@ struct VerifyCollectivesPass
           continue;
         bool isIf = isa<scf::IfOp>(parent);
         InFlightDiagnostic diag = collective->emitOpError();
-        diag << (isIf ? "is reached only on some ranks" :
-                        "may run a different number of times on different ranks")
+        diag << (isIf
+                     ? "is reached only on some ranks"
+                     : "may run a different number of times on different ranks")
              << ": it is inside an '" << parent->getName() << "' whose "
              << control.what
              << " varies across ranks, and every rank must run every "

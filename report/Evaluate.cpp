@@ -1,4 +1,5 @@
-// One function's memory and communication under concrete sizes (see Evaluate.h).
+// One function's memory and communication under concrete sizes (see
+// Evaluate.h).
 #include "report/Evaluate.h"
 
 #include "dialect/DlossOps.h"
@@ -161,7 +162,8 @@ mlir::dloss::evaluateFunction(func::FuncOp func, const ReportOptions &options) {
     consider(arg);
   for (auto [i, op] : llvm::enumerate(ops))
     for (Value result : op->getResults())
-      if (static_cast<int64_t>(i) <= peakAt && liveness.lastUse(result) >= peakAt)
+      if (static_cast<int64_t>(i) <= peakAt &&
+          liveness.lastUse(result) >= peakAt)
         consider(result);
   llvm::stable_sort(report.largest, [](const LiveValue &a, const LiveValue &b) {
     return a.bytes != b.bytes ? a.bytes > b.bytes : a.what < b.what;

@@ -1,4 +1,5 @@
-// One function's memory and communication under concrete sizes, op by op through the ops' cost rules.
+// One function's memory and communication under concrete sizes, op by op
+// through the ops' cost rules.
 #ifndef DLOSS_REPORT_EVALUATE_H
 #define DLOSS_REPORT_EVALUATE_H
 

@@ -1,4 +1,5 @@
-// dlossc --report: compiles a module fused and unfused, evaluates every function, writes the report.
+// dlossc --report: compiles a module fused and unfused, evaluates every
+// function, writes the report.
 #include "report/Report.h"
 
 #include "dialect/DlossOps.h"

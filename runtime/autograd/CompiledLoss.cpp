@@ -1,8 +1,8 @@
 // CompiledLoss: the plan's @<loss>_grad behind a torch::autograd::Function.
 #include "runtime/autograd/CompiledLoss.h"
 
-#include "runtime/support/Error.h"
 #include "runtime/exec/Executor.h"
+#include "runtime/support/Error.h"
 
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -13,8 +13,8 @@ namespace {
 /// backward scales them by the loss's incoming gradient (a scalar).
 struct LossFunction : torch::autograd::Function<LossFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext *ctx,
-                            std::vector<at::Tensor> *gradients,
-                            at::Tensor loss, at::TensorList inputs) {
+                            std::vector<at::Tensor> *gradients, at::Tensor loss,
+                            at::TensorList inputs) {
     ctx->saved_data["count"] = static_cast<int64_t>(inputs.size());
     std::vector<at::Tensor> saved;
     for (at::Tensor &g : *gradients)
@@ -59,18 +59,21 @@ CompiledLoss::CompiledLoss(std::shared_ptr<const PlanFile> planFile,
     if (isLossFunction(*f) && (entry.empty() || f->name()->str() == entry))
       losses.push_back(f->name()->str());
   if (losses.size() != 1)
-    throw Error(losses.empty() ? "plan '" + plan->name() + "' has no loss" +
-                                     (entry.empty() ? "" : " called '" + entry + "'")
-                               : "plan '" + plan->name() + "' has several losses",
+    throw Error(losses.empty()
+                    ? "plan '" + plan->name() + "' has no loss" +
+                          (entry.empty() ? "" : " called '" + entry + "'")
+                    : "plan '" + plan->name() + "' has several losses",
                 "Name the loss to call (entry)");
   loss = losses.front();
   for (const plan::Function *f : *plan->plan().functions())
     if (f->gradient_of() && f->gradient_of()->str() == loss)
       grad = f->name()->str();
   if (grad.empty())
-    throw Error("plan '" + plan->name() + "' has no gradient function for @" + loss,
+    throw Error("plan '" + plan->name() + "' has no gradient function for @" +
+                    loss,
                 "Compile the loss with dlossc or dloss::jit::compile, which "
-                "derive @" + loss + "_grad");
+                "derive @" +
+                    loss + "_grad");
   const plan::Function &g = plan->function(grad);
   mode = g.grad_mode() ? g.grad_mode()->str() : "ddp";
   for (unsigned i = 0; i < g.arguments()->size(); ++i) {
@@ -79,7 +82,8 @@ CompiledLoss::CompiledLoss(std::shared_ptr<const PlanFile> planFile,
                                                    : "arg" + std::to_string(i));
   }
   if (g.grad_arguments())
-    gradArguments.assign(g.grad_arguments()->begin(), g.grad_arguments()->end());
+    gradArguments.assign(g.grad_arguments()->begin(),
+                         g.grad_arguments()->end());
   executor = std::make_unique<Executor>(plan, *comm);
 }
 

@@ -1,4 +1,5 @@
-// A compiled loss as a LibTorch callable with autograd (MLIR-free: plans come from dlossc or the JIT).
+// A compiled loss as a LibTorch callable with autograd (MLIR-free: plans come
+// from dlossc or the JIT).
 #ifndef DLOSS_RUNTIME_COMPILEDLOSS_H
 #define DLOSS_RUNTIME_COMPILEDLOSS_H
 

@@ -1,4 +1,5 @@
-// The communicator interface: the collectives and point-to-point transfers a plan needs.
+// The communicator interface: the collectives and point-to-point transfers a
+// plan needs.
 #ifndef DLOSS_RUNTIME_COMMUNICATOR_H
 #define DLOSS_RUNTIME_COMMUNICATOR_H
 
@@ -79,7 +80,8 @@ public:
   virtual at::Tensor ringShift(const at::Tensor &input, int64_t shift) = 0;
   /// Every rank's `values` (same length on every rank), concatenated in rank
   /// order: the small exchanges of sizes, fingerprints and status.
-  virtual std::vector<int64_t> allGatherInts(const std::vector<int64_t> &values) = 0;
+  virtual std::vector<int64_t>
+  allGatherInts(const std::vector<int64_t> &values) = 0;
 
   /// Point-to-point transfers for ring schedules: nonblocking, completed by
   /// wait(). Shapes must be known on both sides.
@@ -90,7 +92,8 @@ public:
   };
   virtual std::unique_ptr<Request> send(const at::Tensor &tensor, int peer,
                                         int tag) = 0;
-  virtual std::unique_ptr<Request> recv(at::Tensor &tensor, int peer, int tag) = 0;
+  virtual std::unique_ptr<Request> recv(at::Tensor &tensor, int peer,
+                                        int tag) = 0;
 
   /// Brackets a group of send/recv calls that every rank makes together (a
   /// fused op's ring): until endExchange(), they are one numbered collective

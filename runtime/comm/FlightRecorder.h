@@ -1,4 +1,5 @@
-// The flight recorder: a rank's last collectives, written as JSON when one fails.
+// The flight recorder: a rank's last collectives, written as JSON when one
+// fails.
 #ifndef DLOSS_RUNTIME_FLIGHTRECORDER_H
 #define DLOSS_RUNTIME_FLIGHTRECORDER_H
 
@@ -13,19 +14,19 @@ namespace dloss {
 struct FlightEntry {
   enum class State { Started, Completed, Failed };
 
-  int64_t seq = 0;          ///< The communicator's collective number.
-  std::string collective;   ///< "allGather", "allGatherInts", ...
-  std::string function;     ///< The call site (CallSite), when known.
+  int64_t seq = 0;        ///< The communicator's collective number.
+  std::string collective; ///< "allGather", "allGatherInts", ...
+  std::string function;   ///< The call site (CallSite), when known.
   std::string op;
   std::string location;
   std::string phase;
-  std::string shape;        ///< "[4, 16]"; the values' count for ints.
-  std::string dtype;        ///< "Float", "Long".
-  int64_t bytes = 0;        ///< What this rank contributes.
+  std::string shape; ///< "[4, 16]"; the values' count for ints.
+  std::string dtype; ///< "Float", "Long".
+  int64_t bytes = 0; ///< What this rank contributes.
   State state = State::Started;
-  int64_t startUnixMs = 0;  ///< Wall clock, comparable across ranks.
-  double durationMs = -1;   ///< Set when the collective ends.
-  std::string error;        ///< Why it failed.
+  int64_t startUnixMs = 0; ///< Wall clock, comparable across ranks.
+  double durationMs = -1;  ///< Set when the collective ends.
+  std::string error;       ///< Why it failed.
 };
 
 /// The last kCapacity collectives of one communicator, oldest first. Not

@@ -18,7 +18,8 @@ std::string recordText(const int64_t *record) {
 }
 } // namespace
 
-at::Tensor gatherUneven(Communicator &comm, const at::Tensor &local, int64_t axis) {
+at::Tensor gatherUneven(Communicator &comm, const at::Tensor &local,
+                        int64_t axis) {
   // Each rank: dtype, ndim, sizes (-1 padded); a bad local call still
   // takes part, so that no rank raises alone.
   std::vector<int64_t> mine(2 + kMaxDims, -1);
@@ -31,7 +32,9 @@ at::Tensor gatherUneven(Communicator &comm, const at::Tensor &local, int64_t axi
   }
   std::vector<int64_t> all = comm.allGatherInts(mine);
   int world = comm.worldSize();
-  auto record = [&](int r) { return all.data() + static_cast<size_t>(r) * mine.size(); };
+  auto record = [&](int r) {
+    return all.data() + static_cast<size_t>(r) * mine.size();
+  };
 
   // Group ranks by everything but the size along `axis`.
   std::map<std::vector<int64_t>, std::vector<int>> groups;
@@ -41,19 +44,23 @@ at::Tensor gatherUneven(Communicator &comm, const at::Tensor &local, int64_t axi
       key[2 + axis] = -2;
     groups[key].push_back(r);
   }
-  bool bad = groups.size() != 1 || record(0)[1] < 1 || axis < 0 || axis >= record(0)[1];
+  bool bad = groups.size() != 1 || record(0)[1] < 1 || axis < 0 ||
+             axis >= record(0)[1];
   if (bad) {
-    std::string problem = "gatherUneven along axis " + std::to_string(axis) + ":";
+    std::string problem =
+        "gatherUneven along axis " + std::to_string(axis) + ":";
     for (const auto &[key, ranks] : groups) {
       problem += " rank";
       for (size_t i = 0; i < ranks.size(); ++i)
-        problem += (i ? "," : (ranks.size() > 1 ? "s " : " ")) + std::to_string(ranks[i]);
+        problem += (i ? "," : (ranks.size() > 1 ? "s " : " ")) +
+                   std::to_string(ranks[i]);
       problem += record(ranks.front())[1] < 1
                      ? " passed no tensor of rank 1 to 8;"
                      : " passed " + recordText(record(ranks.front())) + ";";
     }
     problem.pop_back();
-    throw Error(problem, "Ranks may differ only in the size along the gathered axis");
+    throw Error(problem,
+                "Ranks may differ only in the size along the gathered axis");
   }
   std::vector<int64_t> sizes;
   for (int r = 0; r < world; ++r)

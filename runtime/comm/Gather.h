@@ -1,4 +1,5 @@
-// Gathering per-rank results of different sizes (metrics over a whole, unevenly split evaluation set).
+// Gathering per-rank results of different sizes (metrics over a whole, unevenly
+// split evaluation set).
 #ifndef DLOSS_RUNTIME_GATHER_H
 #define DLOSS_RUNTIME_GATHER_H
 
@@ -13,7 +14,8 @@ namespace dloss {
 /// anything else (dtype, number of dims, another dimension), every rank
 /// raises the same dloss::Error naming the ranks and shapes. Collective:
 /// every rank must call it.
-at::Tensor gatherUneven(Communicator &comm, const at::Tensor &local, int64_t axis = 0);
+at::Tensor gatherUneven(Communicator &comm, const at::Tensor &local,
+                        int64_t axis = 0);
 
 } // namespace dloss
 

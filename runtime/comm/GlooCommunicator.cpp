@@ -205,8 +205,7 @@ public:
   }
 
 protected:
-  at::Tensor transferAllGather(Call &call, const at::Tensor &input,
-                               int64_t dim,
+  at::Tensor transferAllGather(Call &call, const at::Tensor &input, int64_t dim,
                                const std::vector<int64_t> &sizes) override;
   at::Tensor transferAllReduce(Call &call, const at::Tensor &input,
                                Reduction op) override;

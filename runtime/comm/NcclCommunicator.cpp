@@ -32,7 +32,6 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -172,9 +171,9 @@ struct Transfer {
   bool isSend = false;
   int peer = -1;
   int tag = 0;
-  at::Tensor wire;                // contiguous; what NCCL reads or writes
-  std::shared_ptr<Event> ready;   // compute stream at post time
-  std::shared_ptr<Event> done;    // set at launch
+  at::Tensor wire;              // contiguous; what NCCL reads or writes
+  std::shared_ptr<Event> ready; // compute stream at post time
+  std::shared_ptr<Event> done;  // set at launch
   bool launched = false;
 };
 
@@ -191,8 +190,7 @@ public:
   void barrier(Call &call);
 
 protected:
-  at::Tensor transferAllGather(Call &call, const at::Tensor &input,
-                               int64_t dim,
+  at::Tensor transferAllGather(Call &call, const at::Tensor &input, int64_t dim,
                                const std::vector<int64_t> &sizes) override;
   at::Tensor transferAllReduce(Call &call, const at::Tensor &input,
                                Reduction op) override;
@@ -255,7 +253,7 @@ private:
   int device;
   ncclComm_t comm;
   cudaStream_t commStream = nullptr;
-  int64_t *hostScratch = nullptr;   // pinned
+  int64_t *hostScratch = nullptr; // pinned
   int64_t *deviceScratch = nullptr;
   size_t scratchCount = 0;
   std::vector<std::shared_ptr<Transfer>> posted; // not launched yet
@@ -396,8 +394,8 @@ void NcclCommunicator::settle(ncclResult_t result, const char *what,
     if (state == ncclSuccess)
       return;
     if (state != ncclInProgress)
-      throw Failure(std::string(what) + " failed: " +
-                        ncclGetErrorString(state) + " (" +
+      throw Failure(std::string(what) +
+                        " failed: " + ncclGetErrorString(state) + " (" +
                         ncclGetLastError(comm) + ")",
                     false);
     Clock::time_point now = Clock::now();
@@ -421,8 +419,8 @@ void NcclCommunicator::await(cudaEvent_t event, const char *what,
       return;
     if (status != cudaErrorNotReady) {
       (void)cudaGetLastError();
-      throw Failure(std::string("CUDA error while waiting for ") + what +
-                        ": " + cudaGetErrorString(status),
+      throw Failure(std::string("CUDA error while waiting for ") + what + ": " +
+                        cudaGetErrorString(status),
                     false);
     }
     checkAsync();
@@ -493,8 +491,7 @@ void NcclCommunicator::launchTransfers(Clock::time_point until) {
       settle(result, transfer->isSend ? "ncclSend" : "ncclRecv", until);
     }
   }
-  settle(ncclGroupEnd(), "ncclGroupEnd of the point-to-point transfers",
-         until);
+  settle(ncclGroupEnd(), "ncclGroupEnd of the point-to-point transfers", until);
   auto done = std::make_shared<Event>();
   checkCuda(cudaEventRecord(done->get(), commStream),
             "cudaEventRecord on the communication stream");
@@ -1008,8 +1005,8 @@ std::unique_ptr<Communicator> connectNccl(const RendezvousOptions &options,
     if (ncclCommGetAsyncError(comm, &state) != ncclSuccess)
       state = ncclInternalError;
     if (state == ncclInProgress && Clock::now() >= until)
-      problem = "did not complete within the deadline of " +
-                seconds(options.timeout);
+      problem =
+          "did not complete within the deadline of " + seconds(options.timeout);
     else if (state == ncclInProgress)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     result = state;

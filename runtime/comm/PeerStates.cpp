@@ -208,9 +208,7 @@ std::string PeerStates::summarize(const Call &call,
     std::vector<int> all = reached;
     all.push_back(rank);
     std::sort(all.begin(), all.end());
-    out += (out.empty() ? "" : "; ") +
-           rankList(all, ", ") +
-           " reached it";
+    out += (out.empty() ? "" : "; ") + rankList(all, ", ") + " reached it";
   }
   return out;
 }

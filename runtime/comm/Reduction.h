@@ -1,4 +1,5 @@
-// How collectives and reductions combine values (shared by the runtime and the C++ graph builder).
+// How collectives and reductions combine values (shared by the runtime and the
+// C++ graph builder).
 #ifndef DLOSS_RUNTIME_REDUCTION_H
 #define DLOSS_RUNTIME_REDUCTION_H
 

@@ -1,4 +1,5 @@
-// How the Gloo engine's ring reduce_scatter buffers its blocks: the engine sizes its pool by it, the compiler's cost report counts it.
+// How the Gloo engine's ring reduce_scatter buffers its blocks: the engine
+// sizes its pool by it, the compiler's cost report counts it.
 //
 // Header-only and free of ATen and MLIR, so that dialect/DlossCosts.cpp
 // reads the engine's own description instead of a copy of it.

@@ -1,4 +1,5 @@
-// The kernel table: every op the runtime runs, keyed by MLIR op name; bindKernel checks a step against its op's spec, then binds it.
+// The kernel table: every op the runtime runs, keyed by MLIR op name;
+// bindKernel checks a step against its op's spec, then binds it.
 //
 // The rules (AtenKernels.h, fused/FusedKernels.h) only bind kernels to
 // attributes. Operand and result counts and attribute kinds come from the
@@ -44,14 +45,16 @@ std::unordered_map<std::string, KernelRule> buildTable() {
   add("dloss.sin", unaryRule([](const at::Tensor &x) { return at::sin(x); }));
   add("dloss.cos", unaryRule([](const at::Tensor &x) { return at::cos(x); }));
   add("dloss.acos", unaryRule([](const at::Tensor &x) { return at::acos(x); }));
-  add("dloss.sigmoid", unaryRule([](const at::Tensor &x) { return at::sigmoid(x); }));
+  add("dloss.sigmoid",
+      unaryRule([](const at::Tensor &x) { return at::sigmoid(x); }));
   // ATen's softplus is exact below its threshold (log1p(exp(x))) and returns
   // x above 20, where the difference is < 2.1e-9 absolute. at::logaddexp
   // (1.13) loses exp(x) for x < -17 in fp32, so it is not used.
   add("dloss.softplus", unaryRule([](const at::Tensor &x) {
         return at::softplus(x, /*beta=*/1, /*threshold=*/20);
       }));
-  add("dloss.log_sigmoid", unaryRule([](const at::Tensor &x) { return at::log_sigmoid(x); }));
+  add("dloss.log_sigmoid",
+      unaryRule([](const at::Tensor &x) { return at::log_sigmoid(x); }));
   add("dloss.zeros_like", unaryRule([](const at::Tensor &x) {
         return at::zeros_like(x, at::MemoryFormat::Contiguous);
       }));
@@ -63,7 +66,8 @@ std::unordered_map<std::string, KernelRule> buildTable() {
   add("dloss.reduce", reduceRule());
   add("dloss.logsumexp", axisRule(logsumexpKernel));
   add("dloss.take_along", axisRule(takeAlongKernel));
-  add("dloss.put_along", withFlow(axisRule(putAlongKernel), ShapeFlow::Operand0));
+  add("dloss.put_along",
+      withFlow(axisRule(putAlongKernel), ShapeFlow::Operand0));
   add("dloss.cross_entropy", axisRule(crossEntropyKernel));
   add("dloss.arange", arangeRule());
   add("dloss.expand", expandRule());
@@ -87,8 +91,10 @@ std::unordered_map<std::string, KernelRule> buildTable() {
   add("arith.subi", indexBinaryRule(wrapSub));
   add("arith.muli", indexBinaryRule(wrapMul));
   add("arith.divsi", indexBinaryRule(divsi));
-  add("arith.maxsi", indexBinaryRule([](int64_t a, int64_t b) { return std::max(a, b); }));
-  add("arith.minsi", indexBinaryRule([](int64_t a, int64_t b) { return std::min(a, b); }));
+  add("arith.maxsi",
+      indexBinaryRule([](int64_t a, int64_t b) { return std::max(a, b); }));
+  add("arith.minsi",
+      indexBinaryRule([](int64_t a, int64_t b) { return std::min(a, b); }));
   add("arith.cmpi", cmpiRule());
   add("arith.select", plainRule(selectKernel));
   add("arith.index_cast", plainRule(indexCastKernel));
@@ -96,22 +102,25 @@ std::unordered_map<std::string, KernelRule> buildTable() {
   // result 0 (d rows) has the shape of operand 0 (rows).
   auto fusedBinding = [](void (*fn)(KernelContext &),
                          ShapeFlow flow = ShapeFlow::None) {
-    return KernelRule{[fn](const StepAttrs &) -> Kernel { return fn; },
-                         flow};
+    return KernelRule{[fn](const StepAttrs &) -> Kernel { return fn; }, flow};
   };
   add("dloss.ring_softmax_ce", fusedBinding(fused::ringSoftmaxCE));
-  add("dloss.ring_softmax_ce_grad", fusedBinding(fused::ringSoftmaxCEGrad, ShapeFlow::Operand0));
+  add("dloss.ring_softmax_ce_grad",
+      fusedBinding(fused::ringSoftmaxCEGrad, ShapeFlow::Operand0));
   add("dloss.ring_sigmoid_pairs", fusedBinding(fused::ringSigmoidPairs));
-  add("dloss.ring_sigmoid_pairs_grad", fusedBinding(fused::ringSigmoidPairsGrad, ShapeFlow::Operand0));
+  add("dloss.ring_sigmoid_pairs_grad",
+      fusedBinding(fused::ringSigmoidPairsGrad, ShapeFlow::Operand0));
   add("dloss.sharded_softmax", fusedBinding(fused::shardedSoftmax));
-  add("dloss.sharded_softmax_grad", fusedBinding(fused::shardedSoftmaxGrad, ShapeFlow::Operand0));
+  add("dloss.sharded_softmax_grad",
+      fusedBinding(fused::shardedSoftmaxGrad, ShapeFlow::Operand0));
   return table;
 }
 
 /// The step's operand and result counts fit the op's ODS definition.
 void checkArity(const OpSpec &spec, int operands, int results) {
   bool unbounded = spec.maxOperands < 0;
-  if (operands < spec.minOperands || (!unbounded && operands > spec.maxOperands))
+  if (operands < spec.minOperands ||
+      (!unbounded && operands > spec.maxOperands))
     fail("the step has " + std::to_string(operands) + " operands, expected " +
              (spec.minOperands == spec.maxOperands
                   ? std::to_string(spec.minOperands)
@@ -128,8 +137,9 @@ void checkArity(const OpSpec &spec, int operands, int results) {
 /// Every attribute the op's ODS definition declares is present unless it may
 /// be absent, and of the kind the plan carries it as. StepAttrs's accessors
 /// raise the errors, so they read as they do when a kernel reads the
-/// attribute; the kernels decode an enum's case with their own message. (Attributes the definition does not
-/// declare are left alone: plans built by hand name a result type.)
+/// attribute; the kernels decode an enum's case with their own message.
+/// (Attributes the definition does not declare are left alone: plans built by
+/// hand name a result type.)
 void checkAttributes(const OpSpec &spec, const StepAttrs &attrs) {
   for (const OpAttrSpec &attr : spec.attrs) {
     const char *name = attr.name.c_str();

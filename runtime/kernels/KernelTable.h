@@ -1,4 +1,5 @@
-// The kernel table's types: a kernel, the rule that binds it to a step, the lookup by op name.
+// The kernel table's types: a kernel, the rule that binds it to a step, the
+// lookup by op name.
 #ifndef DLOSS_RUNTIME_KERNELS_KERNELTABLE_H
 #define DLOSS_RUNTIME_KERNELS_KERNELTABLE_H
 

@@ -1,4 +1,5 @@
-// The ops a plan may hold (see OpTable.h); the entries come from the ODS definitions.
+// The ops a plan may hold (see OpTable.h); the entries come from the ODS
+// definitions.
 #include "runtime/kernels/OpTable.h"
 
 #include <algorithm>
@@ -10,9 +11,8 @@ const std::vector<OpSpec> &opSpecs() {
     std::vector<OpSpec> all = {
 #include "runtime/kernels/OpTable.inc"
     };
-    std::sort(all.begin(), all.end(), [](const OpSpec &a, const OpSpec &b) {
-      return a.name < b.name;
-    });
+    std::sort(all.begin(), all.end(),
+              [](const OpSpec &a, const OpSpec &b) { return a.name < b.name; });
     return all;
   }();
   return specs;

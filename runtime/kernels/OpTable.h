@@ -1,4 +1,5 @@
-// The ops a plan may hold, as their ODS definitions declare them (generated: runtime/kernels/OpTable.inc).
+// The ops a plan may hold, as their ODS definitions declare them (generated:
+// runtime/kernels/OpTable.inc).
 #ifndef DLOSS_RUNTIME_OPTABLE_H
 #define DLOSS_RUNTIME_OPTABLE_H
 

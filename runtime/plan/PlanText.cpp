@@ -9,16 +9,26 @@ using namespace dloss::plan;
 
 static const char *dtypeName(DType dtype) {
   switch (dtype) {
-  case DType::f16: return "f16";
-  case DType::bf16: return "bf16";
-  case DType::f32: return "f32";
-  case DType::f64: return "f64";
-  case DType::i8: return "i8";
-  case DType::i16: return "i16";
-  case DType::i32: return "i32";
-  case DType::i64: return "i64";
-  case DType::u8: return "ui8";
-  case DType::boolean: return "i1";
+  case DType::f16:
+    return "f16";
+  case DType::bf16:
+    return "bf16";
+  case DType::f32:
+    return "f32";
+  case DType::f64:
+    return "f64";
+  case DType::i8:
+    return "i8";
+  case DType::i16:
+    return "i16";
+  case DType::i32:
+    return "i32";
+  case DType::i64:
+    return "i64";
+  case DType::u8:
+    return "ui8";
+  case DType::boolean:
+    return "i1";
   }
   return "?";
 }
@@ -51,18 +61,29 @@ std::string dloss::plan::typeToText(const TypeInfo &type) {
 static void attrToText(std::ostringstream &os, const Attr &attr) {
   os << attr.name()->str() << " = ";
   switch (attr.kind()) {
-  case AttrKind::integer: os << attr.i(); break;
-  case AttrKind::real: os << attr.f(); break;
-  case AttrKind::integers: os << "["; list(os, attr.ints()); os << "]"; break;
-  case AttrKind::text: os << '"' << (attr.s() ? attr.s()->str() : "") << '"'; break;
+  case AttrKind::integer:
+    os << attr.i();
+    break;
+  case AttrKind::real:
+    os << attr.f();
+    break;
+  case AttrKind::integers:
+    os << "[";
+    list(os, attr.ints());
+    os << "]";
+    break;
+  case AttrKind::text:
+    os << '"' << (attr.s() ? attr.s()->str() : "") << '"';
+    break;
   case AttrKind::constant: {
     const Constant *c = attr.constant();
     os << "constant<";
     if (c && c->shape())
       for (int64_t d : *c->shape())
         os << d << "x";
-    os << (c ? dtypeName(c->dtype()) : "?") << (c && c->splat() ? ", splat" : "")
-       << ", " << (c && c->data() ? c->data()->size() : 0) << " bytes>";
+    os << (c ? dtypeName(c->dtype()) : "?")
+       << (c && c->splat() ? ", splat" : "") << ", "
+       << (c && c->data() ? c->data()->size() : 0) << " bytes>";
     break;
   }
   }

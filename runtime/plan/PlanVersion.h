@@ -1,4 +1,5 @@
-// The plan format version shared by dlossc and the runtime (no LibTorch, no MLIR).
+// The plan format version shared by dlossc and the runtime (no LibTorch, no
+// MLIR).
 #ifndef DLOSS_RUNTIME_PLANVERSION_H
 #define DLOSS_RUNTIME_PLANVERSION_H
 

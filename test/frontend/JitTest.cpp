@@ -1,9 +1,10 @@
-// The C++ graph builder, the LibTorch JIT and the ready-made losses, against ATen references with autograd.
-#include "frontend/Graph.h"
+// The C++ graph builder, the LibTorch JIT and the ready-made losses, against
+// ATen references with autograd.
 #include "frontend/Jit.h"
+#include "frontend/Graph.h"
 #include "frontend/Losses.h"
-#include "runtime/support/Error.h"
 #include "runtime/plan/PlanText.h"
+#include "runtime/support/Error.h"
 #include "test/runtime/MultiProcess.h"
 
 #include <torch/torch.h>
@@ -15,12 +16,17 @@ namespace {
 using namespace dloss;
 using namespace dloss::test;
 
-std::shared_ptr<Communicator> single() { return makeSingleProcessCommunicator(); }
+std::shared_ptr<Communicator> single() {
+  return makeSingleProcessCommunicator();
+}
 
 /// Relative error at the scale of the reference.
 double relativeError(const at::Tensor &got, const at::Tensor &want) {
   double scale = want.abs().max().item<double>();
-  return (got.to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>() /
+  return (got.to(at::kDouble) - want.to(at::kDouble))
+             .abs()
+             .max()
+             .item<double>() /
          std::max(scale, 1e-30);
 }
 
@@ -45,8 +51,10 @@ TEST(GraphTest, ReportsTheOpAndTheCallerOnBadOperands) {
   } catch (const Error &e) {
     std::string message = e.what();
     EXPECT_NE(message.find("dloss.matmul"), std::string::npos) << message;
-    EXPECT_NE(message.find("inner dimensions differ: 8"), std::string::npos) << message;
-    EXPECT_NE(message.find("JitTest.cpp:" + std::to_string(line)), std::string::npos)
+    EXPECT_NE(message.find("inner dimensions differ: 8"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("JitTest.cpp:" + std::to_string(line)),
+              std::string::npos)
         << message;
   }
   // The graph is still usable after the error.
@@ -59,15 +67,17 @@ TEST(GraphTest, RejectsMisuse) {
   Graph g("misuse"), other("other");
   Tensor x = g.input("x", DType::F32, {-1, 4});
   Tensor y = other.input("y", DType::F32, {-1, 4});
-  EXPECT_THROW(g.add(x, y), Error);                          // another graph's tensor
-  EXPECT_THROW(g.input("x", DType::F32, {3}), Error);         // duplicate name
-  EXPECT_THROW(g.input("i", DType::I64, {3}, {true}), Error); // gradient of integers
-  EXPECT_THROW(g.toMlir(), Error);                            // no loss yet
+  EXPECT_THROW(g.add(x, y), Error);                   // another graph's tensor
+  EXPECT_THROW(g.input("x", DType::F32, {3}), Error); // duplicate name
+  EXPECT_THROW(g.input("i", DType::I64, {3}, {true}),
+               Error);             // gradient of integers
+  EXPECT_THROW(g.toMlir(), Error); // no loss yet
   try {
     g.setLoss(x); // not a scalar
     FAIL() << "a non-scalar loss was accepted";
   } catch (const Error &e) {
-    EXPECT_NE(std::string(e.what()).find("0-d floating-point tensor"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("0-d floating-point tensor"),
+              std::string::npos)
         << e.what();
   }
 }
@@ -75,10 +85,12 @@ TEST(GraphTest, RejectsMisuse) {
 TEST(GraphTest, PrintsVerifiedDlossMlir) {
   Graph g = losses::clip({16});
   std::string text = g.toMlir();
-  for (const char *piece : {"func.func @clip", "dloss.loss", "dloss.name = \"image\"",
-                            "dloss.all_gather", "dloss.shard_offset", "dloss.cross_entropy",
-                            "dloss.all_reduce sum"})
-    EXPECT_NE(text.find(piece), std::string::npos) << piece << " missing in\n" << text;
+  for (const char *piece :
+       {"func.func @clip", "dloss.loss", "dloss.name = \"image\"",
+        "dloss.all_gather", "dloss.shard_offset", "dloss.cross_entropy",
+        "dloss.all_reduce sum"})
+    EXPECT_NE(text.find(piece), std::string::npos) << piece << " missing in\n"
+                                                   << text;
 }
 
 //===----------------------------------------------------------------------===//
@@ -98,7 +110,8 @@ at::Tensor clipReference(const at::Tensor &image, const at::Tensor &text,
 TEST(JitTest, ClipMatchesAtenAutograd) {
   torch::manual_seed(0);
   CompiledLoss loss = jit::compile(losses::clip({32}), {single()});
-  EXPECT_EQ(loss.argumentNames(), (std::vector<std::string>{"image", "text", "scale"}));
+  EXPECT_EQ(loss.argumentNames(),
+            (std::vector<std::string>{"image", "text", "scale"}));
 
   at::Tensor image = normalizedRows(12, 32, 1).requires_grad_();
   at::Tensor text = normalizedRows(12, 32, 2).requires_grad_();
@@ -134,8 +147,10 @@ TEST(JitTest, SiglipArcFaceCosFaceMatchAtenAutograd) {
     at::Tensor bias = at::scalar_tensor(-10.0, at::kFloat).requires_grad_();
     loss({x, y, logT, bias}).backward();
 
-    auto x2 = x.detach().clone().requires_grad_(), y2 = y.detach().clone().requires_grad_();
-    auto t2 = logT.detach().clone().requires_grad_(), b2 = bias.detach().clone().requires_grad_();
+    auto x2 = x.detach().clone().requires_grad_(),
+         y2 = y.detach().clone().requires_grad_();
+    auto t2 = logT.detach().clone().requires_grad_(),
+         b2 = bias.detach().clone().requires_grad_();
     at::Tensor logits = x2.matmul(y2.t()) * t2.exp() + b2;
     at::Tensor z = 2 * at::eye(9) - 1;
     at::Tensor want = -at::log_sigmoid(z * logits).sum() / 9;
@@ -145,8 +160,10 @@ TEST(JitTest, SiglipArcFaceCosFaceMatchAtenAutograd) {
     EXPECT_LT(relativeError(logT.grad(), t2.grad()), 1e-5);
     EXPECT_LT(relativeError(bias.grad(), b2.grad()), 1e-5);
   }
-  for (auto kind : {losses::MarginOptions::ArcFace, losses::MarginOptions::CosFace}) {
-    SCOPED_TRACE(kind == losses::MarginOptions::ArcFace ? "arcface" : "cosface");
+  for (auto kind :
+       {losses::MarginOptions::ArcFace, losses::MarginOptions::CosFace}) {
+    SCOPED_TRACE(kind == losses::MarginOptions::ArcFace ? "arcface"
+                                                        : "cosface");
     losses::MarginOptions options;
     options.kind = kind;
     options.dim = 16;
@@ -159,15 +176,19 @@ TEST(JitTest, SiglipArcFaceCosFaceMatchAtenAutograd) {
     at::Tensor w = at::randn({7, 16}).requires_grad_();
     loss({x, labels, w}).backward();
 
-    auto x2 = x.detach().clone().requires_grad_(), w2 = w.detach().clone().requires_grad_();
-    at::Tensor cos = at::matmul(x2 / x2.norm(2, 1, true), (w2 / w2.norm(2, 1, true)).t());
+    auto x2 = x.detach().clone().requires_grad_(),
+         w2 = w.detach().clone().requires_grad_();
+    at::Tensor cos =
+        at::matmul(x2 / x2.norm(2, 1, true), (w2 / w2.norm(2, 1, true)).t());
     at::Tensor target = cos.gather(1, labels.unsqueeze(1)).squeeze(1);
     at::Tensor adjusted =
         kind == losses::MarginOptions::ArcFace
-            ? at::cos(at::acos(target.clamp(-1 + 1e-7, 1 - 1e-7)) + options.margin)
+            ? at::cos(at::acos(target.clamp(-1 + 1e-7, 1 - 1e-7)) +
+                      options.margin)
             : target - options.margin;
     at::Tensor logits =
-        cos.scatter(1, labels.unsqueeze(1), adjusted.unsqueeze(1)) * options.scale;
+        cos.scatter(1, labels.unsqueeze(1), adjusted.unsqueeze(1)) *
+        options.scale;
     at::Tensor want = at::cross_entropy_loss(logits, labels);
     want.backward();
     EXPECT_LT(relativeError(x.grad(), x2.grad()), 1e-4);
@@ -176,8 +197,8 @@ TEST(JitTest, SiglipArcFaceCosFaceMatchAtenAutograd) {
 }
 
 /// Loss and gradients of `graph` on `inputs` (fresh leaves), one process.
-std::vector<at::Tensor> lossAndGrads(const Graph &graph, std::vector<at::Tensor> inputs,
-                                     bool fuse) {
+std::vector<at::Tensor>
+lossAndGrads(const Graph &graph, std::vector<at::Tensor> inputs, bool fuse) {
   jit::Options options{single()};
   options.fuse = fuse;
   CompiledLoss loss = jit::compile(graph, options);
@@ -205,12 +226,16 @@ TEST(JitTest, FusedAndUnfusedLossesAgree) {
     std::vector<at::Tensor> inputs;
   };
   std::vector<Case> cases;
-  cases.push_back({"clip", losses::clip({8}), {image, text, at::scalar_tensor(7.0)}});
-  cases.push_back({"siglip", losses::siglip({8}),
-                   {image, text, at::scalar_tensor(2.3), at::scalar_tensor(-5.0)}});
+  cases.push_back(
+      {"clip", losses::clip({8}), {image, text, at::scalar_tensor(7.0)}});
+  cases.push_back(
+      {"siglip",
+       losses::siglip({8}),
+       {image, text, at::scalar_tensor(2.3), at::scalar_tensor(-5.0)}});
   for (Case &c : cases) {
     SCOPED_TRACE(c.name);
-    EXPECT_NE(plan::toText(jit::compilePlan(c.graph.toMlir())->plan()).find("dloss.ring_"),
+    EXPECT_NE(plan::toText(jit::compilePlan(c.graph.toMlir())->plan())
+                  .find("dloss.ring_"),
               std::string::npos)
         << "the library's " << c.name << " was not fused";
     auto fused = lossAndGrads(c.graph, c.inputs, true);
@@ -224,8 +249,10 @@ TEST(JitTest, FusedAndUnfusedLossesAgree) {
 TEST(JitTest, ClassShardedMarginOnOneRankIsTheReplicatedLoss) {
   // With one rank the single shard holds every class: the PartialFC graph
   // (fused to dloss.sharded_softmax) equals the replicated-W loss.
-  for (auto kind : {losses::MarginOptions::ArcFace, losses::MarginOptions::CosFace}) {
-    SCOPED_TRACE(kind == losses::MarginOptions::ArcFace ? "arcface" : "cosface");
+  for (auto kind :
+       {losses::MarginOptions::ArcFace, losses::MarginOptions::CosFace}) {
+    SCOPED_TRACE(kind == losses::MarginOptions::ArcFace ? "arcface"
+                                                        : "cosface");
     losses::MarginOptions options;
     options.kind = kind;
     options.dim = 16;
@@ -234,7 +261,8 @@ TEST(JitTest, ClassShardedMarginOnOneRankIsTheReplicatedLoss) {
     Graph replicated = losses::margin(options);
     options.shardedClasses = true;
     Graph sharded = losses::margin(options);
-    EXPECT_NE(plan::toText(jit::compilePlan(sharded.toMlir())->plan()).find("dloss.sharded_softmax"),
+    EXPECT_NE(plan::toText(jit::compilePlan(sharded.toMlir())->plan())
+                  .find("dloss.sharded_softmax"),
               std::string::npos);
     std::vector<at::Tensor> inputs = {at::randn({10, 16}),
                                       at::randint(0, 7, {10}, at::kLong),
@@ -259,7 +287,8 @@ TEST(JitTest, CachesPlansAndReportsCompileErrors) {
   EXPECT_NE(first.get(), global.get());
   EXPECT_EQ(jit::cachedPlans(), 2u);
 
-  // A loss that forgot its all_reduce: the compiler's message, with its location.
+  // A loss that forgot its all_reduce: the compiler's message, with its
+  // location.
   const char *varying = R"(
 func.func @bad(%x: tensor<?xf32> {dloss.grad}) -> tensor<f32> attributes {dloss.loss} {
   %s = dloss.reduce sum %x axes [0] : tensor<?xf32>
@@ -271,7 +300,8 @@ func.func @bad(%x: tensor<?xf32> {dloss.grad}) -> tensor<f32> attributes {dloss.
   } catch (const Error &e) {
     std::string message = e.what();
     EXPECT_NE(message.find("bad.mlir:4:3"), std::string::npos) << message;
-    EXPECT_NE(message.find("varies across ranks"), std::string::npos) << message;
+    EXPECT_NE(message.find("varies across ranks"), std::string::npos)
+        << message;
   }
 }
 
@@ -293,7 +323,8 @@ Batch batchOf(int step, int rank, int64_t rows) {
 /// and averages parameter gradients over ranks (as DDP does); on one
 /// process the same rows are concatenated. Returns the final weights.
 std::vector<at::Tensor> train(CompiledLoss &loss, Communicator &comm,
-                              const std::vector<int64_t> &rowsPerRank, bool global) {
+                              const std::vector<int64_t> &rowsPerRank,
+                              bool global) {
   at::manual_seed(7);
   torch::nn::Linear imageTower(6, 4), textTower(6, 4);
   at::Tensor scale = at::scalar_tensor(5.0, at::kFloat).requires_grad_();
@@ -311,9 +342,11 @@ std::vector<at::Tensor> train(CompiledLoss &loss, Communicator &comm,
     }
     sgd.zero_grad();
     at::Tensor image = torch::nn::functional::normalize(
-        imageTower(at::cat(as)), torch::nn::functional::NormalizeFuncOptions().dim(1));
+        imageTower(at::cat(as)),
+        torch::nn::functional::NormalizeFuncOptions().dim(1));
     at::Tensor text = torch::nn::functional::normalize(
-        textTower(at::cat(bs)), torch::nn::functional::NormalizeFuncOptions().dim(1));
+        textTower(at::cat(bs)),
+        torch::nn::functional::NormalizeFuncOptions().dim(1));
     loss({image, text, scale}).backward();
     // DDP's part: average the parameter gradients over the ranks.
     for (at::Tensor &p : params)
@@ -340,7 +373,8 @@ TEST(JitTest, TwoRankTrainingMatchesOneProcess) {
     std::vector<at::Tensor> want = train(reference, *one, rows, true);
     for (size_t i = 0; i < got.size(); ++i) {
       double err = relativeError(got[i], want[i]);
-      CHILD_CHECK(err < 1e-5, "parameter " << i << " differs from one process by " << err);
+      CHILD_CHECK(err < 1e-5,
+                  "parameter " << i << " differs from one process by " << err);
     }
     // And the training moved the parameters: the test can fail.
     at::manual_seed(7);

@@ -1,4 +1,5 @@
-// Every op a plan may hold has every rule: adjoint, replication, cost, runtime kernel, ODS op-table entry, numeric oracle.
+// Every op a plan may hold has every rule: adjoint, replication, cost, runtime
+// kernel, ODS op-table entry, numeric oracle.
 //
 // A rule that is missing would otherwise show up only when a loss using the
 // op reaches the pass, the report, the runtime or the numeric checks. The
@@ -25,10 +26,10 @@ namespace {
 
 /// The ops the numeric oracle (test/numeric/dloss_sim.py) gives a meaning.
 std::set<std::string> oracleOps() {
-  std::string command = std::string(DLOSS_TORCH_PYTHON) + " " +
-                        DLOSS_SIMULATOR + " --list-ops";
+  std::string command =
+      std::string(DLOSS_TORCH_PYTHON) + " " + DLOSS_SIMULATOR + " --list-ops";
   std::unique_ptr<FILE, int (*)(FILE *)> pipe(popen(command.c_str(), "r"),
-                                               pclose);
+                                              pclose);
   std::set<std::string> ops;
   if (!pipe)
     return ops;

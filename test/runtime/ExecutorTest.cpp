@@ -2,9 +2,9 @@
 // errors, and uneven batches on in-process ranks (threads).
 #include "PlanTestUtil.h"
 
-#include "runtime/support/Error.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/plan/PlanFile.h"
+#include "runtime/support/Error.h"
 #include "test/runtime/ForwardingCommunicator.h"
 
 #include <gtest/gtest.h>

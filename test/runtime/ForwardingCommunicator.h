@@ -1,4 +1,5 @@
-// A communicator that forwards every call to another; tests override the calls they watch or break.
+// A communicator that forwards every call to another; tests override the calls
+// they watch or break.
 #ifndef DLOSS_TEST_RUNTIME_FORWARDINGCOMMUNICATOR_H
 #define DLOSS_TEST_RUNTIME_FORWARDINGCOMMUNICATOR_H
 
@@ -25,7 +26,8 @@ public:
   at::Tensor allReduce(const at::Tensor &input, dloss::Reduction op) override {
     return inner->allReduce(input, op);
   }
-  at::Tensor reduceScatter(const at::Tensor &input, dloss::Reduction op, int64_t axis,
+  at::Tensor reduceScatter(const at::Tensor &input, dloss::Reduction op,
+                           int64_t axis,
                            const std::vector<int64_t> &sizes) override {
     return inner->reduceScatter(input, op, axis, sizes);
   }

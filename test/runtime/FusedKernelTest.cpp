@@ -2,8 +2,8 @@
 // autograd) on the global matrices.
 #include "PlanTestUtil.h"
 
-#include "runtime/support/Error.h"
 #include "runtime/fused/FusedKernels.h"
+#include "runtime/support/Error.h"
 #include "test/runtime/MultiProcess.h"
 
 #include <torch/csrc/autograd/autograd.h>
@@ -240,7 +240,8 @@ void checkRingSoftmaxCE(const Case &c) {
   at::Tensor rowLse = L.logsumexp(1), colLse = L.logsumexp(0);
   at::Tensor rowCe = rowLse - L.gather(1, rowTargets.unsqueeze(1)).squeeze(1);
   at::Tensor colCe = colLse - L.gather(0, colTargets.unsqueeze(0)).squeeze(0);
-  ((ctRow * rowCe).sum() + (ctCol * colCe).sum()).backward({}, /*retain_graph=*/true);
+  ((ctRow * rowCe).sum() + (ctCol * colCe).sum())
+      .backward({}, /*retain_graph=*/true);
 
   std::vector<at::Tensor> operands = {c.in(c.byRow(rows)), c.in(c.byCol(cols)),
                                       c.in(scale), c.byRow(rowTargets),

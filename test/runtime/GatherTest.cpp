@@ -1,6 +1,7 @@
-// gatherUneven on real Gloo processes: uneven (and empty) shards, and the shared error on a mismatch.
-#include "runtime/support/Error.h"
+// gatherUneven on real Gloo processes: uneven (and empty) shards, and the
+// shared error on a mismatch.
 #include "runtime/comm/Gather.h"
+#include "runtime/support/Error.h"
 #include "test/runtime/MultiProcess.h"
 
 #include <gtest/gtest.h>
@@ -10,14 +11,16 @@ namespace {
 using namespace dloss::test;
 
 at::Tensor shard(int rank, int64_t rows, at::ScalarType type) {
-  return (at::arange(rows * 3, at::kLong).reshape({rows, 3}) + 100 * rank).to(type);
+  return (at::arange(rows * 3, at::kLong).reshape({rows, 3}) + 100 * rank)
+      .to(type);
 }
 
 TEST(GatherUnevenTest, ConcatenatesUnevenShardsInRankOrder) {
   const std::vector<int64_t> rows = {5, 0, 2};
   runGloo(3, [&](dloss::Communicator &comm) {
     for (at::ScalarType type : {at::kFloat, at::kLong}) {
-      at::Tensor got = dloss::gatherUneven(comm, shard(comm.rank(), rows[comm.rank()], type));
+      at::Tensor got = dloss::gatherUneven(
+          comm, shard(comm.rank(), rows[comm.rank()], type));
       std::vector<at::Tensor> pieces;
       for (int r = 0; r < 3; ++r)
         pieces.push_back(shard(r, rows[r], type));
@@ -41,9 +44,10 @@ TEST(GatherUnevenTest, MismatchRaisesTheSameErrorOnEveryRank) {
       CHILD_CHECK(false, "a feature-size mismatch was accepted");
     } catch (const dloss::Error &e) {
       std::string message = e.what();
-      CHILD_CHECK(message.find("ranks 0,1 passed Float [2, 3]") != std::string::npos &&
-                      message.find("rank 2 passed Float [2, 4]") != std::string::npos,
-                  "unexpected message: " << message);
+      CHILD_CHECK(
+          message.find("ranks 0,1 passed Float [2, 3]") != std::string::npos &&
+              message.find("rank 2 passed Float [2, 4]") != std::string::npos,
+          "unexpected message: " << message);
     }
   });
 }

@@ -1,4 +1,5 @@
-// Test helpers that run code on several real processes (forked ranks) and never hang.
+// Test helpers that run code on several real processes (forked ranks) and never
+// hang.
 #ifndef DLOSS_TEST_RUNTIME_MULTIPROCESS_H
 #define DLOSS_TEST_RUNTIME_MULTIPROCESS_H
 
@@ -97,8 +98,9 @@ inline int freePort() {
 // how they ended; a child that outlives kChildLimit is killed, so a test never
 // hangs. Children leave with _exit: they must not run the parent's gtest
 // teardown or atexit handlers.
-inline std::vector<ChildOutcome> runChildren(const std::vector<int> &ranks,
-                                      const std::function<void(int)> &body) {
+inline std::vector<ChildOutcome>
+runChildren(const std::vector<int> &ranks,
+            const std::function<void(int)> &body) {
   std::fflush(stdout);
   std::fflush(stderr);
   std::vector<pid_t> pids;
@@ -171,14 +173,15 @@ inline std::vector<ChildOutcome> runChildren(const std::vector<int> &ranks,
 
 // Asserts that every child exited 0 (their checks passed).
 inline void expectAllSucceeded(const std::vector<ChildOutcome> &outcomes,
-                        const std::string &context) {
+                               const std::string &context) {
   for (const ChildOutcome &outcome : outcomes)
     EXPECT_TRUE(outcome.exitCode && *outcome.exitCode == 0)
         << context << ": " << describe(outcome);
 }
 
-inline dloss::RendezvousOptions loopbackOptions(int port, int rank, int worldSize,
-                                  std::chrono::milliseconds timeout) {
+inline dloss::RendezvousOptions
+loopbackOptions(int port, int rank, int worldSize,
+                std::chrono::milliseconds timeout) {
   dloss::RendezvousOptions options;
   options.masterAddr = "127.0.0.1";
   options.masterPort = port;
@@ -193,7 +196,8 @@ inline dloss::RendezvousOptions loopbackOptions(int port, int rank, int worldSiz
 
 // Runs `body` on every rank of a Gloo job of `worldSize` processes and
 // expects all of them to pass their checks.
-inline void runGloo(int worldSize, const std::function<void(dloss::Communicator &)> &body) {
+inline void runGloo(int worldSize,
+                    const std::function<void(dloss::Communicator &)> &body) {
   int port = freePort();
   std::vector<int> ranks;
   for (int r = 0; r < worldSize; ++r)
@@ -207,7 +211,6 @@ inline void runGloo(int worldSize, const std::function<void(dloss::Communicator 
   });
   expectAllSucceeded(outcomes, "world size " + std::to_string(worldSize));
 }
-
 
 } // namespace dloss::test
 

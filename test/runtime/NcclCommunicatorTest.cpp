@@ -1,4 +1,5 @@
-// The NCCL communicator on real GPUs: world size 1 on any GPU machine, 2-4 ranks (one GPU each) where several GPUs are visible.
+// The NCCL communicator on real GPUs: world size 1 on any GPU machine, 2-4
+// ranks (one GPU each) where several GPUs are visible.
 //
 // Every test skips, saying why, where no CUDA device is visible. NCCL refuses
 // two ranks on one GPU, so a machine with one GPU runs only the world-size-1
@@ -54,12 +55,12 @@ const DeviceProbe &probeDevices() {
       ::close(fds[0]);
       int count = 0;
       cudaError_t status = cudaGetDeviceCount(&count);
-      std::string text =
-          status == cudaSuccess
-              ? std::to_string(count) + " cudaGetDeviceCount found " +
-                    std::to_string(count) + " devices"
-              : std::string("0 cudaGetDeviceCount failed: ") +
-                    cudaGetErrorString(status);
+      std::string text = status == cudaSuccess
+                             ? std::to_string(count) +
+                                   " cudaGetDeviceCount found " +
+                                   std::to_string(count) + " devices"
+                             : std::string("0 cudaGetDeviceCount failed: ") +
+                                   cudaGetErrorString(status);
       ssize_t written = ::write(fds[1], text.data(), text.size());
       (void)written;
       ::_exit(0);
@@ -101,8 +102,8 @@ void runNccl(int worldSize, std::chrono::milliseconds timeout,
   std::vector<int> ranks(worldSize);
   std::iota(ranks.begin(), ranks.end(), 0);
   auto outcomes = runChildren(ranks, [&](int rank) {
-    auto comm =
-        dloss::connectNccl(loopbackOptions(port, rank, worldSize, timeout), rank);
+    auto comm = dloss::connectNccl(
+        loopbackOptions(port, rank, worldSize, timeout), rank);
     CHILD_CHECK(comm->rank() == rank, "rank() is wrong");
     CHILD_CHECK(comm->worldSize() == worldSize, "worldSize() is wrong");
     CHILD_CHECK(comm->collectivesStarted() == 1,
@@ -123,7 +124,8 @@ void runNccl(int worldSize, std::chrono::milliseconds timeout,
 }
 
 at::Tensor onDevice(const at::Tensor &tensor, int device) {
-  return tensor.to(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device)));
+  return tensor.to(
+      at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device)));
 }
 
 bool same(const at::Tensor &a, const at::Tensor &b) {
@@ -155,9 +157,9 @@ TEST(NcclCommunicator, RefusesAMissingDevice) {
   int device = std::max(probeDevices().count, 0);
   auto outcomes = runChildren({0}, [&](int) {
     std::string error = errorOf([&] {
-      dloss::connectNccl(loopbackOptions(freePort(), 0, 1,
-                                         dloss::test::kCollectiveTimeout),
-                         device);
+      dloss::connectNccl(
+          loopbackOptions(freePort(), 0, 1, dloss::test::kCollectiveTimeout),
+          device);
     });
     CHILD_CHECK(contains(error, "connectNccl: no usable CUDA device") ||
                     contains(error, "connectNccl: device " +
@@ -176,11 +178,13 @@ TEST(NcclCommunicator, WorldOneWithoutTensors) {
         auto ints = comm.allGatherInts({3, -4, 1LL << 40});
         CHILD_CHECK((ints == std::vector<int64_t>{3, -4, 1LL << 40}),
                     "allGatherInts at world size 1 changed the values");
-        CHILD_CHECK(comm.collectivesStarted() == 2, "allGatherInts not counted");
-        std::string error =
-            errorOf([&] { comm.allReduce(at::ones({2}), dloss::Reduction::Sum); });
-        CHILD_CHECK(contains(error, "the NCCL communicator takes CUDA tensors; "
-                                    "use the Gloo communicator for CPU tensors"),
+        CHILD_CHECK(comm.collectivesStarted() == 2,
+                    "allGatherInts not counted");
+        std::string error = errorOf(
+            [&] { comm.allReduce(at::ones({2}), dloss::Reduction::Sum); });
+        CHILD_CHECK(contains(error,
+                             "the NCCL communicator takes CUDA tensors; "
+                             "use the Gloo communicator for CPU tensors"),
                     "a CPU tensor was not refused clearly: " << error);
       },
       /*needTorchCuda=*/false);
@@ -188,59 +192,66 @@ TEST(NcclCommunicator, WorldOneWithoutTensors) {
 
 TEST(NcclCommunicator, WorldOneCollectives) {
   SKIP_WITHOUT_GPUS(1);
-  runNccl(1, dloss::test::kCollectiveTimeout, [](dloss::Communicator &comm,
-                                                 int device) {
-    at::Tensor x = onDevice(at::arange(12, at::kFloat).view({3, 4}), device);
-    CHILD_CHECK(same(comm.allGather(x, 0, {3}), x), "allGather axis 0");
-    CHILD_CHECK(same(comm.allGather(x, -1, {4}), x), "allGather axis -1");
-    CHILD_CHECK(same(comm.allGather(x.t(), 0, {4}), x.t()),
-                "allGather of a non-contiguous tensor");
-    for (dloss::Reduction op : {dloss::Reduction::Sum, dloss::Reduction::Mean,
-                                dloss::Reduction::Max, dloss::Reduction::Min})
-      CHILD_CHECK(same(comm.allReduce(x, op), x),
-                  "allReduce " << dloss::reductionName(op));
-    at::Tensor ints = onDevice(at::arange(5, at::kLong), device);
-    CHILD_CHECK(same(comm.allReduce(ints, dloss::Reduction::Sum), ints),
-                "allReduce of int64");
-    at::Tensor half = x.to(at::kBFloat16);
-    CHILD_CHECK(same(comm.allReduce(half, dloss::Reduction::Max), half),
-                "allReduce of bfloat16");
-    CHILD_CHECK(same(comm.reduceScatter(x, dloss::Reduction::Sum, 0, {3}), x),
-                "reduceScatter axis 0");
-    CHILD_CHECK(same(comm.reduceScatter(x, dloss::Reduction::Sum, 1, {4}), x),
-                "reduceScatter axis 1");
-    CHILD_CHECK(same(comm.broadcast(x, 0), x), "broadcast");
-    // Through NCCL's send/recv to itself, header first.
-    CHILD_CHECK(same(comm.ringShift(x, 1), x), "ringShift");
-    CHILD_CHECK(same(comm.ringShift(x.t(), -3), x.t()),
-                "ringShift of a non-contiguous tensor");
-    at::Tensor flags = x.gt(5);
-    CHILD_CHECK(same(comm.ringShift(flags, 1), flags),
-                "ringShift of a bool tensor");
-    at::Tensor empty = onDevice(at::empty({0, 7}, at::kDouble), device);
-    CHILD_CHECK(same(comm.ringShift(empty, 1), empty), "ringShift of [0, 7]");
-    CHILD_CHECK(same(comm.allGather(empty, 0, {0}), empty), "allGather of [0, 7]");
-    CHILD_CHECK(comm.collectivesStarted() == 1 + 17,
-                "collectives counted: " << comm.collectivesStarted());
+  runNccl(
+      1, dloss::test::kCollectiveTimeout,
+      [](dloss::Communicator &comm, int device) {
+        at::Tensor x =
+            onDevice(at::arange(12, at::kFloat).view({3, 4}), device);
+        CHILD_CHECK(same(comm.allGather(x, 0, {3}), x), "allGather axis 0");
+        CHILD_CHECK(same(comm.allGather(x, -1, {4}), x), "allGather axis -1");
+        CHILD_CHECK(same(comm.allGather(x.t(), 0, {4}), x.t()),
+                    "allGather of a non-contiguous tensor");
+        for (dloss::Reduction op :
+             {dloss::Reduction::Sum, dloss::Reduction::Mean,
+              dloss::Reduction::Max, dloss::Reduction::Min})
+          CHILD_CHECK(same(comm.allReduce(x, op), x),
+                      "allReduce " << dloss::reductionName(op));
+        at::Tensor ints = onDevice(at::arange(5, at::kLong), device);
+        CHILD_CHECK(same(comm.allReduce(ints, dloss::Reduction::Sum), ints),
+                    "allReduce of int64");
+        at::Tensor half = x.to(at::kBFloat16);
+        CHILD_CHECK(same(comm.allReduce(half, dloss::Reduction::Max), half),
+                    "allReduce of bfloat16");
+        CHILD_CHECK(
+            same(comm.reduceScatter(x, dloss::Reduction::Sum, 0, {3}), x),
+            "reduceScatter axis 0");
+        CHILD_CHECK(
+            same(comm.reduceScatter(x, dloss::Reduction::Sum, 1, {4}), x),
+            "reduceScatter axis 1");
+        CHILD_CHECK(same(comm.broadcast(x, 0), x), "broadcast");
+        // Through NCCL's send/recv to itself, header first.
+        CHILD_CHECK(same(comm.ringShift(x, 1), x), "ringShift");
+        CHILD_CHECK(same(comm.ringShift(x.t(), -3), x.t()),
+                    "ringShift of a non-contiguous tensor");
+        at::Tensor flags = x.gt(5);
+        CHILD_CHECK(same(comm.ringShift(flags, 1), flags),
+                    "ringShift of a bool tensor");
+        at::Tensor empty = onDevice(at::empty({0, 7}, at::kDouble), device);
+        CHILD_CHECK(same(comm.ringShift(empty, 1), empty),
+                    "ringShift of [0, 7]");
+        CHILD_CHECK(same(comm.allGather(empty, 0, {0}), empty),
+                    "allGather of [0, 7]");
+        CHILD_CHECK(comm.collectivesStarted() == 1 + 17,
+                    "collectives counted: " << comm.collectivesStarted());
 
-    // The compute stream sees results without a synchronisation of its own.
-    at::Tensor big = onDevice(at::rand({1 << 20}), device);
-    at::Tensor twice = comm.allReduce(big, dloss::Reduction::Sum).mul(2);
-    CHILD_CHECK(same(twice, big.mul(2)), "allReduce ordered with compute");
+        // The compute stream sees results without a synchronisation of its own.
+        at::Tensor big = onDevice(at::rand({1 << 20}), device);
+        at::Tensor twice = comm.allReduce(big, dloss::Reduction::Sum).mul(2);
+        CHILD_CHECK(same(twice, big.mul(2)), "allReduce ordered with compute");
 
-    std::string error = errorOf([&] {
-      comm.allReduce(x.gt(1), dloss::Reduction::Sum);
-    });
-    CHILD_CHECK(contains(error, "not supported by NCCL"),
-                "a bool reduction was not refused: " << error);
-    error = errorOf([&] { comm.send(x, 0, 0); });
-    CHILD_CHECK(contains(error, "not another rank"),
-                "a send to itself was not refused: " << error);
-    error = errorOf([&] { comm.broadcast(x, 1); });
-    CHILD_CHECK(contains(error, "is not a rank"), "root 1 not refused: " << error);
-    // Refused calls leave the communicator usable.
-    CHILD_CHECK(same(comm.broadcast(x, 0), x), "broadcast after refusals");
-  });
+        std::string error =
+            errorOf([&] { comm.allReduce(x.gt(1), dloss::Reduction::Sum); });
+        CHILD_CHECK(contains(error, "not supported by NCCL"),
+                    "a bool reduction was not refused: " << error);
+        error = errorOf([&] { comm.send(x, 0, 0); });
+        CHILD_CHECK(contains(error, "not another rank"),
+                    "a send to itself was not refused: " << error);
+        error = errorOf([&] { comm.broadcast(x, 1); });
+        CHILD_CHECK(contains(error, "is not a rank"),
+                    "root 1 not refused: " << error);
+        // Refused calls leave the communicator usable.
+        CHILD_CHECK(same(comm.broadcast(x, 0), x), "broadcast after refusals");
+      });
 }
 
 //===----------------------------------------------------------------------===//
@@ -252,108 +263,115 @@ int multiWorld() { return std::min(probeDevices().count, 4); }
 TEST(NcclCommunicator, UnevenCollectives) {
   SKIP_WITHOUT_GPUS(2);
   int n = multiWorld();
-  runNccl(n, dloss::test::kCollectiveTimeout, [n](dloss::Communicator &comm,
-                                                  int r) {
-    // Rank r holds r + 1 rows (the last one none when n > 2) of value 100 r + i.
-    std::vector<int64_t> sizes;
-    for (int q = 0; q < n; ++q)
-      sizes.push_back(n > 2 && q == n - 1 ? 0 : q + 1);
-    auto rows = [&](int q) {
-      return at::arange(sizes[q] * 3, at::kFloat).view({sizes[q], 3}) + 100 * q;
-    };
-    std::vector<at::Tensor> all;
-    for (int q = 0; q < n; ++q)
-      all.push_back(rows(q));
-    at::Tensor mine = onDevice(rows(r), r);
-    CHILD_CHECK(same(comm.allGather(mine, 0, sizes), at::cat(all, 0)),
-                "uneven allGather axis 0");
-    std::vector<at::Tensor> columns;
-    for (const at::Tensor &t : all)
-      columns.push_back(t.t());
-    CHILD_CHECK(same(comm.allGather(mine.t(), 1, sizes), at::cat(columns, 1)),
-                "uneven allGather axis 1");
+  runNccl(
+      n, dloss::test::kCollectiveTimeout,
+      [n](dloss::Communicator &comm, int r) {
+        // Rank r holds r + 1 rows (the last one none when n > 2) of value 100 r
+        // + i.
+        std::vector<int64_t> sizes;
+        for (int q = 0; q < n; ++q)
+          sizes.push_back(n > 2 && q == n - 1 ? 0 : q + 1);
+        auto rows = [&](int q) {
+          return at::arange(sizes[q] * 3, at::kFloat).view({sizes[q], 3}) +
+                 100 * q;
+        };
+        std::vector<at::Tensor> all;
+        for (int q = 0; q < n; ++q)
+          all.push_back(rows(q));
+        at::Tensor mine = onDevice(rows(r), r);
+        CHILD_CHECK(same(comm.allGather(mine, 0, sizes), at::cat(all, 0)),
+                    "uneven allGather axis 0");
+        std::vector<at::Tensor> columns;
+        for (const at::Tensor &t : all)
+          columns.push_back(t.t());
+        CHILD_CHECK(
+            same(comm.allGather(mine.t(), 1, sizes), at::cat(columns, 1)),
+            "uneven allGather axis 1");
 
-    at::Tensor values = onDevice(at::full({4}, r + 1.0), r);
-    double sum = n * (n + 1) / 2.0;
-    CHILD_CHECK(same(comm.allReduce(values, dloss::Reduction::Sum),
-                     at::full({4}, sum)),
-                "allReduce Sum");
-    CHILD_CHECK(same(comm.allReduce(values, dloss::Reduction::Mean),
-                     at::full({4}, sum / n)),
-                "allReduce Mean");
-    CHILD_CHECK(same(comm.allReduce(values, dloss::Reduction::Max),
-                     at::full({4}, double(n))),
-                "allReduce Max");
-    CHILD_CHECK(same(comm.allReduce(values, dloss::Reduction::Min),
-                     at::full({4}, 1.0)),
-                "allReduce Min");
+        at::Tensor values = onDevice(at::full({4}, r + 1.0), r);
+        double sum = n * (n + 1) / 2.0;
+        CHILD_CHECK(same(comm.allReduce(values, dloss::Reduction::Sum),
+                         at::full({4}, sum)),
+                    "allReduce Sum");
+        CHILD_CHECK(same(comm.allReduce(values, dloss::Reduction::Mean),
+                         at::full({4}, sum / n)),
+                    "allReduce Mean");
+        CHILD_CHECK(same(comm.allReduce(values, dloss::Reduction::Max),
+                         at::full({4}, double(n))),
+                    "allReduce Max");
+        CHILD_CHECK(same(comm.allReduce(values, dloss::Reduction::Min),
+                         at::full({4}, 1.0)),
+                    "allReduce Min");
 
-    // Every rank contributes (r + 1) * base; rank r keeps its rows.
-    int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
-    at::Tensor base = at::arange(total * 2, at::kDouble).view({total, 2});
-    at::Tensor reduced = comm.reduceScatter(onDevice(base * (r + 1), r),
-                                            dloss::Reduction::Sum, 0, sizes);
-    int64_t offset =
-        std::accumulate(sizes.begin(), sizes.begin() + r, int64_t{0});
-    CHILD_CHECK(same(reduced, base.narrow(0, offset, sizes[r]) * sum),
-                "uneven reduceScatter axis 0");
-    at::Tensor reducedT = comm.reduceScatter(onDevice(base.t() * (r + 1), r),
-                                             dloss::Reduction::Mean, 1, sizes);
-    CHILD_CHECK(same(reducedT,
-                     base.t().narrow(1, offset, sizes[r]) * (sum / n)),
-                "uneven reduceScatter Mean axis 1");
+        // Every rank contributes (r + 1) * base; rank r keeps its rows.
+        int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+        at::Tensor base = at::arange(total * 2, at::kDouble).view({total, 2});
+        at::Tensor reduced = comm.reduceScatter(
+            onDevice(base * (r + 1), r), dloss::Reduction::Sum, 0, sizes);
+        int64_t offset =
+            std::accumulate(sizes.begin(), sizes.begin() + r, int64_t{0});
+        CHILD_CHECK(same(reduced, base.narrow(0, offset, sizes[r]) * sum),
+                    "uneven reduceScatter axis 0");
+        at::Tensor reducedT = comm.reduceScatter(
+            onDevice(base.t() * (r + 1), r), dloss::Reduction::Mean, 1, sizes);
+        CHILD_CHECK(
+            same(reducedT, base.t().narrow(1, offset, sizes[r]) * (sum / n)),
+            "uneven reduceScatter Mean axis 1");
 
-    at::Tensor rooted = onDevice(at::full({2, 2}, double(r)), r);
-    CHILD_CHECK(same(comm.broadcast(rooted, n - 1), at::full({2, 2}, n - 1.0)),
-                "broadcast from the last rank");
+        at::Tensor rooted = onDevice(at::full({2, 2}, double(r)), r);
+        CHILD_CHECK(
+            same(comm.broadcast(rooted, n - 1), at::full({2, 2}, n - 1.0)),
+            "broadcast from the last rank");
 
-    // Shapes differ per rank and travel with the data.
-    int prev = (r + n - 1) % n;
-    at::Tensor shifted = comm.ringShift(onDevice(rows(r), r), 1);
-    CHILD_CHECK(same(shifted, rows(prev)), "ringShift of uneven shapes");
+        // Shapes differ per rank and travel with the data.
+        int prev = (r + n - 1) % n;
+        at::Tensor shifted = comm.ringShift(onDevice(rows(r), r), 1);
+        CHILD_CHECK(same(shifted, rows(prev)), "ringShift of uneven shapes");
 
-    auto ints = comm.allGatherInts({r, 10 * r});
-    std::vector<int64_t> expected;
-    for (int q = 0; q < n; ++q) {
-      expected.push_back(q);
-      expected.push_back(10 * q);
-    }
-    CHILD_CHECK(ints == expected, "allGatherInts");
-  });
+        auto ints = comm.allGatherInts({r, 10 * r});
+        std::vector<int64_t> expected;
+        for (int q = 0; q < n; ++q) {
+          expected.push_back(q);
+          expected.push_back(10 * q);
+        }
+        CHILD_CHECK(ints == expected, "allGatherInts");
+      });
 }
 
 TEST(NcclCommunicator, PointToPointRing) {
   SKIP_WITHOUT_GPUS(2);
   int n = multiWorld();
-  runNccl(n, dloss::test::kCollectiveTimeout, [n](dloss::Communicator &comm,
-                                                  int r) {
-    int next = (r + 1) % n, prev = (r + n - 1) % n;
-    for (int step = 0; step < 3; ++step) {
-      // Posted in opposite tag orders on the two ends: the engine issues each
-      // peer's transfers in tag order, so they still match.
-      at::Tensor small = onDevice(at::full({2}, double(r + step)), r);
-      auto pattern = [step](int q) {
-        return (at::arange(15, at::kFloat).view({5, 3}) + 100 * q + step).t();
-      };
-      at::Tensor large = onDevice(pattern(r), r); // [3, 5], non-contiguous
-      at::Tensor inSmall = onDevice(at::empty({2}, at::kDouble), r);
-      at::Tensor inLarge = onDevice(at::empty({5, 3}, at::kFloat), r);
-      at::Tensor inLargeT = inLarge.t(); // non-contiguous target
-      std::vector<std::unique_ptr<dloss::Communicator::Request>> pending;
-      pending.push_back(comm.recv(inSmall, prev, 10 * step + 3));
-      pending.push_back(comm.recv(inLargeT, prev, 10 * step + 5));
-      pending.push_back(comm.send(large, next, 10 * step + 5));
-      pending.push_back(comm.send(small, next, 10 * step + 3));
-      for (auto &request : pending)
-        request->wait();
-      CHILD_CHECK(same(inSmall, at::full({2}, double(prev + step))),
-                  "ring step " << step << ": small");
-      CHILD_CHECK(same(inLargeT.contiguous(), pattern(prev).contiguous()),
-                  "ring step " << step << ": large");
-    }
-    // Transfers do not count as collectives.
-    CHILD_CHECK(comm.collectivesStarted() == 1, "send/recv were counted");
-  });
+  runNccl(
+      n, dloss::test::kCollectiveTimeout,
+      [n](dloss::Communicator &comm, int r) {
+        int next = (r + 1) % n, prev = (r + n - 1) % n;
+        for (int step = 0; step < 3; ++step) {
+          // Posted in opposite tag orders on the two ends: the engine issues
+          // each peer's transfers in tag order, so they still match.
+          at::Tensor small = onDevice(at::full({2}, double(r + step)), r);
+          auto pattern = [step](int q) {
+            return (at::arange(15, at::kFloat).view({5, 3}) + 100 * q + step)
+                .t();
+          };
+          at::Tensor large = onDevice(pattern(r), r); // [3, 5], non-contiguous
+          at::Tensor inSmall = onDevice(at::empty({2}, at::kDouble), r);
+          at::Tensor inLarge = onDevice(at::empty({5, 3}, at::kFloat), r);
+          at::Tensor inLargeT = inLarge.t(); // non-contiguous target
+          std::vector<std::unique_ptr<dloss::Communicator::Request>> pending;
+          pending.push_back(comm.recv(inSmall, prev, 10 * step + 3));
+          pending.push_back(comm.recv(inLargeT, prev, 10 * step + 5));
+          pending.push_back(comm.send(large, next, 10 * step + 5));
+          pending.push_back(comm.send(small, next, 10 * step + 3));
+          for (auto &request : pending)
+            request->wait();
+          CHILD_CHECK(same(inSmall, at::full({2}, double(prev + step))),
+                      "ring step " << step << ": small");
+          CHILD_CHECK(same(inLargeT.contiguous(), pattern(prev).contiguous()),
+                      "ring step " << step << ": large");
+        }
+        // Transfers do not count as collectives.
+        CHILD_CHECK(comm.collectivesStarted() == 1, "send/recv were counted");
+      });
 }
 
 TEST(NcclCommunicator, DeadlineNamesTheRankThatNeverArrived) {

@@ -1,7 +1,7 @@
 // dloss-npy-roundtrip: loads a .npy file with dloss::npy::load and saves it
 // with dloss::npy::save (for npy_numpy_check.py).
-#include "runtime/support/Error.h"
 #include "runtime/io/Npy.h"
+#include "runtime/support/Error.h"
 
 #include <ATen/ATen.h>
 

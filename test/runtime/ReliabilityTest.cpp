@@ -6,9 +6,9 @@
 #include "PlanTestUtil.h"
 
 #include "runtime/comm/Communicator.h"
-#include "runtime/support/Error.h"
-#include "runtime/exec/Executor.h"
 #include "runtime/comm/FlightRecorder.h"
+#include "runtime/exec/Executor.h"
+#include "runtime/support/Error.h"
 #include "test/runtime/ForwardingCommunicator.h"
 #include "test/runtime/MultiProcess.h"
 
@@ -64,17 +64,26 @@ FunctionSpec lossGrad(const std::string &name,
   auto sum = textAttr("kind", "sum");
   f.steps = {
       StepSpec{"dloss.all_gather", {0}, {2}, {axis0}, "loss.mlir:2:8"},
-      StepSpec{"dloss.reduce", {2}, {3}, {sum, intsAttr("axes", {0})},
+      StepSpec{"dloss.reduce",
+               {2},
+               {3},
+               {sum, intsAttr("axes", {0})},
                "loss.mlir:3:8"},
       StepSpec{"dloss.mul", {3, 1}, {4}, {}, "loss.mlir:4:8"},
-      StepSpec{"dloss.reduce", {4}, {5}, {sum, intsAttr("axes", {0})},
+      StepSpec{"dloss.reduce",
+               {4},
+               {5},
+               {sum, intsAttr("axes", {0})},
                "loss.mlir:5:8"},
       // The backward.
       StepSpec{"dloss.dim", {0}, {6}, {axis0}, "loss.mlir:7:3"},
       StepSpec{"dloss.neg", {2}, {7}, {}, "loss.mlir:8:3"},
-      StepSpec{"dloss.reduce_scatter", {7, 6}, {8}, {sum, axis0},
-               "loss.mlir:9:3"},
-      StepSpec{"dloss.reduce", {0}, {9}, {sum, intsAttr("axes", {0})},
+      StepSpec{
+          "dloss.reduce_scatter", {7, 6}, {8}, {sum, axis0}, "loss.mlir:9:3"},
+      StepSpec{"dloss.reduce",
+               {0},
+               {9},
+               {sum, intsAttr("axes", {0})},
                "loss.mlir:10:3"},
       StepSpec{"dloss.all_reduce", {9}, {10}, {sum}, "loss.mlir:11:3"},
   };
@@ -191,7 +200,8 @@ void expectFlightRecord(const Scenario &scenario, int rank,
                         const std::string &message) {
   std::string path = scenario.flightPath(rank);
   CHILD_EXPECT_CONTAINS(message, "flight record of this rank's last "
-                                 "collectives: " + path);
+                                 "collectives: " +
+                                     path);
   std::string json = readFile(path);
   CHILD_EXPECT_CONTAINS(json, "\"format\": \"dloss-flight-record-v1\"");
   CHILD_EXPECT_CONTAINS(json, "\"state\": \"failed\"");
@@ -200,13 +210,13 @@ void expectFlightRecord(const Scenario &scenario, int rank,
 }
 
 // Every listed rank recorded the same message.
-void expectSameMessage(const Scenario &scenario, const std::vector<int> &ranks) {
+void expectSameMessage(const Scenario &scenario,
+                       const std::vector<int> &ranks) {
   std::string first = scenario.message(ranks.front());
   EXPECT_FALSE(first.empty()) << "rank " << ranks.front() << " recorded none";
   for (int r : ranks)
     EXPECT_EQ(scenario.message(r), first) << "rank " << r;
 }
-
 
 //===----------------------------------------------------------------------===//
 // Scenarios
@@ -222,8 +232,7 @@ TEST(ReliabilityTest, SkippedCallTimesOutNamingTheAbsentRank) {
   auto plan = buildPlan({lossGrad("loss_grad")});
   int port = freePort();
   auto outcomes = runChildren({0, 1, 2}, [&](int rank) {
-    auto comm =
-        dloss::connectGloo(scenario.options(port, rank, 3, deadline));
+    auto comm = dloss::connectGloo(scenario.options(port, rank, 3, deadline));
     Executor executor(plan, *comm, ExecutorOptions{});
     executor.run("loss_grad", inputsOf(rank));
     if (rank == 1) {
@@ -239,19 +248,19 @@ TEST(ReliabilityTest, SkippedCallTimesOutNamingTheAbsentRank) {
     std::string message = expectError(
         scenario, rank, [&] { executor.run("loss_grad", inputsOf(rank)); },
         2.0 + 3.0, 1.5);
-    std::string seq = "collective #" + std::to_string(comm->collectivesStarted());
+    std::string seq =
+        "collective #" + std::to_string(comm->collectivesStarted());
     CHILD_EXPECT_CONTAINS(message, seq + " allGatherInts (preflight of "
                                          "@loss_grad)");
     CHILD_EXPECT_CONTAINS(message, "rank 1 never arrived (its latest "
                                    "collective is #");
-    CHILD_EXPECT_CONTAINS(message, "dloss error [rank " +
-                                       std::to_string(rank) + "]");
+    CHILD_EXPECT_CONTAINS(message,
+                          "dloss error [rank " + std::to_string(rank) + "]");
     // Timed out itself, or saw the other waiting rank give up first.
-    CHILD_CHECK(contains(message, "timed out on rank " +
-                                      std::to_string(rank) +
+    CHILD_CHECK(contains(message, "timed out on rank " + std::to_string(rank) +
                                       " of 3 after the deadline of 2 s") ||
-                    contains(message, "failed on rank " +
-                                          std::to_string(rank) + " of 3"),
+                    contains(message, "failed on rank " + std::to_string(rank) +
+                                          " of 3"),
                 "unexpected message: " << message);
     CHILD_CHECK(contains(message, "DLOSS_TIMEOUT_S") ||
                     contains(message, "other ranks' logs"),
@@ -263,7 +272,8 @@ TEST(ReliabilityTest, SkippedCallTimesOutNamingTheAbsentRank) {
 
 // Rank 1 skips the call and exits: the others learn it at once (closed
 // connections), not at the deadline (30 s here), and name rank 1.
-TEST(ReliabilityTest, SkippingRankThatExitsIsNamedWithoutWaitingForTheDeadline) {
+TEST(ReliabilityTest,
+     SkippingRankThatExitsIsNamedWithoutWaitingForTheDeadline) {
   Scenario scenario("skip-and-exit");
   auto plan = buildPlan({lossGrad("loss_grad")});
   int port = freePort();
@@ -302,9 +312,7 @@ TEST(ReliabilityTest, LossesCalledInADifferentOrderFailInThePreflight) {
     Executor &first = rank == 0 ? lossA : lossB;
     std::string message = expectError(
         scenario, rank,
-        [&] {
-          first.run(rank == 0 ? "a_grad" : "b_grad", inputsOf(rank));
-        },
+        [&] { first.run(rank == 0 ? "a_grad" : "b_grad", inputsOf(rank)); },
         2.0);
     CHILD_EXPECT_CONTAINS(
         message, "dloss error: preflight: ranks ran different plans: rank 0 "
@@ -347,13 +355,15 @@ TEST(ReliabilityTest, RankKilledInTheBackwardFailsItsPeersQuickly) {
     std::string message = expectError(
         scenario, rank, [&] { executor.run("loss_grad", inputsOf(rank)); },
         5.0);
-    std::string seq = "collective #" + std::to_string(comm->collectivesStarted());
+    std::string seq =
+        "collective #" + std::to_string(comm->collectivesStarted());
     CHILD_EXPECT_CONTAINS(message, "dloss error [rank " + std::to_string(rank) +
                                        ", op dloss.reduce_scatter at "
                                        "loss.mlir:9:3]");
-    CHILD_EXPECT_CONTAINS(message, seq + " reduceScatter (in @loss_grad) "
-                                         "failed on rank " +
-                                         std::to_string(rank) + " of 3");
+    CHILD_EXPECT_CONTAINS(message, seq +
+                                       " reduceScatter (in @loss_grad) "
+                                       "failed on rank " +
+                                       std::to_string(rank) + " of 3");
     CHILD_EXPECT_CONTAINS(message, "rank 2 never arrived");
     CHILD_EXPECT_CONTAINS(message, "it may have died");
     CHILD_EXPECT_CONTAINS(message, "other ranks' logs");
@@ -383,11 +393,11 @@ TEST(ReliabilityTest, NonFiniteInputsFailThePreflightInCheckMode) {
     Executor checked(plan, *comm, ExecutorOptions{true});
     std::string message = expectError(
         scenario, rank, [&] { checked.run("loss_grad", inputs); }, 2.0);
-    CHILD_EXPECT_CONTAINS(
-        message, "dloss error: preflight of @loss_grad: rank 0 passed "
-                 "argument 0 (x) with 1 infinite value; rank 2 passed "
-                 "argument 0 (x) with 3 NaN values. Check mode "
-                 "(DLOSS_CHECK=1) rejects NaN and infinite inputs");
+    CHILD_EXPECT_CONTAINS(message,
+                          "dloss error: preflight of @loss_grad: rank 0 passed "
+                          "argument 0 (x) with 1 infinite value; rank 2 passed "
+                          "argument 0 (x) with 3 NaN values. Check mode "
+                          "(DLOSS_CHECK=1) rejects NaN and infinite inputs");
   });
   expectAllSucceeded(outcomes, "NaN with checks");
   expectSameMessage(scenario, {0, 1, 2});
@@ -413,8 +423,7 @@ TEST(ReliabilityTest, CheckModeComparesReplicatedGradientsInGlobalMode) {
                 "wrong dw: " << good[2]);
     executor.run("ddp_grad", inputsOf(rank));
     std::string message = expectError(
-        scenario, rank, [&] { executor.run("bad_grad", inputsOf(rank)); },
-        2.0);
+        scenario, rank, [&] { executor.run("bad_grad", inputsOf(rank)); }, 2.0);
     CHILD_EXPECT_CONTAINS(
         message, "dloss error: check mode: @bad_grad (global mode) returned "
                  "different gradients for replicated argument 1 (w) on "
@@ -448,18 +457,17 @@ TEST(ReliabilityTest, PreflightNamesARankOutOfStep) {
     if (rank == 1)
       comm = std::make_unique<OffByOneCommunicator>(std::move(comm));
     Executor executor(plan, *comm, ExecutorOptions{});
-    int64_t made = rank == 1 ? comm->collectivesStarted() - 1
-                             : comm->collectivesStarted();
+    int64_t made =
+        rank == 1 ? comm->collectivesStarted() - 1 : comm->collectivesStarted();
     std::string message = expectError(
         scenario, rank, [&] { executor.run("loss_grad", inputsOf(rank)); },
         2.0);
-    CHILD_EXPECT_CONTAINS(message,
-                          "preflight of @loss_grad: rank 1 made " +
-                              std::to_string(made + 1) +
-                              " collective calls before this one, ranks 0,2 "
-                              "made " +
-                              std::to_string(made) +
-                              ": the ranks' calls are out of step");
+    CHILD_EXPECT_CONTAINS(
+        message,
+        "preflight of @loss_grad: rank 1 made " + std::to_string(made + 1) +
+            " collective calls before this one, ranks 0,2 "
+            "made " +
+            std::to_string(made) + ": the ranks' calls are out of step");
   });
   expectAllSucceeded(outcomes, "out of step");
   expectSameMessage(scenario, {0, 1, 2});
@@ -476,8 +484,7 @@ TEST(ReliabilityTest, RankThatNeverStartsFailsTheRendezvous) {
         scenario, rank,
         [&] { dloss::connectGloo(scenario.options(port, rank, 4, deadline)); },
         3.0 + 3.0, 2.5);
-    CHILD_EXPECT_CONTAINS(message, "dloss error [rank " +
-                                       std::to_string(rank) +
+    CHILD_EXPECT_CONTAINS(message, "dloss error [rank " + std::to_string(rank) +
                                        "]: the rendezvous of 4 ranks");
     CHILD_EXPECT_CONTAINS(message, "rank 2 never joined");
     CHILD_EXPECT_CONTAINS(message, "DLOSS_TIMEOUT_S");

@@ -1,9 +1,9 @@
 // Each rank's inputs (--input): names checked, files loaded, failures shared.
 #include "tools/dloss-run/DlossRun.h"
 
-#include "runtime/support/Error.h"
-#include "runtime/kernels/DTypes.h"
 #include "runtime/io/Npy.h"
+#include "runtime/kernels/DTypes.h"
+#include "runtime/support/Error.h"
 
 #include <cstdlib>
 

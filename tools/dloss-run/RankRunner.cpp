@@ -7,9 +7,9 @@
 #include "tools/dloss-run/DlossRun.h"
 #include "tools/dloss-run/LossMemory.h"
 
-#include "runtime/support/Error.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/io/Npy.h"
+#include "runtime/support/Error.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -1,9 +1,9 @@
 // --check: the ranks' results against one process on the global batch.
 #include "tools/dloss-run/DlossRun.h"
 
-#include "runtime/support/Error.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/io/Npy.h"
+#include "runtime/support/Error.h"
 
 #include <algorithm>
 #include <cmath>

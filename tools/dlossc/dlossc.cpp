@@ -27,16 +27,19 @@ static llvm::cl::opt<std::string> inputFile(llvm::cl::Positional,
                                             llvm::cl::desc("<loss.mlir>"),
                                             llvm::cl::Required);
 static llvm::cl::opt<std::string>
-    outputFile("o", llvm::cl::desc("Output file (default: <input>.plan for "
-                                   "--emit=plan, standard output otherwise)"),
+    outputFile("o",
+               llvm::cl::desc("Output file (default: <input>.plan for "
+                              "--emit=plan, standard output otherwise)"),
                llvm::cl::value_desc("file"));
 static llvm::cl::opt<Emit> emit(
     "emit", llvm::cl::desc("What to write"), llvm::cl::init(Emit::Plan),
     llvm::cl::values(
         clEnumValN(Emit::Input, "input", "the parsed and verified input IR"),
-        clEnumValN(Emit::Backward, "backward",
-                   "the IR after deriving @<loss>_grad (dloss-derive-backward)"),
-        clEnumValN(Emit::Plan, "plan", "the binary plan for dloss-run / the runtime"),
+        clEnumValN(
+            Emit::Backward, "backward",
+            "the IR after deriving @<loss>_grad (dloss-derive-backward)"),
+        clEnumValN(Emit::Plan, "plan",
+                   "the binary plan for dloss-run / the runtime"),
         clEnumValN(Emit::PlanText, "plan-text", "the plan as readable text")));
 static llvm::cl::opt<std::string> gradMode(
     "grad-mode",
@@ -120,7 +123,8 @@ int main(int argc, char **argv) {
   std::string error;
   std::unique_ptr<llvm::MemoryBuffer> input = openInputFile(inputFile, &error);
   if (!input) {
-    llvm::errs() << "dlossc: cannot read '" << inputFile << "': " << error << "\n";
+    llvm::errs() << "dlossc: cannot read '" << inputFile << "': " << error
+                 << "\n";
     return 1;
   }
   llvm::SourceMgr sourceMgr;
@@ -130,7 +134,8 @@ int main(int argc, char **argv) {
   OwningOpRef<ModuleOp> module = mlir::dloss::parseLoss(sourceMgr, &context);
   if (!module)
     return 1;
-  if (!gradMode.empty() && failed(mlir::dloss::overrideGradMode(*module, gradMode)))
+  if (!gradMode.empty() &&
+      failed(mlir::dloss::overrideGradMode(*module, gradMode)))
     return 2;
   std::string out = outputFile;
 
@@ -170,14 +175,14 @@ int main(int argc, char **argv) {
     return failed(writeOutput(out.empty() ? "-" : out, printed(*module)));
   }
 
-  FailureOr<std::string> bytes =
-      mlir::dloss::compileToPlan(*module, llvm::sys::path::filename(inputFile),
-                                  !noFuse);
+  FailureOr<std::string> bytes = mlir::dloss::compileToPlan(
+      *module, llvm::sys::path::filename(inputFile), !noFuse);
   if (failed(bytes))
     return 1;
   if (emit == Emit::PlanText)
-    return failed(writeOutput(out.empty() ? "-" : out,
-                              ::dloss::plan::toText(*::dloss::plan::GetPlan(bytes->data()))));
+    return failed(writeOutput(
+        out.empty() ? "-" : out,
+        ::dloss::plan::toText(*::dloss::plan::GetPlan(bytes->data()))));
   if (out.empty()) {
     llvm::SmallString<128> derived(inputFile);
     llvm::sys::path::replace_extension(derived, "plan");
