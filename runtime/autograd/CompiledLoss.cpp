@@ -76,11 +76,8 @@ CompiledLoss::CompiledLoss(std::shared_ptr<const PlanFile> planFile,
                     loss + "_grad");
   const plan::Function &g = plan->function(grad);
   mode = g.grad_mode() ? g.grad_mode()->str() : "ddp";
-  for (unsigned i = 0; i < g.arguments()->size(); ++i) {
-    const auto *a = g.arguments()->Get(i);
-    names.push_back(a->name() && a->name()->size() ? a->name()->str()
-                                                   : "arg" + std::to_string(i));
-  }
+  for (unsigned i = 0; i < g.arguments()->size(); ++i)
+    names.push_back(inputName(g, i));
   if (g.grad_arguments())
     gradArguments.assign(g.grad_arguments()->begin(),
                          g.grad_arguments()->end());

@@ -240,12 +240,8 @@ std::string describeFailure(const Record &record, const std::string &name,
   }
   if (status == WrongInputCount) {
     std::string names;
-    for (size_t i = 0; i < numArguments(*function); ++i) {
-      const plan::Argument *argument = function->arguments()->Get(i);
-      names += (i ? ", " : "") + (argument->name() && argument->name()->size()
-                                      ? argument->name()->str()
-                                      : "arg" + std::to_string(i));
-    }
+    for (size_t i = 0; i < numArguments(*function); ++i)
+      names += (i ? ", " : "") + inputName(*function, i);
     return "passed " + std::to_string(record[InputCount]) + " inputs to @" +
            name + ", which takes " + std::to_string(numArguments(*function)) +
            " (" + names + ")";

@@ -3,6 +3,7 @@
 #ifndef DLOSS_RUNTIME_EXEC_RANKGROUPS_H
 #define DLOSS_RUNTIME_EXEC_RANKGROUPS_H
 
+#include "runtime/plan/PlanFile.h"
 #include "runtime/plan/Plan_generated.h"
 #include "runtime/support/Format.h"
 
@@ -21,12 +22,13 @@ inline int64_t bitcastSigned(uint64_t value) {
   return out;
 }
 
-/// "argument 1 (text)", or "argument 1" when the plan has no name for it.
+/// "argument 1 (text)", or "argument 1" when the plan has no name for it:
+/// how messages point at an argument.
 inline std::string argumentName(const plan::Function &function, size_t i) {
   std::string out = "argument " + std::to_string(i);
   const plan::Argument *argument = function.arguments()->Get(i);
   if (argument->name() && argument->name()->size())
-    out += " (" + argument->name()->str() + ")";
+    out += " (" + inputName(function, i) + ")";
   return out;
 }
 

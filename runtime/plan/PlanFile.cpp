@@ -102,4 +102,11 @@ std::vector<std::string> PlanFile::functionNames() const {
   return names;
 }
 
+std::string inputName(const plan::Function &function, size_t i) {
+  const plan::Argument *argument = function.arguments()->Get(i);
+  if (argument->name() && argument->name()->size())
+    return argument->name()->str();
+  return "arg" + std::to_string(i);
+}
+
 } // namespace dloss

@@ -48,6 +48,11 @@ private:
   const plan::Plan *root = nullptr;
 };
 
+/// Argument `i`'s input name (the loss's `%image` -> "image", as
+/// `dloss-run --input` and CompiledLoss take it), or "arg<i>" when the plan
+/// has none.
+std::string inputName(const plan::Function &function, size_t i);
+
 } // namespace dloss
 
 #endif // DLOSS_RUNTIME_PLANFILE_H

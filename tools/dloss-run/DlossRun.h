@@ -73,9 +73,6 @@ struct Entry {
 /// function; a dloss::Error listing the choices otherwise.
 Entry findEntry(const PlanFile &plan, const std::string &requested);
 
-/// Argument `i`'s name in the plan, or "arg<i>": the NAME of --input and of
-/// grad_<NAME>.npy.
-std::string argumentName(const plan::Function &f, unsigned i);
 
 //===----------------------------------------------------------------------===//
 // Inputs.cpp

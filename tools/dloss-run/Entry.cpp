@@ -44,12 +44,5 @@ Entry findEntry(const PlanFile &plan, const std::string &requested) {
   return e;
 }
 
-std::string argumentName(const plan::Function &f, unsigned i) {
-  const auto *a = f.arguments()->Get(i);
-  if (a->name() && a->name()->size())
-    return a->name()->str();
-  return "arg" + std::to_string(i);
-}
-
 } // namespace tools
 } // namespace dloss

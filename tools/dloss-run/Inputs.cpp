@@ -56,12 +56,12 @@ void checkInputNames(const Options &o, const plan::Function &f) {
   std::vector<bool> given(n, false);
   for (const auto &input : o.inputs) {
     unsigned i = 0;
-    while (i < n && argumentName(f, i) != input.first)
+    while (i < n && inputName(f, i) != input.first)
       ++i;
     if (i == n) {
       std::string names;
       for (unsigned j = 0; j < n; ++j)
-        names += (j ? ", " : "") + argumentName(f, j);
+        names += (j ? ", " : "") + inputName(f, j);
       throw Error("--input " + input.first + ": @" + f.name()->str() +
                       " has no argument called '" + input.first + "'",
                   "Its arguments are: " + names);
@@ -70,9 +70,9 @@ void checkInputNames(const Options &o, const plan::Function &f) {
   }
   for (unsigned i = 0; i < n; ++i)
     if (!given[i])
-      throw Error("no input for argument '" + argumentName(f, i) + "' of @" +
+      throw Error("no input for argument '" + inputName(f, i) + "' of @" +
                       f.name()->str(),
-                  "Pass --input " + argumentName(f, i) +
+                  "Pass --input " + inputName(f, i) +
                       "=PATH.npy (or a number)");
 }
 
@@ -83,7 +83,7 @@ std::vector<at::Tensor> loadInputs(const Options &o, const plan::Function &f,
   std::vector<at::Tensor> inputs(n);
   for (const auto &[name, source] : o.inputs) {
     unsigned i = 0;
-    while (argumentName(f, i) != name)
+    while (inputName(f, i) != name)
       ++i;
     std::string path = inputPath(source, rank);
     if (path.empty()) {
@@ -118,7 +118,7 @@ void agreeOnInputs(const Options &o, const plan::Function &f,
     int64_t arg = all[2 * r], reason = all[2 * r + 1];
     if (arg < 0)
       continue;
-    std::string name = argumentName(f, static_cast<unsigned>(arg));
+    std::string name = inputName(f, static_cast<unsigned>(arg));
     std::string source;
     for (const auto &input : o.inputs)
       if (input.first == name)

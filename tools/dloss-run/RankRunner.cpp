@@ -74,7 +74,7 @@ int runRank(const Options &o, const std::string &planPath) {
          << ",\n  \"loss\": " << outputs[0].item<double>();
     for (unsigned k = 1; k < outputs.size(); ++k) {
       std::string name =
-          argumentName(*entry.grad, entry.grad->grad_arguments()->Get(k - 1));
+          inputName(*entry.grad, entry.grad->grad_arguments()->Get(k - 1));
       at::Tensor g = outputs[k].to(at::kFloat).contiguous();
       npy::save(dir + "/grad_" + name + ".npy", g);
       if (g.dim() == 0)

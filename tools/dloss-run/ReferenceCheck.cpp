@@ -94,7 +94,7 @@ int checkAgainstReference(const Options &o, const std::string &planPath,
   }
   for (unsigned k = 1; k < expected.size(); ++k) {
     unsigned arg = grad.grad_arguments()->Get(k - 1);
-    std::string name = argumentName(grad, arg);
+    std::string name = inputName(grad, arg);
     std::vector<at::Tensor> got;
     for (int r = 0; r < world; ++r)
       got.push_back(npy::load(rankDir(o, r) + "/grad_" + name + ".npy"));
