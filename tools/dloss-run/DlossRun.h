@@ -73,7 +73,6 @@ struct Entry {
 /// function; a dloss::Error listing the choices otherwise.
 Entry findEntry(const PlanFile &plan, const std::string &requested);
 
-
 //===----------------------------------------------------------------------===//
 // Inputs.cpp
 //===----------------------------------------------------------------------===//
