@@ -81,7 +81,7 @@ void CostEvaluator::setIndex(Value result, int64_t value) {
 
 shapes::Errors CostEvaluator::errors(Operation *op) const {
   return shapes::Errors(op->getLoc(), op->getName().getStringRef(),
-                        " under the report's sizes");
+                        " (under the report's sizes; check --report-size)");
 }
 
 InFlightDiagnostic CostEvaluator::fail(Operation *op) const {
