@@ -32,12 +32,21 @@ at::Tensor ContractCommunicator::allGather(const at::Tensor &input,
   return transferAllGather(call, input, dim, sizes);
 }
 
+at::Tensor ContractCommunicator::nothingToMove(Call &call,
+                                               const at::Tensor &input) {
+  // Every rank holds the same (empty) shape, so every rank skips alike.
+  return runAndComplete(
+      call, [&] { return input.clone(at::MemoryFormat::Contiguous); });
+}
+
 at::Tensor ContractCommunicator::allReduce(const at::Tensor &input,
                                            Reduction op) {
   Call call{"allReduce", "dloss.all_reduce"};
   checkTensor(call, input);
   checkReducible(call, input, op);
   begin(call, &input);
+  if (input.numel() == 0)
+    return nothingToMove(call, input);
   return transferAllReduce(call, input, op);
 }
 
@@ -58,6 +67,8 @@ at::Tensor ContractCommunicator::broadcast(const at::Tensor &input, int root) {
   checkTensor(call, input);
   checkRoot(call, root);
   begin(call, &input);
+  if (input.numel() == 0)
+    return nothingToMove(call, input);
   return transferBroadcast(call, input, root);
 }
 

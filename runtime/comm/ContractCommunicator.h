@@ -138,6 +138,9 @@ protected:
   void begin(Call &call, const at::Tensor *tensor, int64_t values = -1);
   /// Marks a collective completed (also one that had nothing to move).
   void complete(Call &call);
+  /// An all-reduce or broadcast of an empty tensor: no engine is asked to
+  /// move it; the call completes with a contiguous copy.
+  at::Tensor nothingToMove(Call &call, const at::Tensor &input);
   /// Throws when an earlier failure left the communicator unusable.
   void refuseIfBroken(Call &call);
   /// Runs `body`, then completes `call`.

@@ -337,10 +337,6 @@ at::Tensor GlooCommunicator::reduce(Call &call, const at::Tensor &input,
                                     Reduction op) {
   // The clone is what Gloo reduces in place: the caller's tensor stays as is.
   at::Tensor result = input.clone(at::MemoryFormat::Contiguous);
-  if (result.numel() == 0) {
-    complete(call);
-    return result;
-  }
   communicate(call, [&] {
     std::vector<at::Tensor> tensors{result};
     c10d::AllreduceOptions reduceOptions;
@@ -456,10 +452,6 @@ at::Tensor GlooCommunicator::transferBroadcast(Call &call,
                                                const at::Tensor &input,
                                                int root) {
   at::Tensor result = input.clone(at::MemoryFormat::Contiguous);
-  if (result.numel() == 0) {
-    complete(call);
-    return result;
-  }
   communicate(call, [&] {
     std::vector<at::Tensor> tensors{toWire(result)};
     c10d::BroadcastOptions broadcastOptions;

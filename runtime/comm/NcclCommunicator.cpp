@@ -653,10 +653,6 @@ at::Tensor NcclCommunicator::transferAllReduce(Call &call,
                                                Reduction op) {
   CudaDeviceGuard guard(device);
   at::Tensor result = input.clone(at::MemoryFormat::Contiguous);
-  if (result.numel() == 0) {
-    complete(call);
-    return result;
-  }
   communicate(call, [&] {
     runCollective("ncclAllReduce", [&] {
       return ncclAllReduce(result.data_ptr(), result.data_ptr(),
@@ -730,10 +726,6 @@ at::Tensor NcclCommunicator::transferBroadcast(Call &call,
                                                int root) {
   CudaDeviceGuard guard(device);
   at::Tensor result = input.clone(at::MemoryFormat::Contiguous);
-  if (result.numel() == 0) {
-    complete(call);
-    return result;
-  }
   communicate(call, [&] {
     runCollective("ncclBroadcast", [&] {
       return ncclBroadcast(result.data_ptr(), result.data_ptr(),

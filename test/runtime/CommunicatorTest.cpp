@@ -376,6 +376,29 @@ TEST(GlooCommunicatorTest, BroadcastFromNonZeroRoot) {
     });
 }
 
+// An empty tensor moves nothing, yet counts as one collective on every rank,
+// so the ranks' numbering stays in step.
+TEST(GlooCommunicatorTest, EmptyAllReduceAndBroadcastAreStillCollectives) {
+  for (int n = 1; n <= 3; ++n)
+    runGloo(n, [n](Communicator &comm) {
+      at::Tensor empty = at::zeros({0, 4}, at::kFloat);
+      int64_t started = comm.collectivesStarted();
+      at::Tensor reduced = comm.allReduce(empty, Reduction::Mean);
+      CHILD_CHECK(reduced.sizes() == empty.sizes() && reduced.is_contiguous(),
+                  "allReduce of an empty tensor changed its shape");
+      at::Tensor broadcast = comm.broadcast(empty, n - 1);
+      CHILD_CHECK(broadcast.sizes() == empty.sizes(),
+                  "broadcast of an empty tensor changed its shape");
+      CHILD_CHECK(comm.collectivesStarted() == started + 2,
+                  "two empty collectives counted "
+                      << comm.collectivesStarted() - started);
+      // The ranks are still in step: a real collective follows.
+      expectTensor(comm.allReduce(at::ones({2}), Reduction::Sum),
+                   at::full({2}, static_cast<float>(n)),
+                   "allReduce after the empty ones");
+    });
+}
+
 TEST(GlooCommunicatorTest, RingShiftWithDifferentShapes) {
   for (int n = 1; n <= 4; ++n)
     runGloo(n, [n](Communicator &comm) {
