@@ -1,6 +1,8 @@
 // The ready-made losses, written as the program one rank runs.
 #include "frontend/Losses.h"
 
+#include <cmath>
+
 namespace dloss::losses {
 
 namespace {
@@ -76,6 +78,14 @@ Graph margin(const MarginOptions &o) {
     // Clamp keeps acos's gradient finite at |cos| = 1.
     Tensor theta = g.acos(g.clamp(target, -1.0 + 1e-7, 1.0 - 1e-7));
     adjusted = g.cos(theta + o.margin);
+    if (o.pmlBeyondPiMinusMargin) {
+      // theta <= pi - m  <=>  cos(theta) >= -cos(m): 1 there, else 0 (eq
+      // carries no gradient; each branch gets its own).
+      Tensor inRange =
+          g.eq(g.clamp(target, -std::cos(o.margin), std::nullopt), target);
+      Tensor linear = target - o.margin * std::sin(o.margin);
+      adjusted = linear + inRange * (adjusted - linear);
+    }
   } else {
     adjusted = target - o.margin;
   }

@@ -49,6 +49,11 @@ struct MarginOptions {
   /// -1 for any) and labels are global class ids. The softmax spans every
   /// shard; fused, no rank holds more than its own B_global x C_r tiles.
   bool shardedClasses = false;
+  /// ArcFace as pytorch-metric-learning computes it: where theta > pi - m,
+  /// cos(theta + m) would start to rise again, so the target logit becomes
+  /// cos(theta) - m sin(m) there (monotonic in theta). Off: cos(theta + m)
+  /// everywhere (insightface).
+  bool pmlBeyondPiMinusMargin = false;
 };
 Graph margin(const MarginOptions &options = {});
 

@@ -13,6 +13,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # Python-side reference checks (Debian's torch for /usr/bin/python3).
   python3-torch python3-numpy
+  # The Python package: pybind11 (its internals match libtorch_python), the demo's plot.
+  pybind11-dev python3-dev python3-matplotlib
   # Fuzzing (scripts/fuzz.sh): clang and its libFuzzer/ASan runtimes.
   clang-14 libclang-rt-14-dev
 )

@@ -1,0 +1,538 @@
+// dloss._C: the thin pybind11 layer under `import dloss`. Tensors, process
+// groups, stores and errors cross it; the logic stays in the runtime, the JIT
+// and the Python package (python/dloss/).
+//
+// Torch's own Tensor, ProcessGroup and Store objects cross because Debian's
+// pybind11 (2.10) shares its internals with libtorch_python: a group is
+// looked up by its C++ type and held by a new reference (intrusive_ptr).
+// Every call that may block releases the GIL, so Python's signal handlers and
+// other threads keep running while a rank waits for its peers.
+#include "frontend/Graph.h"
+#include "frontend/Jit.h"
+#include "frontend/Losses.h"
+#include "runtime/autograd/CompiledLoss.h"
+#include "runtime/comm/ProcessGroupEngine.h"
+#include "runtime/plan/PlanFile.h"
+#include "runtime/support/Error.h"
+
+#include <torch/csrc/utils/pybind.h>
+
+#include <chrono>
+#include <optional>
+
+namespace py = pybind11;
+using namespace dloss;
+
+namespace {
+
+using GilRelease = py::call_guard<py::gil_scoped_release>;
+
+/// dloss.Error: set from Python (dloss/errors.py) so that it is the class the
+/// package exports.
+PyObject *errorType = PyExc_RuntimeError;
+
+void raise(const Error &e) {
+  py::object type = py::reinterpret_borrow<py::object>(errorType);
+  py::object error = type(py::str(e.what()));
+  error.attr("problem") = e.problem();
+  error.attr("hint") = e.hint();
+  error.attr("rank") = e.rank() ? py::object(py::int_(*e.rank())) : py::none();
+  error.attr("op") = e.op();
+  error.attr("location") = e.location();
+  PyErr_SetObject(errorType, error.ptr());
+}
+
+RendezvousOptions deadlineOptions(double timeoutSeconds,
+                                  const std::string &flightDir) {
+  if (!(timeoutSeconds > 0))
+    throw Error("timeout must be positive (got " +
+                    std::to_string(timeoutSeconds) + " s)",
+                "Pass a deadline in seconds, such as timeout=300");
+  RendezvousOptions options;
+  options.timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(timeoutSeconds * 1000.0 + 0.5));
+  options.flightDir = flightDir;
+  return options;
+}
+
+/// A reference of our own to the C++ object behind a torch.distributed
+/// object of class T (ProcessGroup, Store), or a clear error.
+template <typename T>
+c10::intrusive_ptr<T> borrowTorch(const py::handle &object, const char *what) {
+  T *raw = nullptr;
+  try {
+    raw = object.cast<T *>();
+  } catch (const py::cast_error &) {
+  }
+  if (!raw)
+    throw Error(std::string("expected a torch.distributed ") + what +
+                    ", got " + py::str(py::type::of(object)).cast<std::string>(),
+                std::string("Pass the ") + what +
+                    " torch.distributed gives (dist.group.WORLD or a "
+                    "dist.new_group(...))");
+  return c10::intrusive_ptr<T>::reclaim_copy(raw);
+}
+
+/// Runs a communicator call with `site` as its call site, so that its
+/// errors say where in the user's code it was made.
+template <typename Body>
+auto atSite(const std::string &op, const std::string &location, Body &&body) {
+  CallSite site;
+  site.op = op;
+  site.location = location;
+  CallSiteScope scope(site);
+  return body();
+}
+
+Reduction reductionFromName(const std::string &name) {
+  if (name == "sum")
+    return Reduction::Sum;
+  if (name == "mean")
+    return Reduction::Mean;
+  if (name == "max")
+    return Reduction::Max;
+  if (name == "min")
+    return Reduction::Min;
+  throw Error("unknown reduction '" + name + "'",
+              "Use 'sum', 'mean', 'max' or 'min'");
+}
+
+void bindCommunicator(py::module_ &m) {
+  py::class_<Communicator, std::shared_ptr<Communicator>>(
+      m, "Communicator",
+      "The ranks of one job as dloss sees them: checked, numbered "
+      "collectives with deadlines.")
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("world_size", &Communicator::worldSize)
+      .def_property_readonly("collectives_started",
+                             &Communicator::collectivesStarted)
+      .def(
+          "all_gather",
+          [](Communicator &c, const at::Tensor &x, int64_t axis,
+             const std::vector<int64_t> &sizes, const std::string &op,
+             const std::string &location) {
+            return atSite(op, location,
+                          [&] { return c.allGather(x, axis, sizes); });
+          },
+          py::arg("tensor"), py::arg("axis"), py::arg("sizes"),
+          py::arg("op") = "dloss.all_gather", py::arg("location") = "",
+          GilRelease())
+      .def(
+          "reduce_scatter",
+          [](Communicator &c, const at::Tensor &x, const std::string &kind,
+             int64_t axis, const std::vector<int64_t> &sizes,
+             const std::string &op, const std::string &location) {
+            return atSite(op, location, [&] {
+              return c.reduceScatter(x, reductionFromName(kind), axis, sizes);
+            });
+          },
+          py::arg("tensor"), py::arg("kind"), py::arg("axis"),
+          py::arg("sizes"), py::arg("op") = "dloss.reduce_scatter",
+          py::arg("location") = "", GilRelease())
+      .def(
+          "all_reduce",
+          [](Communicator &c, const at::Tensor &x, const std::string &kind,
+             const std::string &op, const std::string &location) {
+            return atSite(op, location, [&] {
+              return c.allReduce(x, reductionFromName(kind));
+            });
+          },
+          py::arg("tensor"), py::arg("kind") = "sum",
+          py::arg("op") = "dloss.all_reduce", py::arg("location") = "",
+          GilRelease())
+      .def(
+          "all_gather_ints",
+          [](Communicator &c, const std::vector<int64_t> &values,
+             const std::string &op, const std::string &location) {
+            return atSite(op, location,
+                          [&] { return c.allGatherInts(values); });
+          },
+          py::arg("values"), py::arg("op") = "", py::arg("location") = "",
+          GilRelease())
+      .def("note_failure", &Communicator::noteFailure, py::arg("message"));
+
+  m.def(
+      "process_group_communicator",
+      [](const py::object &group, const py::object &store,
+         double timeoutSeconds, const std::string &flightDir) {
+        auto pg = borrowTorch<c10d::ProcessGroup>(group, "ProcessGroup");
+        c10::intrusive_ptr<c10d::Store> s;
+        if (!store.is_none())
+          s = borrowTorch<c10d::Store>(store, "Store");
+        RendezvousOptions options = deadlineOptions(timeoutSeconds, flightDir);
+        py::gil_scoped_release release;
+        return std::shared_ptr<Communicator>(makeProcessGroupCommunicator(
+            options, std::move(s), std::move(pg)));
+      },
+      py::arg("group"), py::arg("store"), py::arg("timeout"),
+      py::arg("flight_dir") = "",
+      "A Communicator over a torch.distributed ProcessGroup (and its "
+      "store, where each rank records its latest collective).");
+  m.def(
+      "single_process_communicator",
+      [] {
+        return std::shared_ptr<Communicator>(makeSingleProcessCommunicator());
+      },
+      "The communicator of one process (every collective is the identity).");
+}
+
+void bindGraph(py::module_ &m) {
+  py::enum_<DType>(m, "DType")
+      .value("f16", DType::F16)
+      .value("bf16", DType::BF16)
+      .value("f32", DType::F32)
+      .value("f64", DType::F64)
+      .value("i32", DType::I32)
+      .value("i64", DType::I64);
+  py::enum_<GatherGrad>(m, "GatherGrad")
+      .value("exact", GatherGrad::Exact)
+      .value("local", GatherGrad::Local)
+      .value("none", GatherGrad::None);
+  py::enum_<GradMode>(m, "GradMode")
+      .value("ddp", GradMode::Ddp)
+      .value("global_", GradMode::Global);
+
+  py::class_<Size>(m, "Size", "A symbolic size: a dimension, an offset.");
+  py::class_<Tensor>(m, "Tensor", "A symbolic tensor of a dloss.Graph.")
+      .def_property_readonly("shape", &Tensor::shape)
+      .def("__add__", [](Tensor a, Tensor b) { return a + b; })
+      .def("__add__", [](Tensor a, double b) { return a + b; })
+      .def("__radd__", [](Tensor a, double b) { return a + b; })
+      .def("__sub__", [](Tensor a, Tensor b) { return a - b; })
+      .def("__sub__", [](Tensor a, double b) { return a - b; })
+      .def("__rsub__", [](Tensor a, double b) { return -a + b; })
+      .def("__mul__", [](Tensor a, Tensor b) { return a * b; })
+      .def("__mul__", [](Tensor a, double b) { return a * b; })
+      .def("__rmul__", [](Tensor a, double b) { return b * a; })
+      .def("__truediv__", [](Tensor a, Tensor b) { return a / b; })
+      .def("__truediv__", [](Tensor a, double b) { return a / b; })
+      .def("__neg__", [](Tensor a) { return -a; });
+
+  // Errors point at the Python line that built the op (dloss/graph.py
+  // passes it as `at`).
+  using G = Graph;
+  auto at = [](const std::string &file, int line) {
+    // SourceLoc keeps a pointer: intern the file names.
+    static std::vector<std::unique_ptr<std::string>> files;
+    for (auto &f : files)
+      if (*f == file)
+        return SourceLoc{f->c_str(), line};
+    files.push_back(std::make_unique<std::string>(file));
+    return SourceLoc{files.back()->c_str(), line};
+  };
+  py::class_<Graph>(m, "Graph")
+      .def(py::init<std::string>(), py::arg("name") = "loss")
+      .def_property_readonly("name", &G::name)
+      .def("input_names", &G::inputNames)
+      .def("to_mlir", &G::toMlir)
+      .def(
+          "input",
+          [at](G &g, const std::string &name, DType dtype,
+               std::vector<int64_t> shape, bool grad, bool replicated,
+               const std::string &file, int line) {
+            return g.input(name, dtype, std::move(shape), {grad, replicated},
+                           at(file, line));
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "all_gather",
+          [at](G &g, Tensor x, int64_t axis, GatherGrad grad,
+               const std::string &file, int line) {
+            return g.allGather(x, axis, grad, at(file, line));
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "all_reduce",
+          [at](G &g, Tensor x, const std::string &kind, const std::string &file,
+               int line) {
+            return g.allReduce(x, reductionFromName(kind), at(file, line));
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "reduce_scatter",
+          [at](G &g, Tensor x, const std::string &kind, int64_t axis,
+               const std::string &file, int line) {
+            return g.reduceScatter(x, reductionFromName(kind), axis,
+                                   std::nullopt, at(file, line));
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "broadcast",
+          [at](G &g, Tensor x, int64_t root, const std::string &file,
+               int line) { return g.broadcast(x, root, at(file, line)); },
+          py::keep_alive<0, 1>())
+      .def(
+          "ring_shift",
+          [at](G &g, Tensor x, int64_t shift, const std::string &file,
+               int line) { return g.ringShift(x, shift, at(file, line)); },
+          py::keep_alive<0, 1>())
+      .def("rank", [at](G &g, const std::string &file,
+                        int line) { return g.rank(at(file, line)); }, py::keep_alive<0, 1>())
+      .def("world_size", [at](G &g, const std::string &file,
+                              int line) { return g.worldSize(at(file, line)); }, py::keep_alive<0, 1>())
+      .def("dim", [at](G &g, Tensor x, int64_t axis, const std::string &file,
+                       int line) { return g.dim(x, axis, at(file, line)); }, py::keep_alive<0, 1>())
+      .def("shard_offset",
+           [at](G &g, Tensor x, int64_t axis, const std::string &file,
+                int line) { return g.shardOffset(x, axis, at(file, line)); }, py::keep_alive<0, 1>())
+      .def("global_size",
+           [at](G &g, Tensor x, int64_t axis, const std::string &file,
+                int line) { return g.globalSize(x, axis, at(file, line)); }, py::keep_alive<0, 1>())
+      .def(
+          "constant",
+          [at](G &g, double value, DType dtype, const std::string &file,
+               int line) { return g.constant(value, dtype, at(file, line)); },
+          py::keep_alive<0, 1>())
+      .def(
+          "matmul",
+          [at](G &g, Tensor a, Tensor b, bool ta, bool tb,
+               const std::string &file, int line) {
+            return g.matmul(a, b, ta, tb, at(file, line));
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "binary",
+          [at](G &g, const std::string &op, Tensor a, Tensor b,
+               const std::string &file, int line) {
+            SourceLoc loc = at(file, line);
+            if (op == "add")
+              return g.add(a, b, loc);
+            if (op == "sub")
+              return g.sub(a, b, loc);
+            if (op == "mul")
+              return g.mul(a, b, loc);
+            if (op == "div")
+              return g.div(a, b, loc);
+            if (op == "eq")
+              return g.eq(a, b, loc);
+            throw Error("unknown binary op '" + op + "'",
+                        "Use add, sub, mul, div or eq");
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "unary",
+          [at](G &g, const std::string &op, Tensor x, const std::string &file,
+               int line) {
+            SourceLoc loc = at(file, line);
+            if (op == "neg")
+              return g.neg(x, loc);
+            if (op == "exp")
+              return g.exp(x, loc);
+            if (op == "log")
+              return g.log(x, loc);
+            if (op == "softplus")
+              return g.softplus(x, loc);
+            if (op == "log_sigmoid")
+              return g.logSigmoid(x, loc);
+            if (op == "sigmoid")
+              return g.sigmoid(x, loc);
+            if (op == "cos")
+              return g.cos(x, loc);
+            if (op == "sin")
+              return g.sin(x, loc);
+            if (op == "acos")
+              return g.acos(x, loc);
+            if (op == "sqrt")
+              return g.sqrt(x, loc);
+            if (op == "zeros_like")
+              return g.zerosLike(x, loc);
+            throw Error("unknown unary op '" + op + "'",
+                        "See dloss.Graph's methods for the ops there are");
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "clamp",
+          [at](G &g, Tensor x, std::optional<double> lo,
+               std::optional<double> hi, const std::string &file, int line) {
+            return g.clamp(x, lo, hi, at(file, line));
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "cast",
+          [at](G &g, Tensor x, DType dtype, const std::string &file,
+               int line) { return g.cast(x, dtype, at(file, line)); },
+          py::keep_alive<0, 1>())
+      .def(
+          "to_tensor",
+          [at](G &g, Size n, DType dtype, const std::string &file, int line) {
+            return g.toTensor(n, dtype, at(file, line));
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "l2_normalize",
+          [at](G &g, Tensor x, int64_t axis, double eps,
+               const std::string &file, int line) {
+            return g.l2Normalize(x, axis, eps, at(file, line));
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "reduce",
+          [at](G &g, Tensor x, const std::string &kind,
+               std::vector<int64_t> axes, const std::string &file, int line) {
+            return g.reduce(x, reductionFromName(kind), std::move(axes),
+                            at(file, line));
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "logsumexp",
+          [at](G &g, Tensor x, int64_t axis, const std::string &file,
+               int line) { return g.logsumexp(x, axis, at(file, line)); },
+          py::keep_alive<0, 1>())
+      .def(
+          "take_along",
+          [at](G &g, Tensor x, Tensor i, int64_t axis, const std::string &file,
+               int line) { return g.takeAlong(x, i, axis, at(file, line)); },
+          py::keep_alive<0, 1>())
+      .def(
+          "put_along",
+          [at](G &g, Tensor x, Tensor i, Tensor v, int64_t axis,
+               const std::string &file, int line) {
+            return g.putAlong(x, i, v, axis, at(file, line));
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "arange",
+          [at](G &g, Size start, Size count, DType dtype,
+               const std::string &file, int line) {
+            return g.arange(start, count, dtype, at(file, line));
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "cross_entropy",
+          [at](G &g, Tensor logits, Tensor targets, int64_t axis,
+               const std::string &file, int line) {
+            return g.crossEntropy(logits, targets, axis, at(file, line));
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "expand",
+          [at](G &g, Tensor x, std::vector<int64_t> axes, Tensor like,
+               const std::string &file, int line) {
+            return g.expand(x, std::move(axes), like, at(file, line));
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "slice",
+          [at](G &g, Tensor x, int64_t axis, Size offset, Size size,
+               const std::string &file, int line) {
+            return g.slice(x, axis, offset, size, at(file, line));
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "pad",
+          [at](G &g, Tensor x, int64_t axis, Size low, Size high,
+               const std::string &file, int line) {
+            return g.pad(x, axis, low, high, at(file, line));
+          },
+          py::keep_alive<0, 1>())
+      .def("set_loss", [at](G &g, Tensor loss, GradMode mode,
+                            const std::string &file, int line) {
+        g.setLoss(loss, mode, at(file, line));
+      });
+}
+
+void bindLosses(py::module_ &m) {
+  m.def(
+      "clip_graph",
+      [](int64_t dim, DType dtype, GradMode mode) {
+        return losses::clip({dim, dtype, mode});
+      },
+      py::arg("dim") = -1, py::arg("dtype") = DType::F32,
+      py::arg("mode") = GradMode::Ddp);
+  m.def(
+      "siglip_graph",
+      [](int64_t dim, DType dtype, GradMode mode) {
+        return losses::siglip({dim, dtype, mode});
+      },
+      py::arg("dim") = -1, py::arg("dtype") = DType::F32,
+      py::arg("mode") = GradMode::Ddp);
+  m.def(
+      "margin_graph",
+      [](const std::string &kind, int64_t dim, int64_t classes, double scale,
+         double margin, DType dtype, GradMode mode, bool sharded,
+         bool pmlBeyondPiMinusMargin) {
+        losses::MarginOptions o;
+        if (kind == "arcface")
+          o.kind = losses::MarginOptions::ArcFace;
+        else if (kind == "cosface")
+          o.kind = losses::MarginOptions::CosFace;
+        else
+          throw Error("unknown margin loss '" + kind + "'",
+                      "Use 'arcface' or 'cosface'");
+        o.dim = dim;
+        o.classes = classes;
+        o.scale = scale;
+        o.margin = margin;
+        o.dtype = dtype;
+        o.mode = mode;
+        o.shardedClasses = sharded;
+        o.pmlBeyondPiMinusMargin = pmlBeyondPiMinusMargin;
+        return losses::margin(o);
+      },
+      py::arg("kind"), py::arg("dim") = -1, py::arg("classes") = -1,
+      py::arg("scale") = 64.0, py::arg("margin") = 0.5,
+      py::arg("dtype") = DType::F32, py::arg("mode") = GradMode::Ddp,
+      py::arg("sharded") = false, py::arg("pml_beyond_pi_minus_margin") = false);
+}
+
+void bindJit(py::module_ &m) {
+  py::class_<PlanFile, std::shared_ptr<PlanFile>>(m, "Plan",
+                                                  "A compiled plan.")
+      .def_property_readonly("name", &PlanFile::name);
+  m.def(
+      "compile_plan",
+      [](const std::string &text, const std::string &gradMode,
+         const std::string &name, bool fuse) {
+        return std::const_pointer_cast<PlanFile>(
+            jit::compilePlan(text, gradMode, name, fuse));
+      },
+      py::arg("text"), py::arg("grad_mode") = "", py::arg("name") = "<python>",
+      py::arg("fuse") = true, GilRelease());
+  m.def(
+      "load_plan",
+      [](const std::string &path) {
+        return std::const_pointer_cast<PlanFile>(PlanFile::load(path));
+      },
+      py::arg("path"));
+  m.def("cached_plans", &jit::cachedPlans);
+  m.def("clear_plan_cache", &jit::clearPlanCache);
+
+  py::class_<CompiledLoss>(m, "CompiledLoss")
+      .def(py::init([](std::shared_ptr<PlanFile> plan,
+                       std::shared_ptr<Communicator> comm,
+                       const std::string &entry) {
+             return CompiledLoss(plan, std::move(comm), entry);
+           }),
+           py::arg("plan"), py::arg("communicator"), py::arg("entry") = "")
+      .def("__call__", &CompiledLoss::operator(), py::arg("inputs"),
+           GilRelease())
+      .def_property_readonly("argument_names", &CompiledLoss::argumentNames)
+      .def_property_readonly("loss_name", &CompiledLoss::lossName)
+      .def_property_readonly("grad_mode", &CompiledLoss::gradMode);
+}
+
+} // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "dloss's C++ core (runtime, JIT, graph builder); use `import "
+            "dloss`.";
+  m.def(
+      "set_error_type",
+      [](const py::object &type) {
+        Py_INCREF(type.ptr());
+        errorType = type.ptr();
+      },
+      "Makes dloss errors raise `type` (dloss.Error).");
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p)
+        std::rethrow_exception(p);
+    } catch (const Error &e) {
+      raise(e);
+    }
+  });
+  bindCommunicator(m);
+  bindGraph(m);
+  bindLosses(m);
+  bindJit(m);
+}

@@ -1,0 +1,3 @@
+"""dloss: exact, fused distributed losses for PyTorch."""
+
+from .errors import Error
