@@ -1,3 +1,29 @@
-"""dloss: exact, fused distributed losses for PyTorch."""
+"""dloss: exact, fused distributed losses for PyTorch.
 
+Swap an import and keep your training script:
+
+    import dloss
+    loss_fn = dloss.ClipLoss()            # was open_clip.loss.ClipLoss(...)
+    loss = loss_fn(image_features, text_features, logit_scale)
+    loss.backward()
+
+Every loss runs on the script's own torch.distributed group (or ``group=``),
+returns the global loss on every rank, and is exact for uneven batches. See
+README.md and docs/Migration.md.
+"""
+
+from .collectives import all_gather, gather_all_tensors
+from .compile import CompiledLoss, compile
 from .errors import Error
+from .graph import Graph
+from .group import communicator, init, set_timeout
+from .losses import (ArcFaceLoss, ClipLoss, CombinedMarginLoss, CosFaceLoss,
+                     PartialFC, SigLipLoss)
+from .sync import assert_grads_synced
+
+__all__ = [
+    "ArcFaceLoss", "ClipLoss", "CombinedMarginLoss", "CompiledLoss",
+    "CosFaceLoss", "Error", "Graph", "PartialFC", "SigLipLoss", "all_gather",
+    "assert_grads_synced", "communicator", "compile", "gather_all_tensors",
+    "init", "set_timeout",
+]

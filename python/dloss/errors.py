@@ -28,3 +28,47 @@ class Error(RuntimeError):
 
 
 _C.set_error_type(Error)
+
+
+def _sentence(text):
+    text = text.strip()
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def make_error(problem, hint="", rank=None, op="", location=""):
+    """A dloss.Error rendered as the C++ runtime renders its errors."""
+    where = []
+    if rank is not None:
+        where.append("rank %d" % rank)
+    if op and location:
+        where.append("op %s at %s" % (op, location))
+    elif op:
+        where.append("op " + op)
+    elif location:
+        where.append("at " + location)
+    message = "dloss error"
+    if where:
+        message += " [" + ", ".join(where) + "]"
+    message += ": " + _sentence(problem)
+    if hint:
+        message += " " + _sentence(hint)
+    error = Error(message)
+    error.problem, error.hint, error.rank = problem, hint, rank
+    error.op, error.location = op, location
+    return error
+
+
+def caller_location(depth=2):
+    """``file:line`` of the user's code that called into dloss: the first
+    frame outside the dloss package, at least `depth` frames up."""
+    import os
+    import sys
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame = sys._getframe(depth)
+    while frame is not None and os.path.dirname(
+            os.path.abspath(frame.f_code.co_filename)) == package:
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    return "%s:%d" % (frame.f_code.co_filename, frame.f_lineno)

@@ -1,0 +1,127 @@
+"""dloss.compile: a loss (dloss MLIR text, a .mlir file, or a dloss.Graph)
+as a callable torch module with autograd."""
+
+import os
+
+import torch
+
+from . import _C
+from .errors import make_error
+from .graph import Graph
+from .group import communicator
+
+
+def _source_text(source):
+    """(MLIR text, name) of a compile() source."""
+    if isinstance(source, Graph):
+        return source.to_mlir(), source.name
+    if isinstance(source, _C.Graph):
+        return source.to_mlir(), source.name
+    if isinstance(source, os.PathLike):
+        source = os.fspath(source)
+    if not isinstance(source, str):
+        raise make_error(
+            "dloss.compile takes dloss MLIR text, a .mlir path or a "
+            "dloss.Graph, not %s" % type(source).__name__,
+            "Pass the loss's source")
+    if "func.func" in source or "\n" in source:
+        return source, "<python>"
+    if not os.path.exists(source):
+        raise make_error(
+            "%r is neither dloss MLIR text nor an existing file" % source,
+            "Pass the MLIR text itself, or the path of a .mlir file")
+    with open(source) as f:
+        return f.read(), source
+
+
+class CompiledLoss(torch.nn.Module):
+    """A compiled loss: call it with the loss's inputs, by position or by
+    name, on every rank of the group; it returns the global loss (the same
+    value on every rank) with autograd. ``loss.backward()`` gives each
+    ``dloss.grad`` input its gradient per the loss's gradient contract
+    (ddp: ``N * dF/dx_r``, which DDP's gradient average turns into the
+    single-device gradient; global: ``dF/dx_r``).
+
+    All communication happens in the call, which every rank must make;
+    backward() only scales gradients computed there, so a rank that skips
+    backward() cannot hang its peers.
+    """
+
+    def __init__(self, plan, entry="", group=None):
+        super().__init__()
+        self._plan = plan
+        self._entry = entry or ""
+        self._group = group
+        self._callables = {}
+        self.argument_names = list(self._callable().argument_names)
+
+    def _callable(self):
+        comm = communicator(self._group)
+        fn = self._callables.get(id(comm))
+        if fn is None:
+            fn = _C.CompiledLoss(self._plan, comm, self._entry)
+            self._callables[id(comm)] = fn
+        return fn
+
+    @property
+    def loss_name(self):
+        return self._callable().loss_name
+
+    @property
+    def grad_mode(self):
+        """"ddp" or "global"."""
+        return self._callable().grad_mode
+
+    def forward(self, *args, **kwargs):
+        fn = self._callable()
+        names = self.argument_names
+        if len(args) > len(names):
+            raise make_error(
+                "@%s takes %d inputs (%s), got %d" %
+                (fn.loss_name, len(names), ", ".join(names), len(args)),
+                "Pass one tensor per input")
+        values = list(args) + [None] * (len(names) - len(args))
+        for key, value in kwargs.items():
+            if key not in names:
+                raise make_error(
+                    "@%s has no input named %r (its inputs: %s)" %
+                    (fn.loss_name, key, ", ".join(names)),
+                    "Use one of the input names")
+            index = names.index(key)
+            if values[index] is not None:
+                raise make_error("input %r given twice" % key,
+                                 "Pass it by position or by name, not both")
+            values[index] = value
+        missing = [n for n, v in zip(names, values) if v is None]
+        if missing:
+            raise make_error(
+                "@%s is missing input(s) %s" % (fn.loss_name,
+                                                ", ".join(missing)),
+                "Pass every input: %s" % ", ".join(names))
+        tensors = [v if isinstance(v, torch.Tensor) else torch.tensor(v)
+                   for v in values]
+        return fn(tensors)
+
+
+def compile(source, grad_mode=None, fuse=True, entry=None, group=None):
+    """Compiles a loss for this process group.
+
+    source: dloss MLIR text, the path of a ``.mlir`` file, or a
+    dloss.Graph. grad_mode: "ddp" or "global" to override the loss's own
+    contract (None keeps it). fuse: fuse gather + similarity + loss into
+    ring-tiled kernels (False runs every op unfused). entry: the loss to call
+    when the source defines several. group: the torch.distributed group
+    (default: the default group).
+
+    Compiled plans are cached by source, so compiling the same loss again is
+    free. A loss that does not compile raises dloss.Error with the
+    compiler's messages and their locations.
+    """
+    if grad_mode not in (None, "ddp", "global"):
+        raise make_error("grad_mode must be 'ddp', 'global' or None, got %r"
+                         % (grad_mode,), "See docs/Autodiff.md")
+    text, name = _source_text(source)
+    if entry is None and isinstance(source, (Graph, _C.Graph)):
+        entry = source.name
+    plan = _C.compile_plan(text, grad_mode or "", name, bool(fuse))
+    return CompiledLoss(plan, entry or "", group)

@@ -1,0 +1,151 @@
+"""Which ranks dloss runs on: the script's own torch.distributed group.
+
+dloss needs no rendezvous of its own. Every call runs on
+``torch.distributed``'s default group, or on the ``group=`` it is given;
+collectives go through that group's backend (Gloo for CPU tensors, NCCL for
+CUDA tensors), and dloss's bookkeeping (collective numbers, deadlines, the
+failure diagnosis that names the ranks that never arrived) goes through the
+group's own store.
+"""
+
+import os
+import threading
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+from .errors import make_error
+
+_lock = threading.Lock()
+# One communicator per group, so that every dloss call on a group shares one
+# sequence of numbered collectives.
+_communicators = {}
+_settings = {"timeout": None, "flight_dir": None}
+
+
+def _default_timeout():
+    if _settings["timeout"] is not None:
+        return _settings["timeout"]
+    value = os.environ.get("DLOSS_TIMEOUT_S")
+    if value:
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if seconds <= 0:
+            raise make_error(
+                "DLOSS_TIMEOUT_S is %r, not a positive number of seconds" %
+                value, "Set DLOSS_TIMEOUT_S=300, say, or unset it")
+        return seconds
+    return 300.0
+
+
+def set_timeout(seconds=None, flight_dir=None):
+    """Sets the deadline of every dloss collective (seconds; default 300, or
+    ``DLOSS_TIMEOUT_S``) and where a failed collective writes its flight
+    record (default: the current directory; ``"off"``: nowhere). Applies to
+    groups dloss has not used yet; call it on every rank."""
+    if seconds is not None and not seconds > 0:
+        raise make_error("timeout must be positive, got %r" % (seconds,),
+                         "Pass a deadline in seconds, such as 300")
+    _settings["timeout"] = seconds
+    if flight_dir is not None:
+        _settings["flight_dir"] = flight_dir
+
+
+def _require_group(group):
+    if not dist.is_available():
+        raise make_error(
+            "torch.distributed is not available in this torch build",
+            "Use a torch with distributed support")
+    if not dist.is_initialized():
+        raise make_error(
+            "no torch.distributed process group is initialised",
+            "Call torch.distributed.init_process_group(...) first, or "
+            "dloss.init(), which reads MASTER_ADDR, MASTER_PORT, RANK and "
+            "WORLD_SIZE (a single process when they are unset)")
+    if group is None or group is dist.group.WORLD:
+        return dist.distributed_c10d._get_default_group()
+    if group == dist.GroupMember.NON_GROUP_MEMBER:
+        raise make_error(
+            "this rank is not a member of the group it passed",
+            "Call dloss only on the ranks of the group")
+    return group
+
+
+def _store_of(group):
+    # torch keeps each group's store beside it (1.13: _pg_map; 2.x: also
+    # _world.pg_map); dloss records its collectives there.
+    c10d = dist.distributed_c10d
+    table = getattr(c10d, "_pg_map", None)
+    if table is None:
+        world = getattr(c10d, "_world", None)
+        table = getattr(world, "pg_map", {}) if world is not None else {}
+    entry = table.get(group)
+    return entry[1] if entry else None
+
+
+def communicator(group=None):
+    """The dloss communicator of `group` (default: the default group),
+    made on first use and kept for the group's lifetime."""
+    group = _require_group(group)
+    with _lock:
+        entry = _communicators.get(id(group))
+        if entry is not None and entry[0] is group:
+            return entry[1]
+        comm = _C.process_group_communicator(
+            group, _store_of(group), _default_timeout(),
+            _settings["flight_dir"] or "")
+        _communicators[id(group)] = (group, comm)
+        return comm
+
+
+def init(backend=None, timeout=None):
+    """Initialises torch.distributed for a script that has no group yet.
+
+    Reads the torchrun variables MASTER_ADDR, MASTER_PORT, RANK and
+    WORLD_SIZE (all four, or none: then this process is a world of one, with
+    no port). `backend` defaults to ``"nccl"`` when CUDA is available and
+    ``"gloo"`` otherwise. `timeout` (seconds) is both the group's and dloss's
+    deadline. Does nothing but set the deadline when a group exists already.
+    Returns ``(rank, world_size)``.
+    """
+    if timeout is not None:
+        set_timeout(timeout)
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    names = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+    present = [n for n in names if os.environ.get(n)]
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    kwargs = {}
+    if timeout is not None:
+        kwargs["timeout"] = timedelta(seconds=timeout)
+    if not present:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0,
+                                world_size=1, **kwargs)
+        return 0, 1
+    missing = [n for n in names if n not in present]
+    if missing:
+        raise make_error(
+            "dloss.init() found %s but not %s" %
+            (", ".join(present), ", ".join(missing)),
+            "Set all four of MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE "
+            "(as torchrun does), or none for a single process")
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        int(os.environ["MASTER_PORT"])
+    except ValueError:
+        raise make_error(
+            "RANK, WORLD_SIZE and MASTER_PORT must be integers (got %r, %r, "
+            "%r)" % (os.environ["RANK"], os.environ["WORLD_SIZE"],
+                     os.environ["MASTER_PORT"]),
+            "Fix the launcher's environment") from None
+    if not 0 <= rank < world:
+        raise make_error("RANK=%d is not in [0, WORLD_SIZE=%d)" % (rank, world),
+                         "Fix the launcher's environment")
+    dist.init_process_group(backend, init_method="env://", rank=rank,
+                            world_size=world, **kwargs)
+    return rank, world

@@ -1,0 +1,97 @@
+"""dloss.assert_grads_synced: after backward(), check that every parameter's
+gradient is bit-for-bit the same on every rank."""
+
+import torch
+
+from .errors import caller_location, make_error
+from .group import communicator
+
+# Per parameter: whether it has a gradient, its element count, and two
+# integer checksums of its bytes (a plain sum and a position-weighted one),
+# so any changed byte changes the fingerprint.
+_WIDTH = 4
+
+
+def _named(params_or_module):
+    if isinstance(params_or_module, torch.nn.Module):
+        return list(params_or_module.named_parameters())
+    if isinstance(params_or_module, dict):
+        return list(params_or_module.items())
+    if isinstance(params_or_module, torch.Tensor):
+        return [("tensor", params_or_module)]
+    items = list(params_or_module)
+    if items and isinstance(items[0], tuple):
+        return items
+    return [("params[%d]" % i, p) for i, p in enumerate(items)]
+
+
+def _fingerprint(p):
+    g = p.grad if isinstance(p, torch.Tensor) else None
+    if g is None:
+        return [0, 0, 0, 0]
+    data = g.detach().contiguous().reshape(-1).view(torch.uint8).to(
+        torch.int64)
+    weights = torch.arange(data.numel(), device=data.device) % 65521 + 1
+    return [1, g.numel(), int(data.sum()), int((data * weights).sum())]
+
+
+def _ranks(ranks):
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(
+        str(r) for r in ranks)
+
+
+def assert_grads_synced(params_or_module, group=None):
+    """Raises dloss.Error on every rank unless each parameter's ``.grad`` is
+    identical on every rank.
+
+    Call it after ``backward()`` (and after DDP has reduced). It exchanges
+    one small collective of per-tensor fingerprints, so it costs a pass over
+    the gradients and no gradient traffic. The error names each parameter
+    that differs and which ranks agree with which, which is how a
+    desynchronised parameter (a loss parameter outside DDP, a teacher updated
+    on one rank, a gradient hook that runs on some ranks) is found. Takes a
+    module, a dict of named tensors, or an iterable of tensors or of (name,
+    tensor) pairs; every rank must pass the same parameters in the same
+    order.
+    """
+    location = caller_location(2)
+    op = "dloss.assert_grads_synced"
+    comm = communicator(group)
+    named = _named(params_or_module)
+    counts = comm.all_gather_ints([len(named)], op, location)
+    if len(set(counts)) != 1:
+        raise make_error(
+            "the ranks passed different numbers of parameters: %s" %
+            ", ".join("rank %d: %d" % (r, c) for r, c in enumerate(counts)),
+            "Pass the same parameters on every rank", rank=comm.rank, op=op,
+            location=location)
+    row = []
+    for _, p in named:
+        row.extend(_fingerprint(p))
+    table = comm.all_gather_ints(row, op, location) if row else []
+    width = len(row)
+    per_rank = [table[r * width:(r + 1) * width]
+                for r in range(comm.world_size)]
+    problems = []
+    for i, (name, _) in enumerate(named):
+        groups = {}
+        for r in range(comm.world_size):
+            key = tuple(per_rank[r][i * _WIDTH:(i + 1) * _WIDTH])
+            groups.setdefault(key, []).append(r)
+        if len(groups) == 1:
+            continue
+        parts = []
+        for key, ranks in sorted(groups.items(), key=lambda kv: kv[1]):
+            what = "no gradient" if key[0] == 0 else (
+                "%d elements" % key[1] if len({k[1] for k in groups}) > 1
+                else "one value")
+            parts.append("%s (%s)" % (_ranks(ranks), what))
+        problems.append("%s differs: %s" % (name, " vs ".join(parts)))
+    if problems:
+        raise make_error(
+            "gradients differ between ranks for %d of %d parameters: %s" %
+            (len(problems), len(named), "; ".join(problems)),
+            "Wrap the module that owns them in DDP, or give them dloss's "
+            "global gradient (dloss losses do for their own parameters); "
+            "check for code that runs backward or edits .grad on some ranks "
+            "only", rank=comm.rank, op=op, location=location)
