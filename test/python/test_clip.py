@@ -1,0 +1,199 @@
+"""dloss.ClipLoss against OpenCLIP's exact mode (local_loss=True,
+gather_with_grad=True, written here in eager torch) on real Gloo ranks, and
+against one process on the concatenated global batch: value on every rank,
+per-rank gradients (the ddp contract), logit_scale's shares, logit_bias,
+output_dict; world sizes 1, 2 and 4, even and uneven batches, float64 and
+float32, fused and unfused; a rank with an empty batch."""
+
+import sys
+import unittest
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import multiproc
+
+DIM = 16
+# Per world size: the per-rank batches to run (even, then uneven ones).
+SIZES = {
+    1: [[6]],
+    2: [[4, 4], [5, 2]],
+    4: [[3, 3, 3, 3], [5, 3, 6, 2], [4, 0, 3, 2]],  # a rank with no rows
+}
+TOL = {torch.float64: 1e-10, torch.float32: 2e-5}
+
+
+def offsets(sizes):
+    out = [0]
+    for n in sizes:
+        out.append(out[-1] + n)
+    return out
+
+
+def rel(a, b):
+    """max |a - b| / max |b|: the relative error of `a` against `b`."""
+    scale = b.abs().max().item()
+    return (a - b).abs().max().item() / (scale if scale > 0 else 1.0)
+
+
+def global_data(sizes, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    total = sum(sizes)
+    image = F.normalize(torch.randn(total, DIM, generator=g, dtype=torch.float64))
+    text = F.normalize(torch.randn(total, DIM, generator=g, dtype=torch.float64))
+    scale = torch.tensor(7.5, dtype=torch.float64)
+    return image.to(dtype), text.to(dtype), scale.to(dtype)
+
+
+class GatherWithGrad(torch.autograd.Function):
+    """torch.distributed.nn's all_gather, for uneven first dimensions: the
+    backward sums every rank's cotangent and keeps this rank's block (what
+    OpenCLIP's gather_with_grad=True does)."""
+
+    @staticmethod
+    def forward(ctx, x, sizes):
+        ctx.sizes = sizes
+        padded = x.new_zeros((max(sizes),) + tuple(x.shape[1:]))
+        padded[:x.shape[0]] = x
+        blocks = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(blocks, padded)
+        return torch.cat([b[:n] for b, n in zip(blocks, sizes)])
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad)
+        start = offsets(ctx.sizes)[dist.get_rank()]
+        return grad[start:start + ctx.sizes[dist.get_rank()]], None
+
+
+def open_clip_exact(image, text, scale, sizes):
+    """OpenCLIP's ClipLoss with local_loss=True, gather_with_grad=True, the
+    labels fixed for uneven batches (this rank's offset + arange). OpenCLIP
+    takes the mean over the local rows; with uneven batches the rank's loss is
+    weighted by n_r * N / B so that the mean over ranks is the global loss
+    (with even batches the weight is 1: OpenCLIP's own value)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    all_image = GatherWithGrad.apply(image, sizes)
+    all_text = GatherWithGrad.apply(text, sizes)
+    logits_per_image = scale * image @ all_text.T
+    logits_per_text = scale * text @ all_image.T
+    labels = offsets(sizes)[rank] + torch.arange(image.shape[0])
+    loss = (F.cross_entropy(logits_per_image, labels) +
+            F.cross_entropy(logits_per_text, labels)) / 2
+    return loss * (image.shape[0] * world / sum(sizes))
+
+
+def single_process(image, text, scale):
+    """The loss of the global batch in one process, and its gradients."""
+    image = image.clone().requires_grad_()
+    text = text.clone().requires_grad_()
+    scale = scale.clone().requires_grad_()
+    logits = scale * image @ text.T
+    labels = torch.arange(image.shape[0])
+    loss = (F.cross_entropy(logits, labels) +
+            F.cross_entropy(logits.T, labels)) / 2
+    loss.backward()
+    return loss.detach(), image.grad, text.grad, scale.grad
+
+
+def _clip_rank(rank, world, cases):
+    import dloss
+    results = []
+    for sizes, dtype, seed, fuse in cases:
+        image, text, scale = global_data(sizes, dtype, seed)
+        start, n = offsets(sizes)[rank], sizes[rank]
+        loss_fn = dloss.ClipLoss(local_loss=True, gather_with_grad=True,
+                                 rank=rank, world_size=world, fuse=fuse)
+        x = image[start:start + n].clone().requires_grad_()
+        y = text[start:start + n].clone().requires_grad_()
+        s = scale.clone().requires_grad_()
+        bias = torch.tensor(-2.0, dtype=dtype, requires_grad=True)
+        out = loss_fn(x, y, s, logit_bias=bias, output_dict=True)
+        loss = out["contrastive_loss"]
+        loss.backward()
+        # OpenCLIP's exact mode on the same ranks.
+        xr = image[start:start + n].clone().requires_grad_()
+        yr = text[start:start + n].clone().requires_grad_()
+        sr = scale.clone().requires_grad_()
+        ref = open_clip_exact(xr, yr, sr, sizes)
+        ref.backward()
+        ref_value = ref.detach().clone()
+        dist.all_reduce(ref_value)
+        results.append(dict(
+            keys=sorted(out), loss=loss.detach(), x=x.grad, y=y.grad,
+            s=s.grad, bias=bias.grad, ref_loss=ref_value / world,
+            ref_x=xr.grad, ref_y=yr.grad, ref_s=sr.grad))
+    return results
+
+
+def _cases(world):
+    return [(sizes, dtype, 10 * world + i, fuse)
+            for i, sizes in enumerate(SIZES[world])
+            for dtype in (torch.float64, torch.float32)
+            for fuse in (True, False)]
+
+
+class ClipLossTest(unittest.TestCase):
+    worst = {}
+
+    def check_world(self, world):
+        cases = _cases(world)
+        per_rank = multiproc.run(world, _clip_rank, cases)
+        for i, (sizes, dtype, seed, fuse) in enumerate(cases):
+            what = "world %d sizes %s %s fuse=%s" % (world, sizes, dtype, fuse)
+            tol = TOL[dtype]
+            image, text, scale = global_data(sizes, dtype, seed)
+            value, gx, gy, gs = single_process(image, text, scale)
+            got = [r[i] for r in per_rank]
+            worst = 0.0
+            share_sum = sum(g["s"] for g in got)
+            for rank, g in enumerate(got):
+                with self.subTest(what=what, rank=rank):
+                    self.assertEqual(g["keys"], ["contrastive_loss"])
+                    # The global loss, bit for bit the same on every rank.
+                    self.assertTrue(torch.equal(g["loss"], got[0]["loss"]))
+                    self.assertEqual(g["loss"].dim(), 0)
+                    self.assertLess(rel(g["loss"], value), tol)
+                    self.assertLess(rel(g["ref_loss"], value), tol)
+                    # ddp contract: N * dF/dx_r, OpenCLIP exact mode's grads.
+                    lo, n = offsets(sizes)[rank], sizes[rank]
+                    for mine, single, ref in (
+                            (g["x"], gx[lo:lo + n], g["ref_x"]),
+                            (g["y"], gy[lo:lo + n], g["ref_y"])):
+                        self.assertEqual(mine.dtype, dtype)
+                        err = rel(mine / world, single)
+                        worst = max(worst, err)
+                        self.assertLess(err, tol)
+                        self.assertLess(rel(mine, ref), tol)
+                    # logit_scale: this rank's share of N * dF/ds, OpenCLIP's
+                    # per-rank gradient.
+                    self.assertLess(rel(g["s"], g["ref_s"]), tol)
+                    # A bias shifts every logit alike: no gradient.
+                    self.assertIsNotNone(g["bias"])
+                    self.assertEqual(g["bias"].item(), 0.0)
+            err = rel(share_sum / world, gs)
+            worst = max(worst, err)
+            self.assertLess(err, tol, what)
+            key = (world, str(dtype).replace("torch.", ""))
+            self.worst[key] = max(self.worst.get(key, 0.0), worst)
+
+    def test_world_1(self):
+        self.check_world(1)
+
+    def test_world_2(self):
+        self.check_world(2)
+
+    def test_world_4(self):
+        self.check_world(4)
+
+    @classmethod
+    def tearDownClass(cls):
+        for (world, dtype), err in sorted(cls.worst.items()):
+            print("METRIC clip world=%d %s worst_grad_rel=%.3g" %
+                  (world, dtype, err), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
