@@ -33,6 +33,8 @@ def offsets(sizes):
 
 def rel(a, b):
     """max |a - b| / max |b|: the relative error of `a` against `b`."""
+    if b.numel() == 0:
+        return 0.0 if a.shape == b.shape else float("inf")
     scale = b.abs().max().item()
     return (a - b).abs().max().item() / (scale if scale > 0 else 1.0)
 
@@ -80,9 +82,11 @@ def open_clip_exact(image, text, scale, sizes):
     logits_per_image = scale * image @ all_text.T
     logits_per_text = scale * text @ all_image.T
     labels = offsets(sizes)[rank] + torch.arange(image.shape[0])
-    loss = (F.cross_entropy(logits_per_image, labels) +
-            F.cross_entropy(logits_per_text, labels)) / 2
-    return loss * (image.shape[0] * world / sum(sizes))
+    # mean * n_r == sum, which stays finite on a rank with no rows (where
+    # OpenCLIP's mean is nan).
+    loss = (F.cross_entropy(logits_per_image, labels, reduction="sum") +
+            F.cross_entropy(logits_per_text, labels, reduction="sum")) / 2
+    return loss * (world / sum(sizes))
 
 
 def single_process(image, text, scale):
