@@ -5,7 +5,6 @@ per-rank gradients (the ddp contract), logit_scale's shares, logit_bias,
 output_dict; world sizes 1, 2 and 4, even and uneven batches, float64 and
 float32, fused and unfused; a rank with an empty batch."""
 
-import sys
 import unittest
 
 import torch
@@ -13,6 +12,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import multiproc
+from loss_reference import GatherWithGrad, offsets, rel, report
 
 DIM = 16
 # Per world size: the per-rank batches to run (even, then uneven ones).
@@ -24,50 +24,15 @@ SIZES = {
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5}
 
 
-def offsets(sizes):
-    out = [0]
-    for n in sizes:
-        out.append(out[-1] + n)
-    return out
-
-
-def rel(a, b):
-    """max |a - b| / max |b|: the relative error of `a` against `b`."""
-    if b.numel() == 0:
-        return 0.0 if a.shape == b.shape else float("inf")
-    scale = b.abs().max().item()
-    return (a - b).abs().max().item() / (scale if scale > 0 else 1.0)
-
-
 def global_data(sizes, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     total = sum(sizes)
-    image = F.normalize(torch.randn(total, DIM, generator=g, dtype=torch.float64))
-    text = F.normalize(torch.randn(total, DIM, generator=g, dtype=torch.float64))
+    image = F.normalize(torch.randn(total, DIM, generator=g,
+                                    dtype=torch.float64))
+    text = F.normalize(torch.randn(total, DIM, generator=g,
+                                   dtype=torch.float64))
     scale = torch.tensor(7.5, dtype=torch.float64)
     return image.to(dtype), text.to(dtype), scale.to(dtype)
-
-
-class GatherWithGrad(torch.autograd.Function):
-    """torch.distributed.nn's all_gather, for uneven first dimensions: the
-    backward sums every rank's cotangent and keeps this rank's block (what
-    OpenCLIP's gather_with_grad=True does)."""
-
-    @staticmethod
-    def forward(ctx, x, sizes):
-        ctx.sizes = sizes
-        padded = x.new_zeros((max(sizes),) + tuple(x.shape[1:]))
-        padded[:x.shape[0]] = x
-        blocks = [torch.empty_like(padded) for _ in sizes]
-        dist.all_gather(blocks, padded)
-        return torch.cat([b[:n] for b, n in zip(blocks, sizes)])
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad)
-        start = offsets(ctx.sizes)[dist.get_rank()]
-        return grad[start:start + ctx.sizes[dist.get_rank()]], None
 
 
 def open_clip_exact(image, text, scale, sizes):
@@ -194,10 +159,8 @@ class ClipLossTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        for (world, dtype), err in sorted(cls.worst.items()):
-            print("METRIC clip world=%d %s worst_grad_rel=%.3g" %
-                  (world, dtype, err), file=sys.stderr)
-
+        report("clip grad", {"world=%d %s" % k: v
+                             for k, v in cls.worst.items()})
 
 if __name__ == "__main__":
     unittest.main()
