@@ -1,5 +1,9 @@
 // dloss-bench-eager-clip: the eager LibTorch baseline of OpenCLIP's ClipLoss
 // with local_loss=True and gather_with_grad=True, as one rank of a job.
+// Built a second time with DLOSS_BENCH_JIT as dloss-bench-jit-clip: the same
+// rank, data and timing, calling dloss::jit::compile(losses::clip()) instead
+// (the C++ JIT that `import dloss` wraps; bench/python_clip_bench.py measures
+// the Python layer's overhead against it).
 //
 // Rank r holds random L2-normalised image and text features [B_local, d]
 // (requires_grad) and a replicated logit scale. Per call:
@@ -25,6 +29,10 @@
 // whether it did), plus peak_rss_mb, the rank's total peak RSS. All three are
 // measured as dloss-run measures them (CallTiming.h, LossMemory.h).
 #include "runtime/comm/Communicator.h"
+#ifdef DLOSS_BENCH_JIT
+#include "frontend/Jit.h"
+#include "frontend/Losses.h"
+#endif
 #include "tools/dloss-run/CallTiming.h"
 #include "tools/dloss-run/LossMemory.h"
 
@@ -90,7 +98,7 @@ int runRank(const Options &o) {
   if (o.threads > 0)
     at::set_num_threads(o.threads);
   auto rendezvous = dloss::RendezvousOptions::fromEnvironment();
-  std::unique_ptr<dloss::Communicator> comm = dloss::connectGloo(rendezvous);
+  std::shared_ptr<dloss::Communicator> comm = dloss::connectGloo(rendezvous);
   gComm = comm.get();
   int rank = comm->rank(), world = comm->worldSize();
 
@@ -109,6 +117,22 @@ int runRank(const Options &o) {
       torch::arange(o.bLocal, torch::kLong) + o.bLocal * rank;
 
   double loss = 0;
+#ifdef DLOSS_BENCH_JIT
+  const char *impl = "jit";
+  dloss::jit::Options jitOptions;
+  jitOptions.communicator = comm;
+  dloss::CompiledLoss clip =
+      dloss::jit::compile(dloss::losses::clip(), jitOptions);
+  auto step = [&]() {
+    image.mutable_grad() = torch::Tensor();
+    text.mutable_grad() = torch::Tensor();
+    scale.mutable_grad() = torch::Tensor();
+    torch::Tensor l = clip({image, text, scale});
+    l.backward();
+    loss = l.item<double>();
+  };
+#else
+  const char *impl = "eager";
   auto step = [&]() {
     image.mutable_grad() = torch::Tensor();
     text.mutable_grad() = torch::Tensor();
@@ -124,6 +148,7 @@ int runRank(const Options &o) {
     l.backward();
     loss = l.item<double>();
   };
+#endif
 
   // Baseline: inputs built, peers met, right before the first call.
   auto memory = dloss::tools::LossMemory::start();
@@ -132,7 +157,7 @@ int runRank(const Options &o) {
 
   std::ostringstream json;
   json.precision(9);
-  json << "{\"impl\": \"eager\", \"rank\": " << rank
+  json << "{\"impl\": \"" << impl << "\", \"rank\": " << rank
        << ", \"world_size\": " << world << ", \"b_local\": " << o.bLocal
        << ", \"d\": " << o.dim << ", \"iters\": " << o.iters
        << ", \"loss\": " << loss << ", \"median_ms\": " << median
