@@ -182,7 +182,7 @@ class MarginLossTest(unittest.TestCase):
                     self.assertTrue(torch.equal(g["loss"], got[0]["loss"]))
                     self.assertLess(rel(g["loss"], value), tol)
                     lo, n = offsets(sizes)[rank], sizes[rank]
-                    err = max(rel(g["x"] / world, gx[lo:lo + n]),
+                    err = max(rel(g["x"] / world, gx[lo:lo + n], gx),
                               rel(g["W"], gW))
                     worst = max(worst, err)
                     self.assertLess(err, tol)
