@@ -84,15 +84,9 @@ auto atSite(const std::string &op, const std::string &location, Body &&body) {
   return body();
 }
 
-Reduction reductionFromName(const std::string &name) {
-  if (name == "sum")
-    return Reduction::Sum;
-  if (name == "mean")
-    return Reduction::Mean;
-  if (name == "max")
-    return Reduction::Max;
-  if (name == "min")
-    return Reduction::Min;
+Reduction reduction(const std::string &name) {
+  if (std::optional<Reduction> op = reductionFromName(name))
+    return *op;
   throw Error("unknown reduction '" + name + "'",
               "Use 'sum', 'mean', 'max' or 'min'");
 }
@@ -123,7 +117,7 @@ void bindCommunicator(py::module_ &m) {
              int64_t axis, const std::vector<int64_t> &sizes,
              const std::string &op, const std::string &location) {
             return atSite(op, location, [&] {
-              return c.reduceScatter(x, reductionFromName(kind), axis, sizes);
+              return c.reduceScatter(x, reduction(kind), axis, sizes);
             });
           },
           py::arg("tensor"), py::arg("kind"), py::arg("axis"),
@@ -134,7 +128,7 @@ void bindCommunicator(py::module_ &m) {
           [](Communicator &c, const at::Tensor &x, const std::string &kind,
              const std::string &op, const std::string &location) {
             return atSite(op, location, [&] {
-              return c.allReduce(x, reductionFromName(kind));
+              return c.allReduce(x, reduction(kind));
             });
           },
           py::arg("tensor"), py::arg("kind") = "sum",
@@ -245,14 +239,14 @@ void bindGraph(py::module_ &m) {
           "all_reduce",
           [at](G &g, Tensor x, const std::string &kind, const std::string &file,
                int line) {
-            return g.allReduce(x, reductionFromName(kind), at(file, line));
+            return g.allReduce(x, reduction(kind), at(file, line));
           },
           py::keep_alive<0, 1>())
       .def(
           "reduce_scatter",
           [at](G &g, Tensor x, const std::string &kind, int64_t axis,
                const std::string &file, int line) {
-            return g.reduceScatter(x, reductionFromName(kind), axis,
+            return g.reduceScatter(x, reduction(kind), axis,
                                    std::nullopt, at(file, line));
           },
           py::keep_alive<0, 1>())
@@ -369,7 +363,7 @@ void bindGraph(py::module_ &m) {
           "reduce",
           [at](G &g, Tensor x, const std::string &kind,
                std::vector<int64_t> axes, const std::string &file, int line) {
-            return g.reduce(x, reductionFromName(kind), std::move(axes),
+            return g.reduce(x, reduction(kind), std::move(axes),
                             at(file, line));
           },
           py::keep_alive<0, 1>())

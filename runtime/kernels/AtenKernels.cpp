@@ -37,14 +37,8 @@ int64_t normalizeAxis(int64_t axis, int64_t rank) {
 }
 
 Reduction parseReduction(const std::string &kind) {
-  if (kind == "sum")
-    return Reduction::Sum;
-  if (kind == "mean")
-    return Reduction::Mean;
-  if (kind == "max")
-    return Reduction::Max;
-  if (kind == "min")
-    return Reduction::Min;
+  if (std::optional<Reduction> op = reductionFromName(kind))
+    return *op;
   fail("unknown reduction kind '" + kind + "' (expected sum, mean, max or min)",
        kPlanBugHint);
 }
