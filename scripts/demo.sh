@@ -1,25 +1,29 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: install, build, then run the fused CLIP loss
-# on 4 local ranks (processes, Gloo on loopback) with uneven batches, check its
-# gradients against one process on the concatenated global batch, and check
-# the fused plan against the unfused one on the same inputs.
+# The main job on a fresh machine (README, "The two commands"): install,
+# build, then train with `import dloss` on 4 local processes (DDP over Gloo on
+# loopback), uneven batches at every step:
+#   1. a two-tower CLIP model with dloss.ClipLoss,
+#   2. a classifier with dloss.ArcFaceLoss, its W outside DDP,
+# each beside the same training in one process on the global batch (the
+# parameters must match: PASS/FAIL, non-zero exit on FAIL) and beside the
+# usual hand-written distributed loss, which drifts away. Loss curves go to
+# $DLOSS_DEMO_OUT (default build/demo-python). The scripts are
+# examples/python/train_clip.py and train_arcface.py.
+# The compiler-level demo (derived backward, report, dloss-run) is
+# scripts/compiler-demo.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
 bash scripts/build.sh >/dev/null
-BUILD=${DLOSS_BUILD_DIR:-build}
+BUILD=$(cd "${DLOSS_BUILD_DIR:-build}" && pwd)
+OUT=${DLOSS_DEMO_OUT:-$BUILD/demo-python}
+export PYTHONPATH="$BUILD/python" OMP_NUM_THREADS=1
 
-echo "== dlossc: the derived backward of examples/clip.mlir, fused (excerpt)"
-"$BUILD/bin/dlossc" examples/clip.mlir --emit=backward | grep -E "func.func|dloss.ring_|world_size" | cut -c1-150
+echo "== CLIP: DDP + dloss.ClipLoss on 4 ranks, uneven batches; then OpenCLIP-style hand-written gathering"
+/usr/bin/python3 examples/python/launch.py --nproc 4 examples/python/train_clip.py --out "$OUT"
 
-echo "== dlossc --report: fused vs unfused at B_local=4096, 4 ranks, d=256 (summary)"
-"$BUILD/bin/dlossc" examples/clip.mlir --report --report-world 4 --report-batch 4096 --report-dim 256 | grep -E "^@"
+echo "== ArcFace: DDP backbone + dloss.ArcFaceLoss (W outside DDP) on 4 ranks; then PML's ArcFace per rank"
+/usr/bin/python3 examples/python/launch.py --nproc 4 examples/python/train_arcface.py --out "$OUT"
 
-echo "== dloss-run: fused CLIP on 4 ranks, batches 256/192/320/128, d=128, --check"
-/usr/bin/python3 examples/run_example.py "$BUILD/bin/dloss-run" examples/clip.mlir \
-  --sizes 256,192,320,128 --dim 128 --iters 10 --out "$BUILD/demo"
-
-echo "== fused vs unfused (--no-fuse) on the same inputs"
-/usr/bin/python3 test/e2e/fused_vs_unfused.py "$BUILD/bin/dloss-run" "$BUILD/bin/dlossc" \
-  examples/clip.mlir --sizes 256,192,320,128 --dim 128 --out "$BUILD/demo-fused" | tail -1
+echo "== done: loss curves in $OUT; compiler-level output: bash scripts/compiler-demo.sh"
