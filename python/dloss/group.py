@@ -45,7 +45,8 @@ def _default_timeout():
 def set_timeout(seconds=None, flight_dir=None):
     """Sets the deadline of every dloss collective (seconds; default 300, or
     ``DLOSS_TIMEOUT_S``) and where a failed collective writes its flight
-    record (default: the current directory; ``"off"``: nowhere). Applies to
+    record (default: ``DLOSS_FLIGHT_DIR``, else the current directory;
+    ``"off"``: nowhere). Applies to
     groups dloss has not used yet; call it on every rank."""
     if seconds is not None and not seconds > 0:
         raise make_error("timeout must be positive, got %r" % (seconds,),
@@ -95,9 +96,10 @@ def communicator(group=None):
         entry = _communicators.get(id(group))
         if entry is not None and entry[0] is group:
             return entry[1]
-        comm = _C.process_group_communicator(
-            group, _store_of(group), _default_timeout(),
-            _settings["flight_dir"] or "")
+        flight_dir = _settings["flight_dir"] or os.environ.get(
+            "DLOSS_FLIGHT_DIR", "")
+        comm = _C.process_group_communicator(group, _store_of(group),
+                                             _default_timeout(), flight_dir)
         _communicators[id(group)] = (group, comm)
         return comm
 
