@@ -1,6 +1,8 @@
 """dloss.all_gather and TorchMetrics' gather_all_tensors, with exact
 autograd and uneven first dimensions."""
 
+import zlib
+
 import torch
 
 from .errors import caller_location, make_error
@@ -8,14 +10,27 @@ from .group import communicator
 
 # The shape exchange: [ndim, dtype, sizes...] padded to a fixed length.
 _MAX_DIMS = 16
-_DTYPE_CODES = {}
 
 
 def _dtype_code(dtype):
-    return _DTYPE_CODES.setdefault(dtype, len(_DTYPE_CODES) + 1)
+    # The same number in every process, whatever dtypes it has seen before
+    # (a code numbered by first use differs between ranks, and then a dtype
+    # mismatch goes unseen and aborts inside Gloo).
+    return zlib.crc32(str(dtype).encode()) & 0x7FFFFFFF
+
+
+def _dtype_name(code):
+    for value in vars(torch).values():
+        if isinstance(value, torch.dtype) and _dtype_code(value) == code:
+            return str(value)
+    return "another dtype"
 
 
 def _exchange_shapes(comm, x, location, op):
+    """Every rank's first dimension (1 for a 0-d tensor), after checking on
+    every rank that all ranks' tensors agree in all else: number of dims,
+    the dims after the first, dtype. A disagreement raises the same
+    dloss.Error on every rank."""
     if x.dim() > _MAX_DIMS:
         problem = "%s takes tensors of at most %d dims, got %d" % (
             op, _MAX_DIMS, x.dim())
@@ -37,24 +52,30 @@ def _exchange_shapes(comm, x, location, op):
             "Reshape before gathering", rank=comm.rank, op=op,
             location=location)
 
-    def describe(row):
-        return "[%s]" % ", ".join(str(v) for v in row[2:2 + row[0]])
+    def describe(row, other):
+        if row[0] == 0:
+            shape = "a 0-d tensor"
+        else:
+            shape = "[%s]" % ", ".join(str(v) for v in row[2:2 + row[0]])
+        if row[1] != other[1]:
+            shape += " of " + _dtype_name(row[1])
+        return shape
 
     mine = rows[comm.rank]
     for r, row in enumerate(rows):
-        if row[0] != mine[0] or row[1] != mine[1] or (
-                row[0] > 0 and row[3:2 + row[0]] != mine[3:2 + mine[0]]):
-            same_dtype = row[1] == mine[1]
+        # Each rank compares every row with its own: when any two rows
+        # differ, every rank finds a row unlike its own.
+        if row[0] != mine[0] or row[1] != mine[1] or \
+                row[3:2 + row[0]] != mine[3:2 + mine[0]]:
             raise make_error(
                 "the ranks' tensors disagree beyond the first dimension: "
-                "rank %d has %s%s, rank %d has %s%s" %
-                (comm.rank, describe(mine), "" if same_dtype else
-                 " " + str(x.dtype), r, describe(row),
-                 "" if same_dtype else " (another dtype)"),
+                "rank %d has %s, rank %d has %s" %
+                (comm.rank, describe(mine, row), r, describe(row, mine)),
                 "Only the first dimension (the batch) may differ between "
-                "ranks; every other dimension and the dtype must agree",
+                "ranks; the number of dimensions, every other dimension "
+                "and the dtype must agree",
                 rank=comm.rank, op=op, location=location)
-    return [row[2] for row in rows] if mine[0] > 0 else None
+    return [row[2] if row[0] > 0 else 1 for row in rows]
 
 
 class _AllGather(torch.autograd.Function):
@@ -80,10 +101,10 @@ def _gather(x, group, op):
                          (op, type(x).__name__), "Pass a torch.Tensor")
     location = caller_location(3)
     comm = communicator(group)
-    scalar = x.dim() == 0
+    sizes = _exchange_shapes(comm, x, location, op)
+    scalar = x.dim() == 0  # then every rank's is (checked above)
     if scalar:
         x = x.reshape(1)
-    sizes = _exchange_shapes(comm, x, location, op)
     return _AllGather.apply(x, comm, sizes, location), sizes, scalar
 
 
@@ -91,7 +112,8 @@ def all_gather(x, group=None):
     """Every rank's `x` concatenated along the first dimension, in rank
     order, on every rank. The first dimension may differ between ranks (the
     last, smaller batch); the others and the dtype must agree (a mismatch
-    raises dloss.Error on every rank).
+    raises dloss.Error on every rank). A 0-d `x` is one row: the result has
+    one element per rank.
 
     Autograd is exact: the gradient reaches every rank's input, not only the
     local slot (unlike torch.distributed.all_gather, which drops it, and
