@@ -8,7 +8,7 @@ one process on the concatenated global batch, per the gradient contract.
 usage: run_example.py DLOSS_RUN EXAMPLE.mlir --sizes 5,3,7,1 [--grad-mode global]
                       [--dim 16] [--iters 1] [--out DIR]
 
-The README's main job (scripts/demo.sh) and the end-to-end tests
+The compiler-level demo (scripts/compiler-demo.sh) and the end-to-end tests
 (test/e2e) both use it.
 """
 import argparse
