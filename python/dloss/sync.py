@@ -7,9 +7,36 @@ from .errors import caller_location, make_error
 from .group import communicator
 
 # Per parameter: whether it has a gradient, its element count, and two
-# integer checksums of its bytes (a plain sum and a position-weighted one),
-# so any changed byte changes the fingerprint.
+# checksums of its bytes. Each sums the gradient's 16-bit words times
+# pseudo-random weights, so that changes cancel only by chance (about 2^-24
+# for each checksum), where a plain or position-weighted sum misses small
+# patterns such as +1, -1, -1, +1 ulp on four elements.
 _WIDTH = 4
+_CHUNK = 1 << 20  # words per step: bounds the temporaries to a few MB
+_MODULUS = (1 << 61) - 1  # the checksums cross as int64
+_SALTS = (0x2545F491, 0x6C078965)
+_chunk_weights = {}  # device -> [2, _CHUNK] int32
+
+
+def _hash(values, salt):
+    """A multiply-xorshift hash of non-negative values below 2^31 into
+    [1, 2^24]; every product stays below 2^63 (no int64 overflow)."""
+    h = (values * 0x9E3779B1 + salt) & 0xFFFFFFFF
+    h = h ^ (h >> 16)
+    h = (h * 0x45D9F3B) & 0xFFFFFFFF
+    h = h ^ (h >> 16)
+    return (h & 0xFFFFFF) + 1
+
+
+def _weights(device):
+    """The weights of a chunk's word positions, made once per device."""
+    w = _chunk_weights.get(device)
+    if w is None:
+        positions = torch.arange(_CHUNK, device=device)
+        w = torch.stack([_hash(positions, s) for s in _SALTS]).to(
+            torch.int32)
+        _chunk_weights[device] = w
+    return w
 
 
 def _named(params_or_module):
@@ -29,10 +56,22 @@ def _fingerprint(p):
     g = p.grad if isinstance(p, torch.Tensor) else None
     if g is None:
         return [0, 0, 0, 0]
-    data = g.detach().contiguous().reshape(-1).view(torch.uint8).to(
-        torch.int64)
-    weights = torch.arange(data.numel(), device=data.device) % 65521 + 1
-    return [1, g.numel(), int(data.sum()), int((data * weights).sum())]
+    data = g.detach().contiguous().reshape(-1).view(torch.uint8)
+    words = data.view(torch.int16) if data.numel() % 2 == 0 else data
+    weights = _weights(words.device)
+    sums = []
+    for start in range(0, words.numel(), _CHUNK):
+        chunk = words[start:start + _CHUNK].to(torch.int64)
+        # |word| < 2^15, weight <= 2^24, 2^20 terms: below 2^60.
+        sums.append((chunk * weights[:, :chunk.numel()]).sum(1))
+    # Chunk k's sums count m_k times (pseudo-random multipliers mod a
+    # prime), so that equal changes in two chunks do not cancel either.
+    totals = [0, 0]
+    for k, pair in enumerate(torch.stack(sums).tolist() if sums else []):
+        for i, value in enumerate(pair):
+            totals[i] = (totals[i] + value * (
+                _hash(k % 0x7FFFFFFF, _SALTS[i]) << 37 | k + 1)) % _MODULUS
+    return [1, g.numel(), totals[0], totals[1]]
 
 
 def _ranks(ranks):
@@ -45,8 +84,9 @@ def assert_grads_synced(params_or_module, group=None):
     identical on every rank.
 
     Call it after ``backward()`` (and after DDP has reduced). It exchanges
-    one small collective of per-tensor fingerprints, so it costs a pass over
-    the gradients and no gradient traffic. The error names each parameter
+    one small collective of per-tensor fingerprints (two checksums: a
+    difference goes unseen with a chance of about 2^-48), so it costs a pass
+    over the gradients and no gradient traffic. The error names each parameter
     that differs and which ranks agree with which, which is how a
     desynchronised parameter (a loss parameter outside DDP, a teacher updated
     on one rank, a gradient hook that runs on some ranks) is found. Takes a
@@ -81,10 +121,10 @@ def assert_grads_synced(params_or_module, group=None):
         if len(groups) == 1:
             continue
         parts = []
+        sizes = {k[1] for k in groups if k[0]}
         for key, ranks in sorted(groups.items(), key=lambda kv: kv[1]):
             what = "no gradient" if key[0] == 0 else (
-                "%d elements" % key[1] if len({k[1] for k in groups}) > 1
-                else "one value")
+                "%d elements" % key[1] if len(sizes) > 1 else "one value")
             parts.append("%s (%s)" % (_ranks(ranks), what))
         problems.append("%s differs: %s" % (name, " vs ".join(parts)))
     if problems:
