@@ -40,8 +40,12 @@ struct ExecutorOptions {
 /// runtime does not support is reported before anything runs. run() is
 /// collective: every rank calls it with the same function, in the same
 /// order. It starts with a preflight (one allGatherInts) in which the ranks
-/// compare the plan fingerprint, the function and the inputs' dtypes and
-/// shapes; a mismatch on any rank raises the same dloss::Error on every rank.
+/// compare the plan fingerprint, the function and the inputs' dtypes,
+/// shapes and devices, and each rank's own checks of its inputs (devices it
+/// computes on, one device per call, no input that requires grad without
+/// getting one from a gradient function, indices within the statically
+/// sized dimension they index); a mismatch or a failed check on any rank
+/// raises the same dloss::Error on every rank. Inputs may have any strides.
 /// An executor is not thread-safe (its communicator is not either).
 class Executor {
 public:
@@ -67,9 +71,12 @@ public:
   /// plans still meet in a well-formed collective and report the mismatch.
   static constexpr size_t kPreflightArgs = 32;
   static constexpr size_t kPreflightDims = 8;
-  static constexpr size_t kPreflightHeader = 14;
+  static constexpr size_t kPreflightHeader = 15;
+  /// Per input: dtype, number of dims, device, then kPreflightDims sizes.
+  static constexpr size_t kPreflightSlotFields = 3;
   static constexpr size_t kPreflightLength =
-      kPreflightHeader + kPreflightArgs * (2 + kPreflightDims);
+      kPreflightHeader +
+      kPreflightArgs * (kPreflightSlotFields + kPreflightDims);
 
 private:
   struct BoundStep {

@@ -370,6 +370,110 @@ TEST(ExecutorTest, PreflightRejectsBadInputsNamingTheArgument) {
                            "does not have (it has @f)");
 }
 
+/// @f_grad, the gradient of @f with respect to x only: x f32 [?, 5],
+/// labels i64 [?] indexing x's 5 columns, and w f32 [?], not
+/// differentiated. @plain is the same body as an ordinary function.
+std::vector<FunctionSpec> labelledFunctions() {
+  FunctionSpec grad;
+  grad.name = "f_grad";
+  grad.gradMode = "global";
+  grad.gradientOf = "f";
+  grad.gradArguments = {0};
+  grad.args = {tensorArg("x", at::zeros({1, 5}), {0}),
+               tensorArg("labels", at::zeros({1}, at::kLong), {0}),
+               tensorArg("w", at::zeros({1}), {0})};
+  grad.numRegisters = 4;
+  grad.steps = {StepSpec{
+      "dloss.take_along", {0, 1}, {3}, {intAttr("axis", -1)}, "loss.mlir:4:7"}};
+  grad.results = {3, 0};
+  FunctionSpec plain = grad;
+  plain.name = "plain";
+  plain.gradMode = "";
+  plain.gradientOf = "";
+  plain.gradArguments = {};
+  return {grad, plain};
+}
+
+// The preflight's own checks of each input: the devices it computes on, an
+// input that requires grad but gets none, and labels outside the statically
+// sized dimension they index (found through the plan, not the kernel).
+TEST(ExecutorTest, PreflightChecksDevicesGradientsAndIndexRanges) {
+  auto comm = dloss::makeSingleProcessCommunicator();
+  Executor executor(buildPlan(labelledFunctions()), *comm);
+  at::Tensor x = at::arange(15, at::kFloat).reshape({3, 5});
+  at::Tensor labels = at::tensor({0, 4, 2}, at::kLong);
+  at::Tensor w = at::ones({3});
+  std::vector<at::Tensor> good = executor.run("f_grad", {x, labels, w});
+  EXPECT_TRUE(at::equal(good[0], at::tensor({0.0f, 9.0f, 12.0f})));
+  // A differentiated input may require grad.
+  executor.run("f_grad", {x.clone().requires_grad_(), labels, w});
+  // An ordinary function does not return gradients: nothing to check.
+  executor.run("plain", {x, labels, w.clone().requires_grad_()});
+
+  struct Case {
+    const char *name;
+    std::vector<at::Tensor> inputs;
+    std::string expected;
+    std::string hint;
+  };
+  std::vector<Case> cases = {
+      {"label too large",
+       {x, at::tensor({0, 5, 2}, at::kLong), w},
+       "rank 0 passed argument 1 (labels) with value 5 at [1], outside [0, "
+       "5): it indexes axis 1 (size 5) of dloss.take_along at "
+       "loss.mlir:4:7",
+       "Indices (labels, targets) must lie in [0, size)"},
+      {"negative label",
+       {x, at::tensor({0, 1, -3}, at::kLong), w},
+       "rank 0 passed argument 1 (labels) with value -3 at [2], outside [0, "
+       "5)",
+       "check the labels those ranks passed"},
+      {"requires grad, not differentiated",
+       {x, labels, w.clone().requires_grad_()},
+       "rank 0 passed argument 2 (w) as f32 [3] requiring grad, but @f is "
+       "not differentiated with respect to it (only with respect to x): no "
+       "gradient would reach it",
+       "Pass the input detached (x.detach())"},
+      {"requires grad and the wrong dtype",
+       {x, labels.to(at::kFloat).requires_grad_(), w},
+       "rank 0 passed argument 1 (labels) as f32 [3] requiring grad, but @f "
+       "is not differentiated with respect to it (only with respect to x): "
+       "no gradient would reach it; @f also expects it as i64 [?]",
+       "declare it with dloss.grad"},
+      {"meta device",
+       {x, labels, at::ones({3}, at::TensorOptions().device(at::kMeta))},
+       "rank 0 passed argument 2 (w) on meta, a device dloss does not "
+       "compute on",
+       "Pass CP"},
+      {"two failures, generic hint",
+       {x.to(at::kDouble), labels, w},
+       "rank 0 passed argument 0 (x) as f64 [3, 5], expected f32 [?, 5]",
+       "Pass every rank inputs of the function's argument types"},
+  };
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.name);
+    std::string message = errorOf([&] { executor.run("f_grad", c.inputs); });
+    EXPECT_CONTAINS(message, "dloss error: preflight of @f_grad: ");
+    EXPECT_CONTAINS(message, c.expected);
+    EXPECT_CONTAINS(message, c.hint);
+  }
+  // Non-contiguous inputs run and agree with contiguous ones.
+  at::Tensor strided = at::arange(30, at::kFloat)
+                           .reshape({5, 6})
+                           .t()
+                           .narrow(0, 1, 3)
+                           .t()
+                           .t(); // [3, 5], neither row- nor column-major
+  ASSERT_FALSE(strided.is_contiguous());
+  at::Tensor stridedLabels = at::tensor({0, 9, 4, 9, 2, 9}, at::kLong)
+                                 .slice(0, 0, 6, 2); // [0, 4, 2], stride 2
+  ASSERT_FALSE(stridedLabels.is_contiguous());
+  EXPECT_TRUE(
+      at::equal(executor.run("f_grad", {strided, stridedLabels, w})[0],
+                executor.run("f_grad", {strided.contiguous(),
+                                        stridedLabels.contiguous(), w})[0]));
+}
+
 // A freed register is really released: the input's reference and an
 // intermediate's buffer are gone by the time a later step runs.
 TEST(ExecutorTest, FreedRegistersAreReleased) {
@@ -610,6 +714,23 @@ TEST(ExecutorThreadTest, PreflightMismatchRaisesTheSameErrorOnEveryRank) {
                               "(image) as bf16 [2, 8], expected f32 [?, ?]");
   }
   {
+    SCOPED_TRACE("ranks loaded plans for different dtypes");
+    auto other = buildPlan({clipLikeFunction("f")}, 0x9999);
+    auto outcomes = runRanks(2, [&](int rank, Communicator &comm) {
+      Executor executor(rank == 1 ? other : plan, comm);
+      std::vector<at::Tensor> in = inputs(2, 8);
+      if (rank == 1)
+        in[0] = in[0].to(at::kDouble);
+      return executor.run("f", in);
+    });
+    expectSameError(outcomes,
+                    "preflight: ranks ran different plans: rank 0 called @f of "
+                    "plan fingerprint 0x0000000000001234 with inputs of dtypes "
+                    "(f32, f32, f32), rank 1 called @f of plan fingerprint "
+                    "0x0000000000009999 with inputs of dtypes (f64, f32, f32). "
+                    "The ranks passed inputs of different dtypes");
+  }
+  {
     SCOPED_TRACE("ranks call different functions");
     auto outcomes = runRanks(3, [&](int rank, Communicator &comm) {
       Executor executor(plan, comm);
@@ -633,6 +754,58 @@ TEST(ExecutorThreadTest, PreflightMismatchRaisesTheSameErrorOnEveryRank) {
                       "plan fingerprint 0x0000000000001234, rank 3 called @f "
                       "of plan fingerprint 0x0000000000009999. Every rank "
                       "must call the same compiled losses in the same order");
+  }
+}
+
+// A bad input that only one rank's own checks see (a label out of range,
+// an input that requires grad but gets no gradient, a device it cannot
+// compute on) fails every rank in the same preflight, with the same message;
+// the ranks can go on together afterwards.
+TEST(ExecutorThreadTest, OneRanksLocalCheckFailsEveryRank) {
+  auto plan = buildPlan(labelledFunctions());
+  auto inputsOf = [](int rank) {
+    return std::vector<at::Tensor>{at::ones({rank + 1, 5}),
+                                   at::zeros({rank + 1}, at::kLong),
+                                   at::ones({rank + 1})};
+  };
+  struct Case {
+    const char *name;
+    int rank;
+    int argument;
+    at::Tensor bad;
+    std::string expected;
+  };
+  std::vector<Case> cases = {
+      {"label", 2, 1, at::tensor({1, 2, 7}, at::kLong),
+       "preflight of @f_grad: rank 2 passed argument 1 (labels) with value 7 "
+       "at [2], outside [0, 5)"},
+      {"requires grad", 1, 2, at::ones({2}).requires_grad_(),
+       "preflight of @f_grad: rank 1 passed argument 2 (w) as f32 [2] "
+       "requiring grad"},
+      {"device", 0, 0, at::ones({1, 5}, at::TensorOptions().device(at::kMeta)),
+       "preflight of @f_grad: rank 0 passed argument 0 (x) on meta"},
+  };
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.name);
+    auto outcomes = runRanks(3, [&](int rank, Communicator &comm) {
+      Executor executor(plan, comm);
+      std::vector<at::Tensor> in = inputsOf(rank);
+      if (rank == c.rank)
+        in[c.argument] = c.bad;
+      try {
+        executor.run("f_grad", in);
+      } catch (const dloss::Error &) {
+        // Every rank failed in the same collective: they are still in step.
+        executor.run("f_grad", inputsOf(rank));
+        throw;
+      }
+      return std::vector<at::Tensor>{};
+    });
+    for (size_t r = 0; r < outcomes.size(); ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      EXPECT_EQ(outcomes[r].error, outcomes[0].error);
+      EXPECT_CONTAINS(outcomes[r].error, c.expected);
+    }
   }
 }
 
