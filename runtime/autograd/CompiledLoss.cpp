@@ -92,20 +92,20 @@ at::Tensor CompiledLoss::operator()(const std::vector<at::Tensor> &inputs) {
   bool wantsGrad = false;
   for (const at::Tensor &t : inputs)
     wantsGrad |= t.defined() && t.requires_grad();
-  // The executor computes on plain tensors; autograd sees one node.
-  std::vector<at::Tensor> detached;
-  for (const at::Tensor &t : inputs)
-    detached.push_back(t.defined() ? t.detach() : t);
-
-  if (!wantsGrad) {
-    at::NoGradGuard noGrad;
-    return executor->run(loss, detached).at(0);
-  }
+  // The executor gets the caller's tensors, not detached copies, so that its
+  // preflight can reject an input that requires grad but gets no gradient,
+  // on every rank; NoGradGuard keeps autograd out of its steps (autograd
+  // sees one node, below).
   std::vector<at::Tensor> outputs;
   {
     at::NoGradGuard noGrad;
-    outputs = executor->run(grad, detached);
+    outputs = executor->run(wantsGrad ? grad : loss, inputs);
   }
+  for (at::Tensor &t : outputs)
+    if (t.defined())
+      t = t.detach();
+  if (!wantsGrad)
+    return outputs.at(0);
   // Gradients in input order; undefined for inputs without dloss.grad.
   std::vector<at::Tensor> gradients(inputs.size());
   for (size_t k = 0; k < gradArguments.size(); ++k)

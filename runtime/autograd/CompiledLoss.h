@@ -21,7 +21,10 @@ class Executor;
 /// any input requires grad, the result has a grad_fn and `loss.backward()`
 /// fills each `dloss.grad` input's `.grad` per the plan's gradient contract
 /// (ddp: N * dF/dx_r, so that DDP's average gives the single-device gradient;
-/// global: dF/dx_r).
+/// global: dF/dx_r). An input that requires grad but is not a `dloss.grad`
+/// argument (float labels, a parameter the loss does not differentiate) is
+/// refused by the preflight on every rank: its gradient would silently be
+/// missing. Inputs may have any strides (transposed, sliced, expanded).
 ///
 /// The plan's derived @<loss>_grad computes the loss and its gradients in one
 /// pass, with every collective, when the loss is called; backward() only
