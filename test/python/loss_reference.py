@@ -1,12 +1,15 @@
 """What the drop-in loss tests compare dloss with: the originals' math in
-eager torch (an all_gather with gradients for uneven batches, as
-torch.distributed.nn and OpenCLIP's gather_with_grad do), and the helpers
-the tests share (shard offsets, relative error, measured-error lines)."""
+eager torch (OpenCLIP's and PML's losses on one process, an all_gather with
+gradients for uneven batches as torch.distributed.nn and OpenCLIP's
+gather_with_grad do), and the helpers the tests share (shard offsets,
+relative error, measured-error lines)."""
 
 import sys
 
+import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 
 def offsets(sizes):
@@ -52,9 +55,43 @@ class GatherWithGrad(torch.autograd.Function):
         return grad[start:start + ctx.sizes[dist.get_rank()]], None
 
 
-def report(name, worst):
-    """Prints the worst relative errors a test measured, one line per key
-    (stderr, so that ctest's log keeps them)."""
+def clip_loss(image, text, scale):
+    """OpenCLIP's ClipLoss on one process: the mean of the image->text and
+    text->image cross-entropies, positives on the diagonal."""
+    logits = scale * image @ text.T
+    labels = torch.arange(image.shape[0])
+    return (F.cross_entropy(logits, labels) +
+            F.cross_entropy(logits.T, labels)) / 2
+
+
+def pml_loss(kind, embeddings, labels, W, margin=None, scale=64.0):
+    """pytorch-metric-learning 2.x's ArcFaceLoss / CosFaceLoss on one
+    process: LargeMarginSoftmaxLoss.compute_loss with the kind's
+    modify_cosine_of_target_classes and the MeanReducer. `margin` in PML's
+    units (ArcFace: degrees); None for PML's default."""
+    mask = torch.zeros(labels.shape[0], W.shape[1], dtype=embeddings.dtype)
+    mask[torch.arange(labels.shape[0]), labels] = 1
+    # CosineSimilarity: both sides L2-normalised, then a matmul.
+    cosine = torch.matmul(F.normalize(embeddings, p=2, dim=1),
+                          F.normalize(W.t(), p=2, dim=1).t())
+    target = cosine[mask == 1]
+    if kind == "arcface":
+        m = np.radians(28.6 if margin is None else margin)
+        angles = torch.acos(torch.clamp(target, -1, 1))
+        modified = torch.where(angles <= np.deg2rad(180) - m,
+                               torch.cos(angles + m),
+                               torch.cos(angles) - m * np.sin(m))
+    else:
+        modified = target - (0.35 if margin is None else margin)
+    diff = (modified - target).unsqueeze(1)
+    logits = (cosine + mask * diff) * scale
+    return F.cross_entropy(logits, labels, reduction="none").mean()
+
+
+def report(name, worst, measure="worst_rel"):
+    """Prints the worst errors a test measured (relative ones unless
+    `measure` says otherwise), one line per key, to stderr, so that ctest's
+    log keeps them."""
     for key, err in sorted(worst.items()):
-        print("METRIC %s %s worst_rel=%.3g" % (name, key, err),
+        print("METRIC %s %s %s=%.3g" % (name, key, measure, err),
               file=sys.stderr)

@@ -9,12 +9,11 @@ equal to the single-process run."""
 import math
 import unittest
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 import multiproc
-from loss_reference import offsets, rel, report
+from loss_reference import offsets, pml_loss, rel, report
 
 EMB, CLASSES = 16, 10
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5}
@@ -27,28 +26,6 @@ LOSSES = [
 ]
 SIZES = {1: [[7]], 2: [[5, 2]], 4: [[5, 3, 6, 2], [3, 0, 4, 2]]}
 STEPS, LR = 3, 0.5
-
-
-def pml_loss(kind, embeddings, labels, W, margin=None, scale=64.0):
-    """PML 2.x LargeMarginSoftmaxLoss.compute_loss with ArcFaceLoss's or
-    CosFaceLoss's modify_cosine_of_target_classes, MeanReducer."""
-    mask = torch.zeros(labels.shape[0], W.shape[1], dtype=embeddings.dtype)
-    mask[torch.arange(labels.shape[0]), labels] = 1
-    # CosineSimilarity: both sides L2-normalised, then a matmul.
-    cosine = torch.matmul(F.normalize(embeddings, p=2, dim=1),
-                          F.normalize(W.t(), p=2, dim=1).t())
-    target = cosine[mask == 1]
-    if kind == "arcface":
-        m = np.radians(28.6 if margin is None else margin)
-        angles = torch.acos(torch.clamp(target, -1, 1))
-        modified = torch.where(angles <= np.deg2rad(180) - m,
-                               torch.cos(angles + m),
-                               torch.cos(angles) - m * np.sin(m))
-    else:
-        modified = target - (0.35 if margin is None else margin)
-    diff = (modified - target).unsqueeze(1)
-    logits = (cosine + mask * diff) * scale
-    return F.cross_entropy(logits, labels, reduction="none").mean()
 
 
 def global_data(kind, kwargs, sizes, dtype, seed):
