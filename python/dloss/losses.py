@@ -287,8 +287,9 @@ class CombinedMarginLoss(torch.nn.Module):
     ``s (cos(m1 theta + m2) - m3)``. dloss.PartialFC reads its parameters
     (and those of insightface's own class); as a module, it applies the
     margin to `logits` (cosines) with the exact gradient, where insightface
-    applies the angular margin under no_grad. Supported: ArcFace (m1 = 1,
-    m3 = 0) and CosFace (m1 = 1, m2 = 0)."""
+    applies the angular margin under no_grad, for any m1, m2, m3.
+    dloss.PartialFC supports ArcFace (m1 = 1, m3 = 0) and CosFace (m1 = 1,
+    m2 = 0)."""
 
     def __init__(self, s, m1, m2, m3, interclass_filtering_threshold=0):
         super().__init__()
@@ -299,7 +300,7 @@ class CombinedMarginLoss(torch.nn.Module):
         rows = torch.nonzero(labels.view(-1) != -1).view(-1)
         cols = labels.view(-1)[rows]
         target = logits[rows, cols]
-        if self.m2:
+        if self.m1 != 1.0 or self.m2:
             theta = torch.acos(target.clamp(-1 + 1e-7, 1 - 1e-7))
             adjusted = torch.cos(self.m1 * theta + self.m2) - self.m3
         else:
