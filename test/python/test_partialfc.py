@@ -19,7 +19,7 @@ from loss_reference import offsets, rel, report
 EMB, CLASSES = 16, 11
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5}
 MARGINS = {"arcface": (64.0, 1.0, 0.5, 0.0), "cosface": (64.0, 1.0, 0.0, 0.4)}
-SIZES = {1: [7], 2: [5, 2], 3: [4, 1, 3], 4: [5, 3, 6, 2]}
+SIZES = {1: [7], 2: [5, 2], 3: [4, 0, 3], 4: [5, 3, 6, 2]}  # 3: an empty rank
 
 
 def insightface_split(num_classes, rank, world):
@@ -175,22 +175,25 @@ class PartialFCTest(unittest.TestCase):
                     make()
 
     def test_combined_margin_module(self):
-        """dloss.CombinedMarginLoss applied to cosines: the exact margin,
-        value and gradient; rows labelled -1 (another rank's class, as in
-        insightface) are left alone."""
+        """dloss.CombinedMarginLoss applied to cosines: the exact margin
+        s (cos(m1 theta + m2) - m3), value and gradient; rows labelled -1
+        (another rank's class, as in insightface) are left alone."""
         import dloss
         g = torch.Generator().manual_seed(3)
         cos = torch.rand(6, CLASSES, generator=g,
                          dtype=torch.float64) * 1.8 - 0.9
         labels = torch.tensor([3, -1, 0, 10, -1, 7])
-        for kind, (s, m1, m2, m3) in MARGINS.items():
-            with self.subTest(kind=kind):
+        # PartialFC's two, SphereFace's m1 and a combined margin.
+        margins = list(MARGINS.values()) + [(30.0, 1.35, 0.0, 0.0),
+                                            (64.0, 1.0, 0.3, 0.2)]
+        for s, m1, m2, m3 in margins:
+            with self.subTest(margins=(s, m1, m2, m3)):
                 mine = cos.clone().requires_grad_()
                 ref = cos.clone().requires_grad_()
                 out = dloss.CombinedMarginLoss(s, m1, m2, m3)(mine, labels)
                 rows = torch.nonzero(labels != -1).view(-1)
                 t = ref[rows, labels[rows]]
-                adjusted = (torch.cos(torch.acos(t) + m2) if m2 else t - m3)
+                adjusted = torch.cos(m1 * torch.acos(t) + m2) - m3
                 expected = ref.index_put((rows, labels[rows]), adjusted) * s
                 self.assertLess(rel(out, expected), 1e-12)
                 weights = torch.randn(out.shape, generator=g,
