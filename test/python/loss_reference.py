@@ -4,12 +4,38 @@ gradients for uneven batches as torch.distributed.nn and OpenCLIP's
 gather_with_grad do), and the helpers the tests share (shard offsets,
 relative error, measured-error lines)."""
 
+import contextlib
+import os
 import sys
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+
+# The fusion settings each drop-in test runs: fused with the default tile,
+# fused with 2 x 3 tiles (so that a few rows cross the tiles' edges and the
+# ring's chunks split into several tiles), unfused.
+FUSE_MODES = (True, "2x3", False)
+
+
+@contextlib.contextmanager
+def fusion(mode):
+    """Runs the body with the fused kernels' tile of a FUSE_MODES entry
+    (DLOSS_TILE, read at every call); pass bool(mode) as the loss's fuse."""
+    old = os.environ.get("DLOSS_TILE")
+    if isinstance(mode, str):
+        os.environ["DLOSS_TILE"] = mode
+    else:
+        os.environ.pop("DLOSS_TILE", None)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("DLOSS_TILE", None)
+        else:
+            os.environ["DLOSS_TILE"] = old
 
 
 def offsets(sizes):

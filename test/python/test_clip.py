@@ -3,7 +3,8 @@ gather_with_grad=True, written here in eager torch) on real Gloo ranks, and
 against one process on the concatenated global batch: value on every rank,
 per-rank gradients (the ddp contract), logit_scale's shares, logit_bias,
 output_dict; world sizes 1, 2 and 4, even and uneven batches, float64 and
-float32, fused and unfused; a rank with an empty batch."""
+float32, fused (default and tiny tiles) and unfused; a rank with an empty
+batch."""
 
 import unittest
 
@@ -12,8 +13,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import multiproc
-from loss_reference import (GatherWithGrad, clip_loss, offsets, rel,
-                            report)
+from loss_reference import (FUSE_MODES, GatherWithGrad, clip_loss, fusion,
+                            offsets, rel, report)
 
 DIM = 16
 # Per world size: the per-rank batches to run (even, then uneven ones).
@@ -72,14 +73,16 @@ def _clip_rank(rank, world, cases):
         image, text, scale = global_data(sizes, dtype, seed)
         start, n = offsets(sizes)[rank], sizes[rank]
         loss_fn = dloss.ClipLoss(local_loss=True, gather_with_grad=True,
-                                 rank=rank, world_size=world, fuse=fuse)
+                                 rank=rank, world_size=world,
+                                 fuse=bool(fuse))
         x = image[start:start + n].clone().requires_grad_()
         y = text[start:start + n].clone().requires_grad_()
         s = scale.clone().requires_grad_()
         bias = torch.tensor(-2.0, dtype=dtype, requires_grad=True)
-        out = loss_fn(x, y, s, logit_bias=bias, output_dict=True)
-        loss = out["contrastive_loss"]
-        loss.backward()
+        with fusion(fuse):
+            out = loss_fn(x, y, s, logit_bias=bias, output_dict=True)
+            loss = out["contrastive_loss"]
+            loss.backward()
         # OpenCLIP's exact mode on the same ranks.
         xr = image[start:start + n].clone().requires_grad_()
         yr = text[start:start + n].clone().requires_grad_()
@@ -99,7 +102,7 @@ def _cases(world):
     return [(sizes, dtype, 10 * world + i, fuse)
             for i, sizes in enumerate(SIZES[world])
             for dtype in (torch.float64, torch.float32)
-            for fuse in (True, False)]
+            for fuse in FUSE_MODES]
 
 
 class ClipLossTest(unittest.TestCase):

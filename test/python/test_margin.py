@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import multiproc
-from loss_reference import offsets, pml_loss, rel, report
+from loss_reference import FUSE_MODES, fusion, offsets, pml_loss, rel, report
 
 EMB, CLASSES = 16, 10
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5}
@@ -61,7 +61,7 @@ def single_process(kind, kwargs, emb, labels, W):
 
 def make_loss(dloss, kind, kwargs, W, fuse=True):
     cls = dloss.ArcFaceLoss if kind == "arcface" else dloss.CosFaceLoss
-    loss_fn = cls(CLASSES, EMB, fuse=fuse, **kwargs).to(W.dtype)
+    loss_fn = cls(CLASSES, EMB, fuse=bool(fuse), **kwargs).to(W.dtype)
     loss_fn.load_state_dict({"W": W.clone()})  # a PML state dict
     return loss_fn
 
@@ -95,7 +95,7 @@ def _cases(world):
             for i, (kind, kwargs) in enumerate(LOSSES)
             for j, sizes in enumerate(SIZES[world])
             for dtype in (torch.float64, torch.float32)
-            for fuse in (True, False)]
+            for fuse in FUSE_MODES]
 
 
 def _margin_rank(rank, world, cases):
@@ -107,10 +107,11 @@ def _margin_rank(rank, world, cases):
         loss_fn = make_loss(dloss, kind, kwargs, W, fuse)
         x = emb[lo:lo + n].clone().requires_grad_()
         # Labels as a PML user passes them: any integer dtype.
-        loss = loss_fn(x, labels[lo:lo + n].to(torch.int32))
-        loss.backward()
-        trained = train(make_loss(dloss, kind, kwargs, W, fuse), kwargs, W,
-                        sizes, dtype, seed, rank)
+        with fusion(fuse):
+            loss = loss_fn(x, labels[lo:lo + n].to(torch.int32))
+            loss.backward()
+            trained = train(make_loss(dloss, kind, kwargs, W, fuse), kwargs,
+                            W, sizes, dtype, seed, rank)
         results.append(dict(loss=loss.detach(), x=x.grad,
                             W=loss_fn.W.grad.clone(), trained=trained))
     return results

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import multiproc
-from loss_reference import offsets, rel, report
+from loss_reference import FUSE_MODES, fusion, offsets, rel, report
 
 EMB, CLASSES = 16, 11
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5}
@@ -70,7 +70,7 @@ def _cases():
     return [(kind, dtype, seed, fuse, order)
             for seed, kind in enumerate(MARGINS)
             for dtype in (torch.float64, torch.float32)
-            for fuse in (True, False)
+            for fuse in FUSE_MODES
             for order in ("dloss", "insightface")]
 
 
@@ -81,10 +81,11 @@ def _partialfc_rank(rank, world, sizes):
         emb, labels, weight = global_data(sizes, dtype, seed)
         margin = dloss.CombinedMarginLoss(*MARGINS[kind])
         if order == "dloss":
-            pfc = dloss.PartialFC(EMB, CLASSES, margin_loss=margin, fuse=fuse)
+            pfc = dloss.PartialFC(EMB, CLASSES, margin_loss=margin,
+                                  fuse=bool(fuse))
         else:
             pfc = dloss.PartialFC(margin, EMB, CLASSES, 1.0, False,
-                                  fuse=fuse)
+                                  fuse=bool(fuse))
         pfc = pfc.to(dtype)
         with torch.no_grad():
             pfc.weight.copy_(weight[pfc.class_start:pfc.class_start +
@@ -95,8 +96,9 @@ def _partialfc_rank(rank, world, sizes):
         local_labels = labels[lo:lo + n]
         if order == "insightface":
             local_labels = local_labels.view(-1, 1).to(torch.int32)
-        loss = pfc(x, local_labels)
-        loss.backward()
+        with fusion(fuse):
+            loss = pfc(x, local_labels)
+            loss.backward()
         results.append(dict(
             loss=loss.detach(), x=x.grad, weight=pfc.weight.grad,
             num_local=pfc.num_local, class_start=pfc.class_start,

@@ -4,7 +4,8 @@ exchange does) on real Gloo ranks, and against one process on the
 concatenated global batch: value on every rank, per-rank feature gradients
 (the ddp contract), the shares of the log-temperature t (OpenCLIP passes
 logit_scale = t.exp()) and of logit_bias; world sizes 1, 2 and 4, even and
-uneven batches, float64 and float32, fused and unfused."""
+uneven batches, float64 and float32, fused (default and tiny tiles) and
+unfused."""
 
 import math
 import unittest
@@ -14,7 +15,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import multiproc
-from loss_reference import GatherWithGrad, offsets, rel, report
+from loss_reference import (FUSE_MODES, GatherWithGrad, fusion, offsets,
+                            rel, report)
 
 DIM = 16
 SIZES = {
@@ -79,15 +81,17 @@ def _siglip_rank(rank, world, cases):
     for sizes, dtype, seed, fuse in cases:
         image, text, t, bias = global_data(sizes, dtype, seed)
         start, n = offsets(sizes)[rank], sizes[rank]
-        loss_fn = dloss.SigLipLoss(rank=rank, world_size=world, fuse=fuse)
+        loss_fn = dloss.SigLipLoss(rank=rank, world_size=world,
+                                   fuse=bool(fuse))
         x = image[start:start + n].clone().requires_grad_()
         y = text[start:start + n].clone().requires_grad_()
         tp = t.clone().requires_grad_()
         bp = bias.clone().requires_grad_()
-        loss = loss_fn(x, y, tp.exp(), bp)
-        out = loss_fn(x.detach(), y.detach(), tp.exp().detach(), bp.detach(),
-                      output_dict=True)
-        loss.backward()
+        with fusion(fuse):
+            loss = loss_fn(x, y, tp.exp(), bp)
+            out = loss_fn(x.detach(), y.detach(), tp.exp().detach(),
+                          bp.detach(), output_dict=True)
+            loss.backward()
         xr = image[start:start + n].clone().requires_grad_()
         yr = text[start:start + n].clone().requires_grad_()
         tr = t.clone().requires_grad_()
@@ -108,7 +112,7 @@ def _cases(world):
     return [(sizes, dtype, 10 * world + i, fuse)
             for i, sizes in enumerate(SIZES[world])
             for dtype in (torch.float64, torch.float32)
-            for fuse in (True, False)]
+            for fuse in FUSE_MODES]
 
 
 class SigLipLossTest(unittest.TestCase):
