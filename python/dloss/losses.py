@@ -14,6 +14,7 @@ DDP.
 
 import logging
 import math
+import numbers
 
 import torch
 
@@ -357,9 +358,19 @@ class PartialFC(torch.nn.Module):
                  group=None, fuse=True, **kwargs):
         super().__init__()
         args = list(args)
-        if args and not isinstance(args[0], (int,)):
+        if args and not isinstance(args[0], numbers.Integral):
             margin_loss = args.pop(0)  # insightface's order
         names = ["embedding_size", "num_classes", "sample_rate", "fp16"]
+        unknown = sorted(set(kwargs) - set(names))
+        if len(args) > len(names) or unknown:
+            raise make_error(
+                "dloss.PartialFC takes (margin_loss, embedding_size, "
+                "num_classes, sample_rate, fp16); got %d positional "
+                "argument(s)%s" % (len(args), "".join(
+                    " and unknown keyword " + k for k in unknown)),
+                "Call PartialFC(embedding_size, num_classes, margin_loss=...) "
+                "or insightface's PartialFC(margin_loss, embedding_size, "
+                "num_classes)")
         values = dict(zip(names, args))
         values.update(kwargs)
         if "embedding_size" not in values or "num_classes" not in values:

@@ -161,6 +161,8 @@ class PartialFCTest(unittest.TestCase):
             lambda: dloss.PartialFC(arc, EMB, CLASSES, 0.5),
             lambda: dloss.PartialFC(EMB, CLASSES),
             lambda: dloss.PartialFC(arc, EMB),
+            lambda: dloss.PartialFC(EMB, CLASSES, margin_loss=arc, rate=1.0),
+            lambda: dloss.PartialFC(arc, EMB, CLASSES, 1.0, False, 3),
             lambda: dloss.PartialFC(EMB, CLASSES, margin_loss=object()),
             # Combined margins, SphereFace's m1 and interclass filtering.
             lambda: dloss.PartialFC(EMB, CLASSES, margin_loss=dloss.
@@ -175,6 +177,18 @@ class PartialFCTest(unittest.TestCase):
             with self.subTest(case=i):
                 with self.assertRaises(dloss.Error):
                     make()
+
+    def test_sizes_of_any_integer_type(self):
+        import dloss
+        import numpy as np
+        dloss.init()
+        arc = dloss.CombinedMarginLoss(64, 1.0, 0.5, 0.0)
+        for make in (lambda: dloss.PartialFC(np.int64(EMB), CLASSES,
+                                             margin_loss=arc),
+                     lambda: dloss.PartialFC(arc, np.int64(EMB), CLASSES)):
+            pfc = make()
+            self.assertEqual(list(pfc.weight.shape), [CLASSES, EMB])
+            self.assertIs(pfc.margin_softmax, arc)
 
     def test_combined_margin_module(self):
         """dloss.CombinedMarginLoss applied to cosines: the exact margin
