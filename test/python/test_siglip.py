@@ -36,7 +36,7 @@ def global_data(sizes, dtype, seed):
                                    dtype=torch.float64))
     # Close to OpenCLIP's init (t = log 10, b = -10), moved off it so that
     # the positives and negatives both weigh in.
-    t = torch.tensor(math.log(10.0) + 0.1 * seed % 1, dtype=torch.float64)
+    t = torch.tensor(math.log(10.0) + (0.1 * seed) % 1, dtype=torch.float64)
     bias = torch.tensor(-5.0 + 0.01 * seed, dtype=torch.float64)
     # A few positives made similar, so that both signs of the logits occur.
     text[:total // 2] = F.normalize(text[:total // 2] + 2 * image[:total // 2])

@@ -1,9 +1,10 @@
 """dloss.assert_grads_synced on 3 Gloo ranks: silent after DDP's backward
-(and for a dloss loss's own W kept outside DDP); raising on every rank,
-naming the parameter and which ranks agree, for a gradient nudged on one
-rank (one ulp, or a pattern of ulps that a position-weighted byte sum
-misses), a loss parameter outside DDP trained on per-rank data, a gradient
-missing on one rank, and ranks passing different numbers of parameters."""
+(gradients as bucket views too, and a dloss loss's own W kept outside DDP);
+raising on every rank, naming the parameter and which ranks agree, for a
+gradient nudged on one rank (one ulp, or a pattern of ulps that a
+position-weighted byte sum misses), a loss parameter outside DDP trained on
+per-rank data, a gradient missing on one rank, and ranks passing different
+numbers of parameters."""
 
 import unittest
 
@@ -89,6 +90,17 @@ def _sync_rank(rank, world):
         model[0].bias.grad = None
     out["missing"] = _outcome(lambda: dloss.assert_grads_synced(ddp))
 
+    # Gradients that are views into DDP's buckets (at storage offsets).
+    bucketed = torch.nn.parallel.DistributedDataParallel(
+        _model(), gradient_as_bucket_view=True)
+    bucketed(x).pow(2).sum().backward()
+    out["bucket_view"] = _outcome(lambda: dloss.assert_grads_synced(bucketed))
+    if rank == 0:
+        grad = bucketed.module[2].bias.grad
+        assert grad.storage_offset() > 0
+        grad.view(torch.int32)[-1] += 1  # in the bucket, in place
+    out["bucket_ulp"] = _outcome(lambda: dloss.assert_grads_synced(bucketed))
+
     # Different parameter lists.
     backward()
     mine = list(ddp.parameters())[:4 if rank == 2 else 3]
@@ -118,7 +130,8 @@ class AssertGradsSyncedTest(unittest.TestCase):
         return [r[key] for r in self.results]
 
     def test_in_sync(self):
-        for key in ("ddp", "ddp_list", "ddp_dict", "arcface_w"):
+        for key in ("ddp", "ddp_list", "ddp_dict", "bucket_view",
+                    "arcface_w"):
             self.assertEqual(self.outcomes(key), [None] * WORLD, key)
         self.assertEqual(self.outcomes("after"), [[0, 1, 2]] * WORLD)
 
@@ -138,6 +151,10 @@ class AssertGradsSyncedTest(unittest.TestCase):
     def test_ulp_pattern(self):
         self.check_raised("ulp_pattern", "module.0.weight differs",
                           "ranks 0, 1 (one value) vs rank 2 (one value)")
+
+    def test_bucket_view(self):
+        self.check_raised("bucket_ulp", "module.2.bias differs",
+                          "rank 0 (one value) vs ranks 1, 2 (one value)")
 
     def test_parameter_outside_ddp(self):
         self.check_raised(
