@@ -85,7 +85,33 @@ at::Tensor ContractCommunicator::ringShift(const at::Tensor &input,
 std::vector<int64_t>
 ContractCommunicator::allGatherInts(const std::vector<int64_t> &values) {
   Call call{"allGatherInts", ""};
-  begin(call, nullptr, static_cast<int64_t>(values.size()));
+  int64_t length = static_cast<int64_t>(values.size());
+  begin(call, nullptr, length);
+  // Ranks in different calls (one in a loss's preflight, another in
+  // dloss.all_gather's shape exchange) would send messages of different
+  // lengths, which Gloo's transport answers by aborting the process. The
+  // lengths travel first, so such ranks fail with an error instead.
+  Call lengths = call;
+  lengths.transfer = "the exchange of lengths";
+  std::vector<int64_t> counts = transferAllGatherInts(lengths, {length});
+  if (std::any_of(counts.begin(), counts.end(),
+                  [&](int64_t n) { return n != length; })) {
+    std::string list;
+    for (size_t r = 0; r < counts.size(); ++r)
+      list += (r ? ", rank " : "rank ") + std::to_string(r) + ": " +
+              std::to_string(counts[r]);
+    std::string problem = call.describe() + " " + where() +
+                          " found the ranks in different calls: they "
+                          "exchange different numbers of values (" +
+                          list + ")";
+    broken = problem;
+    flight.finish(call.flight, FlightEntry::State::Failed, problem);
+    throw fail(call, problem,
+               "Make every rank make the same dloss calls in the same "
+               "order: one rank is in another loss, collective or check "
+               "than its peers (an earlier call skipped or added on some "
+               "ranks, or a call under a rank-dependent condition)");
+  }
   return transferAllGatherInts(call, values);
 }
 

@@ -279,22 +279,23 @@ def _exiting_rank_main(rank, port, queue):
 
 class ErrorsTest(unittest.TestCase):
 
-    @unittest.expectedFailure
     def test_a_rank_that_gathers_while_its_peer_calls_the_loss(self):
-        """Known crash (not in this file's reach): rank 1's shape exchange
-        (18 ints) meets rank 0's preflight (a longer record) in one
-        allGatherInts; Gloo's transport thread aborts rank 1 on the longer
-        message (gloo::EnforceNotMet, pair.cc: op.preamble.length <=
-        op.nbytes), and rank 0 fails on the closed connection. The
-        communicator contract should make exchanges of different lengths
-        meet (a fixed-size exchange, or lengths first) and name both calls.
+        """Rank 1's shape exchange (dloss.all_gather) meets rank 0's
+        preflight (the loss): the ranks are in different calls. The lengths
+        of an exchange travel first, so both fail at once, saying so, where
+        Gloo's transport would abort the rank receiving the longer message.
         """
-        # A dead rank makes multiproc.run wait out its whole timeout.
         outcomes = multiproc.run(WORLD, _gather_while_peer_calls_loss,
-                                 dloss_timeout=DEADLINE, timeout=10)
-        for status, value, seconds in outcomes:
-            self.assertEqual(status, "error", value)
-            self.assertLess(seconds, DEADLINE + MARGIN)
+                                 dloss_timeout=DEADLINE, timeout=60)
+        for r, (status, value, seconds) in enumerate(outcomes):
+            with self.subTest(rank=r):
+                self.assertEqual(status, "error", value)
+                self.assertIn("found the ranks in different calls",
+                              value["message"])
+                self.assertIn("rank 0: ", value["message"])
+                self.assertIn("same dloss calls in the same order",
+                              value["hint"])
+                self.assertLess(seconds, FAST)
 
     def assert_same_error_everywhere(self, outcomes, expected, within=FAST,
                                      hint=None):
