@@ -270,6 +270,20 @@ LogicalResult DivOp::buildAdjoint(AdjointBuilder &ab) {
   return success();
 }
 
+LogicalResult SelectOp::buildAdjoint(AdjointBuilder &ab) {
+  // Each value gets the cotangent where it was chosen and an exact zero
+  // elsewhere (never ct * 0, which is NaN for an infinite cotangent); the
+  // condition gets none.
+  Value g = resultCt(ab);
+  Value zero = ab.scalar(0.0, elementTypeOf(g));
+  Value cond = getCond();
+  Value dt = SelectOp::create(ab.b, ab.loc, cond, g, zero);
+  Value df = SelectOp::create(ab.b, ab.loc, cond, zero, g);
+  ab.addOperandCotangent(1, ab.unbroadcast(dt, getTrueValue().getType()));
+  ab.addOperandCotangent(2, ab.unbroadcast(df, getFalseValue().getType()));
+  return success();
+}
+
 LogicalResult NegOp::buildAdjoint(AdjointBuilder &ab) {
   ab.addOperandCotangent(0, Ops{ab}.neg(resultCt(ab)));
   return success();

@@ -310,6 +310,13 @@ DLOSS_ELEMENTWISE_COST(DivOp)
 DLOSS_ELEMENTWISE_COST(EqOp)
 #undef DLOSS_ELEMENTWISE_COST
 
+LogicalResult SelectOp::evaluateCost(CostEvaluator &e, OpCost &) {
+  return e.setType(getResult(),
+                   shapes::select(e.errors(*this), e.type(getCond()),
+                                  e.type(getTrueValue()),
+                                  e.type(getFalseValue())));
+}
+
 #define DLOSS_SAME_TYPE_COST(OP)                                               \
   LogicalResult OP::evaluateCost(CostEvaluator &e, OpCost &) {                 \
     return sameAsOperand0(*this, e);                                           \

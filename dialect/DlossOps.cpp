@@ -169,6 +169,17 @@ DLOSS_ELEMENTWISE_INFER(DivOp)
 DLOSS_ELEMENTWISE_INFER(EqOp)
 #undef DLOSS_ELEMENTWISE_INFER
 
+LogicalResult SelectOp::inferReturnTypes(MLIRContext *,
+                                         std::optional<Location> loc,
+                                         Adaptor adaptor,
+                                         SmallVectorImpl<Type> &results) {
+  return inferred(shapes::select(errorsFor<SelectOp>(loc),
+                                 tensorType(adaptor.getCond()),
+                                 tensorType(adaptor.getTrueValue()),
+                                 tensorType(adaptor.getFalseValue())),
+                  results);
+}
+
 LogicalResult ClampOp::verify() {
   auto toDouble = [](std::optional<APFloat> v) -> std::optional<double> {
     if (!v)

@@ -243,6 +243,31 @@ def Dloss_EqOp : Dloss_BinaryOp<"eq", Dloss_NumTensor,
   }];
 }
 
+def Dloss_SelectOp : Dloss_Op<"select", [Pure, InferTypeOpAdaptor]> {
+  let summary = "element-wise choice: true_value where cond is nonzero, else false_value";
+  let description = [{
+    `result[i] = cond[i] != 0 ? true_value[i] : false_value[i]`. `cond` is an
+    indicator (as `dloss.eq` makes, any element type) with the result's
+    shape; either value may be 0-d, broadcast to it. The gradient flows to
+    the chosen value only, and none to `cond`, so masking with an infinity is
+    exact (`b + cond * (a - b)` is NaN where `a` or `b` is infinite).
+    NT-Xent removes each row's similarity with itself this way:
+
+    ```mlir
+    %ninf = arith.constant dense<0xFF800000> : tensor<f32>
+    %masked = dloss.select %is_self, %ninf, %logits
+        : tensor<?x?xi64>, tensor<f32>, tensor<?x?xf32>
+    ```
+  }];
+  let arguments = (ins Dloss_NumTensor:$cond, Dloss_NumTensor:$true_value,
+                   Dloss_NumTensor:$false_value);
+  let results = (outs Dloss_NumTensor:$result);
+  let assemblyFormat = [{
+    $cond `,` $true_value `,` $false_value attr-dict `:` type($cond) `,`
+    type($true_value) `,` type($false_value)
+  }];
+}
+
 class Dloss_UnaryOp<string mnemonic, string what, list<Trait> traits = []>
     : Dloss_Op<mnemonic, !listconcat([Pure, SameOperandsAndResultType], traits)> {
   let summary = "element-wise " # what;

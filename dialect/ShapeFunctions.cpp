@@ -163,6 +163,32 @@ FailureOr<RankedTensorType> shapes::elementwise(const Errors &error,
   return RankedTensorType::get(*shape, lhs.getElementType());
 }
 
+FailureOr<RankedTensorType> shapes::select(const Errors &error,
+                                           RankedTensorType cond,
+                                           RankedTensorType trueValue,
+                                           RankedTensorType falseValue) {
+  if (failed(sameElementType(error, trueValue.getElementType(),
+                             falseValue.getElementType())))
+    return failure();
+  SmallVector<int64_t> shape(cond.getShape());
+  for (auto [name, value] :
+       {std::pair<StringRef, RankedTensorType>{"true value", trueValue},
+        {"false value", falseValue}}) {
+    if (value.getRank() == 0)
+      continue;
+    FailureOr<SmallVector<int64_t>> joined =
+        joinShapes(shape, value.getShape());
+    if (failed(joined)) {
+      (void)error("the ", name, " has shape ", formatShape(value.getShape()),
+                  " but the condition has ", formatShape(cond.getShape()),
+                  "; a value must have the condition's shape or be 0-d");
+      return failure();
+    }
+    shape = *joined;
+  }
+  return RankedTensorType::get(shape, trueValue.getElementType());
+}
+
 FailureOr<RankedTensorType> shapes::reduce(const Errors &error,
                                            RankedTensorType input,
                                            ArrayRef<int64_t> axes) {

@@ -70,6 +70,12 @@ FailureOr<RankedTensorType> matmul(const Errors &error, RankedTensorType lhs,
 FailureOr<RankedTensorType>
 elementwise(const Errors &error, RankedTensorType lhs, RankedTensorType rhs);
 
+/// dloss.select: `cond` has the result's shape; each value has it too or is
+/// 0-d; the values share an element type (the result's).
+FailureOr<RankedTensorType> select(const Errors &error, RankedTensorType cond,
+                                   RankedTensorType trueValue,
+                                   RankedTensorType falseValue);
+
 /// dloss.reduce over `axes` (each once).
 FailureOr<RankedTensorType> reduce(const Errors &error, RankedTensorType input,
                                    ArrayRef<int64_t> axes);

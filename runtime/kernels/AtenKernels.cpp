@@ -84,6 +84,27 @@ KernelRule binaryRule(BinaryFn fn) {
           ShapeFlow::Elementwise};
 }
 
+/// dloss.select: the condition has the result's shape; each value has it too
+/// or is 0-d (general broadcasting would hide plan bugs, as for binaryRule).
+KernelRule selectValuesRule() {
+  return {[](const StepAttrs &) -> Kernel {
+            return [](KernelContext &ctx) {
+              const at::Tensor &cond = ctx.tensor(0);
+              for (size_t i : {1, 2}) {
+                const at::Tensor &value = ctx.tensor(i);
+                if (value.dim() != 0 && value.sizes() != cond.sizes())
+                  fail("the condition has shape " + shapeText(cond.sizes()) +
+                           " but a value has " + shapeText(value.sizes()) +
+                           " (only a 0-d value is broadcast)",
+                       "Check the shapes of the function's inputs");
+              }
+              ctx.setResult(
+                  0, at::where(cond.ne(0), ctx.tensor(1), ctx.tensor(2)));
+            };
+          },
+          ShapeFlow::Operand0};
+}
+
 /// A rule whose kernel needs nothing from the attributes.
 KernelRule plainRule(void (*fn)(KernelContext &)) {
   return {[fn](const StepAttrs &) -> Kernel { return fn; }};

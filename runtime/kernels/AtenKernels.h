@@ -17,6 +17,9 @@ KernelRule unaryRule(UnaryFn fn);
 /// the other. General broadcasting is refused: it would hide plan bugs.
 KernelRule binaryRule(BinaryFn fn);
 
+/// dloss.select: `cond != 0 ? true_value : false_value`, element-wise.
+KernelRule selectValuesRule();
+
 at::Tensor eqIndicator(const at::Tensor &lhs, const at::Tensor &rhs);
 
 KernelRule clampRule();

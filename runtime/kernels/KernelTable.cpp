@@ -38,6 +38,7 @@ std::unordered_map<std::string, KernelRule> buildTable() {
         return at::div(a, b);
       }));
   add("dloss.eq", binaryRule(eqIndicator));
+  add("dloss.select", selectValuesRule());
   add("dloss.neg", unaryRule([](const at::Tensor &x) { return at::neg(x); }));
   add("dloss.exp", unaryRule([](const at::Tensor &x) { return at::exp(x); }));
   add("dloss.log", unaryRule([](const at::Tensor &x) { return at::log(x); }));

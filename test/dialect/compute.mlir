@@ -45,6 +45,17 @@ func.func @eq(%x: tensor<?x4xf32>, %m: tensor<f32>, %i: tensor<?xi64>) -> (tenso
   return %0, %1 : tensor<?x4xf32>, tensor<?xi64>
 }
 
+// CHECK-LABEL: func.func @select
+func.func @select(%c: tensor<?x4xi64>, %x: tensor<?x4xf32>, %s: tensor<f32>)
+    -> (tensor<?x4xf32>, tensor<?x4xf32>) {
+  // CHECK: dloss.select %{{.*}}, %{{.*}}, %{{.*}} : tensor<?x4xi64>, tensor<?x4xf32>, tensor<?x4xf32>
+  %0 = dloss.select %c, %x, %x : tensor<?x4xi64>, tensor<?x4xf32>, tensor<?x4xf32>
+  // Either value may be 0-d (an infinity that masks).
+  // CHECK: dloss.select %{{.*}}, %{{.*}}, %{{.*}} : tensor<?x4xi64>, tensor<f32>, tensor<?x4xf32>
+  %1 = dloss.select %c, %s, %x : tensor<?x4xi64>, tensor<f32>, tensor<?x4xf32>
+  return %0, %1 : tensor<?x4xf32>, tensor<?x4xf32>
+}
+
 // CHECK-LABEL: func.func @unary
 func.func @unary(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
   // CHECK: dloss.neg

@@ -464,6 +464,22 @@ func.func @pad_axis_out_of_range(%x: tensor<f32>, %o: index) {
 
 // -----
 
+func.func @select_value_element_types_differ(%c: tensor<?xi64>, %a: tensor<?xf32>, %b: tensor<?xf64>) {
+  // expected-error@+1 {{'dloss.select' op operand element types differ: 'f32' and 'f64'; insert a dloss.cast}}
+  %0 = dloss.select %c, %a, %b : tensor<?xi64>, tensor<?xf32>, tensor<?xf64>
+  return
+}
+
+// -----
+
+func.func @select_value_shape(%c: tensor<?x4xi64>, %a: tensor<?xf32>, %b: tensor<f32>) {
+  // expected-error@+1 {{'dloss.select' op the true value has shape [?] but the condition has [?, 4]; a value must have the condition's shape or be 0-d}}
+  %0 = dloss.select %c, %a, %b : tensor<?x4xi64>, tensor<?xf32>, tensor<f32>
+  return
+}
+
+// -----
+
 func.func @eq_element_types_differ(%a: tensor<?xf32>, %b: tensor<?xi32>) {
   // expected-error@+1 {{'dloss.eq' op operand element types differ: 'f32' and 'i32'; insert a dloss.cast}}
   %0 = dloss.eq %a, %b : tensor<?xf32>, tensor<?xi32>

@@ -475,6 +475,7 @@ LOCAL_OPS = {
     "dloss.mul": _binary(lambda a, b: a * b),
     "dloss.div": _binary(lambda a, b: a / b),
     "dloss.eq": _binary(lambda a, b: (a == b).to(a.dtype)),
+    "dloss.select": lambda op, c, a, b: torch.where(c != 0, a, b),
     "dloss.neg": lambda op, x: -x,
     "dloss.exp": lambda op, x: torch.exp(x),
     "dloss.log": lambda op, x: torch.log(x),

@@ -499,3 +499,25 @@ func.func @varying_loss(%x: tensor<?xf32> {dloss.grad}) -> tensor<f32> attribute
   return %s : tensor<f32>
 }
 // expected-error@-4 {{cannot differentiate @varying_loss: its loss varies across ranks (run dloss-infer-replication for details)}}
+
+// -----
+
+// select: each value gets the cotangent where it was chosen and an exact
+// zero elsewhere (a select again, never a product with the mask, which is
+// NaN next to an infinity); the 0-d -inf's share is summed (and dropped as
+// dead code later).
+// CHECK-LABEL: func.func @select_grad
+// CHECK-SAME: (%[[C:[^:]*]]: tensor<?x?xi64>, %[[X:[^:]*]]: tensor<?x?xf32>
+// CHECK: %[[ZERO:.*]] = arith.constant dense<0.000000e+00> : tensor<f32>
+// CHECK: dloss.select %[[C]], %[[G:[^,]*]], %[[ZERO]] : tensor<?x?xi64>, tensor<?x?xf32>, tensor<f32>
+// CHECK: %[[GX:.*]] = dloss.select %[[C]], %[[ZERO]], %[[G]] : tensor<?x?xi64>, tensor<f32>, tensor<?x?xf32>
+// CHECK: dloss.mul %[[GX]]
+// CHECK: return
+func.func @select(%c: tensor<?x?xi64>, %x: tensor<?x?xf32> {dloss.grad}) -> tensor<f32> attributes {dloss.loss} {
+  %ninf = arith.constant dense<0xFF800000> : tensor<f32>
+  %m = dloss.select %c, %ninf, %x : tensor<?x?xi64>, tensor<f32>, tensor<?x?xf32>
+  %lse = dloss.logsumexp %m axis 1 : tensor<?x?xf32>
+  %s = dloss.reduce sum %lse axes [0] : tensor<?xf32>
+  %t = dloss.all_reduce sum %s : tensor<f32>
+  return %t : tensor<f32>
+}

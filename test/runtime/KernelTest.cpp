@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 namespace {
@@ -85,6 +86,22 @@ TEST(KernelTest, ElementwiseBinaryWithZeroDBroadcast) {
     expectEqual(runOp("dloss.eq", {x, at::scalar_tensor(2.0f)}),
                 at::tensor({0.0f, 1.0f, 0.0f}));
     expectEqual(runOp("dloss.eq", {ia, longs({5, 3, 9})}), longs({1, 0, 1}));
+  }
+  {
+    SCOPED_TRACE("select picks per element; a 0-d value broadcasts");
+    at::Tensor cond = longs({1, 0, 1}), x = at::tensor({1.0f, 2.0f, 3.0f}),
+               y = at::tensor({4.0f, 5.0f, 6.0f});
+    float inf = std::numeric_limits<float>::infinity();
+    expectEqual(runOp("dloss.select", {cond, x, y}),
+                at::tensor({1.0f, 5.0f, 3.0f}));
+    expectEqual(runOp("dloss.select", {cond, at::scalar_tensor(-inf), y}),
+                at::tensor({-inf, 5.0f, -inf}));
+    std::string message = errorOf([&] {
+      runOp("dloss.select", {cond, at::tensor({1.0f, 2.0f}), y});
+    });
+    EXPECT_NE(message.find("condition has shape [3] but a value has [2]"),
+              std::string::npos)
+        << message;
   }
   {
     SCOPED_TRACE("only 0-d operands broadcast");
