@@ -307,6 +307,25 @@ Size Graph::globalSize(Tensor x, int64_t axis, SourceLoc at) {
                                          DLOSS_TENSOR(x), axis));
 }
 
+Size Graph::size(int64_t value, SourceLoc at) {
+  Impl &s = *state;
+  return s.addSize(
+      this, s.make<mlir::arith::ConstantOp>(at, s.builder.getIndexType(),
+                                            s.builder.getIndexAttr(value)));
+}
+
+#define DLOSS_SIZE_ARITH(METHOD, OP)                                           \
+  Size Graph::METHOD(Size a, Size b, SourceLoc at) {                           \
+    llvm::StringRef op = OP::getOperationName();                               \
+    return state->addSize(this,                                                \
+                          state->make<OP>(at, state->builder.getIndexType(),   \
+                                          DLOSS_SIZE(a), DLOSS_SIZE(b)));      \
+  }
+DLOSS_SIZE_ARITH(addSizes, mlir::arith::AddIOp)
+DLOSS_SIZE_ARITH(subSizes, mlir::arith::SubIOp)
+DLOSS_SIZE_ARITH(mulSizes, mlir::arith::MulIOp)
+#undef DLOSS_SIZE_ARITH
+
 Tensor Graph::constant(double value, DType dtype, SourceLoc at) {
   Impl &s = *state;
   mlir::Type elem = s.elementType(dtype);
@@ -340,6 +359,13 @@ DLOSS_BINARY(mul, d::MulOp)
 DLOSS_BINARY(div, d::DivOp)
 DLOSS_BINARY(eq, d::EqOp)
 #undef DLOSS_BINARY
+
+Tensor Graph::select(Tensor cond, Tensor a, Tensor b, SourceLoc at) {
+  llvm::StringRef op = d::SelectOp::getOperationName();
+  return state->addTensor(
+      this, state->make<d::SelectOp>(at, {}, DLOSS_TENSOR(cond),
+                                     DLOSS_TENSOR(a), DLOSS_TENSOR(b)));
+}
 
 #define DLOSS_UNARY(METHOD, OP)                                                \
   Tensor Graph::METHOD(Tensor x, SourceLoc at) {                               \

@@ -106,6 +106,11 @@ public:
   Size dim(Tensor x, int64_t axis, SourceLoc at = SourceLoc::current());
   Size shardOffset(Tensor x, int64_t axis, SourceLoc at = SourceLoc::current());
   Size globalSize(Tensor x, int64_t axis, SourceLoc at = SourceLoc::current());
+  // Size arithmetic (index arithmetic in the IR, folded when constant).
+  Size size(int64_t value, SourceLoc at = SourceLoc::current());
+  Size addSizes(Size a, Size b, SourceLoc at = SourceLoc::current());
+  Size subSizes(Size a, Size b, SourceLoc at = SourceLoc::current());
+  Size mulSizes(Size a, Size b, SourceLoc at = SourceLoc::current());
 
   // Compute.
   Tensor constant(double value, DType dtype = DType::F32,
@@ -117,6 +122,11 @@ public:
   Tensor mul(Tensor a, Tensor b, SourceLoc at = SourceLoc::current());
   Tensor div(Tensor a, Tensor b, SourceLoc at = SourceLoc::current());
   Tensor eq(Tensor a, Tensor b, SourceLoc at = SourceLoc::current());
+  /// `cond != 0 ? a : b` element-wise; `cond` (an indicator, as eq makes)
+  /// has the result's shape, `a` and `b` have it or are 0-d. No gradient
+  /// flows to `cond`, and none to the value not chosen.
+  Tensor select(Tensor cond, Tensor a, Tensor b,
+                SourceLoc at = SourceLoc::current());
   Tensor neg(Tensor x, SourceLoc at = SourceLoc::current());
   Tensor exp(Tensor x, SourceLoc at = SourceLoc::current());
   Tensor log(Tensor x, SourceLoc at = SourceLoc::current());

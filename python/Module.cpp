@@ -13,6 +13,7 @@
 #include "runtime/autograd/CompiledLoss.h"
 #include "runtime/comm/ProcessGroupEngine.h"
 #include "runtime/plan/PlanFile.h"
+#include "runtime/plan/PlanText.h"
 #include "runtime/support/Error.h"
 
 #include <torch/csrc/utils/pybind.h>
@@ -273,6 +274,31 @@ void bindGraph(py::module_ &m) {
            [at](G &g, Tensor x, int64_t axis, const std::string &file,
                 int line) { return g.globalSize(x, axis, at(file, line)); }, py::keep_alive<0, 1>())
       .def(
+          "size",
+          [at](G &g, int64_t value, const std::string &file, int line) {
+            return g.size(value, at(file, line));
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "size_arith",
+          [at](G &g, const std::string &op, Size a, Size b,
+               const std::string &file, int line) {
+            SourceLoc loc = at(file, line);
+            if (op == "add")
+              return g.addSizes(a, b, loc);
+            if (op == "sub")
+              return g.subSizes(a, b, loc);
+            if (op == "mul")
+              return g.mulSizes(a, b, loc);
+            throw Error("unknown size op '" + op + "'", "Use add, sub or mul");
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "select",
+          [at](G &g, Tensor cond, Tensor a, Tensor b, const std::string &file,
+               int line) { return g.select(cond, a, b, at(file, line)); },
+          py::keep_alive<0, 1>())
+      .def(
           "constant",
           [at](G &g, double value, DType dtype, const std::string &file,
                int line) { return g.constant(value, dtype, at(file, line)); },
@@ -472,7 +498,10 @@ void bindLosses(py::module_ &m) {
 void bindJit(py::module_ &m) {
   py::class_<PlanFile, std::shared_ptr<PlanFile>>(m, "Plan",
                                                   "A compiled plan.")
-      .def_property_readonly("name", &PlanFile::name);
+      .def_property_readonly("name", &PlanFile::name)
+      .def(
+          "text", [](const PlanFile &p) { return plan::toText(p.plan()); },
+          "The plan as text, one line per step (as dlossc --emit=plan-text).");
   m.def(
       "compile_plan",
       [](const std::string &text, const std::string &gradMode,
