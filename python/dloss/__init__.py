@@ -16,7 +16,7 @@ from .collectives import all_gather, gather_all_tensors
 from .compile import CompiledLoss, compile
 from .errors import Error
 from .graph import Graph
-from .group import communicator, init, set_timeout
+from .group import init, set_timeout
 from .losses import (ArcFaceLoss, ClipLoss, CombinedMarginLoss, CosFaceLoss,
                      PartialFC, SigLipLoss)
 from .sync import assert_grads_synced
@@ -24,6 +24,6 @@ from .sync import assert_grads_synced
 __all__ = [
     "ArcFaceLoss", "ClipLoss", "CombinedMarginLoss", "CompiledLoss",
     "CosFaceLoss", "Error", "Graph", "PartialFC", "SigLipLoss", "all_gather",
-    "assert_grads_synced", "communicator", "compile", "gather_all_tensors",
+    "assert_grads_synced", "compile", "gather_all_tensors",
     "init", "set_timeout",
 ]

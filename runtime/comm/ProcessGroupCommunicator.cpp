@@ -196,7 +196,10 @@ protected:
                                         int peer, int tag) override;
 
 private:
-  bool reduces(at::ScalarType type) const override { return glooHasType(type); }
+  // bfloat16 (CPU autocast's dtype) is reduced in float32 (reduce()).
+  bool reduces(at::ScalarType type) const override {
+    return glooHasType(type) || type == at::kBFloat16;
+  }
   void checkDevice(const Call &call, const at::Tensor &tensor) const override;
   /// The summed/maxed/minned tensor; Mean is left to the caller to divide.
   at::Tensor reduce(Call &call, const at::Tensor &input, Reduction op);
@@ -312,15 +315,19 @@ ProcessGroupCommunicator::transferAllGather(Call &call, const at::Tensor &input,
 
 at::Tensor ProcessGroupCommunicator::reduce(Call &call, const at::Tensor &input,
                                     Reduction op) {
-  // The clone is what Gloo reduces in place: the caller's tensor stays as is.
-  at::Tensor result = input.clone(at::MemoryFormat::Contiguous);
+  // The copy is what Gloo reduces in place: the caller's tensor stays as
+  // is. Gloo has no bfloat16 arithmetic: such tensors are summed in float32
+  // (exact for the inputs, one rounding at the end).
+  bool widen = !gpu && input.scalar_type() == at::kBFloat16;
+  at::Tensor result = widen ? input.to(at::kFloat).contiguous()
+                            : input.clone(at::MemoryFormat::Contiguous);
   communicate(call, [&] {
     std::vector<at::Tensor> tensors{result};
     c10d::AllreduceOptions reduceOptions;
     reduceOptions.reduceOp = toC10d(op);
     awaitCollective(group->allreduce(tensors, reduceOptions));
   });
-  return result;
+  return widen ? result.to(at::kBFloat16) : result;
 }
 
 at::Tensor ProcessGroupCommunicator::transferAllReduce(Call &call,

@@ -216,7 +216,7 @@ def init_script(env):
     code = ("import dloss, torch.distributed as dist\n"
             "try:\n"
             "    print(dloss.init())\n"
-            "    print(dist.get_world_size(), dloss.communicator().world_size)"
+            "    print(dist.get_world_size(), dloss.group.communicator().world_size)"
             "\n"
             "except dloss.Error as e:\n"
             "    print('ERROR', e)\n")
