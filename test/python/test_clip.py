@@ -105,6 +105,20 @@ def _cases(world):
             for fuse in FUSE_MODES]
 
 
+def _bfloat16_rank(rank, world):
+    """CPU autocast's dtype: the loss's final all_reduce has no bfloat16
+    arithmetic in Gloo; the engine sums in float32."""
+    import dloss
+    image, text, _ = global_data([3, 2], torch.float32, 7)
+    rows = slice(0, 3) if rank == 0 else slice(3, 5)
+    i = image[rows].bfloat16().requires_grad_()
+    t = text[rows].bfloat16().requires_grad_()
+    loss = dloss.ClipLoss()(i, t, torch.tensor(5.0))
+    loss.backward()
+    reference = dloss.ClipLoss()(image[rows], text[rows], torch.tensor(5.0))
+    return loss.dtype, loss.float().item(), reference.item(), i.grad.dtype
+
+
 class ClipLossTest(unittest.TestCase):
     worst = {}
 
@@ -162,6 +176,14 @@ class ClipLossTest(unittest.TestCase):
     def tearDownClass(cls):
         report("clip grad", {"world=%d %s" % k: v
                              for k, v in cls.worst.items()})
+
+    def test_bfloat16(self):
+        for dtype, loss, reference, grad_dtype in multiproc.run(
+                2, _bfloat16_rank):
+            self.assertEqual(dtype, torch.bfloat16)
+            self.assertEqual(grad_dtype, torch.bfloat16)
+            self.assertLess(abs(loss - reference), 2e-2 * abs(reference))
+
 
 if __name__ == "__main__":
     unittest.main()
