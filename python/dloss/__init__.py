@@ -20,6 +20,9 @@ from .group import init, set_timeout
 from .losses import (ArcFaceLoss, ClipLoss, CombinedMarginLoss, CosFaceLoss,
                      PartialFC, SigLipLoss)
 from .sync import assert_grads_synced
+# After .collectives: inside a @dloss.loss function all_gather records the op.
+from .trace import (Input, Loss, Replicated, all_gather, all_reduce,
+                    global_size, loss, rank, shard_offset, world_size)
 
 __all__ = [
     "ArcFaceLoss", "ClipLoss", "CombinedMarginLoss", "CompiledLoss",

@@ -67,6 +67,18 @@ class CompiledLoss(torch.nn.Module):
     def loss_name(self):
         return self._callable().loss_name
 
+    def plan_text(self):
+        """The compiled plan as text, one line per step (as `dlossc
+        --emit=plan-text`): fused losses appear as their ring ops."""
+        return self._plan.text()
+
+    def fused_ops(self):
+        """The fused ring-tiled ops the plan runs (sorted names)."""
+        return sorted({word.split("(")[0] for word in
+                       self.plan_text().split()
+                       if word.startswith(("dloss.ring_",
+                                           "dloss.sharded_softmax"))})
+
     @property
     def grad_mode(self):
         """"ddp" or "global"."""
@@ -106,8 +118,9 @@ class CompiledLoss(torch.nn.Module):
 def compile(source, grad_mode=None, fuse=True, entry=None, group=None):
     """Compiles a loss for this process group.
 
-    source: dloss MLIR text, the path of a ``.mlir`` file, or a
-    dloss.Graph. grad_mode: "ddp" or "global" to override the loss's own
+    source: dloss MLIR text, the path of a ``.mlir`` file, a
+    dloss.Graph, or a Python function written in PyTorch (as @dloss.loss,
+    which see). grad_mode: "ddp" or "global" to override the loss's own
     contract (None keeps it). fuse: fuse gather + similarity + loss into
     ring-tiled kernels (False runs every op unfused). entry: the loss to call
     when the source defines several. group: the torch.distributed group
@@ -120,6 +133,10 @@ def compile(source, grad_mode=None, fuse=True, entry=None, group=None):
     if grad_mode not in (None, "ddp", "global"):
         raise make_error("grad_mode must be 'ddp', 'global' or None, got %r"
                          % (grad_mode,), "See docs/Autodiff.md")
+    if callable(source) and not isinstance(source, (Graph, _C.Graph)):
+        from .trace import Loss
+        return Loss(source, grad_mode=grad_mode or "ddp", fuse=fuse,
+                    group=group, name=entry)
     text, name = _source_text(source)
     if entry is None and isinstance(source, (Graph, _C.Graph)):
         entry = source.name

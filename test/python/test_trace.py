@@ -1,0 +1,226 @@
+"""@dloss.loss: losses written in plain PyTorch (examples/python/*_loss.py),
+each against its .mlir twin and against one process on the global batch in
+eager torch, on 1-4 real Gloo ranks with uneven batches (an empty one
+included), fused where the twin is fused; OpenCLIP's ClipLoss.forward pasted
+with only the gather and the labels' offset changed; and every error the
+front end raises, each naming the user's file and line."""
+
+import math
+import os
+import sys
+import unittest
+
+import torch
+import torch.nn.functional as F
+
+import multiproc
+from loss_reference import offsets, rel
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+EXAMPLES = os.path.join(ROOT, "examples")
+sys.path.insert(0, os.path.join(EXAMPLES, "python"))
+
+DIM, CLASSES = 6, 7
+# Per-rank batch sizes: uneven, and at 4 ranks one rank holds no rows.
+WORLDS = {1: [5], 2: [4, 2], 3: [4, 1, 6], 4: [3, 5, 0, 2]}
+# Worst relative error allowed (float32, against float32 eager torch).
+TOLERANCE = 2e-5
+
+
+def open_clip_pasted():
+    """OpenCLIP's ClipLoss.forward (local_loss=True, gather_with_grad=True)
+    with its helpers inlined as a user pastes them; only the gather and the
+    labels' offset are dloss's."""
+    import dloss
+
+    @dloss.loss
+    def open_clip_loss(image_features, text_features, logit_scale):
+        device = image_features.device
+        # was: all_image_features, all_text_features = gather_features(...)
+        all_image_features = dloss.all_gather(image_features)
+        all_text_features = dloss.all_gather(text_features)
+        logits_per_image = logit_scale * image_features @ all_text_features.T
+        logits_per_text = logit_scale * text_features @ all_image_features.T
+        num_logits = logits_per_image.shape[0]
+        labels = torch.arange(num_logits, device=device, dtype=torch.long)
+        # was: labels = labels + num_logits * self.rank
+        labels = labels + dloss.shard_offset(image_features)
+        total_loss = (
+            F.cross_entropy(logits_per_image, labels) +
+            F.cross_entropy(logits_per_text, labels)
+        ) / 2
+        return total_loss
+
+    return open_clip_loss
+
+
+def global_inputs(case, batch):
+    """The global batch of a case, the same in every process."""
+    g = torch.Generator().manual_seed(11)
+    features = [F.normalize(torch.randn(batch, DIM, generator=g), dim=1)
+                for _ in range(2)]
+    if case in ("clip", "open_clip"):
+        return {"image": features[0], "text": features[1],
+                "scale": torch.tensor(6.0)}
+    if case == "siglip":
+        return {"image": features[0], "text": features[1],
+                "log_t": torch.tensor(math.log(10.0)),
+                "bias": torch.tensor(-3.0)}
+    if case == "arcface":
+        return {"embeddings": torch.randn(batch, DIM, generator=g),
+                "labels": torch.randint(0, CLASSES, (batch,), generator=g),
+                "weights": torch.randn(CLASSES, DIM, generator=g)}
+    if case == "ntxent":
+        return {"z1": torch.randn(batch, DIM, generator=g),
+                "z2": torch.randn(batch, DIM, generator=g)}
+    raise KeyError(case)
+
+
+REPLICATED = {"scale", "log_t", "bias", "weights"}
+
+
+def reference(case, x):
+    """The single-process loss on the global batch, in eager torch, as the
+    original libraries write it."""
+    if case in ("clip", "open_clip"):
+        logits = x["scale"] * x["image"] @ x["text"].T
+        labels = torch.arange(logits.shape[0])
+        return (F.cross_entropy(logits, labels) +
+                F.cross_entropy(logits.T, labels)) / 2
+    if case == "siglip":  # OpenCLIP's SigLipLoss on one device
+        logits = x["log_t"].exp() * x["image"] @ x["text"].T + x["bias"]
+        n = logits.shape[0]
+        labels = 2 * torch.eye(n) - torch.ones(n, n)
+        return -F.logsigmoid(labels * logits).sum() / n
+    if case == "arcface":
+        cos = F.normalize(x["embeddings"]) @ F.normalize(x["weights"]).T
+        target = cos.gather(1, x["labels"][:, None]).clamp(-0.9999999,
+                                                           0.9999999)
+        one_hot = F.one_hot(x["labels"], CLASSES).bool()
+        logits = torch.where(one_hot, torch.cos(torch.acos(target) + 0.5),
+                             cos)
+        return F.cross_entropy(64.0 * logits, x["labels"])
+    if case == "ntxent":  # SimCLR on one device
+        z = F.normalize(torch.cat([x["z1"], x["z2"]]), dim=1)
+        n = x["z1"].shape[0]
+        sim = (z @ z.T / 0.5).masked_fill(torch.eye(2 * n, dtype=torch.bool),
+                                          float("-inf"))
+        positives = torch.cat([torch.arange(n) + n, torch.arange(n)])
+        return F.cross_entropy(sim, positives)
+    raise KeyError(case)
+
+
+def reference_grads(case, batch):
+    x = {k: v.clone().requires_grad_(v.is_floating_point())
+         for k, v in global_inputs(case, batch).items()}
+    loss = reference(case, x)
+    loss.backward()
+    return loss.detach(), {k: v.grad for k, v in x.items()
+                           if v.is_floating_point()}
+
+
+def traced_losses():
+    from arcface_loss import arcface_loss
+    from clip_loss import clip_loss
+    from ntxent_loss import ntxent_loss
+    from siglip_loss import siglip_loss
+    return {"clip": clip_loss, "siglip": siglip_loss,
+            "arcface": arcface_loss, "ntxent": ntxent_loss,
+            "open_clip": open_clip_pasted()}
+
+
+TWINS = {"clip": "clip.mlir", "siglip": "siglip.mlir",
+         "arcface": "arcface.mlir", "ntxent": "ntxent.mlir",
+         "open_clip": "clip.mlir"}
+FUSED = {"clip": "dloss.ring_softmax_ce", "open_clip": "dloss.ring_softmax_ce",
+         "siglip": "dloss.ring_sigmoid_pairs"}
+
+
+def run_rank(rank, world, sizes):
+    """Every case on this rank, traced and twin: loss, gradients, fused
+    ops."""
+    import dloss
+    starts = offsets(sizes)
+    mine = slice(starts[rank], starts[rank + 1])
+    out = {}
+    for case, traced in traced_losses().items():
+        x = global_inputs(case, sum(sizes))
+        args = {k: v if k in REPLICATED else v[mine] for k, v in x.items()}
+        twin = dloss.compile(os.path.join(EXAMPLES, TWINS[case]))
+        for kind, fn in (("traced", traced), ("twin", twin)):
+            inputs = {k: v.clone().requires_grad_(v.is_floating_point())
+                      for k, v in args.items()}
+            loss = fn(*inputs.values())
+            loss.backward()
+            compiled = fn.compiled(*inputs.values()) if kind == "traced" \
+                else fn
+            out[case, kind] = (loss.detach(),
+                               {k: v.grad for k, v in inputs.items()
+                                if v.is_floating_point()},
+                               compiled.fused_ops())
+    return out
+
+
+class TracedExamplesTest(unittest.TestCase):
+
+    def check_world(self, world):
+        sizes = WORLDS[world]
+        ranks = multiproc.run(world, run_rank, sizes, timeout=300)
+        starts = offsets(sizes)
+        for case in TWINS:
+            ref_loss, ref_grads = reference_grads(case, sum(sizes))
+            worst = {"traced": 0.0, "twin": 0.0, "traced-twin": 0.0}
+            for kind in ("traced", "twin"):
+                shares = {}
+                for r, out in enumerate(ranks):
+                    loss, grads, fused = out[case, kind]
+                    worst[kind] = max(worst[kind], rel(loss, ref_loss))
+                    twin_loss, twin_grads, twin_fused = out[case, "twin"]
+                    worst["traced-twin"] = max(worst["traced-twin"],
+                                               rel(loss, twin_loss))
+                    for name, g in grads.items():
+                        worst["traced-twin"] = max(
+                            worst["traced-twin"],
+                            rel(g, twin_grads[name], twin_grads[name]))
+                        if name in REPLICATED:
+                            # ddp: each rank holds its share of N * dF/dW.
+                            shares[name] = shares.get(name, 0) + g / world
+                        else:
+                            # ddp: rank r gets N * dF/dx_r.
+                            whole = ref_grads[name]
+                            block = whole[starts[r]:starts[r + 1]]
+                            worst[kind] = max(worst[kind],
+                                              rel(g / world, block, whole))
+                    # Fused exactly where the twin is.
+                    self.assertEqual(fused, twin_fused, (case, kind))
+                    if case in FUSED:
+                        self.assertIn(FUSED[case], fused, case)
+                    else:
+                        self.assertEqual(fused, [], case)
+                for name, total in shares.items():
+                    worst[kind] = max(worst[kind],
+                                      rel(total, ref_grads[name]))
+            print("METRIC trace case=%s world=%d sizes=%s "
+                  "traced_vs_eager=%.3g twin_vs_eager=%.3g "
+                  "traced_vs_twin=%.3g" % (
+                      case, world, sizes, worst["traced"], worst["twin"],
+                      worst["traced-twin"]), file=sys.stderr)
+            for key, value in worst.items():
+                self.assertLess(value, TOLERANCE, (case, world, key))
+
+    def test_world_1(self):
+        self.check_world(1)
+
+    def test_world_2(self):
+        self.check_world(2)
+
+    def test_world_3(self):
+        self.check_world(3)
+
+    def test_world_4_with_an_empty_rank(self):
+        self.check_world(4)
+
+
+if __name__ == "__main__":
+    unittest.main()
