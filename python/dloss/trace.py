@@ -551,7 +551,7 @@ class _Arange(_Value):
         self.dims, self.dtype = (count,), dtype
         self.varying = any(isinstance(v, _Size) and v.varying
                            for v in (start, count))
-        self.note = (loc, "uses this rank's sizes")
+        self.note = (loc, "{code} uses this rank's sizes")
         self.made = None
 
     def key(self):
@@ -630,7 +630,7 @@ def _emit(tr, t, dims, dtype, like, loc, ir=None, note=None, varying=None):
         note = next((getattr(v, "note", None) for v in vs
                      if v.varying and getattr(v, "note", None)), None)
         if note is None and varying:
-            note = (loc, "uses this rank's sizes")
+            note = (loc, "{code} uses this rank's sizes")
     return _Tensor(tr, t, dims, dtype, varying, note, loc, ir)
 
 
@@ -735,7 +735,7 @@ def _size_tensor(tr, size, dtype, loc):
         return _constant(tr, size, dtype, loc)
     t = tr.g.to_tensor(tr.size(size, loc), to_dtype(dtype), *loc)
     return _emit(tr, t, (), dtype, (size,), loc,
-                 note=(size.loc, "uses this rank's sizes")
+                 note=(size.loc, "{code} uses this rank's sizes")
                  if size.varying else None)
 
 
@@ -1099,7 +1099,7 @@ def _reduce(kind, x, dim=None, keepdim=False, loc=None, dtype=None):
                              x.dims[i].batch for i in axes):
             verb = {"sum": "sums", "max": "takes the maximum",
                     "min": "takes the minimum"}[kind]
-            note = (loc, "%s over this rank's rows only" % verb)
+            note = (loc, "{code} %s over this rank's rows only" % verb)
         out = _emit(x.tr, t, dims, x.dtype, (x,), loc, note=note)
     return _keep(out, axes, keepdim, loc)
 
@@ -1137,7 +1137,8 @@ def _logsumexp(x, dim, keepdim=False, loc=None):
     dims = tuple(d for i, d in enumerate(x.dims) if i != axis)
     note = None
     if x.varying and isinstance(x.dims[axis], _Size) and x.dims[axis].batch:
-        note = (loc, "takes a logsumexp over this rank's rows only")
+        note = (loc, "{code} takes a logsumexp over this rank's rows "
+                "only")
     out = _emit(x.tr, t, dims, x.dtype, (x,), loc, note=note)
     return _keep(out, (axis,), keepdim, loc)
 
@@ -1568,15 +1569,18 @@ def _call_torch(func, args, kwargs):
     handler = _TORCH.get(name)
     if handler is None:
         module = getattr(func, "__module__", "") or ""
-        prefix = "F." if module.startswith("torch.nn") else "torch."
+        prefix = "F." if module.startswith(("torch.nn", "torch._C._nn")) \
+            else "torch."
         _unsupported(prefix + name, _user_location())
     return handler(*args, **kwargs)
 
 
 def supported_ops():
     """The torch operations @dloss.loss records, by name."""
-    methods = sorted(set(_METHODS) | {"T", "shape", "size", "dim"})
-    return {"torch": sorted(set(_TORCH) | {"arange"}), "Tensor": methods,
+    methods = sorted(set(_METHODS) - {"detach"} |
+                     {"T", "shape", "size", "dim"})
+    return {"torch": sorted(set(_TORCH) - {"detach"} | {"arange"}),
+            "Tensor": methods,
             "operators": ["+", "-", "*", "/", "@", "**", "==", "!=", "&",
                           "|", "~", "x[:, None]", "x[a:b]"]}
 
@@ -1989,8 +1993,8 @@ def _run(fn, name, params, tensors, constants, hoist):
                        *def_loc)
         dims = []
         value = _Tensor(tr, t, [0] * len(shape), dtype, not replicated,
-                        (def_loc, "is computed from argument %r, which each "
-                         "rank passes its own" % pname), def_loc)
+                        (def_loc, "it is computed from argument %r, which "
+                         "each rank passes its own" % pname), def_loc)
         value.input_name = pname
         for axis, s in enumerate(shape):
             dims.append(s if s >= 0 else _Size(
@@ -2045,11 +2049,11 @@ def _finish(fn, tr, result, grad_mode):
             "Reduce it with .mean() (a global mean over the batch) or "
             "dloss.all_reduce(x.sum(), \"sum\")", ret_loc)
     if result.varying:
-        where, what = result.note or (ret_loc, "is computed on each rank's "
-                                      "own data")
-        _fail("the loss varies across ranks: the value returned at %s %s "
-              "at %s (%s), so each rank would return a different loss" % (
-                  _code(ret_loc), what, _text(where), _code(where)),
+        where, what = result.note or (ret_loc, "{code} is computed from "
+                                      "each rank's own data")
+        _fail("the loss varies across ranks: %s (%s), so each rank would "
+              "return a different loss" % (
+                  what.replace("{code}", _code(where)), _text(where)),
               "A loss must be the same on every rank: add the ranks' parts "
               "with dloss.all_reduce(x, \"sum\") (divided by "
               "dloss.global_size(x) for a mean), or take .mean() over the "

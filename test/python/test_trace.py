@@ -55,6 +55,34 @@ def open_clip_pasted():
     return open_clip_loss
 
 
+def features_loss():
+    """The other ops the issue lists, in one loss: logsumexp, exp/log,
+    F.logsigmoid, max, where with an index mask, .float(), clamp/acos/cos,
+    ** 2, gather/unsqueeze/squeeze, a 0-d divisor, all_reduce over a sum."""
+    import dloss
+
+    @dloss.loss
+    def features(image, text, temperature):
+        sim = image @ dloss.all_gather(text).T / temperature
+        rows = torch.arange(image.shape[0]) + dloss.shard_offset(image)
+        positive = sim.gather(1, rows.unsqueeze(1)).squeeze(1)
+        cols = torch.arange(dloss.global_size(text))
+        is_self = rows[:, None] == cols[None, :]
+        hardest = torch.where(is_self, float("-inf"), sim).max(dim=1).values
+        margin = F.logsigmoid(positive - hardest)
+        lse = torch.logsumexp(sim, dim=1)
+        spread = sim.exp().sum(1).log() - lse
+        diagonal = (is_self.float() * sim).sum(1)
+        bounded = torch.cos(torch.acos(positive.clamp(-0.999, 0.999)))
+        return ((lse - positive).mean()
+                - dloss.all_reduce(margin.sum(), "sum") /
+                dloss.global_size(image)
+                + (spread ** 2).mean() + ((diagonal - positive) ** 2).mean()
+                + bounded.mean())
+
+    return features
+
+
 def global_inputs(case, batch):
     """The global batch of a case, the same in every process."""
     g = torch.Generator().manual_seed(11)
@@ -63,6 +91,9 @@ def global_inputs(case, batch):
     if case in ("clip", "open_clip"):
         return {"image": features[0], "text": features[1],
                 "scale": torch.tensor(6.0)}
+    if case == "features":
+        return {"image": features[0], "text": features[1],
+                "temperature": torch.tensor(0.5)}
     if case == "siglip":
         return {"image": features[0], "text": features[1],
                 "log_t": torch.tensor(math.log(10.0)),
@@ -77,7 +108,7 @@ def global_inputs(case, batch):
     raise KeyError(case)
 
 
-REPLICATED = {"scale", "log_t", "bias", "weights"}
+REPLICATED = {"scale", "log_t", "bias", "weights", "temperature"}
 
 
 def reference(case, x):
@@ -101,6 +132,19 @@ def reference(case, x):
         logits = torch.where(one_hot, torch.cos(torch.acos(target) + 0.5),
                              cos)
         return F.cross_entropy(64.0 * logits, x["labels"])
+    if case == "features":
+        sim = x["image"] @ x["text"].T / x["temperature"]
+        eye = torch.eye(sim.shape[0], dtype=torch.bool)
+        positive = sim.diag()
+        hardest = sim.masked_fill(eye, float("-inf")).max(dim=1).values
+        lse = torch.logsumexp(sim, dim=1)
+        spread = sim.exp().sum(1).log() - lse
+        diagonal = (eye.float() * sim).sum(1)
+        bounded = torch.cos(torch.acos(positive.clamp(-0.999, 0.999)))
+        return ((lse - positive).mean()
+                - F.logsigmoid(positive - hardest).mean()
+                + (spread ** 2).mean() + ((diagonal - positive) ** 2).mean()
+                + bounded.mean())
     if case == "ntxent":  # SimCLR on one device
         z = F.normalize(torch.cat([x["z1"], x["z2"]]), dim=1)
         n = x["z1"].shape[0]
@@ -127,12 +171,12 @@ def traced_losses():
     from siglip_loss import siglip_loss
     return {"clip": clip_loss, "siglip": siglip_loss,
             "arcface": arcface_loss, "ntxent": ntxent_loss,
-            "open_clip": open_clip_pasted()}
+            "open_clip": open_clip_pasted(), "features": features_loss()}
 
 
 TWINS = {"clip": "clip.mlir", "siglip": "siglip.mlir",
          "arcface": "arcface.mlir", "ntxent": "ntxent.mlir",
-         "open_clip": "clip.mlir"}
+         "open_clip": "clip.mlir", "features": None}
 FUSED = {"clip": "dloss.ring_softmax_ce", "open_clip": "dloss.ring_softmax_ce",
          "siglip": "dloss.ring_sigmoid_pairs"}
 
@@ -147,8 +191,11 @@ def run_rank(rank, world, sizes):
     for case, traced in traced_losses().items():
         x = global_inputs(case, sum(sizes))
         args = {k: v if k in REPLICATED else v[mine] for k, v in x.items()}
-        twin = dloss.compile(os.path.join(EXAMPLES, TWINS[case]))
-        for kind, fn in (("traced", traced), ("twin", twin)):
+        kinds = [("traced", traced)]
+        if TWINS[case]:
+            kinds.append(("twin", dloss.compile(os.path.join(EXAMPLES,
+                                                             TWINS[case]))))
+        for kind, fn in kinds:
             inputs = {k: v.clone().requires_grad_(v.is_floating_point())
                       for k, v in args.items()}
             loss = fn(*inputs.values())
@@ -159,6 +206,15 @@ def run_rank(rank, world, sizes):
                                {k: v.grad for k, v in inputs.items()
                                 if v.is_floating_point()},
                                compiled.fused_ops())
+    # dloss.compile(fn) is @dloss.loss; grad_mode="global" gives dF/dx_r and
+    # the whole dF/dW on every rank (ArcFace's W kept outside DDP).
+    fn = dloss.compile(traced_losses()["arcface"].fn, grad_mode="global")
+    x = global_inputs("arcface", sum(sizes))
+    emb = x["embeddings"][mine].clone().requires_grad_()
+    w = x["weights"].clone().requires_grad_()
+    loss = fn(emb, x["labels"][mine], w)
+    loss.backward()
+    out["arcface", "global"] = (loss.detach(), emb.grad, w.grad)
     return out
 
 
@@ -171,12 +227,14 @@ class TracedExamplesTest(unittest.TestCase):
         for case in TWINS:
             ref_loss, ref_grads = reference_grads(case, sum(sizes))
             worst = {"traced": 0.0, "twin": 0.0, "traced-twin": 0.0}
-            for kind in ("traced", "twin"):
+            twin = TWINS[case] is not None
+            for kind in ("traced", "twin") if twin else ("traced",):
                 shares = {}
                 for r, out in enumerate(ranks):
                     loss, grads, fused = out[case, kind]
                     worst[kind] = max(worst[kind], rel(loss, ref_loss))
-                    twin_loss, twin_grads, twin_fused = out[case, "twin"]
+                    twin_loss, twin_grads, twin_fused = out[
+                        case, "twin" if twin else "traced"]
                     worst["traced-twin"] = max(worst["traced-twin"],
                                                rel(loss, twin_loss))
                     for name, g in grads.items():
@@ -202,12 +260,21 @@ class TracedExamplesTest(unittest.TestCase):
                     worst[kind] = max(worst[kind],
                                       rel(total, ref_grads[name]))
             print("METRIC trace case=%s world=%d sizes=%s "
-                  "traced_vs_eager=%.3g twin_vs_eager=%.3g "
-                  "traced_vs_twin=%.3g" % (
-                      case, world, sizes, worst["traced"], worst["twin"],
-                      worst["traced-twin"]), file=sys.stderr)
+                  "traced_vs_eager=%.3g%s" % (
+                      case, world, sizes, worst["traced"],
+                      " twin_vs_eager=%.3g traced_vs_twin=%.3g" % (
+                          worst["twin"], worst["traced-twin"])
+                      if twin else " (no twin)"), file=sys.stderr)
             for key, value in worst.items():
                 self.assertLess(value, TOLERANCE, (case, world, key))
+        ref_loss, ref_grads = reference_grads("arcface", sum(sizes))
+        for r, out in enumerate(ranks):
+            loss, emb_grad, w_grad = out["arcface", "global"]
+            whole = ref_grads["embeddings"]
+            self.assertLess(rel(loss, ref_loss), TOLERANCE)
+            self.assertLess(rel(emb_grad, whole[starts[r]:starts[r + 1]],
+                                whole), TOLERANCE)
+            self.assertLess(rel(w_grad, ref_grads["weights"]), TOLERANCE)
 
     def test_world_1(self):
         self.check_world(1)
@@ -220,6 +287,119 @@ class TracedExamplesTest(unittest.TestCase):
 
     def test_world_4_with_an_empty_rank(self):
         self.check_world(4)
+
+
+# ---------------------------------------------------------------------------
+# Errors: each bad loss below marks the line the message must name.
+# ---------------------------------------------------------------------------
+
+def bad_losses():
+    import torch.distributed as dist
+
+    import dloss
+
+    def unsupported_op(image, text):
+        sim = image @ dloss.all_gather(text).T
+        top = torch.topk(sim, 2).values  # ERROR: unsupported
+        return dloss.all_reduce(top.sum(), "sum")
+
+    def control_flow(image, text):
+        sim = image @ dloss.all_gather(text).T
+        if sim.max() > 0:  # ERROR: control-flow
+            sim = sim * 2
+        return sim.mean()
+
+    def rank_conditional_collective(image, text):
+        total = (image * text).sum()
+        if dloss.rank() == 0:  # ERROR: rank-condition
+            total = dloss.all_reduce(total, "sum")  # COLLECTIVE: rank-condition
+        return total
+
+    def varying_result(image, text):
+        labels = torch.arange(image.shape[0]) + dloss.shard_offset(image)
+        logits = image @ dloss.all_gather(text).T
+        return F.cross_entropy(logits, labels, reduction="sum")  # ERROR: varying
+
+    def seeds_gather(image, text):
+        gathered = [torch.zeros_like(text) for _ in range(2)]
+        dist.all_gather(gathered, text)  # ERROR: seeds-gather
+        return (image @ torch.cat(gathered).T).mean()
+
+    def seeds_labels(image, text):
+        n = image.shape[0]
+        labels = torch.arange(n) + n * dist.get_rank()  # ERROR: seeds-labels
+        logits = image @ dloss.all_gather(text).T
+        return F.cross_entropy(logits, labels)
+
+    def rank_times_size(image, text):
+        n = image.shape[0]
+        labels = torch.arange(n) + n * dloss.rank()  # ERROR: rank-times-size
+        logits = image @ dloss.all_gather(text).T
+        return F.cross_entropy(logits, labels)
+
+    return {name: fn for name, fn in locals().items() if callable(fn) and
+            name not in ("dist", "dloss")}
+
+
+# What each message must say besides the file and line.
+EXPECTED = {
+    "unsupported": ["torch.topk", "not supported", "Supported:",
+                    "cross_entropy"],
+    "control-flow": ["Python control flow", "torch.where"],
+    "rank-condition": ["depends on the rank", "all_reduce", "hangs"],
+    "varying": ["varies across ranks", "sums over this rank's rows only",
+                "all_reduce is missing"],
+    "seeds-gather": ["torch.distributed.all_gather", "dloss.all_gather(x)"],
+    "seeds-labels": ["torch.distributed.get_rank()", "shard_offset"],
+    "rank-times-size": ["multiplies a batch size by the rank",
+                        "dloss.shard_offset(x)"],
+}
+CASES = {"unsupported_op": "unsupported", "control_flow": "control-flow",
+         "rank_conditional_collective": "rank-condition",
+         "varying_result": "varying", "seeds_gather": "seeds-gather",
+         "seeds_labels": "seeds-labels", "rank_times_size": "rank-times-size"}
+
+
+def marked_line(marker):
+    with open(__file__) as f:
+        for number, text in enumerate(f, 1):
+            if text.rstrip().endswith("# " + marker) and "MARK" not in text:
+                return number
+    raise AssertionError("no line marked " + marker)
+
+
+def trace_errors(rank, world):
+    """Each bad loss's message (dloss.Error's str) on this rank."""
+    import dloss
+    image, text = torch.randn(3, DIM), torch.randn(3, DIM)
+    messages = {}
+    for name, fn in bad_losses().items():
+        try:
+            dloss.loss(fn)(image, text)
+            messages[name] = None
+        except dloss.Error as e:
+            messages[name] = ("dloss.Error", str(e))
+        except Exception as e:  # noqa: B902 - reported as a failure
+            messages[name] = (type(e).__name__, str(e))
+    return messages
+
+
+class TraceErrorTest(unittest.TestCase):
+
+    def test_errors_name_the_users_line_and_what_to_write(self):
+        # Two ranks: the rank-dependent ones must fail the same way on both.
+        for messages in multiproc.run(2, trace_errors):
+            for name, key in CASES.items():
+                self.assertIsNotNone(messages[name], name + " raised nothing")
+                kind, text = messages[name]
+                self.assertEqual(kind, "dloss.Error", "%s: %s" % (name, text))
+                where = "%s:%d" % (__file__, marked_line("ERROR: " + key))
+                self.assertIn(where, text, name)
+                for words in EXPECTED[key]:
+                    self.assertIn(words, text, name)
+            # The collective inside the rank-dependent branch is named too.
+            self.assertIn(":%d" % marked_line("COLLECTIVE: rank-condition"),
+                          messages["rank_conditional_collective"][1])
 
 
 if __name__ == "__main__":
