@@ -180,11 +180,11 @@ class _Size:
         loc = loc or self.loc
         g, k, a = self.tr.g, self.kind, self.args
         if k == "dim":
-            v = g.dim(a[0].t, a[1], *loc)
+            v = g.dim(a[0].node, a[1], *loc)
         elif k == "global":
-            v = g.global_size(a[0].t, a[1], *loc)
+            v = g.global_size(a[0].node, a[1], *loc)
         elif k == "offset":
-            v = g.shard_offset(a[0].t, a[1], *loc)
+            v = g.shard_offset(a[0].node, a[1], *loc)
         elif k == "rank":
             v = g.rank(*loc)
         elif k == "world":
@@ -474,7 +474,7 @@ class _Value:
         return functools.partial(method, self)
 
 
-_INTERNAL = {"tr", "t", "dims", "dtype", "ir", "varying", "note", "loc",
+_INTERNAL = {"tr", "node", "dims", "dtype", "ir", "varying", "note", "loc",
              "base", "made", "x", "s", "scale_first", "start", "count",
              "positions", "fn", "args"}
 
@@ -507,7 +507,7 @@ class _Tensor(_Value):
     the IR (a bool mask is an indicator in another type)."""
 
     def __init__(self, tr, t, dims, dtype, varying, note, loc, ir=None):
-        self.tr, self.t, self.dtype = tr, t, dtype
+        self.tr, self.node, self.dtype = tr, t, dtype
         self.ir = ir or dtype
         self.varying, self.note, self.loc = varying, note, loc
         shape = t.shape
@@ -664,7 +664,7 @@ def _mat(v, like=None):
         if v.made is None:
             x, s = _mat(v.x), _mat(v.s)
             a, b = (s, x) if v.scale_first else (x, s)
-            v.made = _emit(v.tr, v.tr.g.binary("mul", a.t, b.t, *v.loc),
+            v.made = _emit(v.tr, v.tr.g.binary("mul", a.node, b.node, *v.loc),
                            x.dims, x.dtype, (x, s), v.loc)
         return _mat(v.made, like)
     if isinstance(v, _Arange):
@@ -698,10 +698,9 @@ def _mat(v, like=None):
 
 
 def _broadcast_error(v):
-    _fail("the value made at %s has size-1 axes that it broadcasts along "
-          "(shape [%s]), and no tensor of the full shape is there to "
-          "broadcast it against" % (_code(v.loc),
-                                    ", ".join(map(_dim_text, v.dims))),
+    _fail("the value made at %s broadcasts size-1 axes (to shape [%s]), "
+          "and no tensor of its full shape is there to build it next to" % (
+              _code(v.loc), ", ".join(map(_dim_text, v.dims))),
           "dloss builds broadcasts next to a tensor of the full shape: use "
           "it in arithmetic or torch.where with such a tensor (for example "
           "logits.masked_fill(rows[:, None] == cols[None, :], -inf)), or "
@@ -712,7 +711,7 @@ def _expand(x, axes, like, loc):
     like = _mat(like)
     if not axes:
         return x
-    t = x.tr.g.expand(x.t, list(axes), like.t, *loc)
+    t = x.tr.g.expand(x.node, list(axes), like.node, *loc)
     return _emit(x.tr, t, like.dims, x.dtype, (x,), loc, ir=x.ir)
 
 
@@ -720,7 +719,7 @@ def _cast_ir(x, dtype, loc):
     """`x` (a _Tensor) with IR element type `dtype`."""
     if x.ir == dtype:
         return x
-    t = x.tr.g.cast(x.t, to_dtype(dtype), *loc)
+    t = x.tr.g.cast(x.node, to_dtype(dtype), *loc)
     return _emit(x.tr, t, x.dims, dtype, (x,), loc)
 
 
@@ -876,22 +875,22 @@ def _binary(op, a, b, loc):
                            v.dtype == torch.bool else v for v in (a, b)])
         x = _tensor_operand(a, ir, tr, loc, like)
         y = _tensor_operand(b, ir, tr, loc, like)
-        t = tr.g.binary("eq", x.t, y.t, *loc)
+        t = tr.g.binary("eq", x.node, y.node, *loc)
         out = _emit(tr, t, dims, torch.bool, (x, y), loc, ir=ir)
         return out if op == "eq" else _logical_not(out, loc)
     if op in ("and", "or"):
         x = _tensor_operand(a, _ir_of(a), tr, loc, like)
         y = _cast_ir(_tensor_operand(b, _ir_of(b), tr, loc, like), x.ir, loc)
-        t = tr.g.binary("mul", x.t, y.t, *loc)
+        t = tr.g.binary("mul", x.node, y.node, *loc)
         both = _emit(tr, t, dims, torch.bool, (x, y), loc, ir=x.ir)
         if op == "and":
             return both
-        s = tr.g.binary("sub", tr.g.binary("add", x.t, y.t, *loc), both.t,
+        s = tr.g.binary("sub", tr.g.binary("add", x.node, y.node, *loc), both.node,
                         *loc)
         return _emit(tr, s, dims, torch.bool, (x, y), loc, ir=x.ir)
     x = _tensor_operand(a, dtype, tr, loc, like)
     y = _tensor_operand(b, dtype, tr, loc, like)
-    t = tr.g.binary(op, x.t, y.t, *loc)
+    t = tr.g.binary(op, x.node, y.node, *loc)
     return _emit(tr, t, dims, dtype, (x, y), loc)
 
 
@@ -916,7 +915,7 @@ def _logical_not(m, loc):
         return _Bcast(lambda x: _logical_not(x, loc), (m,), m.dims,
                       torch.bool, loc)
     one = _constant(m.tr, 1, m.ir, loc)
-    t = m.tr.g.binary("sub", one.t, m.t, *loc)
+    t = m.tr.g.binary("sub", one.node, m.node, *loc)
     return _emit(m.tr, t, m.dims, torch.bool, (m,), loc, ir=m.ir)
 
 
@@ -931,7 +930,7 @@ def _unary(op, x, loc):
         return _Bcast(lambda v: _unary(op, v, loc), (x,), x.dims, x.dtype,
                       loc)
     x = _float(_mat(_value(x, loc)), loc)
-    t = x.tr.g.unary(op, x.t, *loc)
+    t = x.tr.g.unary(op, x.node, *loc)
     return _emit(x.tr, t, x.dims, x.dtype, (x,), loc)
 
 
@@ -972,7 +971,7 @@ def _clamp(x, min=None, max=None, loc=None):
     if isinstance(x, _Unsq):
         return _Unsq(_clamp(x.base, min, max, loc), x.ndim, x.positions, loc)
     x = _mat(_value(x, loc))
-    t = x.tr.g.clamp(x.t, None if min is None else float(min),
+    t = x.tr.g.clamp(x.node, None if min is None else float(min),
                      None if max is None else float(max), *loc)
     return _emit(x.tr, t, x.dims, x.dtype, (x,), loc)
 
@@ -990,7 +989,7 @@ def _cast(x, dtype, loc):
     m = _mat(x)
     y = _cast_ir(m, dtype, loc)
     if y is m:  # a mask already in that type: now a number
-        y = _emit(m.tr, m.t, m.dims, dtype, (m,), loc)
+        y = _emit(m.tr, m.node, m.dims, dtype, (m,), loc)
     y.dtype = dtype
     return y
 
@@ -1028,7 +1027,7 @@ def _matmul(a, b, loc):
     y, ty = split(b)
     dtype = _result_type([x, y])
     x, y = _cast_ir(x, dtype, loc), _cast_ir(y, dtype, loc)
-    t = x.tr.g.matmul(x.t, y.t, tx, ty, *loc)
+    t = x.tr.g.matmul(x.node, y.node, tx, ty, *loc)
     rows = x.dims[1] if tx else x.dims[0]
     cols = y.dims[0] if ty else y.dims[1]
     out = _emit(x.tr, t, (rows, cols), dtype, (x, y), loc)
@@ -1092,7 +1091,7 @@ def _reduce(kind, x, dim=None, keepdim=False, loc=None, dtype=None):
     else:
         if x.dtype == torch.bool:
             x = _cast(x, torch.int64, loc)
-        t = x.tr.g.reduce(x.t, kind, list(axes), *loc)
+        t = x.tr.g.reduce(x.node, kind, list(axes), *loc)
         dims = tuple(d for i, d in enumerate(x.dims) if i not in axes)
         note = None
         if x.varying and any(isinstance(x.dims[i], _Size) and
@@ -1112,10 +1111,10 @@ def _mean(x, axes, loc):
              x.dims[a].batch]
     dims = tuple(d for i, d in enumerate(x.dims) if i not in axes)
     if not batch or not x.varying:
-        t = x.tr.g.reduce(x.t, "mean", list(axes), *loc)
+        t = x.tr.g.reduce(x.node, "mean", list(axes), *loc)
         return _emit(x.tr, t, dims, x.dtype, (x,), loc)
     tr = x.tr
-    local = tr.g.reduce(x.t, "sum", list(axes), *loc)
+    local = tr.g.reduce(x.node, "sum", list(axes), *loc)
     total = tr.g.all_reduce(local, "sum", *loc)
     count = 1
     for a in axes:
@@ -1123,7 +1122,7 @@ def _mean(x, axes, loc):
         count = _size_op("mul", count, d.glob(loc) if a in batch else d,
                          loc)
     denominator = _size_tensor(tr, count, x.dtype, loc)
-    t = tr.g.binary("div", total, denominator.t, *loc)
+    t = tr.g.binary("div", total, denominator.node, *loc)
     return _emit(tr, t, dims, x.dtype, (), loc, varying=False)
 
 
@@ -1133,7 +1132,7 @@ def _logsumexp(x, dim, keepdim=False, loc=None):
     (axis,) = _axes(dim if not isinstance(dim, (list, tuple)) or
                     len(dim) == 1 else _unsupported(
                         "logsumexp over several dims", loc), x.ndim, loc)
-    t = x.tr.g.logsumexp(x.t, axis, *loc)
+    t = x.tr.g.logsumexp(x.node, axis, *loc)
     dims = tuple(d for i, d in enumerate(x.dims) if i != axis)
     note = None
     if x.varying and isinstance(x.dims[axis], _Size) and x.dims[axis].batch:
@@ -1143,9 +1142,10 @@ def _logsumexp(x, dim, keepdim=False, loc=None):
     return _keep(out, (axis,), keepdim, loc)
 
 
-def _log_softmax(x, dim=None, loc=None, dtype=None):
+def _log_softmax(x, dim=None, _stacklevel=3, dtype=None, loc=None):
     loc = loc or _user_location()
-    x = _float(_mat(_value(x, loc)), loc)
+    x = _mat(_value(x, loc))
+    x = _float(x, loc) if dtype is None else _cast(x, dtype, loc)
     if dim is None:
         _fail("log_softmax at %s needs dim=" % _code(loc), "Pass dim", loc)
     lse = _logsumexp(x, dim, True, loc)
@@ -1158,7 +1158,7 @@ def _normalize(x, p=2.0, dim=1, eps=1e-12, out=None, loc=None):
         _unsupported("F.normalize with p=%r (only p=2)" % (p,), loc)
     x = _float(_mat(_value(x, loc)), loc)
     axis = _axis(dim, x.ndim, loc)
-    t = x.tr.g.l2_normalize(x.t, axis, float(eps), *loc)
+    t = x.tr.g.l2_normalize(x.node, axis, float(eps), *loc)
     return _emit(x.tr, t, x.dims, x.dtype, (x,), loc)
 
 
@@ -1186,7 +1186,7 @@ def _cross_entropy(input, target, weight=None, size_average=None,
     if labels.ndim != 1:
         _unsupported("F.cross_entropy with class probabilities as targets "
                      "(dloss takes class indices)", loc)
-    t = logits.tr.g.cross_entropy(logits.t, labels.t, 1, *loc)
+    t = logits.tr.g.cross_entropy(logits.node, labels.node, 1, *loc)
     rows = _emit(logits.tr, t, (logits.dims[0],), logits.dtype,
                  (logits, labels), loc)
     if reduction == "none":
@@ -1210,7 +1210,7 @@ def _gather(x, dim, index, sparse_grad=False, loc=None):
                      "(write x.gather(%d, labels.unsqueeze(%d)))" % (
                          axis, axis), loc)
     labels = _index_operand(index.base, loc, "the index")
-    t = x.tr.g.take_along(x.t, labels.t, axis, *loc)
+    t = x.tr.g.take_along(x.node, labels.node, axis, *loc)
     picked = _emit(x.tr, t, labels.dims, x.dtype, (x, labels), loc)
     return _Unsq(picked, x.ndim, index.positions, loc)
 
@@ -1237,7 +1237,7 @@ def _scatter(x, dim, index, src=None, value=None, reduce=None, loc=None):
                           x.ir, loc)
     else:
         _unsupported("scatter with values that are not one per row", loc)
-    t = x.tr.g.put_along(x.t, labels.t, values.t, axis, *loc)
+    t = x.tr.g.put_along(x.node, labels.node, values.node, axis, *loc)
     return _emit(x.tr, t, x.dims, x.dtype, (x, labels, values), loc)
 
 
@@ -1263,7 +1263,7 @@ def _where(condition, input=None, other=None, loc=None):
         c = _expand(c, tuple(range(like.ndim)), like, loc)
     x = _tensor_operand(a, dtype, tr, loc, like)
     y = _tensor_operand(b, dtype, tr, loc, like)
-    t = tr.g.select(c.t, x.t, y.t, *loc)
+    t = tr.g.select(c.node, x.node, y.node, *loc)
     return _emit(tr, t, dims, dtype, (c, x, y), loc)
 
 
@@ -1290,7 +1290,7 @@ def _cat(tensors, dim=0, loc=None, out=None):
     for i, p in enumerate(parts):
         after = functools.reduce(lambda u, v: _size_op("add", u, v, loc),
                                  sizes[i + 1:], 0)
-        t = tr.g.pad(p.t, axis, tr.size(before, loc), tr.size(after, loc),
+        t = tr.g.pad(p.node, axis, tr.size(before, loc), tr.size(after, loc),
                      *loc)
         result = t if result is None else tr.g.binary("add", result, t, *loc)
         before = _size_op("add", before, sizes[i], loc)
@@ -1390,7 +1390,7 @@ def _slice(x, axis, s, loc):
             _unsupported("negative slice bounds", loc)
     count = _size_op("sub", stop, start, loc)
     tr = x.tr
-    t = tr.g.slice(x.t, axis, tr.size(start, loc), tr.size(count, loc), *loc)
+    t = tr.g.slice(x.node, axis, tr.size(start, loc), tr.size(count, loc), *loc)
     dims = list(x.dims)
     dims[axis] = count
     return _emit(tr, t, tuple(dims), x.dtype, (x, start, stop), loc)
@@ -1398,7 +1398,7 @@ def _slice(x, axis, s, loc):
 
 def _like(x, fill, loc, dtype=None):
     x = _mat(_value(x, loc))
-    t = x.tr.g.unary("zeros_like", x.t, *loc)
+    t = x.tr.g.unary("zeros_like", x.node, *loc)
     zeros = _emit(x.tr, t, x.dims, x.dtype, (x,), loc, ir=x.ir)
     out = zeros if fill == 0 else _binary("add", zeros, fill, loc)
     return _cast(out, dtype, loc) if dtype is not None else out
@@ -1500,9 +1500,9 @@ def _cast_fn(dtype):
     return run
 
 
-def _softmax(x, dim=None, *args, **kwargs):
+def _softmax(x, dim=None, _stacklevel=3, dtype=None):
     loc = _user_location()
-    return _unary("exp", _log_softmax(x, dim, loc), loc)
+    return _unary("exp", _log_softmax(x, dim, dtype=dtype, loc=loc), loc)
 
 
 # Tensor methods and torch functions, by name.
@@ -1826,7 +1826,7 @@ def all_gather(x, group=None, grad="exact"):
         _fail("grad must be 'exact', 'local' or 'none', got %r" % (grad,),
               "", loc, op="dloss.all_gather")
     tr = x.tr
-    t = tr.g.all_gather(x.t, 0, getattr(_C.GatherGrad, grad), *loc)
+    t = tr.g.all_gather(x.node, 0, getattr(_C.GatherGrad, grad), *loc)
     first = x.dims[0]
     if isinstance(first, _Size) and first.batch:
         first = first.glob(loc)
@@ -1848,7 +1848,7 @@ def all_reduce(x, op="sum", group=None):
               "Use 'sum', 'mean', 'max' or 'min'", loc,
               op="dloss.all_reduce")
     x = _mat(x)
-    t = x.tr.g.all_reduce(x.t, op, *loc)
+    t = x.tr.g.all_reduce(x.node, op, *loc)
     return _emit(x.tr, t, x.dims, x.dtype, (), loc, varying=False, ir=x.ir)
 
 
@@ -2060,7 +2060,7 @@ def _finish(fn, tr, result, grad_mode):
               "batch, which dloss makes the global mean; an all_reduce is "
               "missing", where)
     mode = _C.GradMode.ddp if grad_mode == "ddp" else _C.GradMode.global_
-    tr.g.set_loss(result.t, mode, *ret_loc)
+    tr.g.set_loss(result.node, mode, *ret_loc)
     return tr.g
 
 
