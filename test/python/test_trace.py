@@ -289,6 +289,61 @@ class TracedExamplesTest(unittest.TestCase):
         self.check_world(4)
 
 
+def more_torch(x, y, w, tmp):
+    """More of the supported torch, for one rank (where a per-rank program
+    and one process agree): t/transpose/mm, log_softmax/softmax, keepdim,
+    view, *_like, masks with & | ~ !=, slices, a 0-d torch constant, a branch
+    on a fixed size."""
+    n = x.shape[0]
+    if x.shape[1] == DIM:  # fixed sizes are plain ints
+        x = x * 1.0
+    sim = x @ y.t() / tmp
+    ls = F.log_softmax(sim, dim=1)
+    sm = torch.softmax(x.mm(y.transpose(0, 1)), dim=1)
+    centered = sim - sim.max(dim=1, keepdim=True).values
+    labels = torch.arange(n)
+    halves = torch.ones_like(sim) * 0.5 + torch.full_like(sim, 0.25)
+    mask = labels[:, None] == torch.arange(y.shape[0])[None, :]
+    both = (mask | ~mask) & mask
+    picked = torch.where(both, centered, halves)
+    differ = torch.where(mask != ~mask, 1.0, sim * 0).sum()
+    return (ls.sum() + sm.sum() * torch.tensor(2.0) + picked.mean() +
+            sim[1:3].sum() + sim.gather(1, labels.view(-1, 1)).sum() +
+            differ + F.normalize(w, dim=1).sum() + (x ** 2).mean() +
+            torch.clamp(sim, min=0.1).sum() + sim.square().sum())
+
+
+def run_more_torch(rank, world):
+    import dloss
+
+    @dloss.loss
+    def more(x, y, w: dloss.Input(shape=(3, DIM), replicated=True), tmp):
+        return dloss.all_reduce(more_torch(x, y, w, tmp), "sum")
+
+    g = torch.Generator().manual_seed(5)
+    values = [torch.randn(5, DIM, generator=g), torch.randn(5, DIM,
+                                                             generator=g),
+              torch.randn(3, DIM, generator=g), torch.tensor(0.7)]
+    out = []
+    for fn in (more, more_torch):
+        inputs = [v.clone().requires_grad_() for v in values]
+        loss = fn(*inputs)
+        loss.backward()
+        out.append((loss.detach(), [v.grad for v in inputs]))
+    return out
+
+
+class MoreTorchTest(unittest.TestCase):
+
+    def test_more_torch_on_one_rank_matches_eager(self):
+        (loss, grads), (ref, ref_grads) = multiproc.run(1, run_more_torch)[0]
+        worst = max([rel(loss, ref)] + [rel(g, r) for g, r in
+                                        zip(grads, ref_grads)])
+        print("METRIC trace case=more_torch world=1 traced_vs_eager=%.3g" %
+              worst, file=sys.stderr)
+        self.assertLess(worst, TOLERANCE)
+
+
 # ---------------------------------------------------------------------------
 # Errors: each bad loss below marks the line the message must name.
 # ---------------------------------------------------------------------------
