@@ -1,0 +1,1627 @@
+"""What a @dloss.loss function's torch operations record: stand-in tensors
+and sizes, each operation adding its dloss ops to the graph being traced at
+the user's file:line (dloss/trace.py drives the recording).
+
+A stand-in is a graph tensor (_Tensor) or a form kept apart until its use
+decides how to build it: a transpose (a matmul's flag), a 0-d scale of a
+matrix (pulled out of a matmul, as the fusion patterns want), an arange of
+sizes (an offset moves its start), a tensor with size-1 axes or a pending
+broadcast (built by dloss.expand next to a tensor of the full shape).
+"""
+
+import ast
+import functools
+import linecache
+import os
+import sys
+import threading
+
+import torch
+
+from . import _C
+from .errors import make_error
+from .graph import to_dtype
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_state = threading.local()
+
+
+# ---------------------------------------------------------------------------
+# Where in the user's code: every op, value and error carries (file, line).
+# ---------------------------------------------------------------------------
+
+def _user_location():
+    """(file, line) of the innermost frame outside torch and dloss."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = os.path.abspath(frame.f_code.co_filename)
+        if not name.startswith(_TORCH_DIR) and \
+                os.path.dirname(name) != _PACKAGE_DIR:
+            return frame.f_code.co_filename, frame.f_lineno
+        frame = frame.f_back
+    return "<unknown>", 0
+
+
+def _text(loc):
+    return "%s:%d" % loc
+
+
+def _code(loc):
+    line = linecache.getline(loc[0], loc[1]).strip()
+    return "`%s`" % line if line else "this line"
+
+
+def _fail(problem, hint, loc, op=""):
+    raise make_error(problem, hint, op=op, location=_text(loc))
+
+
+def _trace():
+    tr = getattr(_state, "trace", None)
+    return tr
+
+
+# ---------------------------------------------------------------------------
+# The graph under construction.
+# ---------------------------------------------------------------------------
+
+class _Trace:
+    def __init__(self, name):
+        self.g = _C.Graph(name)
+        self.sizes = {}
+        # Index tensors computed from the inputs' sizes alone (labels):
+        # `hoisted` holds those built up front, `aranges` what this pass
+        # built (see _trace_graph).
+        self.hoisted, self.aranges = {}, []
+
+    def size(self, value, loc):
+        """A builder Size for an int or a _Size."""
+        if isinstance(value, _Size):
+            return value.value(loc)
+        key = ("const", int(value))
+        if key not in self.sizes:
+            self.sizes[key] = self.g.size(int(value), *loc)
+        return self.sizes[key]
+
+
+# ---------------------------------------------------------------------------
+# Sizes: dimensions and rank facts, known only when the loss runs.
+# ---------------------------------------------------------------------------
+
+class _Cond:
+    """A comparison of run-time values: using it as a Python bool is control
+    flow that could differ across ranks."""
+
+    def __init__(self, varying, loc):
+        self.varying, self.loc = varying, loc
+
+    def __bool__(self):
+        _control_flow_error(self.varying, _user_location())
+
+
+class _Size:
+    """A size known when the loss runs: a batch dimension, an offset, the
+    world size. Supports + - * with ints and sizes; in tensor arithmetic it
+    is a 0-d tensor."""
+
+    __hash__ = object.__hash__
+
+    def __init__(self, tr, kind, args, loc, varying=False, batch=False,
+                 rank=False):
+        self.tr, self.kind, self.args, self.loc = tr, kind, args, loc
+        self.varying = varying
+        self.batch = batch    # this rank's share of an axis split across ranks
+        self.rank = rank      # derived from dloss.rank()
+
+    def key(self):
+        parts = [self.kind]
+        for a in self.args:
+            if isinstance(a, _Size):
+                parts.append(a.key())
+            elif isinstance(a, _Tensor):
+                name = getattr(a, "input_name", None)
+                parts.append(("input", name) if name else ("tensor", id(a)))
+            else:
+                parts.append(a)
+        return tuple(parts)
+
+    def of_inputs(self):
+        """Computed from the inputs' sizes and the rank facts only."""
+        return all(a.of_inputs() if isinstance(a, _Size) else
+                   getattr(a, "input_name", None) is not None
+                   if isinstance(a, _Tensor) else True for a in self.args)
+
+    def rebased(self, tr, inputs):
+        """This size in another trace whose inputs are `inputs` (by name)."""
+        args = tuple(a.rebased(tr, inputs) if isinstance(a, _Size) else
+                     inputs[a.input_name] if isinstance(a, _Tensor) else a
+                     for a in self.args)
+        return _Size(tr, self.kind, args, self.loc, self.varying, self.batch,
+                     self.rank)
+
+    def value(self, loc=None):
+        """The builder's Size, made at its first use (`loc`)."""
+        key = self.key()
+        cached = self.tr.sizes.get(key)
+        if cached is not None:
+            return cached
+        loc = loc or self.loc
+        g, k, a = self.tr.g, self.kind, self.args
+        if k == "dim":
+            v = g.dim(a[0].node, a[1], *loc)
+        elif k == "global":
+            v = g.global_size(a[0].node, a[1], *loc)
+        elif k == "offset":
+            v = g.shard_offset(a[0].node, a[1], *loc)
+        elif k == "rank":
+            v = g.rank(*loc)
+        elif k == "world":
+            v = g.world_size(*loc)
+        else:  # add, sub, mul
+            v = g.size_arith(k, self.tr.size(a[0], loc),
+                             self.tr.size(a[1], loc), *loc)
+        self.tr.sizes[key] = v
+        return v
+
+    def has_dim(self):
+        if self.kind == "dim":
+            return True
+        return any(isinstance(a, _Size) and a.has_dim() for a in self.args)
+
+    def glob(self, loc=None):
+        """The sum over ranks of a batch size (its global counterpart),
+        built at `loc`."""
+        loc = loc or self.loc
+        if self.kind == "dim":
+            return _Size(self.tr, "global", self.args, loc)
+        if self.kind == "add":
+            return _size_op("add", self.args[0].glob(loc),
+                            self.args[1].glob(loc), loc)
+        raise AssertionError("no global size for " + self.kind)
+
+    # Arithmetic.
+    def __add__(self, other):
+        return _size_op("add", self, other, _user_location())
+
+    def __radd__(self, other):
+        return _size_op("add", other, self, _user_location())
+
+    def __sub__(self, other):
+        return _size_op("sub", self, other, _user_location())
+
+    def __rsub__(self, other):
+        return _size_op("sub", other, self, _user_location())
+
+    def __mul__(self, other):
+        return _size_op("mul", self, other, _user_location())
+
+    def __rmul__(self, other):
+        return _size_op("mul", other, self, _user_location())
+
+    def __truediv__(self, other):
+        return _binary("div", self, other, _user_location())
+
+    def __rtruediv__(self, other):
+        return _binary("div", other, self, _user_location())
+
+    def __neg__(self):
+        return _size_op("sub", 0, self, _user_location())
+
+    # Anything that needs the number itself is control flow.
+    def _compare(self, other):
+        varying = self.varying or getattr(other, "varying", False)
+        return _Cond(varying, _user_location())
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _compare
+
+    def __bool__(self):
+        _control_flow_error(self.varying, _user_location())
+
+    def __index__(self):
+        _fail("a size known only when the loss runs (a batch size, an "
+              "offset, the world size) is used as a Python number at "
+              "%s" % _code(_user_location()),
+              "Python loops and indexing over it would make each rank run a "
+              "different program. Use tensor operations (torch.arange(n), "
+              "sums) instead", _user_location())
+
+    __int__ = __index__
+
+    def __repr__(self):
+        return "<dloss size %s>" % self.kind
+
+
+def _size_op(kind, a, b, loc):
+    if isinstance(a, bool) or isinstance(b, bool) or not all(
+            isinstance(v, (int, _Size)) for v in (a, b)):
+        if isinstance(a, (_Value, float)) or isinstance(b, (_Value, float)):
+            return _binary(kind, a, b, loc)
+        return NotImplemented
+    if isinstance(a, int) and isinstance(b, int):
+        return {"add": a + b, "sub": a - b, "mul": a * b}[kind]
+    if kind == "mul":
+        for x, y in ((a, b), (b, a)):
+            if isinstance(x, _Size) and x.rank and \
+                    isinstance(y, _Size) and y.has_dim():
+                _fail("%s multiplies a batch size by the rank: that is this "
+                      "rank's first global row only when every rank holds "
+                      "the same number of rows" % _code(loc),
+                      "Use dloss.shard_offset(x), the sum of the lower "
+                      "ranks' sizes, which is right for uneven batches too",
+                      loc)
+        if _is_one(a):
+            return b
+        if _is_one(b):
+            return a
+    if kind == "add":
+        if isinstance(a, int) and a == 0:
+            return b
+        if isinstance(b, int) and b == 0:
+            return a
+    if kind == "sub" and isinstance(b, int) and b == 0:
+        return a
+    tr = a.tr if isinstance(a, _Size) else b.tr
+    sizes = [v for v in (a, b) if isinstance(v, _Size)]
+    batch = kind == "add" and all(isinstance(v, _Size) and v.batch
+                                  for v in (a, b))
+    return _Size(tr, kind, (a, b), loc,
+                 varying=any(v.varying for v in sizes), batch=batch,
+                 rank=any(v.rank for v in sizes))
+
+
+# ---------------------------------------------------------------------------
+# Stand-in tensors.
+# ---------------------------------------------------------------------------
+
+class _Shape(tuple):
+    """x.shape: ints where fixed, dloss sizes where known only at run time."""
+
+    def numel(self):
+        n = 1
+        for d in self:
+            n = n * d
+        return n
+
+
+def _is_one(d):
+    return isinstance(d, int) and not isinstance(d, bool) and d == 1
+
+
+class _Value:
+    """Anything that stands for a tensor while a loss is traced. Subclasses
+    set tr, dims, dtype, varying, note (where it started to vary), loc."""
+
+    __hash__ = object.__hash__
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return _call_torch(func, args, kwargs or {})
+
+    # Facts about the tensor.
+    @property
+    def ndim(self):
+        return len(self.dims)
+
+    @property
+    def shape(self):
+        return _Shape(self.dims)
+
+    def size(self, dim=None):
+        if dim is None:
+            return _Shape(self.dims)
+        return self.dims[_axis(dim, self.ndim, _user_location())]
+
+    def dim(self):
+        return len(self.dims)
+
+    def numel(self):
+        return _Shape(self.dims).numel()
+
+    @property
+    def device(self):
+        return torch.device("cpu")
+
+    @property
+    def requires_grad(self):
+        return False
+
+    @property
+    def is_cuda(self):
+        return False
+
+    def __len__(self):
+        if self.ndim and isinstance(self.dims[0], int):
+            return self.dims[0]
+        _fail("len() of a tensor whose first dimension is known only when "
+              "the loss runs, at %s" % _code(_user_location()),
+              "Use x.shape[0], a size that works in tensor arithmetic",
+              _user_location())
+
+    def __iter__(self):
+        _fail("iterating over a tensor at %s" % _code(_user_location()),
+              "A Python loop over a tensor runs once per row, a number known "
+              "only when the loss runs; write it with tensor operations",
+              _user_location())
+
+    def __bool__(self):
+        _control_flow_error(self.varying, _user_location())
+
+    def item(self):
+        _fail("x.item() at %s: the value is known only when the loss runs" %
+              _code(_user_location()),
+              "Keep it a tensor (a 0-d tensor broadcasts in arithmetic)",
+              _user_location())
+
+    __float__ = __int__ = __index__ = item
+
+    def __repr__(self):
+        return "<dloss traced tensor %s %s>" % (
+            self.dtype, list(map(_dim_text, self.dims)))
+
+    # Operators.
+    def __add__(self, o):
+        return _binary("add", self, o, _user_location())
+
+    def __radd__(self, o):
+        return _binary("add", o, self, _user_location())
+
+    def __sub__(self, o):
+        return _binary("sub", self, o, _user_location())
+
+    def __rsub__(self, o):
+        return _binary("sub", o, self, _user_location())
+
+    def __mul__(self, o):
+        return _binary("mul", self, o, _user_location())
+
+    def __rmul__(self, o):
+        return _binary("mul", o, self, _user_location())
+
+    def __truediv__(self, o):
+        return _binary("div", self, o, _user_location())
+
+    def __rtruediv__(self, o):
+        return _binary("div", o, self, _user_location())
+
+    def __matmul__(self, o):
+        return _matmul(self, o, _user_location())
+
+    def __rmatmul__(self, o):
+        return _matmul(o, self, _user_location())
+
+    def __neg__(self):
+        return _unary("neg", self, _user_location())
+
+    def __pos__(self):
+        return self
+
+    def __pow__(self, p):
+        return _pow(self, p, _user_location())
+
+    def __eq__(self, o):
+        return _binary("eq", self, o, _user_location())
+
+    def __ne__(self, o):
+        return _binary("ne", self, o, _user_location())
+
+    def __and__(self, o):
+        return _binary("and", self, o, _user_location())
+
+    __rand__ = __and__
+
+    def __or__(self, o):
+        return _binary("or", self, o, _user_location())
+
+    __ror__ = __or__
+
+    def __invert__(self):
+        return _logical_not(self, _user_location())
+
+    def _order(self, o):
+        return _Order(self, o, _user_location())
+
+    __lt__ = __le__ = __gt__ = __ge__ = _order
+
+    def __getitem__(self, index):
+        return _getitem(self, index, _user_location())
+
+    @property
+    def T(self):
+        return _transpose(self, _user_location())
+
+    @property
+    def mT(self):
+        return _transpose(self, _user_location())
+
+    def __getattr__(self, name):
+        if name.startswith("_") or name in _INTERNAL:
+            raise AttributeError(name)
+        method = _METHODS.get(name)
+        if method is None:
+            _unsupported("Tensor." + name, _user_location())
+        return functools.partial(method, self)
+
+
+_INTERNAL = {"tr", "node", "dims", "dtype", "ir", "varying", "note", "loc",
+             "base", "made", "x", "s", "scale_first", "start", "count",
+             "positions", "fn", "args"}
+
+
+def _dim_text(d):
+    return str(d) if isinstance(d, int) else "?"
+
+
+class _Order(_Value):
+    """x < y: dloss has no ordering op; only its use as a condition (control
+    flow) gets a specific message."""
+
+    def __init__(self, a, b, loc):
+        self.loc = loc
+        self.varying = any(isinstance(v, (_Value, _Size)) and v.varying
+                           for v in (a, b))
+
+    def __bool__(self):
+        _control_flow_error(self.varying, _user_location())
+
+    def __getattribute__(self, name):
+        if name in ("__bool__", "loc", "varying", "__class__"):
+            return object.__getattribute__(self, name)
+        _unsupported("comparison <, <=, >, >= (dloss compares with == "
+                     "only)", object.__getattribute__(self, "loc"))
+
+
+class _Tensor(_Value):
+    """A tensor of the graph: `t` is the builder's; `ir` its element type in
+    the IR (a bool mask is an indicator in another type)."""
+
+    def __init__(self, tr, t, dims, dtype, varying, note, loc, ir=None):
+        self.tr, self.node, self.dtype = tr, t, dtype
+        self.ir = ir or dtype
+        self.varying, self.note, self.loc = varying, note, loc
+        shape = t.shape
+        if len(shape) != len(dims):
+            raise AssertionError("dloss trace: rank %d vs %d at %s" % (
+                len(shape), len(dims), _text(loc)))
+        self.dims = tuple(s if s >= 0 else d for s, d in zip(shape, dims))
+
+
+class _Transposed(_Value):
+    """x.T of a 2-D tensor: dloss has no transpose op, so it lives in a
+    matmul's transpose flags."""
+
+    def __init__(self, base, loc):
+        self.base, self.loc, self.tr = base, loc, base.tr
+        self.dims = tuple(reversed(base.dims))
+        self.dtype, self.varying, self.note = base.dtype, base.varying, \
+            base.note
+
+
+class _Scaled(_Value):
+    """s * x with s 0-d, kept apart until it is known whether a matmul reads
+    it: (s * a) @ b is emitted as s * (a @ b), the form the fusion patterns
+    match (OpenCLIP writes `logit_scale * image @ text.T`)."""
+
+    def __init__(self, x, s, scale_first, loc):
+        self.x, self.s, self.scale_first, self.loc = x, s, scale_first, loc
+        self.tr = x.tr
+        self.dims, self.dtype = x.dims, x.dtype
+        self.varying = x.varying or s.varying
+        self.note = x.note if x.varying else s.note
+        self.made = None
+
+
+class _Arange(_Value):
+    """torch.arange: start and count are sizes, so adding an offset moves
+    the start (arange(n) + shard_offset = the global row indices)."""
+
+    def __init__(self, tr, start, count, dtype, loc):
+        self.tr, self.start, self.count, self.loc = tr, start, count, loc
+        self.dims, self.dtype = (count,), dtype
+        self.varying = any(isinstance(v, _Size) and v.varying
+                           for v in (start, count))
+        self.note = (loc, "{code} uses this rank's sizes")
+        self.made = None
+
+    def key(self):
+        """A name for it across traces when it depends on the inputs' sizes
+        alone (None otherwise)."""
+        parts = []
+        for v in (self.start, self.count):
+            if isinstance(v, _Size):
+                if not v.of_inputs():
+                    return None
+                parts.append(v.key())
+            else:
+                parts.append(("const", v))
+        return ("arange", str(self.dtype)) + tuple(parts)
+
+
+class _Unsq(_Value):
+    """`base` viewed with size-1 axes inserted (x[:, None], keepdim=True,
+    gather's column): broadcast against a tensor of the full shape."""
+
+    def __init__(self, base, ndim, positions, loc):
+        self.base, self.loc, self.tr = base, loc, base.tr
+        self.positions = tuple(positions)  # where base's dims sit
+        dims = [1] * ndim
+        for p, d in zip(self.positions, base.dims):
+            dims[p] = d
+        self.dims = tuple(dims)
+        self.dtype, self.varying, self.note = base.dtype, base.varying, \
+            base.note
+
+
+class _Bcast(_Value):
+    """An element-wise op whose operands broadcast to a shape that no tensor
+    has yet (rows[:, None] == cols[None, :]): built next to one that has."""
+
+    def __init__(self, fn, args, dims, dtype, loc):
+        self.fn, self.args, self.dims, self.dtype, self.loc = \
+            fn, args, dims, dtype, loc
+        vs = [a for a in args if isinstance(a, _Value)]
+        self.tr = vs[0].tr
+        self.varying = any(a.varying for a in vs)
+        self.note = next((a.note for a in vs if a.varying), None)
+
+
+class _MaxResult(tuple):
+    """torch.max(x, dim): (values, indices); dloss has no argmax."""
+
+    @property
+    def values(self):
+        return self[0]
+
+    @property
+    def indices(self):
+        return self[1]
+
+
+class _NoIndices:
+    def __init__(self, loc):
+        self.loc = loc
+
+    def __getattr__(self, name):
+        _unsupported("the indices of max/min", self.loc)
+
+
+# ---------------------------------------------------------------------------
+# Materialising values as graph tensors.
+# ---------------------------------------------------------------------------
+
+def _emit(tr, t, dims, dtype, like, loc, ir=None, note=None, varying=None):
+    """A new _Tensor; varying-ness and its note follow the operands in
+    `like` unless given."""
+    vs = [v for v in like if isinstance(v, (_Value, _Size))]
+    if varying is None:
+        varying = any(v.varying for v in vs)
+    if note is None:
+        note = next((getattr(v, "note", None) for v in vs
+                     if v.varying and getattr(v, "note", None)), None)
+        if note is None and varying:
+            note = (loc, "{code} uses this rank's sizes")
+    return _Tensor(tr, t, dims, dtype, varying, note, loc, ir)
+
+
+def _full(v, dims):
+    """`v` has all of `dims` (no broadcasting needed to reach them)."""
+    if not isinstance(v, (_Tensor, _Transposed, _Scaled, _Arange)):
+        return False
+    return len(v.dims) == len(dims) and not any(
+        _is_one(d) and not _is_one(r) for d, r in zip(v.dims, dims))
+
+
+def _mat(v, like=None):
+    """`v` as a _Tensor; broadcast to `like`'s shape when `like` is given
+    and `v` is neither 0-d nor of that shape already."""
+    if isinstance(v, _Tensor):
+        if like is None or v.ndim == 0 or (
+                v.ndim == like.ndim and not any(
+                    _is_one(d) and not _is_one(r)
+                    for d, r in zip(v.dims, like.dims))):
+            return v
+        return _expand(v, tuple(range(like.ndim - v.ndim, like.ndim)),
+                       like, v.loc)
+    if isinstance(v, _Transposed):
+        if v.ndim < 2:
+            return _mat(v.base, like)
+        _fail("x.T at %s is used other than as an operand of @ (matmul)" %
+              _code(v.loc),
+              "dloss has no transpose op; a transpose can only feed a matrix "
+              "product (x @ y.T), whose flags absorb it", v.loc)
+    if isinstance(v, _Scaled):
+        if v.made is None:
+            x, s = _mat(v.x), _mat(v.s)
+            a, b = (s, x) if v.scale_first else (x, s)
+            v.made = _emit(v.tr, v.tr.g.binary("mul", a.node, b.node, *v.loc),
+                           x.dims, x.dtype, (x, s), v.loc)
+        return _mat(v.made, like)
+    if isinstance(v, _Arange):
+        if v.made is None:
+            tr = v.tr
+            key = v.key()
+            v.made = tr.hoisted.get(key) if key else None
+            if v.made is None:
+                t = tr.g.arange(tr.size(v.start, v.loc),
+                                tr.size(v.count, v.loc), to_dtype(v.dtype),
+                                *v.loc)
+                v.made = _emit(tr, t, (v.count,), v.dtype, (), v.loc,
+                               varying=v.varying, note=v.note)
+                if key:
+                    tr.aranges.append(v)
+        return _mat(v.made, like)
+    if isinstance(v, _Unsq):
+        if like is None:
+            _broadcast_error(v)
+        shift = like.ndim - v.ndim
+        base = _mat(v.base)
+        kept = [p + shift for p in v.positions]
+        axes = tuple(i for i in range(like.ndim) if i not in kept)
+        return _expand(base, axes, like, v.loc)
+    if isinstance(v, _Bcast):
+        if like is None:
+            _broadcast_error(v)
+        return v.fn(*[_mat(a, like) if isinstance(a, _Value) else a
+                      for a in v.args])
+    raise AssertionError("cannot materialise %r" % (v,))
+
+
+def _broadcast_error(v):
+    _fail("the value made at %s broadcasts size-1 axes (to shape [%s]), "
+          "and no tensor of its full shape is there to build it next to" % (
+              _code(v.loc), ", ".join(map(_dim_text, v.dims))),
+          "dloss builds broadcasts next to a tensor of the full shape: use "
+          "it in arithmetic or torch.where with such a tensor (for example "
+          "logits.masked_fill(rows[:, None] == cols[None, :], -inf)), or "
+          "reduce it with .squeeze()/.sum()", v.loc)
+
+
+def _expand(x, axes, like, loc):
+    like = _mat(like)
+    if not axes:
+        return x
+    t = x.tr.g.expand(x.node, list(axes), like.node, *loc)
+    return _emit(x.tr, t, like.dims, x.dtype, (x,), loc, ir=x.ir)
+
+
+def _cast_ir(x, dtype, loc):
+    """`x` (a _Tensor) with IR element type `dtype`."""
+    if x.ir == dtype:
+        return x
+    t = x.tr.g.cast(x.node, to_dtype(dtype), *loc)
+    return _emit(x.tr, t, x.dims, dtype, (x,), loc)
+
+
+def _constant(tr, value, dtype, loc):
+    t = tr.g.constant(float(value), to_dtype(dtype), *loc)
+    return _emit(tr, t, (), dtype, (), loc, varying=False)
+
+
+def _size_tensor(tr, size, dtype, loc):
+    """A size as a 0-d tensor of `dtype`."""
+    if isinstance(size, int):
+        return _constant(tr, size, dtype, loc)
+    t = tr.g.to_tensor(tr.size(size, loc), to_dtype(dtype), *loc)
+    return _emit(tr, t, (), dtype, (size,), loc,
+                 note=(size.loc, "{code} uses this rank's sizes")
+                 if size.varying else None)
+
+
+# ---------------------------------------------------------------------------
+# Operations.
+# ---------------------------------------------------------------------------
+
+_FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _trace_of(*values):
+    for v in values:
+        if isinstance(v, (_Value, _Size)):
+            return v.tr
+    raise AssertionError("no traced value among the operands")
+
+
+def _operand(v, loc):
+    """Python numbers stay numbers; torch constants become 0-d constants
+    (larger ones are refused)."""
+    if isinstance(v, torch.Tensor):
+        if v.dim() != 0:
+            _fail("a constant tensor of shape %s at %s" % (
+                list(v.shape), _code(loc)),
+                "dloss embeds only 0-d constants (numbers). Pass the tensor "
+                "as an argument of the loss, or build it from torch.arange "
+                "and dloss sizes", loc)
+        return v.item() if v.dtype != torch.bool else bool(v.item())
+    if isinstance(v, (bool, int, float, _Value, _Size)):
+        return v
+    _fail("%s is not a tensor or a number (at %s)" % (
+        type(v).__name__, _code(loc)), "Pass tensors or numbers", loc)
+
+
+def _dummy(v):
+    if isinstance(v, _Size):
+        return torch.empty((), dtype=torch.int64)
+    if isinstance(v, (_Value, _Retyped)):
+        return torch.empty((1,) * min(v.ndim, 1), dtype=v.dtype)
+    return v
+
+
+def _result_type(values):
+    dummies = [_dummy(v) for v in values]
+    if len(dummies) == 1:
+        return dummies[0].dtype if isinstance(dummies[0], torch.Tensor) \
+            else torch.get_default_dtype()
+    dtype = torch.result_type(dummies[0], dummies[1])
+    for d in dummies[2:]:
+        dtype = torch.result_type(torch.empty((1,), dtype=dtype), d)
+    return dtype
+
+
+def _broadcast_dims(values, loc):
+    ranks = [len(v.dims) for v in values if isinstance(v, _Value)]
+    n = max(ranks) if ranks else 0
+    dims = [1] * n
+    for v in values:
+        if not isinstance(v, _Value):
+            continue
+        for i, d in enumerate(v.dims):
+            j = n - v.ndim + i
+            r = dims[j]
+            if _is_one(r):
+                dims[j] = d
+            elif _is_one(d):
+                continue
+            elif isinstance(r, int) and isinstance(d, int) and r != d:
+                _fail("shapes [%s] do not broadcast at %s" % (
+                    ", ".join(map(_dim_text, v.dims)), _code(loc)),
+                    "Check the operands' shapes", loc)
+            elif isinstance(d, int) and not isinstance(r, int):
+                dims[j] = d
+    return tuple(dims)
+
+
+def _tensor_operand(v, dtype, tr, loc, like=None):
+    """An operand as a _Tensor of IR type `dtype` (a number as a constant,
+    a size as a 0-d tensor)."""
+    if isinstance(v, _Size):
+        return _size_tensor(tr, v, dtype, loc)
+    if not isinstance(v, _Value):
+        return _constant(tr, v, dtype, loc)
+    return _cast_ir(_mat(v, like), dtype, loc)
+
+
+def _binary(op, a, b, loc):
+    """+ - * / == != & | with torch's type promotion and broadcasting."""
+    a, b = _operand(a, loc), _operand(b, loc)
+    tr = _trace_of(a, b)
+    if op in ("and", "or"):
+        for v in (a, b):
+            if isinstance(v, _Value) and v.dtype != torch.bool:
+                _unsupported("bitwise & and | on non-boolean tensors", loc)
+    dtype = _result_type([a, b])
+    if op == "div" and dtype not in _FLOAT:
+        dtype = torch.get_default_dtype()
+    # arange + offset: move the start.
+    if op in ("add", "sub") and dtype == torch.int64:
+        for x, y in ((a, b), (b, a)):
+            if isinstance(x, _Arange) and isinstance(y, (int, _Size)) and \
+                    not isinstance(y, bool) and (op == "add" or x is a):
+                start = _size_op(op, x.start, y, loc)
+                if start is not NotImplemented:
+                    return _Arange(tr, start, x.count, x.dtype, loc)
+    # A 0-d scale of a matrix: keep it apart for a matmul to pull out.
+    if op == "mul" and dtype in _FLOAT:
+        for x, y, first in ((a, b, False), (b, a, True)):
+            if isinstance(x, (_Tensor, _Transposed)) and x.ndim == 2 and \
+                    x.dtype == dtype and (
+                        isinstance(y, _Tensor) and y.ndim == 0 and
+                        y.dtype == dtype or isinstance(y, (int, float)) and
+                        not isinstance(y, bool)):
+                s = y if isinstance(y, _Tensor) else \
+                    _constant(tr, y, dtype, loc)
+                return _Scaled(x, s, first, loc)
+    dims = _broadcast_dims([a, b], loc)
+    values = [v for v in (a, b) if isinstance(v, _Value)]
+    # Views with size-1 axes of the same layout stay views.
+    if all(isinstance(v, _Unsq) or (isinstance(v, _Value) and v.ndim == 0)
+           or not isinstance(v, _Value) for v in (a, b)):
+        views = [v for v in (a, b) if isinstance(v, _Unsq)]
+        if views and all(v.ndim == views[0].ndim and
+                         v.positions == views[0].positions for v in views):
+            inner = _binary(op, *[v.base if isinstance(v, _Unsq) else v
+                                  for v in (a, b)], loc)
+            return _Unsq(inner, views[0].ndim, views[0].positions, loc)
+    like = next((v for v in values if _full(v, dims)), None)
+    needs = any(isinstance(v, _Value) and v.ndim and not _full(v, dims)
+                for v in (a, b))
+    if needs and like is None:
+        return _Bcast(lambda x, y: _binary(op, x, y, loc), (a, b), dims,
+                      dtype if op not in ("eq", "ne") else torch.bool, loc)
+    if like is not None:
+        like = _mat(like)
+    if op in ("eq", "ne"):
+        ir = _result_type([_Retyped(v) if isinstance(v, _Tensor) and
+                           v.dtype == torch.bool else v for v in (a, b)])
+        x = _tensor_operand(a, ir, tr, loc, like)
+        y = _tensor_operand(b, ir, tr, loc, like)
+        t = tr.g.binary("eq", x.node, y.node, *loc)
+        out = _emit(tr, t, dims, torch.bool, (x, y), loc, ir=ir)
+        return out if op == "eq" else _logical_not(out, loc)
+    if op in ("and", "or"):
+        x = _tensor_operand(a, _ir_of(a), tr, loc, like)
+        y = _cast_ir(_tensor_operand(b, _ir_of(b), tr, loc, like), x.ir, loc)
+        t = tr.g.binary("mul", x.node, y.node, *loc)
+        both = _emit(tr, t, dims, torch.bool, (x, y), loc, ir=x.ir)
+        if op == "and":
+            return both
+        s = tr.g.binary("sub", tr.g.binary("add", x.node, y.node, *loc), both.node,
+                        *loc)
+        return _emit(tr, s, dims, torch.bool, (x, y), loc, ir=x.ir)
+    x = _tensor_operand(a, dtype, tr, loc, like)
+    y = _tensor_operand(b, dtype, tr, loc, like)
+    t = tr.g.binary(op, x.node, y.node, *loc)
+    return _emit(tr, t, dims, dtype, (x, y), loc)
+
+
+class _Retyped:
+    """A mask as its IR type, for promotion only."""
+
+    def __init__(self, v):
+        self.dtype, self.ndim = v.ir, v.ndim
+
+
+def _ir_of(v):
+    return v.ir if isinstance(v, _Tensor) else (
+        _mat(v).ir if isinstance(v, _Value) else torch.int64)
+
+
+def _logical_not(m, loc):
+    if not isinstance(m, _Value) or m.dtype != torch.bool:
+        _unsupported("~ on a non-boolean tensor", loc)
+    if not isinstance(m, _Tensor):
+        if isinstance(m, _Unsq):
+            return _Unsq(_logical_not(m.base, loc), m.ndim, m.positions, loc)
+        return _Bcast(lambda x: _logical_not(x, loc), (m,), m.dims,
+                      torch.bool, loc)
+    one = _constant(m.tr, 1, m.ir, loc)
+    t = m.tr.g.binary("sub", one.node, m.node, *loc)
+    return _emit(m.tr, t, m.dims, torch.bool, (m,), loc, ir=m.ir)
+
+
+_UNARY = {"exp", "log", "cos", "acos", "sin", "sqrt", "sigmoid", "neg",
+          "softplus", "log_sigmoid"}
+
+
+def _unary(op, x, loc):
+    if isinstance(x, _Unsq):
+        return _Unsq(_unary(op, x.base, loc), x.ndim, x.positions, loc)
+    if isinstance(x, _Bcast):
+        return _Bcast(lambda v: _unary(op, v, loc), (x,), x.dims, x.dtype,
+                      loc)
+    x = _float(_mat(_value(x, loc)), loc)
+    t = x.tr.g.unary(op, x.node, *loc)
+    return _emit(x.tr, t, x.dims, x.dtype, (x,), loc)
+
+
+def _value(v, loc):
+    if isinstance(v, _Value):
+        return v
+    if isinstance(v, _Size):
+        return _size_tensor(v.tr, v, torch.int64, loc)
+    _fail("expected a tensor at %s, got %s" % (_code(loc), type(v).__name__),
+          "Pass a tensor", loc)
+
+
+def _float(x, loc):
+    """Float math on an integer tensor computes in the default dtype."""
+    if x.dtype in _FLOAT:
+        return x
+    return _cast(x, torch.get_default_dtype(), loc)
+
+
+def _pow(x, p, loc):
+    if p == 2:
+        return _binary("mul", x, x, loc)
+    if p == 0.5:
+        return _unary("sqrt", x, loc)
+    if p == 1:
+        return x
+    _unsupported("x ** %r (only the powers 2, 1 and 0.5)" % (p,), loc)
+
+
+def _clamp(x, min=None, max=None, loc=None):
+    loc = loc or _user_location()
+    for bound in (min, max):
+        if bound is not None and not isinstance(bound, (int, float)):
+            _unsupported("clamp with tensor bounds", loc)
+    if min is None and max is None:
+        _fail("clamp at %s has neither min nor max" % _code(loc),
+              "Give a bound", loc)
+    if isinstance(x, _Unsq):
+        return _Unsq(_clamp(x.base, min, max, loc), x.ndim, x.positions, loc)
+    x = _mat(_value(x, loc))
+    t = x.tr.g.clamp(x.node, None if min is None else float(min),
+                     None if max is None else float(max), *loc)
+    return _emit(x.tr, t, x.dims, x.dtype, (x,), loc)
+
+
+def _cast(x, dtype, loc):
+    if dtype is None or dtype == x.dtype:
+        return x
+    if dtype == torch.bool:
+        return _binary("ne", x, 0, loc)
+    if isinstance(x, _Unsq):
+        return _Unsq(_cast(x.base, dtype, loc), x.ndim, x.positions, loc)
+    if isinstance(x, _Bcast):
+        return _Bcast(lambda v: _cast(v, dtype, loc), (x,), x.dims, dtype,
+                      loc)
+    m = _mat(x)
+    y = _cast_ir(m, dtype, loc)
+    if y is m:  # a mask already in that type: now a number
+        y = _emit(m.tr, m.node, m.dims, dtype, (m,), loc)
+    y.dtype = dtype
+    return y
+
+
+def _transpose(x, loc, dim0=0, dim1=1):
+    x = _value(x, loc)
+    if x.ndim < 2:
+        return x
+    if x.ndim != 2 or {dim0 % 2, dim1 % 2} != {0, 1}:
+        _unsupported("transposing a tensor of %d dims" % x.ndim, loc)
+    if isinstance(x, _Transposed):
+        return x.base
+    if isinstance(x, _Scaled):
+        return _Scaled(_transpose(x.x, loc), x.s, x.scale_first, loc)
+    return _Transposed(_mat(x) if not isinstance(x, _Tensor) else x, loc)
+
+
+def _matmul(a, b, loc):
+    a, b = _value(_operand(a, loc), loc), _value(_operand(b, loc), loc)
+    scales = []
+
+    def split(v):
+        if isinstance(v, _Scaled):
+            scales.append(v.s)
+            v = v.x
+        if isinstance(v, _Transposed):
+            return _mat(v.base), True
+        v = _mat(v)
+        if v.ndim != 2:
+            _unsupported("@ (matmul) of a %d-dim tensor (dloss multiplies "
+                         "matrices)" % v.ndim, loc)
+        return v, False
+
+    x, tx = split(a)
+    y, ty = split(b)
+    dtype = _result_type([x, y])
+    x, y = _cast_ir(x, dtype, loc), _cast_ir(y, dtype, loc)
+    t = x.tr.g.matmul(x.node, y.node, tx, ty, *loc)
+    rows = x.dims[1] if tx else x.dims[0]
+    cols = y.dims[0] if ty else y.dims[1]
+    out = _emit(x.tr, t, (rows, cols), dtype, (x, y), loc)
+    if not scales:
+        return out
+    s = scales[0]
+    if len(scales) == 2:
+        s = _binary("mul", scales[0], scales[1], loc)
+    return _Scaled(out, _cast_ir(_mat(s), dtype, loc), True, loc)
+
+
+def _axes(dim, ndim, loc):
+    if dim is None:
+        return tuple(range(ndim))
+    if isinstance(dim, (list, tuple)):
+        return tuple(sorted({_axis(d, ndim, loc) for d in dim}))
+    return (_axis(dim, ndim, loc),)
+
+
+def _axis(d, ndim, loc):
+    if not isinstance(d, int) or not -max(ndim, 1) <= d < max(ndim, 1):
+        _fail("dimension %r is out of range for a %d-dim tensor at %s" % (
+            d, ndim, _code(loc)), "Dimensions count from 0", loc)
+    return d % max(ndim, 1)
+
+
+def _keep(x, axes, keepdim, loc):
+    if not keepdim or not axes:
+        return x
+    ndim = x.ndim + len(axes)
+    positions = [i for i in range(ndim) if i not in axes]
+    return _Unsq(x, ndim, positions, loc)
+
+
+def _reduce(kind, x, dim=None, keepdim=False, loc=None, dtype=None):
+    """sum/mean/max/min over `dim` (all when None)."""
+    loc = loc or _user_location()
+    x = _value(x, loc)
+    if isinstance(x, _Unsq):
+        # Reduce the base over its own axes; size-1 axes reduce to themselves.
+        axes = _axes(dim, x.ndim, loc)
+        inner = tuple(k for k, p in enumerate(x.positions) if p in axes)
+        base = _reduce(kind, x.base, inner, False, loc, dtype) if inner \
+            else x.base
+        kept = [x.positions[k] for k in range(x.base.ndim) if k not in inner]
+        if keepdim:
+            return _Unsq(base, x.ndim, kept, loc) if kept or base.ndim else \
+                _Unsq(base, x.ndim, [], loc)
+        left = [i for i in range(x.ndim) if i not in axes]
+        if len(left) == len(kept):
+            return base
+        return _Unsq(base, len(left), [left.index(p) for p in kept], loc)
+    x = _mat(x)
+    if dtype is not None:
+        x = _cast(x, dtype, loc)
+    if x.ndim == 0:
+        return x
+    axes = _axes(dim, x.ndim, loc)
+    if kind == "mean":
+        out = _mean(x, axes, loc)
+    else:
+        if x.dtype == torch.bool:
+            x = _cast(x, torch.int64, loc)
+        t = x.tr.g.reduce(x.node, kind, list(axes), *loc)
+        dims = tuple(d for i, d in enumerate(x.dims) if i not in axes)
+        note = None
+        if x.varying and any(isinstance(x.dims[i], _Size) and
+                             x.dims[i].batch for i in axes):
+            verb = {"sum": "sums", "max": "takes the maximum",
+                    "min": "takes the minimum"}[kind]
+            note = (loc, "{code} %s over this rank's rows only" % verb)
+        out = _emit(x.tr, t, dims, x.dtype, (x,), loc, note=note)
+    return _keep(out, axes, keepdim, loc)
+
+
+def _mean(x, axes, loc):
+    """A mean over the batch is the global mean (sum, all_reduce, divide by
+    the global count); over other axes it is local."""
+    x = _float(x, loc)
+    batch = [a for a in axes if isinstance(x.dims[a], _Size) and
+             x.dims[a].batch]
+    dims = tuple(d for i, d in enumerate(x.dims) if i not in axes)
+    if not batch or not x.varying:
+        t = x.tr.g.reduce(x.node, "mean", list(axes), *loc)
+        return _emit(x.tr, t, dims, x.dtype, (x,), loc)
+    tr = x.tr
+    local = tr.g.reduce(x.node, "sum", list(axes), *loc)
+    total = tr.g.all_reduce(local, "sum", *loc)
+    count = 1
+    for a in axes:
+        d = x.dims[a]
+        count = _size_op("mul", count, d.glob(loc) if a in batch else d,
+                         loc)
+    denominator = _size_tensor(tr, count, x.dtype, loc)
+    t = tr.g.binary("div", total, denominator.node, *loc)
+    return _emit(tr, t, dims, x.dtype, (), loc, varying=False)
+
+
+def _logsumexp(x, dim, keepdim=False, loc=None):
+    loc = loc or _user_location()
+    x = _float(_mat(_value(x, loc)), loc)
+    (axis,) = _axes(dim if not isinstance(dim, (list, tuple)) or
+                    len(dim) == 1 else _unsupported(
+                        "logsumexp over several dims", loc), x.ndim, loc)
+    t = x.tr.g.logsumexp(x.node, axis, *loc)
+    dims = tuple(d for i, d in enumerate(x.dims) if i != axis)
+    note = None
+    if x.varying and isinstance(x.dims[axis], _Size) and x.dims[axis].batch:
+        note = (loc, "{code} takes a logsumexp over this rank's rows "
+                "only")
+    out = _emit(x.tr, t, dims, x.dtype, (x,), loc, note=note)
+    return _keep(out, (axis,), keepdim, loc)
+
+
+def _log_softmax(x, dim=None, _stacklevel=3, dtype=None, loc=None):
+    loc = loc or _user_location()
+    x = _mat(_value(x, loc))
+    x = _float(x, loc) if dtype is None else _cast(x, dtype, loc)
+    if dim is None:
+        _fail("log_softmax at %s needs dim=" % _code(loc), "Pass dim", loc)
+    lse = _logsumexp(x, dim, True, loc)
+    return _binary("sub", x, lse, loc)
+
+
+def _normalize(x, p=2.0, dim=1, eps=1e-12, out=None, loc=None):
+    loc = loc or _user_location()
+    if p != 2:
+        _unsupported("F.normalize with p=%r (only p=2)" % (p,), loc)
+    x = _float(_mat(_value(x, loc)), loc)
+    axis = _axis(dim, x.ndim, loc)
+    t = x.tr.g.l2_normalize(x.node, axis, float(eps), *loc)
+    return _emit(x.tr, t, x.dims, x.dtype, (x,), loc)
+
+
+def _index_operand(v, loc, what):
+    v = _value(v, loc)
+    if isinstance(v, _Value) and v.dtype not in (torch.int32, torch.int64):
+        _fail("%s must be an integer tensor (at %s), got %s" % (
+            what, _code(loc), v.dtype), "Use integer class indices", loc)
+    return _mat(v)
+
+
+def _cross_entropy(input, target, weight=None, size_average=None,
+                   ignore_index=-100, reduce=None, reduction="mean",
+                   label_smoothing=0.0, loc=None):
+    loc = loc or _user_location()
+    if weight is not None or size_average is not None or \
+            reduce is not None or label_smoothing:
+        _unsupported("F.cross_entropy with weight, label_smoothing or the "
+                     "old size_average/reduce arguments", loc)
+    logits = _float(_mat(_value(input, loc)), loc)
+    if logits.ndim != 2:
+        _unsupported("F.cross_entropy of a %d-dim input (dloss takes "
+                     "[rows, classes] logits)" % logits.ndim, loc)
+    labels = _index_operand(target, loc, "the target")
+    if labels.ndim != 1:
+        _unsupported("F.cross_entropy with class probabilities as targets "
+                     "(dloss takes class indices)", loc)
+    t = logits.tr.g.cross_entropy(logits.node, labels.node, 1, *loc)
+    rows = _emit(logits.tr, t, (logits.dims[0],), logits.dtype,
+                 (logits, labels), loc)
+    if reduction == "none":
+        return rows
+    if reduction == "sum":
+        return _reduce("sum", rows, None, False, loc)
+    if reduction == "mean":
+        return _reduce("mean", rows, None, False, loc)
+    _fail("unknown reduction %r at %s" % (reduction, _code(loc)),
+          "Use 'mean', 'sum' or 'none'", loc)
+
+
+def _gather(x, dim, index, sparse_grad=False, loc=None):
+    loc = loc or _user_location()
+    x = _mat(_value(x, loc))
+    axis = _axis(dim, x.ndim, loc)
+    if not (isinstance(index, _Unsq) and index.ndim == x.ndim and
+            len(index.positions) == x.ndim - 1 and
+            axis not in index.positions):
+        _unsupported("gather with an index that is not one column per row "
+                     "(write x.gather(%d, labels.unsqueeze(%d)))" % (
+                         axis, axis), loc)
+    labels = _index_operand(index.base, loc, "the index")
+    t = x.tr.g.take_along(x.node, labels.node, axis, *loc)
+    picked = _emit(x.tr, t, labels.dims, x.dtype, (x, labels), loc)
+    return _Unsq(picked, x.ndim, index.positions, loc)
+
+
+def _scatter(x, dim, index, src=None, value=None, reduce=None, loc=None):
+    loc = loc or _user_location()
+    if reduce is not None:
+        _unsupported("scatter with reduce=", loc)
+    x = _mat(_value(x, loc))
+    axis = _axis(dim, x.ndim, loc)
+    src = value if src is None else src
+    if not (isinstance(index, _Unsq) and index.ndim == x.ndim and
+            len(index.positions) == x.ndim - 1 and
+            axis not in index.positions):
+        _unsupported("scatter with an index that is not one column per row "
+                     "(write x.scatter(%d, labels.unsqueeze(%d), values))" % (
+                         axis, axis), loc)
+    labels = _index_operand(index.base, loc, "the index")
+    if isinstance(src, _Unsq) and src.positions == index.positions:
+        values = _cast_ir(_mat(src.base), x.ir, loc)
+    elif isinstance(src, (int, float)) or (
+            isinstance(src, _Value) and src.ndim == 0):
+        values = _cast_ir(_mat(_like(_cast(labels, x.dtype, loc), src, loc)),
+                          x.ir, loc)
+    else:
+        _unsupported("scatter with values that are not one per row", loc)
+    t = x.tr.g.put_along(x.node, labels.node, values.node, axis, *loc)
+    return _emit(x.tr, t, x.dims, x.dtype, (x, labels, values), loc)
+
+
+def _where(condition, input=None, other=None, loc=None):
+    loc = loc or _user_location()
+    if input is None or other is None:
+        _unsupported("torch.where(condition) (the indices form)", loc)
+    cond = _operand(condition, loc)
+    a, b = _operand(input, loc), _operand(other, loc)
+    if not isinstance(cond, _Value) or cond.dtype != torch.bool:
+        _fail("torch.where's condition must be a boolean mask (at %s)" %
+              _code(loc), "Compare with == to make one", loc)
+    dtype = _result_type([a, b])
+    dims = _broadcast_dims([cond, a, b], loc)
+    like = next((v for v in (a, b, cond) if _full(v, dims)), None)
+    if like is None:
+        return _Bcast(lambda c, x, y: _where(c, x, y, loc), (cond, a, b),
+                      dims, dtype, loc)
+    like = _mat(like)
+    tr = like.tr
+    c = _mat(cond, like)
+    if c.ndim == 0 and like.ndim:
+        c = _expand(c, tuple(range(like.ndim)), like, loc)
+    x = _tensor_operand(a, dtype, tr, loc, like)
+    y = _tensor_operand(b, dtype, tr, loc, like)
+    t = tr.g.select(c.node, x.node, y.node, *loc)
+    return _emit(tr, t, dims, dtype, (c, x, y), loc)
+
+
+def _masked_fill(x, mask, value, loc=None):
+    return _where(mask, value, x, loc or _user_location())
+
+
+def _cat(tensors, dim=0, loc=None, out=None):
+    loc = loc or _user_location()
+    parts = [_mat(_value(_operand(t, loc), loc)) for t in tensors]
+    if not parts:
+        _fail("torch.cat of nothing at %s" % _code(loc), "", loc)
+    if len(parts) == 1:
+        return parts[0]
+    ndim = parts[0].ndim
+    axis = _axis(dim, ndim, loc)
+    dtype = _result_type(parts)
+    parts = [_cast_ir(p, dtype, loc) for p in parts]
+    tr = parts[0].tr
+    sizes = [p.dims[axis] for p in parts]
+    total = functools.reduce(lambda u, v: _size_op("add", u, v, loc), sizes)
+    result = None
+    before = 0
+    for i, p in enumerate(parts):
+        after = functools.reduce(lambda u, v: _size_op("add", u, v, loc),
+                                 sizes[i + 1:], 0)
+        t = tr.g.pad(p.node, axis, tr.size(before, loc), tr.size(after, loc),
+                     *loc)
+        result = t if result is None else tr.g.binary("add", result, t, *loc)
+        before = _size_op("add", before, sizes[i], loc)
+    dims = list(parts[0].dims)
+    dims[axis] = total
+    return _emit(tr, result, tuple(dims), dtype, parts, loc)
+
+
+def _unsqueeze(x, dim, loc):
+    x = _value(x, loc)
+    axis = _axis(dim, x.ndim + 1, loc)
+    if isinstance(x, _Unsq):
+        positions = [p + (p >= axis) for p in x.positions]
+        return _Unsq(x.base, x.ndim + 1, positions, loc)
+    if isinstance(x, _Bcast):
+        _unsupported("unsqueeze of a broadcast value", loc)
+    return _Unsq(x, x.ndim + 1, [i + (i >= axis) for i in range(x.ndim)],
+                 loc)
+
+
+def _squeeze(x, dim=None, loc=None):
+    loc = loc or _user_location()
+    x = _value(x, loc)
+    if not isinstance(x, _Unsq):
+        if dim is None or not _is_one(x.dims[_axis(dim, x.ndim, loc)]):
+            return x
+        _unsupported("squeezing a real size-1 dimension", loc)
+    inserted = [i for i in range(x.ndim) if i not in x.positions]
+    drop = inserted if dim is None else [_axis(dim, x.ndim, loc)]
+    drop = [d for d in drop if d in inserted]
+    left = [i for i in range(x.ndim) if i not in drop]
+    if len(left) == x.base.ndim:
+        return x.base
+    return _Unsq(x.base, len(left), [left.index(p) for p in x.positions],
+                 loc)
+
+
+def _reshape(x, *shape, loc=None):
+    """view/reshape that only adds or removes size-1 axes of a 1-d tensor
+    (labels.view(-1, 1), column.view(-1))."""
+    loc = loc or _user_location()
+    if len(shape) == 1 and isinstance(shape[0], (list, tuple)):
+        shape = tuple(shape[0])
+    x = _value(x, loc)
+    base = x.base if isinstance(x, _Unsq) else x
+    if base.ndim == 1:
+        rest = [i for i, d in enumerate(shape) if not _is_one(d)]
+        if len(rest) == 1:
+            d = shape[rest[0]]
+            if (isinstance(d, int) and d == -1) or d is base.dims[0] or (
+                    isinstance(d, int) and isinstance(base.dims[0], int) and
+                    d == base.dims[0]):
+                if len(shape) == 1:
+                    return base
+                return _Unsq(base, len(shape), rest, loc)
+    _unsupported("view/reshape to %s (dloss only adds or removes size-1 "
+                 "axes of a 1-d tensor)" % (
+                     "[%s]" % ", ".join(map(_dim_text, shape))), loc)
+
+
+def _getitem(x, index, loc):
+    if not isinstance(index, tuple):
+        index = (index,)
+    if any(i is Ellipsis for i in index):
+        _unsupported("... in an index", loc)
+    # Only None (new axes), full slices and 0 on a size-1 axis.
+    result = x
+    axis = 0
+    for i in index:
+        if i is None:
+            result = _unsqueeze(result, axis, loc)
+            axis += 1
+        elif isinstance(i, slice) and i.start is None and i.stop is None \
+                and i.step is None:
+            axis += 1
+        elif isinstance(i, slice):
+            result = _slice(result, axis, i, loc)
+            axis += 1
+        elif isinstance(i, int) and not isinstance(i, bool) and \
+                isinstance(result, _Unsq) and i in (0, -1) and \
+                axis not in result.positions:
+            result = _squeeze(result, axis, loc)
+        else:
+            _unsupported("indexing with %r (dloss supports [:, None], "
+                         "slices and gather)" % (i,), loc)
+    return result
+
+
+def _slice(x, axis, s, loc):
+    if s.step not in (None, 1):
+        _unsupported("a slice with a step", loc)
+    x = _mat(_value(x, loc))
+    start = 0 if s.start is None else s.start
+    stop = x.dims[axis] if s.stop is None else s.stop
+    for v in (start, stop):
+        if isinstance(v, int) and v < 0:
+            _unsupported("negative slice bounds", loc)
+    count = _size_op("sub", stop, start, loc)
+    tr = x.tr
+    t = tr.g.slice(x.node, axis, tr.size(start, loc), tr.size(count, loc), *loc)
+    dims = list(x.dims)
+    dims[axis] = count
+    return _emit(tr, t, tuple(dims), x.dtype, (x, start, stop), loc)
+
+
+def _like(x, fill, loc, dtype=None):
+    x = _mat(_value(x, loc))
+    t = x.tr.g.unary("zeros_like", x.node, *loc)
+    zeros = _emit(x.tr, t, x.dims, x.dtype, (x,), loc, ir=x.ir)
+    out = zeros if fill == 0 else _binary("add", zeros, fill, loc)
+    return _cast(out, dtype, loc) if dtype is not None else out
+
+
+def _max_like(kind):
+    def run(x, dim=None, keepdim=False, *rest, loc=None):
+        loc = loc or _user_location()
+        if isinstance(dim, _Value):  # torch.max(a, b): element-wise
+            _unsupported("element-wise torch.%s(a, b)" % kind, loc)
+        values = _reduce(kind, x, dim, keepdim, loc)
+        if dim is None:
+            return values
+        return _MaxResult((values, _NoIndices(loc)))
+    return run
+
+
+def _amax(kind):
+    def run(x, dim=None, keepdim=False, loc=None):
+        return _reduce(kind, x, dim if dim != () else None, keepdim,
+                       loc or _user_location())
+    return run
+
+
+def _to(x, *args, **kwargs):
+    loc = _user_location()
+    dtype = kwargs.get("dtype")
+    for a in args:
+        if isinstance(a, torch.dtype):
+            dtype = a
+    return _cast(x, dtype, loc)
+
+
+def _detach(x):
+    loc = _user_location()
+    _fail("x.detach() at %s: dloss has no stop-gradient op yet" % _code(loc),
+          "Compute the value outside the loss and pass it as an argument "
+          "(arguments that are not float tensors get no gradient)", loc)
+
+
+def _with_loc(fn):
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        kwargs.setdefault("loc", _user_location())
+        return fn(*args, **kwargs)
+    return run
+
+
+def _unary_fn(op):
+    def run(x, *args, **kwargs):
+        loc = _user_location()
+        if op == "softplus" and (kwargs.get("beta", args[0] if args else 1)
+                                 != 1):
+            _unsupported("F.softplus with beta != 1", loc)
+        return _unary(op, x, loc)
+    return run
+
+
+def _binary_fn(op):
+    def run(a, b, *args, **kwargs):
+        loc = _user_location()
+        if args or set(kwargs) - {"out"}:
+            _unsupported("torch.%s with extra arguments" % op, loc)
+        return _binary(op, a, b, loc)
+    return run
+
+
+def _matmul_fn(a, b, *args, **kwargs):
+    return _matmul(a, b, _user_location())
+
+
+def _transpose_fn(x, dim0=0, dim1=1):
+    return _transpose(x, _user_location(), dim0, dim1)
+
+
+def _sum_fn(x, dim=None, keepdim=False, dtype=None, **kwargs):
+    return _reduce("sum", x, dim, keepdim, _user_location(), dtype)
+
+
+def _mean_fn(x, dim=None, keepdim=False, dtype=None, **kwargs):
+    return _reduce("mean", x, dim, keepdim, _user_location(), dtype)
+
+
+def _square(x):
+    return _binary("mul", x, x, _user_location())
+
+
+def _pow_fn(x, p):
+    return _pow(x, p, _user_location())
+
+
+def _identity(x, *args, **kwargs):
+    return x
+
+
+def _cast_fn(dtype):
+    def run(x, *args, **kwargs):
+        return _cast(x, dtype, _user_location())
+    return run
+
+
+def _softmax(x, dim=None, _stacklevel=3, dtype=None):
+    loc = _user_location()
+    return _unary("exp", _log_softmax(x, dim, dtype=dtype, loc=loc), loc)
+
+
+# Tensor methods and torch functions, by name.
+_COMMON = {
+    "exp": _unary_fn("exp"), "log": _unary_fn("log"),
+    "cos": _unary_fn("cos"), "acos": _unary_fn("acos"),
+    "arccos": _unary_fn("acos"), "sin": _unary_fn("sin"),
+    "sqrt": _unary_fn("sqrt"), "sigmoid": _unary_fn("sigmoid"),
+    "neg": _unary_fn("neg"), "negative": _unary_fn("neg"),
+    "softplus": _unary_fn("softplus"), "log_sigmoid": _unary_fn(
+        "log_sigmoid"), "logsigmoid": _unary_fn("log_sigmoid"),
+    "logsumexp": _with_loc(_logsumexp), "log_softmax": _with_loc(
+        _log_softmax), "softmax": _softmax,
+    "clamp": _with_loc(_clamp), "clip": _with_loc(_clamp),
+    "clamp_min": lambda x, min: _clamp(x, min=min),
+    "clamp_max": lambda x, max: _clamp(x, max=max),
+    "sum": _sum_fn, "mean": _mean_fn,
+    "max": _max_like("max"), "min": _max_like("min"),
+    "amax": _amax("max"), "amin": _amax("min"),
+    "matmul": _matmul_fn, "mm": _matmul_fn,
+    "t": _transpose_fn, "transpose": _transpose_fn,
+    "gather": _with_loc(_gather), "scatter": _with_loc(_scatter),
+    "masked_fill": _with_loc(_masked_fill), "where": _with_loc(_where),
+    "square": _square, "pow": _pow_fn,
+    "add": _binary_fn("add"), "sub": _binary_fn("sub"),
+    "subtract": _binary_fn("sub"), "mul": _binary_fn("mul"),
+    "multiply": _binary_fn("mul"), "div": _binary_fn("div"),
+    "divide": _binary_fn("div"), "true_divide": _binary_fn("div"),
+    "eq": _binary_fn("eq"), "ne": _binary_fn("ne"),
+    "unsqueeze": lambda x, dim: _unsqueeze(x, dim, _user_location()),
+    "squeeze": lambda x, dim=None: _squeeze(x, dim, _user_location()),
+    "flatten": lambda x, *a, **k: _reshape(x, -1),
+    "reshape": lambda x, *shape: _reshape(x, *shape),
+    "zeros_like": lambda x, dtype=None, **k: _like(x, 0, _user_location(),
+                                                   dtype),
+    "ones_like": lambda x, dtype=None, **k: _like(x, 1, _user_location(),
+                                                  dtype),
+    "full_like": lambda x, fill, dtype=None, **k: _like(
+        x, fill, _user_location(), dtype),
+}
+
+_METHODS = dict(_COMMON, **{
+    "view": lambda x, *shape: _reshape(x, *shape),
+    "float": _cast_fn(torch.float32), "double": _cast_fn(torch.float64),
+    "half": _cast_fn(torch.float16), "bfloat16": _cast_fn(torch.bfloat16),
+    "long": _cast_fn(torch.int64), "int": _cast_fn(torch.int32),
+    "bool": _cast_fn(torch.bool), "to": _to,
+    "type": lambda x, dtype=None, **k: _cast(x, dtype, _user_location()),
+    "contiguous": _identity, "clone": _identity, "cpu": _identity,
+    "cuda": _identity, "detach": _detach,
+})
+
+_TORCH = dict(_COMMON, **{
+    "cross_entropy": _with_loc(_cross_entropy),
+    "normalize": _with_loc(_normalize),
+    "cat": _with_loc(_cat), "concat": _with_loc(_cat),
+    "concatenate": _with_loc(_cat),
+    "detach": _detach,
+})
+
+
+def _call_torch(func, args, kwargs):
+    name = getattr(func, "__name__", str(func))
+    handler = _TORCH.get(name)
+    if handler is None:
+        module = getattr(func, "__module__", "") or ""
+        prefix = "F." if module.startswith(("torch.nn", "torch._C._nn")) \
+            else "torch."
+        _unsupported(prefix + name, _user_location())
+    return handler(*args, **kwargs)
+
+
+def supported_ops():
+    """The torch operations @dloss.loss records, by name."""
+    methods = sorted(set(_METHODS) - {"detach"} |
+                     {"T", "shape", "size", "dim"})
+    return {"torch": sorted(set(_TORCH) - {"detach"} | {"arange"}),
+            "Tensor": methods,
+            "operators": ["+", "-", "*", "/", "@", "**", "==", "!=", "&",
+                          "|", "~", "x[:, None]", "x[a:b]"]}
+
+
+def _unsupported(what, loc):
+    ops = supported_ops()
+    _fail("%s at %s is not supported inside @dloss.loss" % (what, _code(loc)),
+          "Supported: torch/F functions %s; Tensor methods %s; operators "
+          "%s; and dloss.all_gather, all_reduce, shard_offset, global_size, "
+          "world_size, rank" % (", ".join(ops["torch"]),
+                                ", ".join(ops["Tensor"]),
+                                " ".join(ops["operators"])), loc)
+
+
+# ---------------------------------------------------------------------------
+# Control flow.
+# ---------------------------------------------------------------------------
+
+_COLLECTIVES = {"all_gather", "all_reduce", "reduce_scatter", "broadcast",
+                "ring_shift", "gather_all_tensors", "all_gather_into_tensor"}
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(path):
+    try:
+        with open(path) as f:
+            return ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _branch_collectives(loc):
+    """(line, name) of the collective calls in the body of the if/while
+    whose condition is at `loc`."""
+    tree = _parsed(loc[0])
+    if tree is None:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.If, ast.While, ast.IfExp)):
+            continue
+        test = node.test
+        if not test.lineno <= loc[1] <= (test.end_lineno or test.lineno):
+            continue
+        body = node.body if isinstance(node.body, list) else [node.body]
+        orelse = node.orelse if isinstance(node.orelse, list) else \
+            [node.orelse]
+        for part in body + orelse:
+            for call in ast.walk(part):
+                if isinstance(call, ast.Call):
+                    f = call.func
+                    name = f.attr if isinstance(f, ast.Attribute) else \
+                        getattr(f, "id", "")
+                    if name in _COLLECTIVES:
+                        found.append((call.lineno, name))
+    return sorted(set(found))
+
+
+def _control_flow_error(varying, loc):
+    calls = _branch_collectives(loc) if varying else []
+    if calls:
+        line, name = calls[0]
+        _fail("the condition %s depends on the rank (it differs across "
+              "ranks), and its branch calls %s at %s:%d: ranks where the "
+              "condition is false never reach that collective, and the job "
+              "hangs" % (_code(loc), name, loc[0], line),
+              "Make every rank run the collective: move it out of the "
+              "condition, and choose values with torch.where(cond, a, b) "
+              "(log from rank 0 outside the loss)", loc)
+    _fail("Python control flow on a value known only when the loss runs, "
+          "at %s%s" % (_code(loc), " (it differs across ranks)"
+                       if varying else ""),
+          "The loss is recorded once and every rank runs the same program, "
+          "so a condition on a tensor or a run-time size cannot pick a "
+          "branch. Compute both values and choose element-wise with "
+          "torch.where(cond, a, b)", loc)
