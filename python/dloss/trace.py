@@ -110,7 +110,8 @@ def _arange(*args, **kwargs):
         _unsupported("torch.arange with %s" % ", ".join(kwargs), loc)
     if len(args) == 1:
         start, end = 0, args[0]
-    elif len(args) == 2 or (len(args) == 3 and args[2] == 1):
+    elif len(args) == 2 or (len(args) == 3 and isinstance(args[2], int)
+                            and args[2] == 1):
         start, end = args[0], args[1]
     else:
         _unsupported("torch.arange with a step", loc)
