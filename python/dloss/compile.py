@@ -85,6 +85,8 @@ class CompiledLoss(torch.nn.Module):
         return self._callable().grad_mode
 
     def forward(self, *args, **kwargs):
+        """The global loss of this call's inputs (by position or by name, in
+        the loss's argument order: ``argument_names``)."""
         fn = self._callable()
         names = self.argument_names
         if len(args) > len(names):

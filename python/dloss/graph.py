@@ -88,22 +88,28 @@ class Graph:
                                   *_at())
 
     def all_reduce(self, x, kind="sum"):
+        """Every rank's `x` reduced element-wise (kind: sum, mean, max, min), the same on every rank."""
         return self._g.all_reduce(x, kind, *_at())
 
     def reduce_scatter(self, x, kind="sum", axis=0):
+        """`x` summed (or reduced by `kind`) over the ranks; each rank keeps its own block of `axis` (uneven blocks allowed)."""
         return self._g.reduce_scatter(x, kind, axis, *_at())
 
     def broadcast(self, x, root=0):
+        """Rank `root`'s `x` on every rank."""
         return self._g.broadcast(x, root, *_at())
 
     def ring_shift(self, x, shift=1):
+        """Sends `x` to rank r + shift and returns what rank r - shift sent."""
         return self._g.ring_shift(x, shift, *_at())
 
     # Rank facts (symbolic sizes).
     def rank(self):
+        """This rank's number, as a symbolic size."""
         return self._g.rank(*_at())
 
     def world_size(self):
+        """The number of ranks, as a symbolic size."""
         return self._g.world_size(*_at())
 
     def dim(self, x, axis):
@@ -120,9 +126,11 @@ class Graph:
 
     # Compute.
     def constant(self, value, dtype=torch.float32):
+        """A 0-d constant of `dtype`."""
         return self._g.constant(float(value), to_dtype(dtype), *_at())
 
     def matmul(self, a, b, transpose_a=False, transpose_b=False):
+        """a @ b, with either operand transposed first."""
         return self._g.matmul(a, b, transpose_a, transpose_b, *_at())
 
     def eq(self, a, b):
@@ -130,42 +138,55 @@ class Graph:
         return self._g.binary("eq", a, b, *_at())
 
     def neg(self, x):
+        """-x, element-wise."""
         return self._g.unary("neg", x, *_at())
 
     def exp(self, x):
+        """exp(x), element-wise."""
         return self._g.unary("exp", x, *_at())
 
     def log(self, x):
+        """log(x), element-wise."""
         return self._g.unary("log", x, *_at())
 
     def softplus(self, x):
+        """log(1 + exp(x)), element-wise."""
         return self._g.unary("softplus", x, *_at())
 
     def log_sigmoid(self, x):
+        """log(sigmoid(x)), element-wise."""
         return self._g.unary("log_sigmoid", x, *_at())
 
     def sigmoid(self, x):
+        """1 / (1 + exp(-x)), element-wise."""
         return self._g.unary("sigmoid", x, *_at())
 
     def cos(self, x):
+        """cos(x), element-wise."""
         return self._g.unary("cos", x, *_at())
 
     def sin(self, x):
+        """sin(x), element-wise."""
         return self._g.unary("sin", x, *_at())
 
     def acos(self, x):
+        """acos(x), element-wise."""
         return self._g.unary("acos", x, *_at())
 
     def sqrt(self, x):
+        """sqrt(x), element-wise."""
         return self._g.unary("sqrt", x, *_at())
 
     def zeros_like(self, x):
+        """Zeros of `x`'s shape and dtype."""
         return self._g.unary("zeros_like", x, *_at())
 
     def clamp(self, x, min=None, max=None):
+        """`x` clamped to [min, max] (either bound may be None)."""
         return self._g.clamp(x, min, max, *_at())
 
     def cast(self, x, dtype):
+        """`x` converted to `dtype`."""
         return self._g.cast(x, to_dtype(dtype), *_at())
 
     def to_tensor(self, size, dtype=torch.float32):
@@ -173,6 +194,7 @@ class Graph:
         return self._g.to_tensor(size, to_dtype(dtype), *_at())
 
     def l2_normalize(self, x, axis=1, eps=1e-12):
+        """`x` divided by its L2 norm along `axis` (at least `eps`)."""
         return self._g.l2_normalize(x, axis, eps, *_at())
 
     def reduce(self, x, kind, axes):
@@ -180,15 +202,19 @@ class Graph:
         return self._g.reduce(x, kind, list(axes), *_at())
 
     def logsumexp(self, x, axis):
+        """log(sum(exp(x))) along `axis`, stable."""
         return self._g.logsumexp(x, axis, *_at())
 
     def take_along(self, x, indices, axis):
+        """One element per row: x[i, indices[i]] along `axis`."""
         return self._g.take_along(x, indices, axis, *_at())
 
     def put_along(self, x, indices, values, axis):
+        """`x` with x[i, indices[i]] replaced by values[i] along `axis`."""
         return self._g.put_along(x, indices, values, axis, *_at())
 
     def arange(self, start, count, dtype=torch.int64):
+        """start, start + 1, ..., start + count - 1 (symbolic sizes)."""
         return self._g.arange(start, count, to_dtype(dtype), *_at())
 
     def cross_entropy(self, logits, targets, axis=1):
@@ -196,12 +222,15 @@ class Graph:
         return self._g.cross_entropy(logits, targets, axis, *_at())
 
     def expand(self, x, axes, like):
+        """`x` broadcast to `like`'s shape, new dimensions at `axes`."""
         return self._g.expand(x, list(axes), like, *_at())
 
     def slice(self, x, axis, offset, size):
+        """`size` entries of `x` along `axis` from `offset` (symbolic sizes)."""
         return self._g.slice(x, axis, offset, size, *_at())
 
     def pad(self, x, axis, low, high):
+        """`x` padded with zeros along `axis`: `low` before, `high` after."""
         return self._g.pad(x, axis, low, high, *_at())
 
     def set_loss(self, loss, grad_mode="ddp"):

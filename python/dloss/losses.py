@@ -298,6 +298,8 @@ class CombinedMarginLoss(torch.nn.Module):
         self.interclass_filtering_threshold = interclass_filtering_threshold
 
     def forward(self, logits, labels):
+        """`logits` (cosines, [B, C]) with the margin applied at each row's
+        label (rows labelled -1 are left alone), times s."""
         rows = torch.nonzero(labels.view(-1) != -1).view(-1)
         cols = labels.view(-1)[rows]
         target = logits[rows, cols]
