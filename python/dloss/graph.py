@@ -133,6 +133,29 @@ class Graph:
         """a @ b, with either operand transposed first."""
         return self._g.matmul(a, b, transpose_a, transpose_b, *_at())
 
+    def select(self, cond, a, b):
+        """cond ? a : b element-wise; `cond` is a 1/0 indicator of the
+        result's shape (from eq), `a` or `b` may be 0-d. Each value gets the
+        gradient where it was chosen and an exact zero elsewhere, so masking
+        with -inf stays NaN-free."""
+        return self._g.select(cond, a, b, *_at())
+
+    def size(self, value):
+        """A constant symbolic size."""
+        return self._g.size(int(value), *_at())
+
+    def add_sizes(self, a, b):
+        """a + b of two symbolic sizes."""
+        return self._g.size_arith("add", a, b, *_at())
+
+    def sub_sizes(self, a, b):
+        """a - b of two symbolic sizes."""
+        return self._g.size_arith("sub", a, b, *_at())
+
+    def mul_sizes(self, a, b):
+        """a * b of two symbolic sizes."""
+        return self._g.size_arith("mul", a, b, *_at())
+
     def eq(self, a, b):
         """1 where equal, 0 elsewhere (no gradient)."""
         return self._g.binary("eq", a, b, *_at())
