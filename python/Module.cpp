@@ -149,18 +149,22 @@ void bindCommunicator(py::module_ &m) {
   m.def(
       "process_group_communicator",
       [](const py::object &group, const py::object &store,
-         double timeoutSeconds, const std::string &flightDir) {
+         double timeoutSeconds, const std::string &flightDir,
+         const std::string &masterAddr, int masterPort) {
         auto pg = borrowTorch<c10d::ProcessGroup>(group, "ProcessGroup");
         c10::intrusive_ptr<c10d::Store> s;
         if (!store.is_none())
           s = borrowTorch<c10d::Store>(store, "Store");
         RendezvousOptions options = deadlineOptions(timeoutSeconds, flightDir);
+        options.masterAddr = masterAddr;
+        options.masterPort = masterPort;
         py::gil_scoped_release release;
         return std::shared_ptr<Communicator>(makeProcessGroupCommunicator(
             options, std::move(s), std::move(pg)));
       },
       py::arg("group"), py::arg("store"), py::arg("timeout"),
-      py::arg("flight_dir") = "",
+      py::arg("flight_dir") = "", py::arg("master_addr") = "",
+      py::arg("master_port") = 0,
       "A Communicator over a torch.distributed ProcessGroup (and its "
       "store, where each rank records its latest collective).");
   m.def(

@@ -98,8 +98,15 @@ def communicator(group=None):
             return entry[1]
         flight_dir = _settings["flight_dir"] or os.environ.get(
             "DLOSS_FLIGHT_DIR", "")
-        comm = _C.process_group_communicator(group, _store_of(group),
-                                             _default_timeout(), flight_dir)
+        # Where the store is, for messages (env:// groups: the torchrun
+        # variables); 0 when unknown.
+        try:
+            port = int(os.environ.get("MASTER_PORT", "0"))
+        except ValueError:
+            port = 0
+        comm = _C.process_group_communicator(
+            group, _store_of(group), _default_timeout(), flight_dir,
+            os.environ.get("MASTER_ADDR", ""), port)
         _communicators[id(group)] = (group, comm)
         return comm
 

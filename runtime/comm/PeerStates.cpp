@@ -76,7 +76,11 @@ std::string truncated(const std::string &text, size_t limit) {
 PeerStates::PeerStates(c10::intrusive_ptr<c10d::Store> store,
                        const RendezvousOptions &options)
     : store(std::move(store)), rank(options.rank), worldSize(options.worldSize),
-      storeAt("the rendezvous store at " + storeAddress(options)) {}
+      // A group made elsewhere (torch.distributed's) may not say where its
+      // store is: masterPort 0.
+      storeAt(options.masterPort > 0
+                  ? "the rendezvous store at " + storeAddress(options)
+                  : std::string("the process group's store")) {}
 
 void PeerStates::publish(int64_t seq, const std::string &state,
                          const std::string &collective, const CallSite &site,

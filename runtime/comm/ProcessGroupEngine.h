@@ -18,7 +18,8 @@ namespace dloss {
 /// `options.timeout`) is every engine's; `store` (the group's own, or null)
 /// is where each rank records its latest collective, so that a failure can
 /// name the peers that never arrived. `options`' rank and world size are
-/// taken from the group. `checkConnection` makes every rank wait for the
+/// taken from the group; its masterAddr/masterPort only name the store in
+/// messages (masterPort 0: "the process group's store"). `checkConnection` makes every rank wait for the
 /// others once (a one-element allreduce) before returning.
 ///
 /// A collective that outlives its deadline leaves the group busy until the
