@@ -26,7 +26,8 @@ from .trace import (Input, Loss, Replicated, all_gather, all_reduce,
 
 __all__ = [
     "ArcFaceLoss", "ClipLoss", "CombinedMarginLoss", "CompiledLoss",
-    "CosFaceLoss", "Error", "Graph", "PartialFC", "SigLipLoss", "all_gather",
-    "assert_grads_synced", "compile", "gather_all_tensors",
-    "init", "set_timeout",
+    "CosFaceLoss", "Error", "Graph", "Input", "Loss", "PartialFC",
+    "Replicated", "SigLipLoss", "all_gather", "all_reduce",
+    "assert_grads_synced", "compile", "gather_all_tensors", "global_size",
+    "init", "loss", "rank", "set_timeout", "shard_offset", "world_size",
 ]
