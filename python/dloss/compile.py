@@ -6,7 +6,7 @@ import os
 import torch
 
 from . import _C
-from .errors import make_error
+from .errors import Error, make_error
 from .graph import Graph
 from .group import communicator
 
@@ -89,32 +89,60 @@ class CompiledLoss(torch.nn.Module):
         the loss's argument order: ``argument_names``)."""
         fn = self._callable()
         names = self.argument_names
+        tensors, problem = self._bind(fn, names, args, kwargs)
+        if problem is not None:
+            # Every rank makes this call, so its preflight tells the peers:
+            # one input too many is refused on every rank at once, where a
+            # local raise would leave them waiting for the deadline. This
+            # rank then raises its own, more precise, error.
+            try:
+                fn([torch.empty(0)] * (len(names) + 1))
+            except Error as preflight:
+                raise problem from preflight
+            raise problem
+        return fn(tensors)
+
+    @staticmethod
+    def _bind(fn, names, args, kwargs):
+        """(the inputs in argument order, None) or (None, the call's
+        mistake as a dloss.Error)."""
         if len(args) > len(names):
-            raise make_error(
+            return None, make_error(
                 "@%s takes %d inputs (%s), got %d" %
                 (fn.loss_name, len(names), ", ".join(names), len(args)),
                 "Pass one tensor per input")
         values = list(args) + [None] * (len(names) - len(args))
         for key, value in kwargs.items():
             if key not in names:
-                raise make_error(
+                return None, make_error(
                     "@%s has no input named %r (its inputs: %s)" %
                     (fn.loss_name, key, ", ".join(names)),
                     "Use one of the input names")
             index = names.index(key)
             if values[index] is not None:
-                raise make_error("input %r given twice" % key,
-                                 "Pass it by position or by name, not both")
+                return None, make_error(
+                    "input %r given twice" % key,
+                    "Pass it by position or by name, not both")
             values[index] = value
         missing = [n for n, v in zip(names, values) if v is None]
         if missing:
-            raise make_error(
+            return None, make_error(
                 "@%s is missing input(s) %s" % (fn.loss_name,
                                                 ", ".join(missing)),
                 "Pass every input: %s" % ", ".join(names))
-        tensors = [v if isinstance(v, torch.Tensor) else torch.tensor(v)
-                   for v in values]
-        return fn(tensors)
+        tensors = []
+        for name, value in zip(names, values):
+            if isinstance(value, torch.Tensor):
+                tensors.append(value)
+                continue
+            try:
+                tensors.append(torch.tensor(value))
+            except (TypeError, ValueError, RuntimeError):
+                return None, make_error(
+                    "input %r of @%s is a %s, not a tensor or a number" %
+                    (name, fn.loss_name, type(value).__name__),
+                    "Pass a torch.Tensor")
+        return tensors, None
 
 
 def compile(source, grad_mode=None, fuse=True, entry=None, group=None):

@@ -193,6 +193,29 @@ class CompileErrorTest(unittest.TestCase):
         self.assertIsNotNone(messages["graph-mistake"])
 
 
+def one_rank_miscalls(rank, world, mistake):
+    """Rank 1 makes a malformed call while rank 0 makes a good one."""
+    import time
+    import dloss
+    fn = dloss.compile(CLIP_MLIR)
+    image, scale = torch.zeros(2, 3), torch.tensor(1.0)
+    calls = {
+        "keyword": lambda: fn(image, image, bogus=scale),
+        "missing": lambda: fn(image, image),
+        "too-many": lambda: fn(image, image, scale, image),
+        "not-a-tensor": lambda: fn(image, image, "big"),
+    }
+    start = time.monotonic()
+    try:
+        if rank == 1:
+            calls[mistake]()
+        else:
+            fn(image, image, scale)
+    except dloss.Error as e:
+        return str(e), time.monotonic() - start
+    return None, time.monotonic() - start
+
+
 def graph_op_error(rank, world):
     import dloss
     g = dloss.Graph("bad")
@@ -203,6 +226,25 @@ def graph_op_error(rank, world):
     except dloss.Error as e:
         return str(e), e.location, sys._getframe().f_lineno - 2
     return None
+
+
+class OneRankMiscallsTest(unittest.TestCase):
+    """A mistake in the call on one rank fails every rank in that call's
+    preflight, at once, instead of leaving the peers to their deadline."""
+
+    def test_every_rank_fails_fast(self):
+        for mistake, words in (("keyword", "no input named 'bogus'"),
+                               ("missing", "missing input(s) scale"),
+                               ("too-many", "takes 3 inputs"),
+                               ("not-a-tensor", "is a str, not a tensor")):
+            with self.subTest(mistake=mistake):
+                (peer, peer_s), (own, own_s) = multiproc.run(
+                    2, one_rank_miscalls, mistake, dloss_timeout=30.0)
+                self.assertIsNotNone(own)
+                self.assertIn(words, own)
+                self.assertIsNotNone(peer)
+                self.assertIn("rank 1 passed 4 inputs", peer)
+                self.assertLess(max(peer_s, own_s), 5.0)
 
 
 class GraphErrorTest(unittest.TestCase):
