@@ -88,6 +88,8 @@ int launch(const Options &o, int argc, char **argv,
         _exit(1); // the launcher died before prctl
       setenv("RANK", std::to_string(r).c_str(), 1);
       setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      // All ranks share this machine's cores (intraOpThreads).
+      setenv("LOCAL_WORLD_SIZE", std::to_string(o.world).c_str(), 1);
       setenv("WORLD_SIZE", std::to_string(o.world).c_str(), 1);
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);

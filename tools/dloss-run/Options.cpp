@@ -1,8 +1,10 @@
 // dloss-run's command line: the usage text and its parsing.
 #include "tools/dloss-run/DlossRun.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
+#include <thread>
 
 namespace dloss {
 namespace tools {
@@ -15,7 +17,8 @@ const char *kUsage =
     "K]\n"
     "                 [--check] [--tolerance T] [--timeout S] [--grad-mode "
     "ddp|global]\n"
-    "                 [--runtime-checks] [--no-fuse] [--dlossc PATH]\n"
+    "                 [--runtime-checks] [--no-fuse] [--threads T] [--dlossc "
+    "PATH]\n"
     "\n"
     "  --world N     start N local ranks (processes, Gloo on loopback); "
     "without it,\n"
@@ -50,6 +53,9 @@ const char *kUsage =
     "                ring-tiled kernels (dlossc --no-fuse): the plan "
     "materialises\n"
     "                the B_local x B_global matrices\n"
+    "  --threads T   intra-op threads per rank (default: OMP_NUM_THREADS, "
+    "else the\n"
+    "                cores divided by the ranks on this machine, at least 1)\n"
     "  --dlossc PATH the compiler for a .mlir loss (default: dlossc beside "
     "dloss-run)\n"
     "\n"
@@ -111,6 +117,10 @@ Options parseOptions(int argc, char **argv) {
       o.runtimeChecks = true;
     } else if (a == "--grad-mode") {
       o.gradMode = value(i);
+    } else if (a == "--threads") {
+      o.threads = number(i, "--threads");
+      if (o.threads < 1)
+        usageError("--threads must be at least 1");
     } else if (a == "--no-fuse") {
       o.noFuse = true;
     } else if (a == "--dlossc") {
@@ -126,6 +136,24 @@ Options parseOptions(int argc, char **argv) {
   if (o.loss.empty())
     usageError("no loss given");
   return o;
+}
+
+int intraOpThreads(const Options &o) {
+  if (o.threads > 0)
+    return o.threads;
+  auto positive = [](const char *name) {
+    const char *value = std::getenv(name);
+    if (!value || !*value)
+      return 0;
+    char *end = nullptr;
+    long n = std::strtol(value, &end, 10);
+    return (*end == '\0' && n > 0 && n < 1 << 16) ? static_cast<int>(n) : 0;
+  };
+  if (int n = positive("OMP_NUM_THREADS"))
+    return n;
+  int cores = static_cast<int>(std::thread::hardware_concurrency());
+  int local = std::max(1, positive("LOCAL_WORLD_SIZE"));
+  return std::max(1, cores / local);
 }
 
 } // namespace tools

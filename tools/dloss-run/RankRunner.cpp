@@ -11,6 +11,8 @@
 #include "runtime/io/Npy.h"
 #include "runtime/support/Error.h"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
@@ -28,6 +30,8 @@ int runRank(const Options &o, const std::string &planPath) {
   if (o.timeoutSeconds > 0)
     rendezvous.timeout = std::chrono::seconds(o.timeoutSeconds);
   int rank = rendezvous.rank;
+  int threads = intraOpThreads(o);
+  at::set_num_threads(threads);
   // Outlives the try block, so that an error is printed before the
   // communicator's teardown (which may wait briefly for the peers).
   std::unique_ptr<Communicator> comm;
@@ -80,7 +84,8 @@ int runRank(const Options &o, const std::string &planPath) {
       if (g.dim() == 0)
         json << ",\n  \"grad_" << name << "\": " << g.item<double>();
     }
-    json << ",\n  \"median_ms\": " << median
+    json << ",\n  \"intra_op_threads\": " << at::get_num_threads()
+         << ",\n  \"median_ms\": " << median
          << ",\n  \"peak_rss_mb\": " << memory.peakRssMb()
          << ",\n  \"loss_mem_mb\": " << memory.lossMb()
          << ",\n  \"baseline_rss_mb\": " << memory.baselineMb()
@@ -92,7 +97,9 @@ int runRank(const Options &o, const std::string &planPath) {
       std::cout << "dloss-run: @" << entry.loss->name()->str() << " on "
                 << comm->worldSize() << " ranks: loss "
                 << outputs[0].item<double>() << ", " << median
-                << " ms per forward+backward (median of " << o.iters << ")\n"
+                << " ms per forward+backward (median of " << o.iters
+                << "; " << threads << " intra-op thread"
+                << (threads == 1 ? "" : "s") << " per rank)\n"
                 << "dloss-run: loss memory " << worstLossMb
                 << " MB per rank at most (peak RSS minus the RSS before the "
                    "first call"
