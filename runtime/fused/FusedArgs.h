@@ -21,6 +21,13 @@
 
 namespace dloss::fused {
 
+/// The hint of a fused op's operand whose shape does not fit: plans keep
+/// batch and feature sizes dynamic, so the cause is the inputs (features of
+/// different widths on one rank, say), not the plan.
+inline constexpr const char *kShapeHint =
+    "Check the shapes of the inputs this rank passed: the fused loss's "
+    "operands must agree (for example, features of one width)";
+
 using Tensors = std::vector<at::Tensor>;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -79,7 +86,7 @@ public:
                ", expected a matrix" +
                (width >= 0 ? " with " + std::to_string(width) + " columns"
                            : std::string()),
-           "The plan does not match its inputs' shapes; recompile it");
+           kShapeHint);
     return converted(value, matrixType);
   }
 
@@ -89,7 +96,7 @@ public:
     if (value.dim() != 1 || value.size(0) != length)
       fail(std::string(name) + " has shape " + shapeText(value.sizes()) +
                ", expected [" + std::to_string(length) + "]",
-           "The plan does not match its inputs' shapes; recompile it");
+           kShapeHint);
     return converted(value, compute);
   }
 
@@ -99,7 +106,7 @@ public:
     if (value.dim() != 0)
       fail(std::string(name) + " has shape " + shapeText(value.sizes()) +
                ", expected a 0-d tensor",
-           "The plan does not match its inputs' shapes; recompile it");
+           kShapeHint);
     return value.item<double>();
   }
 
@@ -114,14 +121,17 @@ public:
       fail(std::string(name) + " is a " + c10::toString(value.scalar_type()) +
                " tensor of shape " + shapeText(value.sizes()) +
                ", expected integers of shape [" + std::to_string(length) + "]",
-           "The plan does not match its inputs' shapes; recompile it");
+           kShapeHint);
     auto outOfRange = [&](int64_t k, int64_t target) {
       fail(std::string(name) + "[" + std::to_string(k) +
                "] = " + std::to_string(target) + " is out of range [0, " +
                std::to_string(bound) + "): there are " + std::to_string(bound) +
                " " + what + " on all ranks",
-           "Targets are global indices into the gathered batch (or the "
-           "classes of every shard); check the labels passed on this rank");
+           "Targets are indices into the gathered batch (or the classes of "
+           "every shard), and this one is row " +
+               std::to_string(k) +
+               " of the gathered targets: check the labels every rank "
+               "passes");
     };
     if (onDevice) {
       at::Tensor result = value.to(device, at::kLong).contiguous();
