@@ -19,7 +19,7 @@ import numbers
 import torch
 
 from . import _C
-from .compile import CompiledLoss
+from .compile import compile as compile_loss
 from .errors import make_error
 from .graph import to_dtype
 from .group import communicator
@@ -56,14 +56,17 @@ class _GraphLoss(torch.nn.Module):
     def _loss(self, dtype):
         fn = self._compiled.get(dtype)
         if fn is None:
-            graph = self._make_graph(to_dtype(dtype))
-            plan = _C.compile_plan(graph.to_mlir(), "", graph.name, self._fuse)
-            fn = CompiledLoss(plan, graph.name, self._group)
+            fn = compile_loss(self._make_graph(to_dtype(dtype)),
+                              fuse=self._fuse, group=self._group)
             self._compiled[dtype] = fn
         return fn
 
-    def _world(self):
-        return communicator(self._group).world_size
+    def _ddp_features(self, features):
+        """`features` whose gradient is N times the global-mode one: the
+        loss is compiled in global mode for the parameters it owns (dF/dW on
+        every rank), and features follow the ddp contract (N * dF/dx_r)."""
+        world = communicator(self._group).world_size
+        return _ScaleGrad.apply(features, float(world))
 
 
 def _scalar(value, like, name):
@@ -228,10 +231,9 @@ class _MarginLoss(_GraphLoss):
                 "Call it with (embeddings, labels); the global batch is "
                 "every rank's embeddings")
         labels = _labels(labels)
-        world = self._world()
-        features = _ScaleGrad.apply(embeddings, float(world))
         weights = self.W.t().contiguous().to(embeddings.dtype)
-        return self._loss(embeddings.dtype)(features, labels, weights)
+        return self._loss(embeddings.dtype)(self._ddp_features(embeddings),
+                                            labels, weights)
 
 
 def _labels(labels):
@@ -337,7 +339,7 @@ def _margin_kind(margin_loss):
         "Use one of the two")
 
 
-class PartialFC(torch.nn.Module):
+class PartialFC(_GraphLoss):
     """insightface's ``PartialFC_V2`` with the class-sharded softmax fused:
     rank r holds its block of the class weights (``weight``, shape
     ``[num_local, embedding_size]``, insightface's split: the first
@@ -358,7 +360,7 @@ class PartialFC(torch.nn.Module):
 
     def __init__(self, *args, margin_loss=None, sample_rate=1.0, fp16=False,
                  group=None, fuse=True, **kwargs):
-        super().__init__()
+        super().__init__(group, fuse)
         args = list(args)
         if args and not isinstance(args[0], numbers.Integral):
             margin_loss = args.pop(0)  # insightface's order
@@ -409,20 +411,12 @@ class PartialFC(torch.nn.Module):
             rank, self.num_classes % world)
         self.weight = torch.nn.Parameter(
             torch.normal(0, 0.01, (self.num_local, self.embedding_size)))
-        self._group = group
-        self._fuse = fuse
-        self._compiled = {}
 
-    def _loss(self, dtype):
-        fn = self._compiled.get(dtype)
-        if fn is None:
-            graph = _C.margin_graph(self._kind, self.embedding_size, -1,
-                                    self._s, self._m, to_dtype(dtype),
-                                    _C.GradMode.global_, True, False)
-            plan = _C.compile_plan(graph.to_mlir(), "", graph.name, self._fuse)
-            fn = CompiledLoss(plan, graph.name, self._group)
-            self._compiled[dtype] = fn
-        return fn
+    def _make_graph(self, dtype):
+        # Class blocks differ between ranks: the plan takes any block size.
+        return _C.margin_graph(self._kind, self.embedding_size, -1, self._s,
+                               self._m, dtype, _C.GradMode.global_, True,
+                               False)
 
     def forward(self, local_embeddings, local_labels):
         """The mean margin-softmax loss over the global batch."""
@@ -430,7 +424,6 @@ class PartialFC(torch.nn.Module):
         if isinstance(labels, torch.Tensor) and labels.dim() == 2 and \
                 labels.shape[1] == 1:
             labels = labels.reshape(-1)
-        world = communicator(self._group).world_size
-        features = _ScaleGrad.apply(local_embeddings, float(world))
         weight = self.weight.to(local_embeddings.dtype)
-        return self._loss(local_embeddings.dtype)(features, labels, weight)
+        return self._loss(local_embeddings.dtype)(
+            self._ddp_features(local_embeddings), labels, weight)
