@@ -32,7 +32,8 @@ using GilRelease = py::call_guard<py::gil_scoped_release>;
 /// package exports.
 PyObject *errorType = PyExc_RuntimeError;
 
-void raise(const Error &e) {
+/// `e` as a dloss.Error object: its rendered message and its fields.
+py::object toPython(const Error &e) {
   py::object type = py::reinterpret_borrow<py::object>(errorType);
   py::object error = type(py::str(e.what()));
   error.attr("problem") = e.problem();
@@ -40,6 +41,11 @@ void raise(const Error &e) {
   error.attr("rank") = e.rank() ? py::object(py::int_(*e.rank())) : py::none();
   error.attr("op") = e.op();
   error.attr("location") = e.location();
+  return error;
+}
+
+void raise(const Error &e) {
+  py::object error = toPython(e);
   PyErr_SetObject(errorType, error.ptr());
 }
 
@@ -550,6 +556,22 @@ PYBIND11_MODULE(_C, m) {
         errorType = type.ptr();
       },
       "Makes dloss errors raise `type` (dloss.Error).");
+  m.def(
+      "make_error",
+      [](const std::string &problem, const std::string &hint,
+         std::optional<int> rank, const std::string &op,
+         const std::string &location) {
+        ErrorInfo info;
+        info.problem = problem;
+        info.hint = hint;
+        info.rank = rank;
+        info.op = op;
+        info.location = location;
+        return toPython(Error(info));
+      },
+      py::arg("problem"), py::arg("hint") = "", py::arg("rank") = py::none(),
+      py::arg("op") = "", py::arg("location") = "",
+      "A dloss.Error rendered as the runtime renders its own.");
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p)

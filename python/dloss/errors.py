@@ -30,32 +30,10 @@ class Error(RuntimeError):
 _C.set_error_type(Error)
 
 
-def _sentence(text):
-    text = text.strip()
-    return text if text.endswith((".", "!", "?")) else text + "."
-
-
 def make_error(problem, hint="", rank=None, op="", location=""):
-    """A dloss.Error rendered as the C++ runtime renders its errors."""
-    where = []
-    if rank is not None:
-        where.append("rank %d" % rank)
-    if op and location:
-        where.append("op %s at %s" % (op, location))
-    elif op:
-        where.append("op " + op)
-    elif location:
-        where.append("at " + location)
-    message = "dloss error"
-    if where:
-        message += " [" + ", ".join(where) + "]"
-    message += ": " + _sentence(problem)
-    if hint:
-        message += " " + _sentence(hint)
-    error = Error(message)
-    error.problem, error.hint, error.rank = problem, hint, rank
-    error.op, error.location = op, location
-    return error
+    """A dloss.Error rendered as the C++ runtime renders its errors (the
+    same dloss::Error::format)."""
+    return _C.make_error(problem, hint, rank, op, location)
 
 
 def caller_location(depth=2):
