@@ -38,6 +38,27 @@ def fusion(mode):
             os.environ["DLOSS_TILE"] = old
 
 
+# The tolerance of a drop-in's loss and gradients against its reference.
+TOL = {torch.float64: 1e-10, torch.float32: 2e-5}
+
+# Per world size: the per-rank batches of the contrastive tests (even, then
+# uneven ones).
+PAIR_SIZES = {
+    1: [[6]],
+    2: [[4, 4], [5, 2]],
+    4: [[3, 3, 3, 3], [5, 3, 6, 2], [4, 0, 3, 2]],  # a rank with no rows
+}
+
+
+def feature_pair(total, dim, generator):
+    """`total` L2-normalised image and text rows of width `dim`, float64."""
+    image = F.normalize(torch.randn(total, dim, generator=generator,
+                                    dtype=torch.float64))
+    text = F.normalize(torch.randn(total, dim, generator=generator,
+                                   dtype=torch.float64))
+    return image, text
+
+
 def offsets(sizes):
     """[0, n_0, n_0 + n_1, ...]: where each rank's rows start."""
     out = [0]

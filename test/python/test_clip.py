@@ -13,26 +13,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import multiproc
-from loss_reference import (FUSE_MODES, GatherWithGrad, clip_loss, fusion,
-                            offsets, rel, report)
+from loss_reference import (FUSE_MODES, GatherWithGrad, PAIR_SIZES, TOL,
+                            clip_loss, feature_pair, fusion, offsets, rel,
+                            report)
 
 DIM = 16
-# Per world size: the per-rank batches to run (even, then uneven ones).
-SIZES = {
-    1: [[6]],
-    2: [[4, 4], [5, 2]],
-    4: [[3, 3, 3, 3], [5, 3, 6, 2], [4, 0, 3, 2]],  # a rank with no rows
-}
-TOL = {torch.float64: 1e-10, torch.float32: 2e-5}
+SIZES = PAIR_SIZES
 
 
 def global_data(sizes, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     total = sum(sizes)
-    image = F.normalize(torch.randn(total, DIM, generator=g,
-                                    dtype=torch.float64))
-    text = F.normalize(torch.randn(total, DIM, generator=g,
-                                   dtype=torch.float64))
+    image, text = feature_pair(total, DIM, g)
     scale = torch.tensor(7.5, dtype=torch.float64)
     return image.to(dtype), text.to(dtype), scale.to(dtype)
 

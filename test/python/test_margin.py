@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 
 import multiproc
-from loss_reference import FUSE_MODES, fusion, offsets, pml_loss, rel, report
+from loss_reference import (FUSE_MODES, TOL, fusion, offsets, pml_loss, rel,
+                            report)
 
 EMB, CLASSES = 16, 10
-TOL = {torch.float64: 1e-10, torch.float32: 2e-5}
 # (kind, constructor keywords): PML's defaults and one other setting each.
 LOSSES = [
     ("arcface", {}),

@@ -15,25 +15,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import multiproc
-from loss_reference import (FUSE_MODES, GatherWithGrad, fusion, offsets,
-                            rel, report)
+from loss_reference import (FUSE_MODES, GatherWithGrad, PAIR_SIZES, TOL,
+                            feature_pair, fusion, offsets, rel, report)
 
 DIM = 16
-SIZES = {
-    1: [[6]],
-    2: [[4, 4], [5, 2]],
-    4: [[3, 3, 3, 3], [5, 3, 6, 2], [4, 0, 3, 2]],  # a rank with no rows
-}
-TOL = {torch.float64: 1e-10, torch.float32: 2e-5}
+SIZES = PAIR_SIZES
 
 
 def global_data(sizes, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     total = sum(sizes)
-    image = F.normalize(torch.randn(total, DIM, generator=g,
-                                    dtype=torch.float64))
-    text = F.normalize(torch.randn(total, DIM, generator=g,
-                                   dtype=torch.float64))
+    image, text = feature_pair(total, DIM, g)
     # Close to OpenCLIP's init (t = log 10, b = -10), moved off it so that
     # the positives and negatives both weigh in.
     t = torch.tensor(math.log(10.0) + (0.1 * seed) % 1, dtype=torch.float64)
