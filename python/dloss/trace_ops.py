@@ -1167,17 +1167,25 @@ def _cross_entropy(input, target, weight=None, size_average=None,
           "Use 'mean', 'sum' or 'none'", loc)
 
 
+def _row_labels(index, x, axis, loc, refusal):
+    """The labels of a gather/scatter `index` that holds one column per row
+    of `x` along `axis` (labels.unsqueeze(axis)); else refused with
+    `refusal`."""
+    if not (isinstance(index, _Unsq) and index.ndim == x.ndim and
+            len(index.positions) == x.ndim - 1 and
+            axis not in index.positions):
+        _unsupported(refusal, loc)
+    return _index_operand(index.base, loc, "the index")
+
+
 def _gather(x, dim, index, sparse_grad=False, loc=None):
     loc = loc or _user_location()
     x = _mat(_value(x, loc))
     axis = _axis(dim, x.ndim, loc)
-    if not (isinstance(index, _Unsq) and index.ndim == x.ndim and
-            len(index.positions) == x.ndim - 1 and
-            axis not in index.positions):
-        _unsupported("gather with an index that is not one column per row "
-                     "(write x.gather(%d, labels.unsqueeze(%d)))" % (
-                         axis, axis), loc)
-    labels = _index_operand(index.base, loc, "the index")
+    labels = _row_labels(index, x, axis, loc,
+                         "gather with an index that is not one column per "
+                         "row (write x.gather(%d, labels.unsqueeze(%d)))" %
+                         (axis, axis))
     t = x.tr.g.take_along(x.node, labels.node, axis, *loc)
     picked = _emit(x.tr, t, labels.dims, x.dtype, (x, labels), loc)
     return _Unsq(picked, x.ndim, index.positions, loc)
@@ -1190,13 +1198,10 @@ def _scatter(x, dim, index, src=None, value=None, reduce=None, loc=None):
     x = _mat(_value(x, loc))
     axis = _axis(dim, x.ndim, loc)
     src = value if src is None else src
-    if not (isinstance(index, _Unsq) and index.ndim == x.ndim and
-            len(index.positions) == x.ndim - 1 and
-            axis not in index.positions):
-        _unsupported("scatter with an index that is not one column per row "
-                     "(write x.scatter(%d, labels.unsqueeze(%d), values))" % (
-                         axis, axis), loc)
-    labels = _index_operand(index.base, loc, "the index")
+    labels = _row_labels(index, x, axis, loc,
+                         "scatter with an index that is not one column per "
+                         "row (write x.scatter(%d, labels.unsqueeze(%d), "
+                         "values))" % (axis, axis))
     if isinstance(src, _Unsq) and src.positions == index.positions:
         values = _cast_ir(_mat(src.base), x.ir, loc)
     elif isinstance(src, (int, float)) or (
