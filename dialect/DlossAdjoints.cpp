@@ -577,6 +577,49 @@ LogicalResult ShardedSoftmaxOp::buildAdjoint(AdjointBuilder &ab) {
   return success();
 }
 
+LogicalResult FusedSimilarityOp::buildAdjoint(AdjointBuilder &ab) {
+  bool any = false;
+  for (unsigned i = 0; i < getNumResults(); ++i)
+    any |= static_cast<bool>(ab.resultCotangent(i));
+  if (!any)
+    return success();
+  SmallVector<Value> extra(getLeaves());
+  llvm::append_range(extra, getResults());
+  for (auto [i, result] : llvm::enumerate(getResults()))
+    extra.push_back(ctOrZeros(ab, i, result));
+  Type element = cast<ShapedType>(getRows().getType()).getElementType();
+  int64_t dyn = ShapedType::kDynamic;
+  auto grad = FusedSimilarityGradOp::create(
+      ab.b, ab.loc,
+      TypeRange{getRows().getType(), getCols().getType(),
+                RankedTensorType::get({dyn, dyn}, element),
+                RankedTensorType::get({dyn}, element)},
+      getRows(), getCols(), extra, getRowLeavesAttr(), getColLeavesAttr(),
+      getProgramAttr(), getOutputsAttr(), getGatheredAttr());
+  ab.addOperandCotangent(0, grad.getDRows());
+  ab.addOperandCotangent(1, grad.getDCols());
+  // One row of the stacked leaf gradients per float per-row leaf, one
+  // element of d_scalars per float 0-d leaf (integer leaves get none).
+  auto pick = [&](Value stacked, int64_t k) {
+    Value offset = arith::ConstantIndexOp::create(ab.b, ab.loc, k);
+    Value one = arith::ConstantIndexOp::create(ab.b, ab.loc, 1);
+    Value slice = SliceOp::create(ab.b, ab.loc, stacked, 0, offset, one);
+    return ReduceOp::create(ab.b, ab.loc, ReduceKind::sum, slice,
+                            ArrayRef<int64_t>{0});
+  };
+  int64_t rowLeaves = getRowLeaves(), firstScalar = rowLeaves + getColLeaves();
+  for (auto [k, leaf] : llvm::enumerate(getLeaves())) {
+    auto i = static_cast<int64_t>(k);
+    if (!isa<FloatType>(cast<ShapedType>(leaf.getType()).getElementType()) ||
+        (i >= rowLeaves && i < firstScalar))
+      continue;
+    Value ct = i < rowLeaves ? pick(grad.getDRowLeaves(), i)
+                             : pick(grad.getDScalars(), i - firstScalar);
+    ab.addOperandCotangent(2 + k, ct);
+  }
+  return success();
+}
+
 #define DLOSS_NO_SECOND_DERIVATIVE(OP)                                         \
   LogicalResult OP::buildAdjoint(AdjointBuilder &) {                           \
     return emitOpError("is a backward op: second derivatives of fused ops "    \
@@ -586,4 +629,5 @@ LogicalResult ShardedSoftmaxOp::buildAdjoint(AdjointBuilder &ab) {
 DLOSS_NO_SECOND_DERIVATIVE(RingSoftmaxCEGradOp)
 DLOSS_NO_SECOND_DERIVATIVE(RingSigmoidPairsGradOp)
 DLOSS_NO_SECOND_DERIVATIVE(ShardedSoftmaxGradOp)
+DLOSS_NO_SECOND_DERIVATIVE(FusedSimilarityGradOp)
 #undef DLOSS_NO_SECOND_DERIVATIVE

@@ -463,6 +463,66 @@ LogicalResult RingSigmoidPairsGradOp::evaluateCost(CostEvaluator &e,
   return success();
 }
 
+/// The bytes of the per-column leaves of a general fused op (they travel
+/// with the chunk when it is gathered).
+static int64_t columnLeafBytes(CostEvaluator &e, ValueRange leaves,
+                               int64_t rowLeaves, int64_t colLeaves) {
+  int64_t bytes = 0;
+  for (Value leaf : leaves.drop_front(rowLeaves).take_front(colLeaves))
+    bytes += e.bytes(leaf);
+  return bytes;
+}
+
+LogicalResult FusedSimilarityOp::evaluateCost(CostEvaluator &e, OpCost &cost) {
+  if (failed(fusedSimilarity(*this, e)))
+    return failure();
+  for (Value result : getResults())
+    e.setTensor(result, {e.shape(getRows())[0]});
+  int64_t vectors =
+      columnLeafBytes(e, getLeaves(), getRowLeaves(), getColLeaves());
+  // One tile of the similarity and the program's registers over one tile
+  // row (a few KiB, counted with the tile).
+  if (!getGathered()) {
+    cost.workspace = Cost{double(e.tileBytes(getRows())),
+                          bytesText(e.tileBytes(getRows())) + " tile"};
+    return success();
+  }
+  cost.sent = ringSent(e.worldSize(), e.bytes(getCols()) + vectors,
+                       vectors ? "cols + column leaves" : "cols", 0, "");
+  cost.workspace = ringWorkspace(e.bytes(getCols()), vectors, 0,
+                                 e.tileBytes(getRows()));
+  return success();
+}
+
+LogicalResult FusedSimilarityGradOp::evaluateCost(CostEvaluator &e,
+                                                  OpCost &cost) {
+  if (failed(fusedSimilarity(*this, e)))
+    return failure();
+  int64_t results = static_cast<int64_t>(getOutputs().size()) / 2;
+  ValueRange leaves = getExtra().drop_back(2 * results);
+  int64_t n = e.shape(getRows())[0];
+  int64_t scalars = static_cast<int64_t>(leaves.size()) - getRowLeaves() -
+                    getColLeaves();
+  e.setTensor(getDRows(), e.shape(getRows()));
+  e.setTensor(getDCols(), e.shape(getCols()));
+  e.setTensor(getDRowLeaves(), {getRowLeaves(), n});
+  e.setTensor(getDScalars(), {scalars});
+  int64_t vectors = columnLeafBytes(e, leaves, getRowLeaves(), getColLeaves());
+  // The recomputed tile and the tile of its gradient.
+  int64_t tiles = 2 * e.tileBytes(getRows());
+  if (!getGathered()) {
+    cost.workspace =
+        Cost{double(tiles), bytesText(tiles) + " tile + gradient tile"};
+    return success();
+  }
+  cost.sent = ringSent(e.worldSize(), e.bytes(getCols()) + vectors,
+                       vectors ? "cols + column leaves" : "cols",
+                       e.bytes(getDCols()), "d_cols");
+  cost.workspace =
+      ringWorkspace(e.bytes(getCols()), vectors, e.bytes(getDCols()), tiles);
+  return success();
+}
+
 LogicalResult ShardedSoftmaxOp::evaluateCost(CostEvaluator &e, OpCost &cost) {
   // (lse_rest, target_dot)
   if (failed(fusedVectors(*this, e, {0, 0})))

@@ -2,6 +2,7 @@
 // dialect/ShapeFunctions.h) and folders.
 #include "dialect/DlossOps.h"
 #include "dialect/ShapeFunctions.h"
+#include "runtime/fused/Epilogue.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
@@ -460,6 +461,89 @@ LogicalResult ShardedSoftmaxGradOp::verify() {
       succeeded(c.like(getDScale(), getScale(), "d_scale")));
 }
 
+namespace {
+/// The checks both general fused ops share: features, leaf groups and the
+/// tile program (runtime/fused/Epilogue.h's checkProgram, which the runtime
+/// runs too).
+LogicalResult verifyFusedSimilarity(Operation *op, Value rows, Value cols,
+                                    ValueRange leaves, int64_t rowLeaves,
+                                    int64_t colLeaves,
+                                    ArrayRef<int64_t> program,
+                                    ArrayRef<int64_t> outputs) {
+  FusedChecks c = fusedChecks(op, rows);
+  if (failed(c.features(rows, "rows")) || failed(c.features(cols, "cols")) ||
+      failed(c.sameFeatureSize(rows, cols)))
+    return failure();
+  int64_t count = static_cast<int64_t>(leaves.size());
+  if (rowLeaves < 0 || colLeaves < 0 || rowLeaves + colLeaves > count)
+    return op->emitOpError() << "has " << count << " leaves, fewer than "
+                             << rowLeaves << " per-row and " << colLeaves
+                             << " per-column ones";
+  for (auto [i, leaf] : llvm::enumerate(leaves)) {
+    int64_t want = static_cast<int64_t>(i) < rowLeaves + colLeaves ? 1 : 0;
+    if (cast<RankedTensorType>(leaf.getType()).getRank() != want)
+      return op->emitOpError()
+             << "leaf " << i << " must be "
+             << (want ? (static_cast<int64_t>(i) < rowLeaves ? "a per-row 1-D"
+                                                             : "a per-column 1-D")
+                      : "a 0-d")
+             << " tensor, got " << leaf.getType();
+  }
+  std::string problem = ::dloss::epilogue::checkProgram(
+      program.data(), static_cast<int64_t>(program.size()), outputs.data(),
+      static_cast<int64_t>(outputs.size()), rowLeaves, colLeaves,
+      count - rowLeaves - colLeaves);
+  if (!problem.empty())
+    return op->emitOpError() << "has a malformed tile program: " << problem;
+  return success();
+}
+} // namespace
+
+LogicalResult FusedSimilarityOp::verify() {
+  if (failed(verifyFusedSimilarity(*this, getRows(), getCols(), getLeaves(),
+                                   getRowLeaves(), getColLeaves(),
+                                   getProgram(), getOutputs())))
+    return failure();
+  if (getResults().size() * 2 != getOutputs().size())
+    return emitOpError() << "has " << getResults().size()
+                         << " results but its program has "
+                         << getOutputs().size() / 2 << " outputs";
+  FusedChecks c = fusedChecks(*this, getRows());
+  for (Value result : getResults())
+    if (failed(c.vector(result, "each result")))
+      return failure();
+  return success();
+}
+
+LogicalResult FusedSimilarityGradOp::verify() {
+  int64_t results = static_cast<int64_t>(getOutputs().size()) / 2;
+  int64_t leaves = static_cast<int64_t>(getExtra().size()) - 2 * results;
+  if (leaves < 0)
+    return emitOpError() << "has " << getExtra().size()
+                         << " extra operands, fewer than the forward results "
+                            "and their cotangents ("
+                         << 2 * results << ")";
+  ValueRange extra = getExtra();
+  if (failed(verifyFusedSimilarity(*this, getRows(), getCols(),
+                                   extra.take_front(leaves), getRowLeaves(),
+                                   getColLeaves(), getProgram(),
+                                   getOutputs())))
+    return failure();
+  FusedChecks c = fusedChecks(*this, getRows());
+  for (Value v : extra.drop_front(leaves))
+    if (failed(c.vector(v, "each forward result and cotangent")))
+      return failure();
+  auto stacked = cast<RankedTensorType>(getDRowLeaves().getType());
+  auto scalars = cast<RankedTensorType>(getDScalars().getType());
+  if (stacked.getRank() != 2 || scalars.getRank() != 1 ||
+      stacked.getElementType() != c.element ||
+      scalars.getElementType() != c.element)
+    return emitOpError() << "d_row_leaves must be 2-D and d_scalars 1-D, of "
+                         << c.element;
+  return success(succeeded(c.like(getDRows(), getRows(), "d_rows")) &&
+                 succeeded(c.like(getDCols(), getCols(), "d_cols")));
+}
+
 // The ring ops compute this rank's rows: varying. The sharded softmax
 // all-reduces its statistics over the class shards: invariant (its rows are
 // the gathered batch). Its backward holds this shard's partial gradients.
@@ -479,5 +563,16 @@ Replication ShardedSoftmaxOp::inferReplication(ArrayRef<Replication>) {
   return Replication::Invariant;
 }
 Replication ShardedSoftmaxGradOp::inferReplication(ArrayRef<Replication>) {
+  return Replication::Varying;
+}
+// The general op's results follow its rows: with a gathered operand every
+// rank's columns are seen, so only the rows tell ranks apart; tiled over a
+// local class matrix, so can the classes and the leaves.
+Replication FusedSimilarityOp::inferReplication(ArrayRef<Replication> operands) {
+  if (getGathered())
+    return operands[0];
+  return joinReplication(operands);
+}
+Replication FusedSimilarityGradOp::inferReplication(ArrayRef<Replication>) {
   return Replication::Varying;
 }

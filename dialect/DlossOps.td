@@ -653,4 +653,74 @@ def Dloss_ShardedSoftmaxGradOp : Dloss_ReplicationRuleOp<"sharded_softmax_grad",
   let hasVerifier = 1;
 }
 
+def Dloss_FusedSimilarityOp : Dloss_CollectiveOp<"fused_similarity"> {
+  let summary = "row reductions of a program over the similarity tiles";
+  let description = [{
+    The general fused op: with `S = rows x cols_all^T` (never built), each
+    result is, for each of this rank's rows i,
+    `r_k[i] = reduce_k over every column j of e_k(i, j)`, where `e_k` is a
+    register of the straight-line tile program `program` evaluated on the
+    leaves S_ij, the column's index j, per-row values (the first
+    `row_leaves` of `leaves`, read at i), per-column values (the next
+    `col_leaves`, read at j) and 0-d values (the rest). `reduce_k` is `sum`
+    or `logsumexp` (runtime/fused/Epilogue.h defines the encoding:
+    `program` holds (opcode, a, b, c) per instruction, `outputs` (register,
+    reduction) per result).
+
+    `gathered`: `cols` is this rank's shard of an `all_gather(cols, axis
+    0)`; the columns (and the per-column values, each this rank's shard of a
+    gathered vector) travel round a ring of ranks, and the column index is
+    global. Otherwise `cols` is a local (or replicated) class matrix tiled
+    in place, and the column index is the class index.
+
+    Produced by dloss-fuse-gather-similarity from any loss whose similarity
+    feeds only elementwise ops ending in row reductions (docs/Fusion.md).
+  }];
+  let arguments = (ins Dloss_FloatTensor:$rows, Dloss_FloatTensor:$cols,
+                   Variadic<Dloss_NumTensor>:$leaves,
+                   I64Attr:$row_leaves, I64Attr:$col_leaves,
+                   DenseI64ArrayAttr:$program, DenseI64ArrayAttr:$outputs,
+                   UnitAttr:$gathered);
+  let results = (outs Variadic<Dloss_FloatTensor>:$results);
+  let assemblyFormat = [{
+    $rows `,` $cols (`leaves` `(` $leaves^ `)`)? attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The 0-d leaves: those after the per-row and per-column ones.
+    int64_t getScalarCount() {
+      return static_cast<int64_t>(getLeaves().size()) - getRowLeaves() -
+             getColLeaves();
+    }
+  }];
+}
+
+def Dloss_FusedSimilarityGradOp : Dloss_CollectiveOp<"fused_similarity_grad"> {
+  let summary = "the backward of dloss.fused_similarity, recomputing its tiles";
+  let description = [{
+    Operands: those of the forward op (`rows`, `cols`, its leaves), then its
+    results, then their cotangents (`extra` holds the three groups; the
+    attributes are the forward op's). Each tile is recomputed, run forward
+    and backward through the tile program (the reverse sweep of
+    runtime/fused/Epilogue.h), and `G = dL/dS` goes through two tile GEMMs:
+    `d_rows += G cols`, `d_cols += G^T rows` (for a gathered op, each
+    chunk's column gradient goes round the ring to its owner).
+    `d_row_leaves` [row_leaves, n] holds the gradient of each per-row value
+    (zero for integer ones) and `d_scalars` [number of 0-d leaves] this
+    rank's partial gradient of each 0-d value.
+  }];
+  let arguments = (ins Dloss_FloatTensor:$rows, Dloss_FloatTensor:$cols,
+                   Variadic<Dloss_NumTensor>:$extra,
+                   I64Attr:$row_leaves, I64Attr:$col_leaves,
+                   DenseI64ArrayAttr:$program, DenseI64ArrayAttr:$outputs,
+                   UnitAttr:$gathered);
+  let results = (outs Dloss_FloatTensor:$d_rows, Dloss_FloatTensor:$d_cols,
+                      Dloss_FloatTensor:$d_row_leaves,
+                      Dloss_FloatTensor:$d_scalars);
+  let assemblyFormat = [{
+    $rows `,` $cols (`extra` `(` $extra^ `)`)? attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
 #endif // DLOSS_OPS_TD

@@ -8,6 +8,8 @@
 // describes the schedules and the memory they need.
 #include "passes/Passes.h"
 #include "passes/ReplicationAnalysis.h"
+#include "passes/TileProgram.h"
+#include "runtime/fused/Epilogue.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinAttributes.h"
@@ -17,6 +19,8 @@
 #include "mlir/Rewrite/PatternApplicator.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/SmallPtrSet.h"
+
+#include <limits>
 
 namespace mlir::dloss {
 #define GEN_PASS_DEF_FUSEGATHERSIMILARITYPASS
@@ -117,11 +121,17 @@ LogicalResult prepareOperands(PatternRewriter &rewriter,
 /// listed twice (one gather feeding both CLIP directions) is erased once.
 void eraseDead(PatternRewriter &rewriter, ArrayRef<Operation *> ops) {
   llvm::SmallPtrSet<Operation *, 8> erased;
-  for (Operation *op : ops)
-    if (op && !erased.contains(op) && op->use_empty()) {
-      erased.insert(op);
-      rewriter.eraseOp(op);
-    }
+  // Until nothing changes: an op listed early may be read by one listed
+  // later (an expand shaped `like` the similarity).
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (Operation *op : ops)
+      if (op && !erased.contains(op) && op->use_empty()) {
+        erased.insert(op);
+        rewriter.eraseOp(op);
+        progress = true;
+      }
+  }
 }
 
 //===----------------------------------------------------------------------===//
@@ -282,6 +292,116 @@ struct SiglipFusion : OpRewritePattern<SoftplusOp> {
 };
 
 //===----------------------------------------------------------------------===//
+// The general family: any similarity read element-wise and reduced by rows
+//===----------------------------------------------------------------------===//
+
+/// A dloss.fused_similarity over a local class matrix computing, per row,
+/// the log-sum-exp of `scale * S` over every class but the target, and the
+/// target's similarity: the statistics of a softmax with a margin on the
+/// target logit (the class-sharded op's, without the shards).
+FusedSimilarityOp localMarginSoftmax(PatternRewriter &rewriter, Location loc,
+                                     Type perRow, Value rows, Value weights,
+                                     Value scale, Value targets) {
+  namespace ep = ::dloss::epilogue;
+  auto code = [](ep::Op op) { return static_cast<int64_t>(op); };
+  int64_t ninf = ep::doubleToBits(-std::numeric_limits<double>::infinity());
+  int64_t zero = ep::doubleToBits(0.0);
+  SmallVector<int64_t> program = {
+      code(ep::Op::Sim),    0, 0, 0, // %0 = S
+      code(ep::Op::Scalar), 0, 0, 0, // %1 = scale
+      code(ep::Op::Mul),    0, 1, 0, // %2 = scale * S
+      code(ep::Op::ColId),  0, 0, 0, // %3 = class
+      code(ep::Op::RowLeaf), 0, 0, 0, // %4 = target
+      code(ep::Op::Eq),     3, 4, 0, // %5 = class == target
+      code(ep::Op::Const),  ninf, 0, 0, // %6
+      code(ep::Op::Select), 5, 6, 2, // %7 = the other classes' logits
+      code(ep::Op::Const),  zero, 0, 0, // %8
+      code(ep::Op::Select), 5, 0, 8, // %9 = the target's similarity
+  };
+  SmallVector<int64_t> outputs = {
+      7, static_cast<int64_t>(ep::Reduce::LogSumExp), // lse_rest
+      9, static_cast<int64_t>(ep::Reduce::Sum)};      // target_dot
+  return FusedSimilarityOp::create(
+      rewriter, loc, TypeRange{perRow, perRow}, rows, weights,
+      ValueRange{targets, scale}, rewriter.getI64IntegerAttr(1),
+      rewriter.getI64IntegerAttr(0), rewriter.getDenseI64ArrayAttr(program),
+      rewriter.getDenseI64ArrayAttr(outputs), UnitAttr());
+}
+
+/// Any similarity `matmul(rows, all_gather(cols))^T` (or over a local class
+/// matrix) whose every reader is an element-wise op of the tile program or a
+/// row reduction becomes one dloss.fused_similarity. Runs after the
+/// dedicated patterns (their kernels are specialised); when it declines, it
+/// says why in a remark at the similarity.
+struct SimilarityFusion : OpRewritePattern<MatmulOp> {
+  SimilarityFusion(MLIRContext *context, const DominanceInfo &dominance)
+      : OpRewritePattern(context), dominance(dominance) {}
+
+  LogicalResult matchAndRewrite(MatmulOp matmul,
+                                PatternRewriter &rewriter) const override {
+    if (matmul.getTransposeLhs() || !matmul.getTransposeRhs())
+      return rewriter.notifyMatchFailure(matmul, "not rows x cols^T");
+    auto derived = deriveTileProgram(matmul, dominance);
+    if (auto *no = std::get_if<TileDecline>(&derived)) {
+      InFlightDiagnostic remark = matmul.emitRemark()
+                                  << "similarity not fused: " << no->reason;
+      if (no->op && no->op != matmul.getOperation())
+        remark.attachNote(no->op->getLoc()) << "here";
+      return rewriter.notifyMatchFailure(matmul, no->reason);
+    }
+    TileProgram &p = std::get<TileProgram>(derived);
+    Operation *at = p.terminals.front().op;
+    rewriter.setInsertionPoint(at);
+    SmallVector<Location> locs = {matmul.getLoc()};
+    for (const TileTerminal &t : p.terminals)
+      locs.push_back(t.op->getLoc());
+    Location loc = rewriter.getFusedLoc(locs);
+    Type element = cast<ShapedType>(matmul.getType()).getElementType();
+    Type perRow = RankedTensorType::get({ShapedType::kDynamic}, element);
+    SmallVector<Type> types(p.outputs.size() / 2, perRow);
+    SmallVector<Value> leaves(p.rowLeaves);
+    llvm::append_range(leaves, p.colLeaves);
+    llvm::append_range(leaves, p.scalars);
+    auto fused = FusedSimilarityOp::create(
+        rewriter, loc, types, p.rows, p.cols, leaves,
+        rewriter.getI64IntegerAttr(p.rowLeaves.size()),
+        rewriter.getI64IntegerAttr(p.colLeaves.size()),
+        rewriter.getDenseI64ArrayAttr(p.program),
+        rewriter.getDenseI64ArrayAttr(p.outputs),
+        p.gather ? rewriter.getUnitAttr() : UnitAttr());
+    for (const TileTerminal &t : p.terminals) {
+      Value first = fused.getResult(t.first);
+      Value replacement = first;
+      rewriter.setInsertionPoint(t.op);
+      if (isa<CrossEntropyOp>(t.op))
+        replacement = SubOp::create(rewriter, t.op->getLoc(), first,
+                                    fused.getResult(t.first + 1));
+      else if (auto reduce = dyn_cast<ReduceOp>(t.op);
+               reduce && reduce.getAxes().size() == 2)
+        replacement = ReduceOp::create(rewriter, t.op->getLoc(),
+                                       ReduceKind::sum, first,
+                                       ArrayRef<int64_t>{0});
+      if (replacement.getType() != t.op->getResult(0).getType())
+        replacement = CastOp::create(rewriter, t.op->getLoc(),
+                                     t.op->getResult(0).getType(), replacement);
+      rewriter.replaceAllUsesWith(t.op->getResult(0), replacement);
+    }
+    SmallVector<Operation *> dead;
+    for (const TileTerminal &t : p.terminals)
+      dead.push_back(t.op);
+    for (Operation *op : llvm::reverse(p.region))
+      dead.push_back(op);
+    dead.push_back(matmul);
+    dead.push_back(p.gather);
+    llvm::append_range(dead, p.leafOps);
+    eraseDead(rewriter, dead);
+    return success();
+  }
+
+  const DominanceInfo &dominance;
+};
+
+//===----------------------------------------------------------------------===//
 // Class-sharded softmax (PartialFC)
 //===----------------------------------------------------------------------===//
 
@@ -314,18 +434,24 @@ struct ShardedSoftmaxFusion : OpRewritePattern<CrossEntropyOp> {
     if (put && (put.getAxis() != 1 || put.getIndices() != targets ||
                 !put.getResult().hasOneUse()))
       return rewriter.notifyMatchFailure(ce, "not a margin on the targets");
+    // Class shards: C = all_gather(matmul(R, W)^T, axis 1). A local (or
+    // replicated) class matrix: C = matmul(x, W)^T itself, tiled over the
+    // classes by the general fused op.
     auto gather = classes.getDefiningOp<AllGatherOp>();
-    if (!gather || gather.getAxis() != 1 ||
-        gather.getGrad() != GatherGrad::exact)
+    if (gather && (gather.getAxis() != 1 ||
+                   gather.getGrad() != GatherGrad::exact))
       return rewriter.notifyMatchFailure(ce,
                                          "not an exact gather of class shards");
-    auto matmul = gather.getInput().getDefiningOp<MatmulOp>();
+    auto matmul = gather ? gather.getInput().getDefiningOp<MatmulOp>()
+                         : classes.getDefiningOp<MatmulOp>();
     if (!matmul || matmul.getTransposeLhs() || !matmul.getTransposeRhs() ||
-        !matmul.getResult().hasOneUse())
+        (gather && !matmul.getResult().hasOneUse()) ||
+        (!gather && matmul.getRhs().getDefiningOp<AllGatherOp>()))
       return rewriter.notifyMatchFailure(ce, "not a similarity with the shard");
     Value rows = matmul.getLhs(), weights = matmul.getRhs();
     // Every shard must see the same rows and targets.
-    if (replication.isVarying(rows) || replication.isVarying(targets))
+    if (gather &&
+        (replication.isVarying(rows) || replication.isVarying(targets)))
       return rewriter.notifyMatchFailure(ce,
                                          "rows or targets vary across ranks");
     // Users of C: the scaling (no margin), or put_along and one take_along.
@@ -351,11 +477,22 @@ struct ShardedSoftmaxFusion : OpRewritePattern<CrossEntropyOp> {
       return rewriter.notifyMatchFailure(ce, "an operand is defined too late");
     Value scale = operands[2];
     Type perRow = ce.getResult().getType();
-    auto fused =
-        ShardedSoftmaxOp::create(rewriter, loc, TypeRange{perRow, perRow},
-                                 operands[0], operands[1], scale, operands[3]);
+    Value lseRest, targetDot;
+    if (gather) {
+      auto fused = ShardedSoftmaxOp::create(rewriter, loc,
+                                            TypeRange{perRow, perRow},
+                                            operands[0], operands[1], scale,
+                                            operands[3]);
+      lseRest = fused.getLseRest();
+      targetDot = fused.getTargetDot();
+    } else {
+      auto fused = localMarginSoftmax(rewriter, loc, perRow, operands[0],
+                                      operands[1], scale, operands[3]);
+      lseRest = fused.getResult(0);
+      targetDot = fused.getResult(1);
+    }
     // The target logit: s * f(c) with a margin, s * c without.
-    Value target = fused.getTargetDot();
+    Value target = targetDot;
     if (take) {
       rewriter.replaceAllUsesWith(take.getResult(), target);
       target = put.getValues();
@@ -365,7 +502,7 @@ struct ShardedSoftmaxFusion : OpRewritePattern<CrossEntropyOp> {
     Value targetLogit = MulOp::create(rewriter, loc, target, scale);
     // logsumexp over every class = logaddexp(lse_rest, target logit), so
     // ce = lse_rest + softplus(target - lse_rest) - target.
-    Value rest = fused.getLseRest();
+    Value rest = lseRest;
     Value gap = SubOp::create(rewriter, loc, targetLogit, rest);
     Value lse = AddOp::create(rewriter, loc, rest,
                               SoftplusOp::create(rewriter, loc, gap));
@@ -418,7 +555,7 @@ void applyOnceInProgramOrder(func::FuncOp func,
 }
 
 struct FuseGatherSimilarityPass
-    : dloss::impl::FuseGatherSimilarityPassBase<FuseGatherSimilarityPass> {
+    : mlir::dloss::impl::FuseGatherSimilarityPassBase<FuseGatherSimilarityPass> {
   using Base::Base;
 
   void runOnOperation() override {
@@ -435,10 +572,17 @@ struct FuseGatherSimilarityPass
       RewritePatternSet patterns(&getContext());
       populateFuseGatherSimilarityPatterns(patterns, replication, dominance);
       FrozenRewritePatternSet frozen(std::move(patterns));
-      applyOnceInProgramOrder(func, frozen, [&] {
+      auto refresh = [&] {
         replication = ReplicationAnalysis(func);
         dominance.invalidate();
-      });
+      };
+      applyOnceInProgramOrder(func, frozen, refresh);
+      // The general family second: the dedicated patterns start at the
+      // reductions, after the similarity they would share with it.
+      RewritePatternSet general(&getContext());
+      populateFuseSimilarityPatterns(general, dominance);
+      applyOnceInProgramOrder(func, FrozenRewritePatternSet(std::move(general)),
+                              refresh);
     }
   }
 };
@@ -451,4 +595,9 @@ void mlir::dloss::populateFuseGatherSimilarityPatterns(
   MLIRContext *context = patterns.getContext();
   patterns.add<ClipFusion, SiglipFusion>(context, dominance);
   patterns.add<ShardedSoftmaxFusion>(context, replication, dominance);
+}
+
+void mlir::dloss::populateFuseSimilarityPatterns(
+    RewritePatternSet &patterns, const DominanceInfo &dominance) {
+  patterns.add<SimilarityFusion>(patterns.getContext(), dominance);
 }

@@ -32,6 +32,14 @@ void populateFuseGatherSimilarityPatterns(
     RewritePatternSet &patterns, const ReplicationAnalysis &replication,
     const DominanceInfo &dominance);
 
+/// Adds the general pattern of dloss-fuse-gather-similarity: any similarity
+/// read only by element-wise ops that end in row reductions becomes one
+/// dloss.fused_similarity (passes/TileProgram.h derives its program); a
+/// similarity it cannot fuse gets a remark saying why. The pass applies it
+/// after the dedicated patterns, whose kernels are specialised.
+void populateFuseSimilarityPatterns(RewritePatternSet &patterns,
+                                    const DominanceInfo &dominance);
+
 /// Adds inline -> verify-collectives -> fuse-gather-similarity (when `fuse`)
 /// -> infer-replication -> autodiff -> canonicalize/CSE.
 void buildDeriveBackwardPipeline(OpPassManager &pm, bool fuse = true);

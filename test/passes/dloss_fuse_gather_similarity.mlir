@@ -1,7 +1,9 @@
 // RUN: dloss-opt %s --split-input-file --dloss-fuse-gather-similarity | FileCheck %s
 // RUN: dloss-opt %s --split-input-file --dloss-fuse-gather-similarity --dloss-autodiff | FileCheck %s --check-prefix=GRAD
 // What dloss-fuse-gather-similarity fuses (CLIP, SigLIP, the class-sharded
-// softmax) and what it leaves alone.
+// softmax, and the general dloss.fused_similarity family) and what it leaves
+// alone. dloss_fuse_gather_similarity_remarks.mlir checks the remark that
+// says why a similarity stays unfused.
 
 // CLIP: both cross-entropies, from one ring op; the gathers and matmuls go.
 // CHECK-LABEL: func.func @clip(
@@ -43,12 +45,23 @@ func.func @clip(%image: tensor<?x?xf32> {dloss.grad}, %text: tensor<?x?xf32> {dl
 
 // -----
 
-// One direction only (InfoNCE): not the CLIP pattern, stays unfused.
+// One direction only (InfoNCE): not the CLIP pattern, but the general one:
+// the cross-entropy is a logsumexp (result 0) minus the target's logit
+// picked by a column-id mask (result 1), over the ring of gathered columns.
 // CHECK-LABEL: func.func @one_direction(
-// CHECK: dloss.all_gather
-// CHECK: dloss.matmul
-// CHECK: dloss.cross_entropy
-// CHECK-NOT: dloss.ring_softmax_ce
+// CHECK-SAME: %[[A:[^:]*]]: tensor<?x?xf32> {dloss.grad}, %[[B:[^:]*]]: tensor<?x?xf32> {dloss.grad}, %[[T:[^:]*]]: tensor<?xi64>
+// CHECK-NOT: dloss.all_gather
+// CHECK-NOT: dloss.matmul
+// CHECK: %[[F:.*]]:2 = dloss.fused_similarity %[[A]], %[[B]] leaves(%[[T]]) {col_leaves = 0 : i64, gathered,
+// CHECK-SAME: outputs = array<i64: 0, 1, 5, 0>, program = array<i64: 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 21, 1, 2, 0, 5, 0, 0, 0, 22, 3, 0, 4>, row_leaves = 1 : i64}
+// CHECK: %[[CE:.*]] = dloss.sub %[[F]]#0, %[[F]]#1
+// CHECK: dloss.reduce sum %[[CE]] axes [0]
+// CHECK-NOT: dloss.cross_entropy
+// GRAD-LABEL: func.func @one_direction_grad(
+// GRAD: %[[F:.*]]:2 = dloss.fused_similarity
+// GRAD: dloss.fused_similarity_grad %{{.*}}, %{{.*}} extra(%{{.*}}, %[[F]]#0, %[[F]]#1, %{{.*}}, %{{.*}}) {{.*}}gathered
+// GRAD-NOT: dloss.reduce_scatter
+// GRAD: return
 func.func @one_direction(%a: tensor<?x?xf32> {dloss.grad}, %b: tensor<?x?xf32> {dloss.grad},
                          %t: tensor<?xi64>) -> tensor<f32> attributes {dloss.loss} {
   %b_all = dloss.all_gather %b axis 0 : tensor<?x?xf32>
@@ -62,10 +75,14 @@ func.func @one_direction(%a: tensor<?x?xf32> {dloss.grad}, %b: tensor<?x?xf32> {
 // -----
 
 // The similarity has another user (here the logits feed an accuracy-style
-// max): fusing would not save the matrix, so nothing changes.
+// max): fusing would not save the matrix, so that direction stays; the
+// other direction alone is a general fused op.
 // CHECK-LABEL: func.func @logits_reused(
-// CHECK-COUNT-2: dloss.cross_entropy
 // CHECK-NOT: dloss.ring_softmax_ce
+// CHECK: %[[S1:.*]] = dloss.matmul
+// CHECK: dloss.cross_entropy %[[S1]]
+// CHECK: dloss.fused_similarity
+// CHECK: dloss.reduce max %[[S1]]
 func.func @logits_reused(%a: tensor<?x?xf32> {dloss.grad}, %b: tensor<?x?xf32> {dloss.grad},
                          %t: tensor<?xi64>) -> tensor<f32> attributes {dloss.loss} {
   %a_all = dloss.all_gather %a axis 0 : tensor<?x?xf32>
@@ -140,11 +157,14 @@ func.func @siglip(%image: tensor<?x?xf32> {dloss.grad}, %text: tensor<?x?xf32> {
 
 // -----
 
-// SigLIP without its positives: the pattern needs the take_along, so the
-// softplus stays.
+// SigLIP without its positives: not the SigLIP pattern (it needs the
+// take_along), but the general one: the softplus is the tile program's and
+// the sum over both axes a row sum reduced over rows afterwards.
 // CHECK-LABEL: func.func @pairs_only(
-// CHECK: dloss.softplus
 // CHECK-NOT: dloss.ring_sigmoid_pairs
+// CHECK: %[[F:.*]] = dloss.fused_similarity %{{.*}}, %{{.*}} leaves(%{{.*}}) {col_leaves = 0 : i64, gathered, outputs = array<i64: 3, 0>, program = array<i64: 0, 0, 0, 0, 4, 0, 0, 0, 6, 0, 1, 0, 13, 2, 0, 0>, row_leaves = 0 : i64}
+// CHECK: dloss.reduce sum %[[F]] axes [0]
+// CHECK-NOT: dloss.softplus
 func.func @pairs_only(%image: tensor<?x?xf32> {dloss.grad}, %text: tensor<?x?xf32> {dloss.grad},
                       %bias: tensor<f32> {dloss.replicated}) -> tensor<f32> attributes {dloss.loss} {
   %text_all = dloss.all_gather %text axis 0 : tensor<?x?xf32>
@@ -201,16 +221,134 @@ func.func @cosface_sharded(%x: tensor<?x?xf32> {dloss.grad}, %y: tensor<?xi64>,
 // -----
 
 // The class-sharded pattern needs the same rows on every shard: with this
-// rank's own rows (varying) the per-shard statistics could not be combined.
+// rank's own rows (varying) the per-shard statistics could not be combined,
+// and a similarity gathered along axis 1 is no ring either.
 // CHECK-LABEL: func.func @sharded_local_rows(
 // CHECK: dloss.cross_entropy
 // CHECK-NOT: dloss.sharded_softmax
+// CHECK-NOT: dloss.fused_similarity
 func.func @sharded_local_rows(%x: tensor<?x?xf32> {dloss.grad}, %y: tensor<?xi64>,
                               %w: tensor<?x?xf32> {dloss.grad}) -> tensor<f32> attributes {dloss.loss} {
   %cos_mine = dloss.matmul %x, %w transpose_rhs : tensor<?x?xf32>, tensor<?x?xf32>
   %cos = dloss.all_gather %cos_mine axis 1 : tensor<?x?xf32>
   %ce = dloss.cross_entropy %cos, %y axis 1 : tensor<?x?xf32>, tensor<?xi64>
   %sum = dloss.reduce sum %ce axes [0] : tensor<?xf32>
+  %total = dloss.all_reduce sum %sum : tensor<f32>
+  return %total : tensor<f32>
+}
+
+// -----
+
+// ArcFace with a replicated W: tiled over the classes (no ring, no gather):
+// the log-sum-exp over every class but the target (result 0, the target
+// masked with -inf) and the target's cosine (result 1); the margin stays
+// ordinary IR and the cross-entropy is rebuilt from both.
+// CHECK-LABEL: func.func @arcface_replicated(
+// CHECK-SAME: %[[X:[^:]*]]: tensor<?x?xf32> {dloss.grad}, %[[Y:[^:]*]]: tensor<?xi64>, %[[W:[^:]*]]: tensor<?x?xf32>
+// CHECK: %[[S:.*]] = arith.constant dense<6.400000e+01>
+// CHECK: %[[F:.*]]:2 = dloss.fused_similarity %[[X]], %[[W]] leaves(%[[Y]], %[[S]]) {col_leaves = 0 : i64, outputs = array<i64: 7, 1, 9, 0>
+// CHECK-NOT: gathered
+// CHECK: dloss.clamp %[[F]]#1
+// CHECK: dloss.softplus
+// CHECK-NOT: dloss.cross_entropy
+// CHECK-NOT: dloss.matmul
+// GRAD-LABEL: func.func @arcface_replicated_grad(
+// GRAD: %[[DX:.*]], %[[DW:.*]], %{{.*}}, %{{.*}} = dloss.fused_similarity_grad
+// GRAD-NOT: dloss.reduce_scatter
+// GRAD: return
+func.func @arcface_replicated(%x: tensor<?x?xf32> {dloss.grad}, %y: tensor<?xi64>,
+                             %w: tensor<?x?xf32> {dloss.grad, dloss.replicated}) -> tensor<f32> attributes {dloss.loss} {
+  %cos = dloss.matmul %x, %w transpose_rhs : tensor<?x?xf32>, tensor<?x?xf32>
+  %target = dloss.take_along %cos, %y axis 1 : tensor<?x?xf32>, tensor<?xi64>
+  %c = dloss.clamp %target min -0.9999999 max 0.9999999 : tensor<?xf32>
+  %theta = dloss.acos %c : tensor<?xf32>
+  %m = arith.constant dense<0.5> : tensor<f32>
+  %shifted = dloss.add %theta, %m : tensor<?xf32>, tensor<f32>
+  %target_m = dloss.cos %shifted : tensor<?xf32>
+  %cos_m = dloss.put_along %cos, %y, %target_m axis 1
+      : tensor<?x?xf32>, tensor<?xi64>, tensor<?xf32>
+  %s = arith.constant dense<64.0> : tensor<f32>
+  %logits = dloss.mul %cos_m, %s : tensor<?x?xf32>, tensor<f32>
+  %ce = dloss.cross_entropy %logits, %y axis 1 : tensor<?x?xf32>, tensor<?xi64>
+  %sum = dloss.reduce sum %ce axes [0] : tensor<?xf32>
+  %total = dloss.all_reduce sum %sum : tensor<f32>
+  return %total : tensor<f32>
+}
+
+// -----
+
+// NT-Xent: the self-similarity masked by comparing per-row global ids with
+// the column ids (an arange over every gathered column), the positive the
+// other view; the masks are part of the tile program, the expands go.
+// CHECK-LABEL: func.func @ntxent_mask(
+// CHECK: %[[F:.*]]:2 = dloss.fused_similarity %{{.*}}, %{{.*}} leaves(%[[ROWS:.*]], %[[POS:.*]]) {col_leaves = 0 : i64, gathered,
+// CHECK-SAME: program = array<i64: 0, 0, 0, 0, 5, 4602678819172646912, 0, 0, 9, 0, 1, 0, 2, 0, 0, 0, 1, 0, 0, 0, 21, 3, 4, 0, 5, -4503599627370496, 0, 0, 22, 5, 6, 2,
+// CHECK-NOT: dloss.expand
+// CHECK-NOT: dloss.select
+// CHECK-NOT: dloss.all_gather
+// GRAD-LABEL: func.func @ntxent_mask_grad(
+// GRAD: dloss.fused_similarity_grad
+// GRAD: return
+func.func @ntxent_mask(%z: tensor<?x?xf32> {dloss.grad}, %rows: tensor<?xi64>,
+                       %pos: tensor<?xi64>) -> tensor<f32> attributes {dloss.loss} {
+  %zero = arith.constant 0 : index
+  %all = dloss.all_gather %z axis 0 : tensor<?x?xf32>
+  %sim = dloss.matmul %z, %all transpose_rhs : tensor<?x?xf32>, tensor<?x?xf32>
+  %temperature = arith.constant dense<0.5> : tensor<f32>
+  %logits = dloss.div %sim, %temperature : tensor<?x?xf32>, tensor<f32>
+  %b = dloss.global_size %z axis 0 : tensor<?x?xf32>
+  %cols = dloss.arange %zero, %b : tensor<?xi64>
+  %row_ids = dloss.expand %rows axes [1] like %logits : tensor<?xi64>, tensor<?x?xf32>
+  %col_ids = dloss.expand %cols axes [0] like %logits : tensor<?xi64>, tensor<?x?xf32>
+  %is_self = dloss.eq %row_ids, %col_ids : tensor<?x?xi64>, tensor<?x?xi64>
+  %ninf = arith.constant dense<0xFF800000> : tensor<f32>
+  %masked = dloss.select %is_self, %ninf, %logits : tensor<?x?xi64>, tensor<f32>, tensor<?x?xf32>
+  %ce = dloss.cross_entropy %masked, %pos axis 1 : tensor<?x?xf32>, tensor<?xi64>
+  %sum = dloss.reduce sum %ce axes [0] : tensor<?xf32>
+  %total = dloss.all_reduce sum %sum : tensor<f32>
+  return %total : tensor<f32>
+}
+
+// -----
+
+// SupCon: positives are every same-label column (a per-column label leaf:
+// this rank's labels travel with its columns), counted and summed by masked
+// row sums; the self column is masked out of the log-sum-exp.
+// CHECK-LABEL: func.func @supcon_labels(
+// CHECK-SAME: %[[Z:[^:]*]]: tensor<?x?xf32> {dloss.grad}, %[[Y:[^:]*]]: tensor<?xi64>, %[[IDS:[^:]*]]: tensor<?xi64>
+// CHECK: %[[F:.*]]:3 = dloss.fused_similarity %[[Z]], %[[Z]] leaves(%[[IDS]], %[[Y]], %[[Y]]) {col_leaves = 1 : i64, gathered,
+// CHECK-SAME: row_leaves = 2 : i64}
+// CHECK-NOT: dloss.all_gather
+// CHECK-NOT: dloss.logsumexp
+// GRAD-LABEL: func.func @supcon_labels_grad(
+// GRAD: dloss.fused_similarity_grad
+// GRAD: return
+func.func @supcon_labels(%z: tensor<?x?xf32> {dloss.grad}, %y: tensor<?xi64>,
+                         %ids: tensor<?xi64>) -> tensor<f32> attributes {dloss.loss} {
+  %zero = arith.constant 0 : index
+  %all = dloss.all_gather %z axis 0 : tensor<?x?xf32>
+  %y_all = dloss.all_gather %y axis 0 grad none : tensor<?xi64>
+  %sim = dloss.matmul %z, %all transpose_rhs : tensor<?x?xf32>, tensor<?x?xf32>
+  %b = dloss.global_size %z axis 0 : tensor<?x?xf32>
+  %cols = dloss.arange %zero, %b : tensor<?xi64>
+  %row_ids = dloss.expand %ids axes [1] like %sim : tensor<?xi64>, tensor<?x?xf32>
+  %col_ids = dloss.expand %cols axes [0] like %sim : tensor<?xi64>, tensor<?x?xf32>
+  %is_self = dloss.eq %row_ids, %col_ids : tensor<?x?xi64>, tensor<?x?xi64>
+  %row_y = dloss.expand %y axes [1] like %sim : tensor<?xi64>, tensor<?x?xf32>
+  %col_y = dloss.expand %y_all axes [0] like %sim : tensor<?xi64>, tensor<?x?xf32>
+  %same = dloss.eq %row_y, %col_y : tensor<?x?xi64>, tensor<?x?xi64>
+  %ninf = arith.constant dense<0xFF800000> : tensor<f32>
+  %zero_f = arith.constant dense<0.0> : tensor<f32>
+  %others = dloss.select %is_self, %ninf, %sim : tensor<?x?xi64>, tensor<f32>, tensor<?x?xf32>
+  %lse = dloss.logsumexp %others axis 1 : tensor<?x?xf32>
+  %not_self = dloss.select %is_self, %zero_f, %sim : tensor<?x?xi64>, tensor<f32>, tensor<?x?xf32>
+  %pos = dloss.select %same, %not_self, %zero_f : tensor<?x?xi64>, tensor<?x?xf32>, tensor<f32>
+  %pos_sum = dloss.reduce sum %pos axes [1] : tensor<?x?xf32>
+  %ind = dloss.cast %same : tensor<?x?xi64> to tensor<?x?xf32>
+  %count = dloss.reduce sum %ind axes [1] : tensor<?x?xf32>
+  %mean_pos = dloss.div %pos_sum, %count : tensor<?xf32>, tensor<?xf32>
+  %loss = dloss.sub %lse, %mean_pos : tensor<?xf32>, tensor<?xf32>
+  %sum = dloss.reduce sum %loss axes [0] : tensor<?xf32>
   %total = dloss.all_reduce sum %sum : tensor<f32>
   return %total : tensor<f32>
 }

@@ -1,0 +1,62 @@
+// The tile program of a similarity: which ops of the IR read a similarity
+// matrix element by element and end in row reductions, as the program that
+// dloss.fused_similarity runs on each tile (runtime/fused/Epilogue.h).
+#ifndef DLOSS_PASSES_TILEPROGRAM_H
+#define DLOSS_PASSES_TILEPROGRAM_H
+
+#include "dialect/DlossOps.h"
+
+#include "llvm/ADT/SmallVector.h"
+
+#include <string>
+#include <variant>
+
+namespace mlir {
+class DominanceInfo;
+} // namespace mlir
+
+namespace mlir::dloss {
+
+/// A row reduction of the tile that the fused op computes: `op` is replaced
+/// by results [first, first + count) of the fused op.
+struct TileTerminal {
+  Operation *op;
+  unsigned first, count;
+};
+
+/// What dloss.fused_similarity needs to replace a similarity and every op
+/// reading it.
+struct TileProgram {
+  MatmulOp matmul;
+  AllGatherOp gather; ///< of the columns; null when tiled over local classes
+  Value rows, cols;
+  SmallVector<Value> rowLeaves, colLeaves, scalars;
+  SmallVector<int64_t> program, outputs;
+  /// The element-wise ops the program holds, in program order.
+  SmallVector<Operation *> region;
+  /// The reductions, in program order; the fused op goes before the first.
+  SmallVector<TileTerminal> terminals;
+  /// Ops that produce per-column values (expands, then the gathers the
+  /// ring replaces), erased with the tile when nothing else reads them.
+  SmallVector<Operation *> leafOps;
+};
+
+/// Why a similarity stays unfused: the op that prevents it and the reason,
+/// phrased to follow "not fused: ".
+struct TileDecline {
+  Operation *op;
+  std::string reason;
+};
+
+/// Derives the tile program of `matmul` (`rows x cols^T`, the columns an
+/// exact all_gather or a local class matrix), or says why there is none.
+std::variant<TileProgram, TileDecline>
+deriveTileProgram(MatmulOp matmul, const DominanceInfo &dominance);
+
+/// The program as text, one instruction per line, for remarks and reports.
+std::string tileProgramText(ArrayRef<int64_t> program,
+                            ArrayRef<int64_t> outputs);
+
+} // namespace mlir::dloss
+
+#endif // DLOSS_PASSES_TILEPROGRAM_H

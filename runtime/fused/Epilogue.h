@@ -1,0 +1,400 @@
+// The tile program of dloss.fused_similarity: its encoding, shared by the
+// compiler (which writes it) and the runtime (which runs it), and the scalar
+// rules of every instruction, forward and reverse, written once for the CPU
+// kernels and the CUDA tiles.
+//
+// The op computes, for each of this rank's rows i and every column j (every
+// rank's columns when gathered, every class otherwise), a few values e_k(i, j)
+// from the similarity S_ij = rows_i . cols_j and reduces each along the row:
+// r_k[i] = sum_j e_k(i, j) or logsumexp_j e_k(i, j). The values come from a
+// straight-line program over scalars; instruction t defines register t.
+// Integer values (labels, global ids) are held in the compute type: exact up
+// to 2^24 in float32 (the kernels check the column count and integer leaves).
+//
+// Encoding, as the op's attributes and the plan step's: `program` holds four
+// int64 per instruction (opcode, a, b, c), `outputs` two per result (register,
+// Reduce). A register operand a, b or c must name an earlier instruction.
+//
+// No MLIR, ATen or CUDA type appears here: plain C++ that nvcc also compiles
+// (DLOSS_HD marks the functions both sides call).
+#ifndef DLOSS_RUNTIME_FUSED_EPILOGUE_H
+#define DLOSS_RUNTIME_FUSED_EPILOGUE_H
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#if defined(__CUDACC__)
+#define DLOSS_HD __host__ __device__ __forceinline__
+#else
+#define DLOSS_HD inline
+#endif
+
+namespace dloss::epilogue {
+
+/// Instruction opcodes. The numbers are the plan's encoding: append, never
+/// renumber (runtime/plan/PlanVersion.h changes when this table does).
+enum class Op : int64_t {
+  // Leaves
+  Sim = 0,     ///< S_ij
+  ColId = 1,   ///< the column's index: global (gathered) or the class index
+  RowLeaf = 2, ///< a: which per-row operand, read at row i
+  ColLeaf = 3, ///< a: which per-column operand, read at column j
+  Scalar = 4,  ///< a: which 0-d operand
+  Const = 5,   ///< a: the bits of a double
+  // Arithmetic on registers a, b (c)
+  Add = 6,
+  Sub = 7,
+  Mul = 8,
+  Div = 9,
+  Neg = 10,
+  Exp = 11,
+  Log = 12,
+  Softplus = 13,
+  LogSigmoid = 14,
+  Sigmoid = 15,
+  Cos = 16,
+  Acos = 17,
+  Sin = 18,
+  Sqrt = 19,
+  Clamp = 20,  ///< a: register; b, c: the bits of the double bounds
+  Eq = 21,     ///< 1 where a == b, else 0 (no gradient)
+  Select = 22, ///< a != 0 ? b : c (a gets no gradient)
+};
+
+/// The number of opcodes (one past the last).
+constexpr int64_t kOpCount = 23;
+
+/// How a result reduces its value along the row.
+enum class Reduce : int64_t {
+  Sum = 0,
+  LogSumExp = 1,
+};
+
+/// One instruction, as the `program` attribute holds it.
+struct Instr {
+  Op op;
+  int64_t a, b, c;
+};
+
+/// The double whose bits an int64 field holds (Const, Clamp's bounds).
+DLOSS_HD double bitsToDouble(int64_t bits) {
+  double value;
+  memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+inline int64_t doubleToBits(double value) {
+  int64_t bits;
+  memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+
+/// The name of an opcode (plan text, errors, the fusion remarks), or null.
+inline const char *opName(Op op) {
+  static const char *const names[kOpCount] = {
+      "sim",      "col_id",      "row",     "col",   "scalar", "const",
+      "add",      "sub",         "mul",     "div",   "neg",    "exp",
+      "log",      "softplus",    "log_sigmoid", "sigmoid", "cos", "acos",
+      "sin",      "sqrt",        "clamp",   "eq",    "select"};
+  auto k = static_cast<int64_t>(op);
+  return k >= 0 && k < kOpCount ? names[k] : nullptr;
+}
+
+/// How many register operands an arithmetic opcode reads (0 for leaves).
+inline int registerOperands(Op op) {
+  switch (op) {
+  case Op::Add:
+  case Op::Sub:
+  case Op::Mul:
+  case Op::Div:
+  case Op::Eq:
+    return 2;
+  case Op::Select:
+    return 3;
+  case Op::Sim:
+  case Op::ColId:
+  case Op::RowLeaf:
+  case Op::ColLeaf:
+  case Op::Scalar:
+  case Op::Const:
+    return 0;
+  default:
+    return 1;
+  }
+}
+
+
+/// Checks an encoded program against the op's leaf counts: returns what is
+/// wrong with it, or an empty string. The compiler's verifier and the
+/// runtime's operand checks both call it, so they agree on what is valid.
+inline std::string checkProgram(const int64_t *program, int64_t programSize,
+                                const int64_t *outputs, int64_t outputsSize,
+                                int64_t rowLeaves, int64_t colLeaves,
+                                int64_t scalars) {
+  auto at = [](int64_t t) { return "instruction " + std::to_string(t) + ": "; };
+  if (programSize <= 0 || programSize % 4 != 0)
+    return "the program must hold 4 integers per instruction (opcode, a, b, "
+           "c), got " + std::to_string(programSize);
+  if (rowLeaves < 0 || colLeaves < 0 || scalars < 0)
+    return "negative leaf counts";
+  const int64_t count = programSize / 4;
+  for (int64_t t = 0; t < count; ++t) {
+    const int64_t *ins = program + 4 * t;
+    if (ins[0] < 0 || ins[0] >= kOpCount)
+      return at(t) + "unknown opcode " + std::to_string(ins[0]);
+    auto op = static_cast<Op>(ins[0]);
+    int operands = registerOperands(op);
+    for (int k = 0; k < operands; ++k)
+      if (ins[1 + k] < 0 || ins[1 + k] >= t)
+        return at(t) + opName(op) + " reads register " +
+               std::to_string(ins[1 + k]) + ", not an earlier instruction";
+    int64_t limit = op == Op::RowLeaf   ? rowLeaves
+                    : op == Op::ColLeaf ? colLeaves
+                    : op == Op::Scalar  ? scalars
+                                        : -1;
+    if (limit >= 0 && (ins[1] < 0 || ins[1] >= limit))
+      return at(t) + opName(op) + " reads leaf " + std::to_string(ins[1]) +
+             " of " + std::to_string(limit);
+  }
+  if (outputsSize <= 0 || outputsSize % 2 != 0)
+    return "the outputs must hold 2 integers per result (register, "
+           "reduction), got " + std::to_string(outputsSize);
+  for (int64_t k = 0; k < outputsSize / 2; ++k) {
+    int64_t reg = outputs[2 * k], kind = outputs[2 * k + 1];
+    if (reg < 0 || reg >= count)
+      return "result " + std::to_string(k) + " names register " +
+             std::to_string(reg) + " of " + std::to_string(count);
+    if (kind != static_cast<int64_t>(Reduce::Sum) &&
+        kind != static_cast<int64_t>(Reduce::LogSumExp))
+      return "result " + std::to_string(k) + " has unknown reduction " +
+             std::to_string(kind);
+  }
+  return {};
+}
+
+//===----------------------------------------------------------------------===//
+// Scalar rules: the one definition of every instruction's value and
+// derivative, instantiated per opcode (so a CPU loop over a row segment has
+// no switch inside and vectorises) or dispatched per element (CUDA).
+//===----------------------------------------------------------------------===//
+
+namespace detail {
+DLOSS_HD float exp_(float x) { return ::expf(x); }
+DLOSS_HD double exp_(double x) { return ::exp(x); }
+DLOSS_HD float log_(float x) { return ::logf(x); }
+DLOSS_HD double log_(double x) { return ::log(x); }
+DLOSS_HD float log1p_(float x) { return ::log1pf(x); }
+DLOSS_HD double log1p_(double x) { return ::log1p(x); }
+DLOSS_HD float cos_(float x) { return ::cosf(x); }
+DLOSS_HD double cos_(double x) { return ::cos(x); }
+DLOSS_HD float sin_(float x) { return ::sinf(x); }
+DLOSS_HD double sin_(double x) { return ::sin(x); }
+DLOSS_HD float acos_(float x) { return ::acosf(x); }
+DLOSS_HD double acos_(double x) { return ::acos(x); }
+DLOSS_HD float sqrt_(float x) { return ::sqrtf(x); }
+DLOSS_HD double sqrt_(double x) { return ::sqrt(x); }
+DLOSS_HD float abs_(float x) { return ::fabsf(x); }
+DLOSS_HD double abs_(double x) { return ::fabs(x); }
+} // namespace detail
+
+/// softplus(x) = log(1 + exp(x)), computed stably (as the dialect defines it).
+template <typename T> DLOSS_HD T softplus(T x) {
+  return (x > T(0) ? x : T(0)) + detail::log1p_(detail::exp_(-detail::abs_(x)));
+}
+
+template <typename T> DLOSS_HD T sigmoid(T x) {
+  // exp of a non-positive number only: no overflow.
+  if (x >= T(0))
+    return T(1) / (T(1) + detail::exp_(-x));
+  T e = detail::exp_(x);
+  return e / (T(1) + e);
+}
+
+/// The value of arithmetic instruction `O` on register values a, b, c (b
+/// and c are unused by unary opcodes; Clamp reads its bounds from `ins`).
+template <Op O, typename T>
+DLOSS_HD T apply(T a, T b, T c, const Instr &ins) {
+  using namespace detail;
+  if constexpr (O == Op::Add)
+    return a + b;
+  else if constexpr (O == Op::Sub)
+    return a - b;
+  else if constexpr (O == Op::Mul)
+    return a * b;
+  else if constexpr (O == Op::Div)
+    return a / b;
+  else if constexpr (O == Op::Neg)
+    return -a;
+  else if constexpr (O == Op::Exp)
+    return exp_(a);
+  else if constexpr (O == Op::Log)
+    return log_(a);
+  else if constexpr (O == Op::Softplus)
+    return softplus(a);
+  else if constexpr (O == Op::LogSigmoid)
+    return -softplus(-a);
+  else if constexpr (O == Op::Sigmoid)
+    return sigmoid(a);
+  else if constexpr (O == Op::Cos)
+    return cos_(a);
+  else if constexpr (O == Op::Acos)
+    return acos_(a);
+  else if constexpr (O == Op::Sin)
+    return sin_(a);
+  else if constexpr (O == Op::Sqrt)
+    return sqrt_(a);
+  else if constexpr (O == Op::Clamp) {
+    T lo = T(bitsToDouble(ins.b)), hi = T(bitsToDouble(ins.c));
+    return a < lo ? lo : (a > hi ? hi : a);
+  } else if constexpr (O == Op::Eq)
+    return a == b ? T(1) : T(0);
+  else if constexpr (O == Op::Select)
+    return a != T(0) ? b : c;
+  else
+    return T(0);
+}
+
+/// The cotangents instruction `O` passes to its register operands, given
+/// its operands a, b, c, its value `out` and its cotangent `ct`: adds to
+/// da, db, dc. The rules are the dialect's adjoints (dialect/DlossAdjoints.cpp)
+/// on scalars; Eq and Select's condition carry no gradient, a clamp passes
+/// the gradient where its input lies inside the bounds (bounds included).
+template <Op O, typename T>
+DLOSS_HD void adjoint(T a, T b, T c, T out, T ct, const Instr &ins, T &da,
+                      T &db, T &dc) {
+  using namespace detail;
+  (void)b;
+  (void)c;
+  (void)ins;
+  if constexpr (O == Op::Add) {
+    da += ct;
+    db += ct;
+  } else if constexpr (O == Op::Sub) {
+    da += ct;
+    db -= ct;
+  } else if constexpr (O == Op::Mul) {
+    da += ct * b;
+    db += ct * a;
+  } else if constexpr (O == Op::Div) {
+    da += ct / b;
+    db -= ct * a / (b * b);
+  } else if constexpr (O == Op::Neg)
+    da -= ct;
+  else if constexpr (O == Op::Exp)
+    da += ct * out;
+  else if constexpr (O == Op::Log)
+    da += ct / a;
+  else if constexpr (O == Op::Softplus)
+    da += ct * sigmoid(a);
+  else if constexpr (O == Op::LogSigmoid)
+    da += ct * sigmoid(-a);
+  else if constexpr (O == Op::Sigmoid)
+    da += ct * out * (T(1) - out);
+  else if constexpr (O == Op::Cos)
+    da -= ct * sin_(a);
+  else if constexpr (O == Op::Acos)
+    da -= ct / sqrt_(T(1) - a * a);
+  else if constexpr (O == Op::Sin)
+    da += ct * cos_(a);
+  else if constexpr (O == Op::Sqrt)
+    da += ct / (T(2) * out);
+  else if constexpr (O == Op::Clamp) {
+    if (out == a)
+      da += ct;
+  } else if constexpr (O == Op::Select) {
+    if (a != T(0))
+      db += ct;
+    else
+      dc += ct;
+  }
+  // Eq: no gradient.
+}
+
+/// Calls fn(std::integral_constant-like tag) with the opcode as a template
+/// argument: `visit<T>(op, [&](auto tag) { apply<decltype(tag)::value, T>...
+/// })`. Leaves are not dispatched (their value comes from the kernel).
+template <Op O> struct OpTag {
+  static constexpr Op value = O;
+};
+
+template <typename Fn> DLOSS_HD void dispatch(Op op, Fn &&fn) {
+  switch (op) {
+#define DLOSS_EPILOGUE_CASE(name)                                              \
+  case Op::name:                                                               \
+    fn(OpTag<Op::name>{});                                                     \
+    break;
+    DLOSS_EPILOGUE_CASE(Add)
+    DLOSS_EPILOGUE_CASE(Sub)
+    DLOSS_EPILOGUE_CASE(Mul)
+    DLOSS_EPILOGUE_CASE(Div)
+    DLOSS_EPILOGUE_CASE(Neg)
+    DLOSS_EPILOGUE_CASE(Exp)
+    DLOSS_EPILOGUE_CASE(Log)
+    DLOSS_EPILOGUE_CASE(Softplus)
+    DLOSS_EPILOGUE_CASE(LogSigmoid)
+    DLOSS_EPILOGUE_CASE(Sigmoid)
+    DLOSS_EPILOGUE_CASE(Cos)
+    DLOSS_EPILOGUE_CASE(Acos)
+    DLOSS_EPILOGUE_CASE(Sin)
+    DLOSS_EPILOGUE_CASE(Sqrt)
+    DLOSS_EPILOGUE_CASE(Clamp)
+    DLOSS_EPILOGUE_CASE(Eq)
+    DLOSS_EPILOGUE_CASE(Select)
+#undef DLOSS_EPILOGUE_CASE
+  default:
+    break;
+  }
+}
+
+/// The value of one element, all registers at once (the CUDA tiles' form):
+/// `regs` has one slot per instruction; leaf values come from `leaf(ins)`.
+template <typename T, typename Leaf>
+DLOSS_HD void evaluate(const Instr *program, int64_t count, T *regs,
+                       Leaf &&leaf) {
+  for (int64_t t = 0; t < count; ++t) {
+    const Instr &ins = program[t];
+    if (registerOperands(ins.op) == 0) {
+      regs[t] = ins.op == Op::Const ? T(bitsToDouble(ins.a)) : leaf(ins);
+      continue;
+    }
+    T a = regs[ins.a];
+    T b = registerOperands(ins.op) > 1 ? regs[ins.b] : T(0);
+    T c = registerOperands(ins.op) > 2 ? regs[ins.c] : T(0);
+    dispatch(ins.op, [&](auto tag) {
+      regs[t] = apply<decltype(tag)::value, T>(a, b, c, ins);
+    });
+  }
+}
+
+/// The reverse sweep of one element after `evaluate`: `cts` holds the
+/// cotangents of the output registers (zero elsewhere) and receives every
+/// register's cotangent, leaves included.
+template <typename T>
+DLOSS_HD void reverse(const Instr *program, int64_t count, const T *regs,
+                      T *cts) {
+  for (int64_t t = count - 1; t >= 0; --t) {
+    const Instr &ins = program[t];
+    int operands = registerOperands(ins.op);
+    if (operands == 0 || cts[t] == T(0))
+      continue;
+    T a = regs[ins.a];
+    T b = operands > 1 ? regs[ins.b] : T(0);
+    T c = operands > 2 ? regs[ins.c] : T(0);
+    T da = 0, db = 0, dc = 0;
+    dispatch(ins.op, [&](auto tag) {
+      adjoint<decltype(tag)::value, T>(a, b, c, regs[t], cts[t], ins, da, db,
+                                       dc);
+    });
+    cts[ins.a] += da;
+    if (operands > 1)
+      cts[ins.b] += db;
+    if (operands > 2)
+      cts[ins.c] += dc;
+  }
+}
+
+} // namespace dloss::epilogue
+
+#endif // DLOSS_RUNTIME_FUSED_EPILOGUE_H
