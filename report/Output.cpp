@@ -92,7 +92,8 @@ void writeJsonVariant(llvm::json::OStream &j, const FunctionReport &r) {
 
 void mlir::dloss::writeReportText(llvm::raw_ostream &os, StringRef source,
                                   const ReportOptions &options,
-                                  ArrayRef<ReportEntry> entries) {
+                                  ArrayRef<ReportEntry> entries,
+                                  ArrayRef<std::string> remarks) {
   os << "dloss report for " << source << "\n"
      << "  " << options.cost.worldSize
      << " ranks, every rank holding the same sizes; rank facts (rank, "
@@ -117,11 +118,18 @@ void mlir::dloss::writeReportText(llvm::raw_ostream &os, StringRef source,
   for (const ReportEntry &entry : entries)
     if (entry.unfused)
       printSummary(os, *entry.fused, *entry.unfused);
+  if (!remarks.empty()) {
+    os << "\nfusion remarks (why a similarity stays unfused; its matrix is "
+          "built whole):\n";
+    for (const std::string &remark : remarks)
+      os << "  " << remark << "\n";
+  }
 }
 
 void mlir::dloss::writeReportJson(llvm::raw_ostream &os, StringRef source,
                                   const ReportOptions &options,
-                                  ArrayRef<ReportEntry> entries) {
+                                  ArrayRef<ReportEntry> entries,
+                                  ArrayRef<std::string> remarks) {
   llvm::json::OStream j(os, 2);
   j.object([&] {
     j.attribute("source", source);
@@ -132,6 +140,10 @@ void mlir::dloss::writeReportJson(llvm::raw_ostream &os, StringRef source,
     j.attributeArray("tile", [&] {
       j.value(options.cost.tileRows);
       j.value(options.cost.tileCols);
+    });
+    j.attributeArray("fusion_remarks", [&] {
+      for (const std::string &remark : remarks)
+        j.value(remark);
     });
     j.attributeArray("functions", [&] {
       for (const ReportEntry &entry : entries) {

@@ -15,13 +15,17 @@ struct ReportEntry {
   const FunctionReport *unfused;
 };
 
+/// `remarks`: what the fused compilation's passes said (why a similarity
+/// stays unfused), "file:line:col: message".
 void writeReportText(llvm::raw_ostream &os, StringRef source,
                      const ReportOptions &options,
-                     ArrayRef<ReportEntry> entries);
+                     ArrayRef<ReportEntry> entries,
+                     ArrayRef<std::string> remarks);
 
 void writeReportJson(llvm::raw_ostream &os, StringRef source,
                      const ReportOptions &options,
-                     ArrayRef<ReportEntry> entries);
+                     ArrayRef<ReportEntry> entries,
+                     ArrayRef<std::string> remarks);
 
 } // namespace mlir::dloss
 

@@ -3,6 +3,7 @@
 #include "report/Report.h"
 
 #include "dialect/DlossOps.h"
+#include "passes/LocationText.h"
 #include "passes/Passes.h"
 #include "report/Output.h"
 
@@ -41,11 +42,34 @@ LogicalResult checkArgumentName(ModuleOp module, StringRef name) {
                         << llvm::join(known, ", ") << ")";
 }
 
+/// "file:line:col: message" of a remark, with its notes' locations.
+std::string remarkText(Diagnostic &diagnostic) {
+  std::string text = locationText(diagnostic.getLocation(), true);
+  text += (text.empty() ? "" : ": ") + diagnostic.str();
+  for (Diagnostic &note : diagnostic.getNotes()) {
+    std::string at = locationText(note.getLocation(), true);
+    // The pass manager's "see current operation" adds nothing here.
+    if (!at.empty() && !StringRef(note.str()).starts_with("see current"))
+      text += " (" + note.str() + ": " + at + ")";
+  }
+  return text;
+}
+
+/// Compiles a copy of `module`; the remarks of the passes (why a
+/// similarity stays unfused) go to `remarks` instead of the output.
 FailureOr<std::vector<FunctionReport>>
-evaluateCompiled(ModuleOp module, bool fuse, const ReportOptions &options) {
+evaluateCompiled(ModuleOp module, bool fuse, const ReportOptions &options,
+                 std::vector<std::string> &remarks) {
   OwningOpRef<ModuleOp> clone = module.clone();
   PassManager pm(module.getContext());
   buildDeriveBackwardPipeline(pm, fuse);
+  ScopedDiagnosticHandler capture(
+      module.getContext(), [&](Diagnostic &diagnostic) {
+        if (diagnostic.getSeverity() != DiagnosticSeverity::Remark)
+          return failure(); // errors and warnings go on to the caller
+        remarks.push_back(remarkText(diagnostic));
+        return success();
+      });
   if (failed(pm.run(*clone)))
     return failure();
   std::vector<FunctionReport> reports;
@@ -99,12 +123,13 @@ LogicalResult mlir::dloss::writeReport(ModuleOp module, StringRef source,
     if (failed(checkArgumentName(module, entry.getKey())))
       return failure();
 
+  std::vector<std::string> remarks, unfusedRemarks;
   FailureOr<std::vector<FunctionReport>> fused =
-      evaluateCompiled(module, true, options);
+      evaluateCompiled(module, true, options, remarks);
   if (failed(fused))
     return failure();
   FailureOr<std::vector<FunctionReport>> unfused =
-      evaluateCompiled(module, false, options);
+      evaluateCompiled(module, false, options, unfusedRemarks);
   if (failed(unfused))
     return failure();
   std::vector<ReportEntry> entries;
@@ -116,8 +141,8 @@ LogicalResult mlir::dloss::writeReport(ModuleOp module, StringRef source,
     entries.push_back(entry);
   }
   if (options.json)
-    writeReportJson(os, source, options, entries);
+    writeReportJson(os, source, options, entries, remarks);
   else
-    writeReportText(os, source, options, entries);
+    writeReportText(os, source, options, entries, remarks);
   return success();
 }

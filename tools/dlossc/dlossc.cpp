@@ -57,6 +57,11 @@ static llvm::cl::OptionCategory
     reportCategory("Report options",
                    "--report: peak memory and bytes communicated per call, "
                    "fused vs unfused, at concrete sizes");
+static llvm::cl::opt<bool> remarks(
+    "remarks",
+    llvm::cl::desc("Print the passes' remarks (why a similarity stays "
+                   "unfused); --report lists them too"),
+    llvm::cl::init(false));
 static llvm::cl::opt<bool> report(
     "report",
     llvm::cl::desc("Write, per function, the peak memory estimate and the "
@@ -130,6 +135,12 @@ int main(int argc, char **argv) {
   llvm::SourceMgr sourceMgr;
   sourceMgr.AddNewSourceBuffer(std::move(input), llvm::SMLoc());
   SourceMgrDiagnosticHandler diagnostics(sourceMgr, &context);
+  // Remarks are for those who ask (--remarks, --report): a loss that stays
+  // partly unfused still compiles and runs.
+  ScopedDiagnosticHandler quiet(&context, [](Diagnostic &diagnostic) {
+    return success(diagnostic.getSeverity() == DiagnosticSeverity::Remark &&
+                   !remarks);
+  });
 
   OwningOpRef<ModuleOp> module = mlir::dloss::parseLoss(sourceMgr, &context);
   if (!module)
