@@ -507,3 +507,115 @@ func.func @name_not_a_string(%x: tensor<f32> {dloss.name = 3}) -> tensor<f32> {
 func.func @gradient_of_not_a_symbol(%x: tensor<f32>) -> tensor<f32> attributes {dloss.gradient_of = "clip"} {
   return %x : tensor<f32>
 }
+
+// -----
+
+func.func @fused_similarity_feature_sizes(%r: tensor<?x8xf32>, %c: tensor<?x4xf32>) {
+  // expected-error@+1 {{feature sizes differ: 8 vs 4}}
+  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x4xf32>) -> tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @fused_similarity_leaf_counts(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>, %t: tensor<?xi64>) {
+  // expected-error@+1 {{has 1 leaves, fewer than 1 per-row and 1 per-column ones}}
+  %0 = dloss.fused_similarity %r, %c leaves(%t) {row_leaves = 1, col_leaves = 1, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xi64>) -> tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @fused_similarity_leaf_rank(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>, %s: tensor<?xf32>) {
+  // expected-error@+1 {{leaf 0 must be a 0-d tensor, got 'tensor<?xf32>'}}
+  %0 = dloss.fused_similarity %r, %c leaves(%s) {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xf32>) -> tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @fused_similarity_program_size(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
+  // expected-error@+1 {{has a malformed tile program: the program must hold 4 integers per instruction (opcode, a, b, c), got 3}}
+  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @fused_similarity_unknown_opcode(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
+  // expected-error@+1 {{has a malformed tile program: instruction 1: unknown opcode 99}}
+  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0, 99, 0, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @fused_similarity_register_not_earlier(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
+  // expected-error@+1 {{has a malformed tile program: instruction 1: add reads register 1, not an earlier instruction}}
+  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0, 6, 0, 1, 0>, outputs = array<i64: 1, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @fused_similarity_leaf_index(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>, %t: tensor<?xi64>) {
+  // expected-error@+1 {{has a malformed tile program: instruction 1: row reads leaf 1 of 1}}
+  %0 = dloss.fused_similarity %r, %c leaves(%t) {row_leaves = 1, col_leaves = 0, program = array<i64: 0, 0, 0, 0, 2, 1, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xi64>) -> tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @fused_similarity_output_register(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
+  // expected-error@+1 {{has a malformed tile program: result 0 names register 3 of 1}}
+  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 3, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @fused_similarity_output_reduction(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
+  // expected-error@+1 {{has a malformed tile program: result 0 has unknown reduction 7}}
+  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 7>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @fused_similarity_result_count(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
+  // expected-error@+1 {{has 2 results but its program has 1 outputs}}
+  %0:2 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> (tensor<?xf32>, tensor<?xf32>)
+  return
+}
+
+// -----
+
+func.func @fused_similarity_result_type(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
+  // expected-error@+1 {{each result must be a 1-D tensor of the features' element type, got 'tensor<?x?xf32>'}}
+  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?x?xf32>
+  return
+}
+
+// -----
+
+func.func @fused_similarity_grad_extra(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>, %v: tensor<?xf32>) {
+  // expected-error@+1 {{has 1 extra operands, fewer than the forward results and their cotangents (2)}}
+  %0:4 = dloss.fused_similarity_grad %r, %c extra(%v) {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xf32>) -> (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?x?xf32>, tensor<?xf32>)
+  return
+}
+
+// -----
+
+func.func @fused_similarity_grad_vectors(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>, %v: tensor<?xf32>, %m: tensor<?x?xf32>) {
+  // expected-error@+1 {{each forward result and cotangent must be a 1-D tensor of the features' element type, got 'tensor<?x?xf32>'}}
+  %0:4 = dloss.fused_similarity_grad %r, %c extra(%v, %m) {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xf32>, tensor<?x?xf32>) -> (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?x?xf32>, tensor<?xf32>)
+  return
+}
+
+// -----
+
+func.func @fused_similarity_grad_results(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>, %v: tensor<?xf32>) {
+  // expected-error@+1 {{d_row_leaves must be 2-D and d_scalars 1-D, of 'f32'}}
+  %0:4 = dloss.fused_similarity_grad %r, %c extra(%v, %v) {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xf32>, tensor<?xf32>) -> (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xf32>, tensor<?xf32>)
+  return
+}
