@@ -595,7 +595,8 @@ LogicalResult FusedSimilarityOp::buildAdjoint(AdjointBuilder &ab) {
                 RankedTensorType::get({dyn, dyn}, element),
                 RankedTensorType::get({dyn}, element)},
       getRows(), getCols(), extra, getRowLeavesAttr(), getColLeavesAttr(),
-      getProgramAttr(), getOutputsAttr(), getGatheredAttr());
+      getProgramAttr(), getOutputsAttr(), getColOutputsAttr(),
+      getGatheredAttr());
   ab.addOperandCotangent(0, grad.getDRows());
   ab.addOperandCotangent(1, grad.getDCols());
   // One row of the stacked leaf gradients per float per-row leaf, one

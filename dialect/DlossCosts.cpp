@@ -476,8 +476,11 @@ static int64_t columnLeafBytes(CostEvaluator &e, ValueRange leaves,
 LogicalResult FusedSimilarityOp::evaluateCost(CostEvaluator &e, OpCost &cost) {
   if (failed(fusedSimilarity(*this, e)))
     return failure();
-  for (Value result : getResults())
-    e.setTensor(result, {e.shape(getRows())[0]});
+  int64_t rowResults = static_cast<int64_t>(getOutputs().size()) / 2;
+  for (auto [k, result] : llvm::enumerate(getResults()))
+    e.setTensor(result, {e.shape(static_cast<int64_t>(k) < rowResults
+                                     ? getRows()
+                                     : getCols())[0]});
   int64_t vectors =
       columnLeafBytes(e, getLeaves(), getRowLeaves(), getColLeaves());
   // One tile of the similarity and the program's registers over one tile
@@ -498,7 +501,10 @@ LogicalResult FusedSimilarityGradOp::evaluateCost(CostEvaluator &e,
                                                   OpCost &cost) {
   if (failed(fusedSimilarity(*this, e)))
     return failure();
-  int64_t results = static_cast<int64_t>(getOutputs().size()) / 2;
+  int64_t results = static_cast<int64_t>(getOutputs().size()) / 2 +
+                    (getColOutputs() ? static_cast<int64_t>(
+                                           getColOutputs()->size()) / 2
+                                     : 0);
   ValueRange leaves = getExtra().drop_back(2 * results);
   int64_t n = e.shape(getRows())[0];
   int64_t scalars = static_cast<int64_t>(leaves.size()) - getRowLeaves() -

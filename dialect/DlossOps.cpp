@@ -469,7 +469,9 @@ LogicalResult verifyFusedSimilarity(Operation *op, Value rows, Value cols,
                                     ValueRange leaves, int64_t rowLeaves,
                                     int64_t colLeaves,
                                     ArrayRef<int64_t> program,
-                                    ArrayRef<int64_t> outputs) {
+                                    ArrayRef<int64_t> outputs,
+                                    std::optional<ArrayRef<int64_t>> colOutputs,
+                                    bool gathered) {
   FusedChecks c = fusedChecks(op, rows);
   if (failed(c.features(rows, "rows")) || failed(c.features(cols, "cols")) ||
       failed(c.sameFeatureSize(rows, cols)))
@@ -495,19 +497,37 @@ LogicalResult verifyFusedSimilarity(Operation *op, Value rows, Value cols,
       count - rowLeaves - colLeaves);
   if (!problem.empty())
     return op->emitOpError() << "has a malformed tile program: " << problem;
+  if (colOutputs) {
+    if (!gathered)
+      return op->emitOpError()
+             << "reduces along columns (col_outputs) but is not gathered: "
+                "a local class matrix's columns see this rank's rows only";
+    problem = ::dloss::epilogue::checkOutputs(
+        colOutputs->data(), static_cast<int64_t>(colOutputs->size()),
+        static_cast<int64_t>(program.size()) / 4, "column result");
+    if (!problem.empty())
+      return op->emitOpError() << "has a malformed tile program: " << problem;
+  }
   return success();
+}
+
+int64_t colResults(std::optional<ArrayRef<int64_t>> colOutputs) {
+  return colOutputs ? static_cast<int64_t>(colOutputs->size()) / 2 : 0;
 }
 } // namespace
 
 LogicalResult FusedSimilarityOp::verify() {
   if (failed(verifyFusedSimilarity(*this, getRows(), getCols(), getLeaves(),
                                    getRowLeaves(), getColLeaves(),
-                                   getProgram(), getOutputs())))
+                                   getProgram(), getOutputs(), getColOutputs(),
+                                   getGathered())))
     return failure();
-  if (getResults().size() * 2 != getOutputs().size())
+  int64_t outputs =
+      static_cast<int64_t>(getOutputs().size()) / 2 + colResults(getColOutputs());
+  if (static_cast<int64_t>(getResults().size()) != outputs)
     return emitOpError() << "has " << getResults().size()
-                         << " results but its program has "
-                         << getOutputs().size() / 2 << " outputs";
+                         << " results but its program has " << outputs
+                         << " outputs";
   FusedChecks c = fusedChecks(*this, getRows());
   for (Value result : getResults())
     if (failed(c.vector(result, "each result")))
@@ -516,7 +536,8 @@ LogicalResult FusedSimilarityOp::verify() {
 }
 
 LogicalResult FusedSimilarityGradOp::verify() {
-  int64_t results = static_cast<int64_t>(getOutputs().size()) / 2;
+  int64_t results = static_cast<int64_t>(getOutputs().size()) / 2 +
+                    colResults(getColOutputs());
   int64_t leaves = static_cast<int64_t>(getExtra().size()) - 2 * results;
   if (leaves < 0)
     return emitOpError() << "has " << getExtra().size()
@@ -526,8 +547,8 @@ LogicalResult FusedSimilarityGradOp::verify() {
   ValueRange extra = getExtra();
   if (failed(verifyFusedSimilarity(*this, getRows(), getCols(),
                                    extra.take_front(leaves), getRowLeaves(),
-                                   getColLeaves(), getProgram(),
-                                   getOutputs())))
+                                   getColLeaves(), getProgram(), getOutputs(),
+                                   getColOutputs(), getGathered())))
     return failure();
   FusedChecks c = fusedChecks(*this, getRows());
   for (Value v : extra.drop_front(leaves))

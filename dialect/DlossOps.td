@@ -671,7 +671,13 @@ def Dloss_FusedSimilarityOp : Dloss_CollectiveOp<"fused_similarity"> {
     0)`; the columns (and the per-column values, each this rank's shard of a
     gathered vector) travel round a ring of ranks, and the column index is
     global. Otherwise `cols` is a local (or replicated) class matrix tiled
-    in place, and the column index is the class index.
+    in place, and the column index is the class index. The row index
+    (`row_id`) is global: the rows' shard offset plus i.
+
+    A gathered op may also reduce along columns: `col_outputs` (encoded as
+    `outputs`) adds results over this rank's own columns j, each reducing
+    `e(i, j)` over every rank's rows i, after the row results. CLIP's two
+    directions come from one tile this way.
 
     Produced by dloss-fuse-gather-similarity from any loss whose similarity
     feeds only elementwise ops ending in row reductions (docs/Fusion.md).
@@ -680,6 +686,7 @@ def Dloss_FusedSimilarityOp : Dloss_CollectiveOp<"fused_similarity"> {
                    Variadic<Dloss_NumTensor>:$leaves,
                    I64Attr:$row_leaves, I64Attr:$col_leaves,
                    DenseI64ArrayAttr:$program, DenseI64ArrayAttr:$outputs,
+                   OptionalAttr<DenseI64ArrayAttr>:$col_outputs,
                    UnitAttr:$gathered);
   let results = (outs Variadic<Dloss_FloatTensor>:$results);
   let assemblyFormat = [{
@@ -692,6 +699,11 @@ def Dloss_FusedSimilarityOp : Dloss_CollectiveOp<"fused_similarity"> {
       return static_cast<int64_t>(getLeaves().size()) - getRowLeaves() -
              getColLeaves();
     }
+    /// The number of results reduced along columns (after the row ones).
+    int64_t getColResultCount() {
+      return getColOutputs() ? static_cast<int64_t>(getColOutputs()->size()) / 2
+                             : 0;
+    }
   }];
 }
 
@@ -699,20 +711,23 @@ def Dloss_FusedSimilarityGradOp : Dloss_CollectiveOp<"fused_similarity_grad"> {
   let summary = "the backward of dloss.fused_similarity, recomputing its tiles";
   let description = [{
     Operands: those of the forward op (`rows`, `cols`, its leaves), then its
-    results, then their cotangents (`extra` holds the three groups; the
-    attributes are the forward op's). Each tile is recomputed, run forward
+    results (row results, then column results), then their cotangents
+    (`extra` holds the three groups; the attributes are the forward op's). Each tile is recomputed, run forward
     and backward through the tile program (the reverse sweep of
     runtime/fused/Epilogue.h), and `G = dL/dS` goes through two tile GEMMs:
     `d_rows += G cols`, `d_cols += G^T rows` (for a gathered op, each
     chunk's column gradient goes round the ring to its owner).
     `d_row_leaves` [row_leaves, n] holds the gradient of each per-row value
     (zero for integer ones) and `d_scalars` [number of 0-d leaves] this
-    rank's partial gradient of each 0-d value.
+    rank's partial gradient of each 0-d value: the row results' part from
+    this rank's rows, the column results' part from its own columns (their
+    share travels home with their gradient).
   }];
   let arguments = (ins Dloss_FloatTensor:$rows, Dloss_FloatTensor:$cols,
                    Variadic<Dloss_NumTensor>:$extra,
                    I64Attr:$row_leaves, I64Attr:$col_leaves,
                    DenseI64ArrayAttr:$program, DenseI64ArrayAttr:$outputs,
+                   OptionalAttr<DenseI64ArrayAttr>:$col_outputs,
                    UnitAttr:$gathered);
   let results = (outs Dloss_FloatTensor:$d_rows, Dloss_FloatTensor:$d_cols,
                       Dloss_FloatTensor:$d_row_leaves,

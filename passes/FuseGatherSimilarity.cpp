@@ -325,7 +325,7 @@ FusedSimilarityOp localMarginSoftmax(PatternRewriter &rewriter, Location loc,
       rewriter, loc, TypeRange{perRow, perRow}, rows, weights,
       ValueRange{targets, scale}, rewriter.getI64IntegerAttr(1),
       rewriter.getI64IntegerAttr(0), rewriter.getDenseI64ArrayAttr(program),
-      rewriter.getDenseI64ArrayAttr(outputs), UnitAttr());
+      rewriter.getDenseI64ArrayAttr(outputs), DenseI64ArrayAttr(), UnitAttr());
 }
 
 /// Any similarity `matmul(rows, all_gather(cols))^T` (or over a local class
@@ -367,7 +367,7 @@ struct SimilarityFusion : OpRewritePattern<MatmulOp> {
         rewriter.getI64IntegerAttr(p.rowLeaves.size()),
         rewriter.getI64IntegerAttr(p.colLeaves.size()),
         rewriter.getDenseI64ArrayAttr(p.program),
-        rewriter.getDenseI64ArrayAttr(p.outputs),
+        rewriter.getDenseI64ArrayAttr(p.outputs), DenseI64ArrayAttr(),
         p.gather ? rewriter.getUnitAttr() : UnitAttr());
     for (const TileTerminal &t : p.terminals) {
       Value first = fused.getResult(t.first);

@@ -14,6 +14,10 @@
 // Encoding, as the op's attributes and the plan step's: `program` holds four
 // int64 per instruction (opcode, a, b, c), `outputs` two per result (register,
 // Reduce). A register operand a, b or c must name an earlier instruction.
+// A gathered op may also reduce along the columns: `col_outputs` (same
+// encoding) gives results over this rank's own columns j, each reducing
+// e(i, j) over every rank's rows i (CLIP's second direction, from the same
+// tiles); they follow the row results.
 //
 // No MLIR, ATen or CUDA type appears here: plain C++ that nvcc also compiles
 // (DLOSS_HD marks the functions both sides call).
@@ -61,10 +65,11 @@ enum class Op : int64_t {
   Clamp = 20,  ///< a: register; b, c: the bits of the double bounds
   Eq = 21,     ///< 1 where a == b, else 0 (no gradient)
   Select = 22, ///< a != 0 ? b : c (a gets no gradient)
+  RowId = 23,  ///< the row's global index (the rows' shard offset + i)
 };
 
 /// The number of opcodes (one past the last).
-constexpr int64_t kOpCount = 23;
+constexpr int64_t kOpCount = 24;
 
 /// How a result reduces its value along the row.
 enum class Reduce : int64_t {
@@ -97,7 +102,7 @@ inline const char *opName(Op op) {
       "sim",      "col_id",      "row",     "col",   "scalar", "const",
       "add",      "sub",         "mul",     "div",   "neg",    "exp",
       "log",      "softplus",    "log_sigmoid", "sigmoid", "cos", "acos",
-      "sin",      "sqrt",        "clamp",   "eq",    "select"};
+      "sin",      "sqrt",        "clamp",   "eq",    "select", "row_id"};
   auto k = static_cast<int64_t>(op);
   return k >= 0 && k < kOpCount ? names[k] : nullptr;
 }
@@ -119,12 +124,34 @@ inline int registerOperands(Op op) {
   case Op::ColLeaf:
   case Op::Scalar:
   case Op::Const:
+  case Op::RowId:
     return 0;
   default:
     return 1;
   }
 }
 
+
+/// Checks a list of outputs (register, reduction) of a program of `count`
+/// instructions; `what` names an entry in the message ("result").
+inline std::string checkOutputs(const int64_t *outputs, int64_t outputsSize,
+                                int64_t count, const char *what) {
+  if (outputsSize % 2 != 0)
+    return std::string("the ") + what +
+           "s must hold 2 integers each (register, reduction), got " +
+           std::to_string(outputsSize);
+  for (int64_t k = 0; k < outputsSize / 2; ++k) {
+    int64_t reg = outputs[2 * k], kind = outputs[2 * k + 1];
+    if (reg < 0 || reg >= count)
+      return what + (" " + std::to_string(k)) + " names register " +
+             std::to_string(reg) + " of " + std::to_string(count);
+    if (kind != static_cast<int64_t>(Reduce::Sum) &&
+        kind != static_cast<int64_t>(Reduce::LogSumExp))
+      return what + (" " + std::to_string(k)) + " has unknown reduction " +
+             std::to_string(kind);
+  }
+  return {};
+}
 
 /// Checks an encoded program against the op's leaf counts: returns what is
 /// wrong with it, or an empty string. The compiler's verifier and the
@@ -158,20 +185,9 @@ inline std::string checkProgram(const int64_t *program, int64_t programSize,
       return at(t) + opName(op) + " reads leaf " + std::to_string(ins[1]) +
              " of " + std::to_string(limit);
   }
-  if (outputsSize <= 0 || outputsSize % 2 != 0)
-    return "the outputs must hold 2 integers per result (register, "
-           "reduction), got " + std::to_string(outputsSize);
-  for (int64_t k = 0; k < outputsSize / 2; ++k) {
-    int64_t reg = outputs[2 * k], kind = outputs[2 * k + 1];
-    if (reg < 0 || reg >= count)
-      return "result " + std::to_string(k) + " names register " +
-             std::to_string(reg) + " of " + std::to_string(count);
-    if (kind != static_cast<int64_t>(Reduce::Sum) &&
-        kind != static_cast<int64_t>(Reduce::LogSumExp))
-      return "result " + std::to_string(k) + " has unknown reduction " +
-             std::to_string(kind);
-  }
-  return {};
+  if (outputsSize <= 0)
+    return "the program has no outputs";
+  return checkOutputs(outputs, outputsSize, count, "result");
 }
 
 //===----------------------------------------------------------------------===//
