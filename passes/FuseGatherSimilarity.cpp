@@ -349,8 +349,21 @@ struct SimilarityFusion : OpRewritePattern<MatmulOp> {
         remark.attachNote(no->op->getLoc()) << "here";
       return rewriter.notifyMatchFailure(matmul, no->reason);
     }
-    TileProgram &p = std::get<TileProgram>(derived);
-    Operation *at = p.terminals.front().op;
+    TileProgram p = std::move(std::get<TileProgram>(derived));
+    // CLIP's second direction: the mirrored similarity's rows are this
+    // one's columns, so its row reductions are this op's column results,
+    // from the same tiles.
+    if (MatmulOp mirror = findMirror(p)) {
+      auto other = deriveTileProgram(mirror, dominance);
+      if (auto *q = std::get_if<TileProgram>(&other)) {
+        TileProgram merged = p;
+        if (succeeded(mergeMirror(merged, *q)) &&
+            definedBefore(merged, firstTerminal(merged)))
+          p = std::move(merged);
+      }
+    }
+    simplifyProgram(p);
+    Operation *at = firstTerminal(p);
     rewriter.setInsertionPoint(at);
     SmallVector<Location> locs = {matmul.getLoc()};
     for (const TileTerminal &t : p.terminals)
@@ -358,7 +371,8 @@ struct SimilarityFusion : OpRewritePattern<MatmulOp> {
     Location loc = rewriter.getFusedLoc(locs);
     Type element = cast<ShapedType>(matmul.getType()).getElementType();
     Type perRow = RankedTensorType::get({ShapedType::kDynamic}, element);
-    SmallVector<Type> types(p.outputs.size() / 2, perRow);
+    SmallVector<Type> types((p.outputs.size() + p.colOutputs.size()) / 2,
+                            perRow);
     SmallVector<Value> leaves(p.rowLeaves);
     llvm::append_range(leaves, p.colLeaves);
     llvm::append_range(leaves, p.scalars);
@@ -367,7 +381,9 @@ struct SimilarityFusion : OpRewritePattern<MatmulOp> {
         rewriter.getI64IntegerAttr(p.rowLeaves.size()),
         rewriter.getI64IntegerAttr(p.colLeaves.size()),
         rewriter.getDenseI64ArrayAttr(p.program),
-        rewriter.getDenseI64ArrayAttr(p.outputs), DenseI64ArrayAttr(),
+        rewriter.getDenseI64ArrayAttr(p.outputs),
+        p.colOutputs.empty() ? DenseI64ArrayAttr()
+                             : rewriter.getDenseI64ArrayAttr(p.colOutputs),
         p.gather ? rewriter.getUnitAttr() : UnitAttr());
     for (const TileTerminal &t : p.terminals) {
       Value first = fused.getResult(t.first);
@@ -398,6 +414,13 @@ struct SimilarityFusion : OpRewritePattern<MatmulOp> {
     return success();
   }
 
+  /// Whether every operand of the fused op is available before `at`.
+  bool definedBefore(const TileProgram &p, Operation *at) const {
+    auto early = [&](Value v) { return dominance.properlyDominates(v, at); };
+    return early(p.rows) && early(p.cols) && llvm::all_of(p.rowLeaves, early) &&
+           llvm::all_of(p.colLeaves, early) && llvm::all_of(p.scalars, early);
+  }
+
   const DominanceInfo &dominance;
 };
 
@@ -410,11 +433,13 @@ struct SimilarityFusion : OpRewritePattern<MatmulOp> {
 /// becomes one dloss.sharded_softmax; the margin `f` stays ordinary IR and
 /// the cross-entropy is rebuilt from the op's statistics.
 struct ShardedSoftmaxFusion : OpRewritePattern<CrossEntropyOp> {
+  /// `shards`: also the class-sharded form (the dedicated op); otherwise
+  /// only a local class matrix (the general op).
   ShardedSoftmaxFusion(MLIRContext *context,
                        const ReplicationAnalysis &replication,
-                       const DominanceInfo &dominance)
+                       const DominanceInfo &dominance, bool shards)
       : OpRewritePattern(context), replication(replication),
-        dominance(dominance) {}
+        dominance(dominance), shards(shards) {}
 
   LogicalResult matchAndRewrite(CrossEntropyOp ce,
                                 PatternRewriter &rewriter) const override {
@@ -438,6 +463,8 @@ struct ShardedSoftmaxFusion : OpRewritePattern<CrossEntropyOp> {
     // replicated) class matrix: C = matmul(x, W)^T itself, tiled over the
     // classes by the general fused op.
     auto gather = classes.getDefiningOp<AllGatherOp>();
+    if (gather && !shards)
+      return rewriter.notifyMatchFailure(ce, "class shards: the dedicated op");
     if (gather && (gather.getAxis() != 1 ||
                    gather.getGrad() != GatherGrad::exact))
       return rewriter.notifyMatchFailure(ce,
@@ -514,6 +541,7 @@ struct ShardedSoftmaxFusion : OpRewritePattern<CrossEntropyOp> {
 
   const ReplicationAnalysis &replication;
   const DominanceInfo &dominance;
+  bool shards;
 };
 
 //===----------------------------------------------------------------------===//
@@ -570,7 +598,8 @@ struct FuseGatherSimilarityPass
       ReplicationAnalysis replication(func);
       DominanceInfo dominance(func);
       RewritePatternSet patterns(&getContext());
-      populateFuseGatherSimilarityPatterns(patterns, replication, dominance);
+      populateFuseGatherSimilarityPatterns(patterns, replication, dominance,
+                                           dedicated);
       FrozenRewritePatternSet frozen(std::move(patterns));
       auto refresh = [&] {
         replication = ReplicationAnalysis(func);
@@ -591,10 +620,12 @@ struct FuseGatherSimilarityPass
 
 void mlir::dloss::populateFuseGatherSimilarityPatterns(
     RewritePatternSet &patterns, const ReplicationAnalysis &replication,
-    const DominanceInfo &dominance) {
+    const DominanceInfo &dominance, bool dedicated) {
   MLIRContext *context = patterns.getContext();
-  patterns.add<ClipFusion, SiglipFusion>(context, dominance);
-  patterns.add<ShardedSoftmaxFusion>(context, replication, dominance);
+  if (dedicated)
+    patterns.add<ClipFusion, SiglipFusion>(context, dominance);
+  patterns.add<ShardedSoftmaxFusion>(context, replication, dominance,
+                                     dedicated);
 }
 
 void mlir::dloss::populateFuseSimilarityPatterns(

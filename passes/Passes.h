@@ -21,8 +21,10 @@ class ReplicationAnalysis;
 #define GEN_PASS_REGISTRATION
 #include "passes/Passes.h.inc"
 
-/// Adds the patterns of dloss-fuse-gather-similarity, one per fused family
-/// (CLIP, SigLIP, class-sharded softmax), for the ops of one function.
+/// Adds the patterns of dloss-fuse-gather-similarity that start at a loss
+/// (CLIP, SigLIP, class-sharded softmax: the dedicated ops, when
+/// `dedicated`; a softmax with a margin on the target over a local class
+/// matrix: the general op, always), for the ops of one function.
 /// `replication` and `dominance` must describe that function whenever a
 /// pattern runs: a driver recomputes them after each rewrite (the class-sharded
 /// pattern asks whether its rows vary; every pattern asks whether its operands
@@ -30,7 +32,7 @@ class ReplicationAnalysis;
 /// ops only through the rewriter.
 void populateFuseGatherSimilarityPatterns(
     RewritePatternSet &patterns, const ReplicationAnalysis &replication,
-    const DominanceInfo &dominance);
+    const DominanceInfo &dominance, bool dedicated = true);
 
 /// Adds the general pattern of dloss-fuse-gather-similarity: any similarity
 /// read only by element-wise ops that end in row reductions becomes one
@@ -40,9 +42,11 @@ void populateFuseGatherSimilarityPatterns(
 void populateFuseSimilarityPatterns(RewritePatternSet &patterns,
                                     const DominanceInfo &dominance);
 
-/// Adds inline -> verify-collectives -> fuse-gather-similarity (when `fuse`)
-/// -> infer-replication -> autodiff -> canonicalize/CSE.
-void buildDeriveBackwardPipeline(OpPassManager &pm, bool fuse = true);
+/// Adds inline -> verify-collectives -> fuse-gather-similarity (when `fuse`;
+/// `dedicated`: its option of that name) -> infer-replication -> autodiff ->
+/// canonicalize/CSE.
+void buildDeriveBackwardPipeline(OpPassManager &pm, bool fuse = true,
+                                 bool dedicated = true);
 
 /// Registers the passes and the named pipelines (dloss-derive-backward).
 void registerDlossPassesAndPipelines();

@@ -81,6 +81,11 @@ def FuseGatherSimilarityPass : Pass<"dloss-fuse-gather-similarity", "ModuleOp"> 
     similarity and its scaling must have no other users and gathers must be
     `grad exact`; anything else stays unfused and keeps working.
   }];
+  let options = [
+    Option<"dedicated", "dedicated", "bool", "true",
+           "Use the dedicated CLIP, SigLIP and class-sharded ops where they "
+           "match (false: every similarity goes to dloss.fused_similarity)">,
+  ];
   let dependentDialects = ["::mlir::dloss::DlossDialect", "::mlir::arith::ArithDialect"];
 }
 

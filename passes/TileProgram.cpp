@@ -13,8 +13,10 @@
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/TypeSwitch.h"
 
+#include <array>
 #include <cmath>
 #include <limits>
+#include <map>
 
 using namespace mlir;
 using namespace mlir::dloss;
@@ -483,6 +485,151 @@ std::variant<TileProgram, TileDecline>
 mlir::dloss::deriveTileProgram(MatmulOp matmul,
                                const DominanceInfo &dominance) {
   return Deriver(matmul, dominance).run();
+}
+
+MatmulOp mlir::dloss::findMirror(const TileProgram &p) {
+  if (!p.gather)
+    return {};
+  for (MatmulOp other : p.matmul->getBlock()->getOps<MatmulOp>()) {
+    if (other == p.matmul || other.getTransposeLhs() ||
+        !other.getTransposeRhs() || other.getLhs() != p.cols)
+      continue;
+    auto gather = other.getRhs().getDefiningOp<AllGatherOp>();
+    if (gather && gather.getAxis() == 0 &&
+        gather.getGrad() == GatherGrad::exact && gather.getInput() == p.rows)
+      return other;
+  }
+  return {};
+}
+
+LogicalResult mlir::dloss::mergeMirror(TileProgram &p,
+                                       const TileProgram &mirror) {
+  for (Value leaf : mirror.rowLeaves)
+    if (isFloat(leaf))
+      return failure();
+  TileProgram merged = p;
+  auto indexIn = [](SmallVector<Value> &list, Value value) {
+    auto it = llvm::find(list, value);
+    if (it != list.end())
+      return static_cast<int64_t>(it - list.begin());
+    list.push_back(value);
+    return static_cast<int64_t>(list.size() - 1);
+  };
+  auto emit = [&](ep::Op op, int64_t a, int64_t b, int64_t c) {
+    merged.program.append({static_cast<int64_t>(op), a, b, c});
+    return static_cast<int64_t>(merged.program.size() / 4 - 1);
+  };
+  // The similarity is the same element: S'[j, i] = S[i, j].
+  SmallVector<int64_t> map;
+  for (size_t t = 0; t < mirror.program.size(); t += 4) {
+    auto op = static_cast<ep::Op>(mirror.program[t]);
+    int64_t a = mirror.program[t + 1], b = mirror.program[t + 2],
+            c = mirror.program[t + 3];
+    switch (op) {
+    case ep::Op::Sim:
+      map.push_back(0); // instruction 0 of every derived program
+      continue;
+    case ep::Op::ColId:
+      map.push_back(emit(ep::Op::RowId, 0, 0, 0));
+      continue;
+    case ep::Op::RowId:
+      map.push_back(emit(ep::Op::ColId, 0, 0, 0));
+      continue;
+    case ep::Op::RowLeaf:
+      map.push_back(emit(ep::Op::ColLeaf,
+                         indexIn(merged.colLeaves, mirror.rowLeaves[a]), 0, 0));
+      continue;
+    case ep::Op::ColLeaf:
+      map.push_back(emit(ep::Op::RowLeaf,
+                         indexIn(merged.rowLeaves, mirror.colLeaves[a]), 0, 0));
+      continue;
+    case ep::Op::Scalar:
+      map.push_back(emit(ep::Op::Scalar,
+                         indexIn(merged.scalars, mirror.scalars[a]), 0, 0));
+      continue;
+    default:
+      break;
+    }
+    int operands = ep::registerOperands(op);
+    int64_t args[3] = {a, b, c};
+    for (int k = 0; k < operands; ++k)
+      args[k] = map[args[k]];
+    map.push_back(emit(op, args[0], args[1], args[2]));
+  }
+  for (size_t k = 0; k + 1 < mirror.outputs.size(); k += 2)
+    merged.colOutputs.append({map[mirror.outputs[k]], mirror.outputs[k + 1]});
+  unsigned shift = static_cast<unsigned>(p.outputs.size() / 2);
+  for (TileTerminal t : mirror.terminals) {
+    t.first += shift;
+    merged.terminals.push_back(t);
+  }
+  llvm::append_range(merged.region, mirror.region);
+  llvm::append_range(merged.leafOps, mirror.leafOps);
+  merged.leafOps.push_back(mirror.matmul);
+  merged.leafOps.push_back(mirror.gather);
+  p = std::move(merged);
+  return success();
+}
+
+void mlir::dloss::simplifyProgram(TileProgram &p) {
+  const size_t count = p.program.size() / 4;
+  // Value numbering: each instruction's key with its operands renamed.
+  SmallVector<int64_t> same(count);
+  std::map<std::array<int64_t, 4>, int64_t> seen;
+  for (size_t t = 0; t < count; ++t) {
+    std::array<int64_t, 4> key = {p.program[4 * t], p.program[4 * t + 1],
+                                  p.program[4 * t + 2], p.program[4 * t + 3]};
+    auto op = static_cast<ep::Op>(key[0]);
+    for (int k = 0; k < ep::registerOperands(op); ++k)
+      key[1 + k] = same[key[1 + k]];
+    if ((op == ep::Op::Add || op == ep::Op::Mul || op == ep::Op::Eq) &&
+        key[1] > key[2])
+      std::swap(key[1], key[2]);
+    auto [it, fresh] = seen.try_emplace(key, static_cast<int64_t>(t));
+    same[t] = it->second;
+    if (fresh)
+      std::copy(key.begin(), key.end(), p.program.begin() + 4 * t);
+  }
+  // Liveness from the results back.
+  SmallVector<bool> live(count, false);
+  for (ArrayRef<int64_t> outputs : {ArrayRef<int64_t>(p.outputs),
+                                    ArrayRef<int64_t>(p.colOutputs)})
+    for (size_t k = 0; k < outputs.size(); k += 2)
+      live[same[outputs[k]]] = true;
+  for (size_t t = count; t-- > 0;) {
+    if (!live[t])
+      continue;
+    auto op = static_cast<ep::Op>(p.program[4 * t]);
+    for (int k = 0; k < ep::registerOperands(op); ++k)
+      live[p.program[4 * t + 1 + k]] = true;
+  }
+  // The Sim leaf stays instruction 0 (mergeMirror relies on it).
+  live[0] = true;
+  SmallVector<int64_t> renumber(count, -1);
+  SmallVector<int64_t> program;
+  for (size_t t = 0; t < count; ++t) {
+    if (!live[t] || same[t] != static_cast<int64_t>(t))
+      continue;
+    auto op = static_cast<ep::Op>(p.program[4 * t]);
+    int64_t ins[4] = {p.program[4 * t], p.program[4 * t + 1],
+                      p.program[4 * t + 2], p.program[4 * t + 3]};
+    for (int k = 0; k < ep::registerOperands(op); ++k)
+      ins[1 + k] = renumber[ins[1 + k]];
+    renumber[t] = static_cast<int64_t>(program.size() / 4);
+    program.append(std::begin(ins), std::end(ins));
+  }
+  for (SmallVector<int64_t> *outputs : {&p.outputs, &p.colOutputs})
+    for (size_t k = 0; k < outputs->size(); k += 2)
+      (*outputs)[k] = renumber[same[(*outputs)[k]]];
+  p.program = std::move(program);
+}
+
+Operation *mlir::dloss::firstTerminal(const TileProgram &p) {
+  Operation *first = nullptr;
+  for (const TileTerminal &t : p.terminals)
+    if (!first || t.op->isBeforeInBlock(first))
+      first = t.op;
+  return first;
 }
 
 std::string mlir::dloss::tileProgramText(ArrayRef<int64_t> program,

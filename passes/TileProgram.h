@@ -17,8 +17,8 @@ class DominanceInfo;
 
 namespace mlir::dloss {
 
-/// A row reduction of the tile that the fused op computes: `op` is replaced
-/// by results [first, first + count) of the fused op.
+/// A reduction of the tile that the fused op computes: `op` is replaced by
+/// results [first, first + count) of the fused op.
 struct TileTerminal {
   Operation *op;
   unsigned first, count;
@@ -32,6 +32,8 @@ struct TileProgram {
   Value rows, cols;
   SmallVector<Value> rowLeaves, colLeaves, scalars;
   SmallVector<int64_t> program, outputs;
+  /// Column results (a mirrored similarity's rows, see mergeMirror).
+  SmallVector<int64_t> colOutputs;
   /// The element-wise ops the program holds, in program order.
   SmallVector<Operation *> region;
   /// The reductions, in program order; the fused op goes before the first.
@@ -52,6 +54,24 @@ struct TileDecline {
 /// exact all_gather or a local class matrix), or says why there is none.
 std::variant<TileProgram, TileDecline>
 deriveTileProgram(MatmulOp matmul, const DominanceInfo &dominance);
+
+/// The matmul `cols x all_gather(rows)^T` that mirrors a gathered `p` in
+/// its block (CLIP's second direction), or null.
+MatmulOp findMirror(const TileProgram &p);
+
+/// Folds the program of the mirrored similarity `mirror` into `p` as column
+/// results: the mirror's row values become `p`'s column values, its column
+/// ids `p`'s row ids, its terminals `p`'s (their results after `p`'s row
+/// results). Fails, leaving `p` unchanged, when the mirror reads a float
+/// per-row value (a column value would need a gradient).
+LogicalResult mergeMirror(TileProgram &p, const TileProgram &mirror);
+
+/// Removes repeated instructions (same opcode and operands; `add`, `mul` and
+/// `eq` in either order) and those no result reads, renumbering registers.
+void simplifyProgram(TileProgram &p);
+
+/// The op before which the fused op goes: the first terminal in its block.
+Operation *firstTerminal(const TileProgram &p);
 
 /// The program as text, one instruction per line, for remarks and reports.
 std::string tileProgramText(ArrayRef<int64_t> program,

@@ -1,5 +1,6 @@
 // RUN: dloss-opt %s --split-input-file --dloss-fuse-gather-similarity | FileCheck %s
 // RUN: dloss-opt %s --split-input-file --dloss-fuse-gather-similarity --dloss-autodiff | FileCheck %s --check-prefix=GRAD
+// RUN: dloss-opt %s --split-input-file --dloss-fuse-gather-similarity=dedicated=false | FileCheck %s --check-prefix=GENERAL
 // What dloss-fuse-gather-similarity fuses (CLIP, SigLIP, the class-sharded
 // softmax, and the general dloss.fused_similarity family) and what it leaves
 // alone. dloss_fuse_gather_similarity_remarks.mlir checks the remark that
@@ -23,6 +24,16 @@
 // GRAD: dloss.ring_softmax_ce_grad %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[RL]], %[[CL]]
 // GRAD-NOT: dloss.reduce_scatter
 // GRAD: return
+// Without the dedicated ops, CLIP is one general op: the mirrored
+// similarity's row reductions are its column results (col_outputs), the
+// mirror's column ids its row ids (row_id, opcode 23), the duplicated
+// scaling shared.
+// GENERAL-LABEL: func.func @clip(
+// GENERAL-NOT: dloss.all_gather
+// GENERAL-NOT: dloss.matmul
+// GENERAL: %[[F:.*]]:4 = dloss.fused_similarity %arg0, %arg1 leaves(%[[L:.*]], %[[L]], %arg2) {col_leaves = 1 : i64, col_outputs = array<i64: 2, 1, 11, 0>, gathered, outputs = array<i64: 2, 1, 7, 0>, program = array<i64: 0, 0, 0, 0, 4, 0, 0, 0, 8, 0, 1, 0, 1, 0, 0, 0, 2, 0, 0, 0, 21, 3, 4, 0, 5, 0, 0, 0, 22, 5, 2, 6, 23, 0, 0, 0, 3, 0, 0, 0, 21, 8, 9, 0, 22, 10, 2, 6>, row_leaves = 1 : i64}
+// GENERAL: dloss.sub %[[F]]#0, %[[F]]#1
+// GENERAL: dloss.sub %[[F]]#2, %[[F]]#3
 func.func @clip(%image: tensor<?x?xf32> {dloss.grad}, %text: tensor<?x?xf32> {dloss.grad},
                 %scale: tensor<f32> {dloss.grad, dloss.replicated}) -> tensor<f32> attributes {dloss.loss} {
   %image_all = dloss.all_gather %image axis 0 : tensor<?x?xf32>
@@ -136,6 +147,9 @@ func.func @local_grad(%a: tensor<?x?xf32> {dloss.grad}, %b: tensor<?x?xf32> {dlo
 // GRAD: dloss.ring_sigmoid_pairs_grad
 // GRAD-NOT: dloss.reduce_scatter
 // GRAD: return
+// GENERAL-LABEL: func.func @siglip(
+// GENERAL-NOT: dloss.softplus
+// GENERAL: dloss.fused_similarity {{.*}}gathered, outputs = array<i64: 5, 0, 10, 0>
 func.func @siglip(%image: tensor<?x?xf32> {dloss.grad}, %text: tensor<?x?xf32> {dloss.grad},
                   %t: tensor<f32> {dloss.grad, dloss.replicated},
                   %bias: tensor<f32> {dloss.grad, dloss.replicated}) -> tensor<f32> attributes {dloss.loss} {
