@@ -585,8 +585,14 @@ LogicalResult FusedSimilarityOp::buildAdjoint(AdjointBuilder &ab) {
     return success();
   SmallVector<Value> extra(getLeaves());
   llvm::append_range(extra, getResults());
-  for (auto [i, result] : llvm::enumerate(getResults()))
-    extra.push_back(ctOrZeros(ab, i, result));
+  // Over class shards the results are invariant: each shard's gradients
+  // need every row's full cotangent.
+  for (auto [i, result] : llvm::enumerate(getResults())) {
+    Cotangent ct = ab.resultCotangent(i);
+    extra.push_back(!ct          ? ZerosLikeOp::create(ab.b, ab.loc, result)
+                    : getSharded() ? ab.reduced(ct)
+                                   : ct.value);
+  }
   Type element = cast<ShapedType>(getRows().getType()).getElementType();
   int64_t dyn = ShapedType::kDynamic;
   auto grad = FusedSimilarityGradOp::create(
@@ -596,8 +602,11 @@ LogicalResult FusedSimilarityOp::buildAdjoint(AdjointBuilder &ab) {
                 RankedTensorType::get({dyn}, element)},
       getRows(), getCols(), extra, getRowLeavesAttr(), getColLeavesAttr(),
       getProgramAttr(), getOutputsAttr(), getColOutputsAttr(),
-      getGatheredAttr());
-  ab.addOperandCotangent(0, grad.getDRows());
+      getGatheredAttr(), getShardedAttr());
+  std::optional<CotangentKind> partial;
+  if (getSharded())
+    partial = CotangentKind::Partial; // this shard's part of the rows'
+  ab.addOperandCotangent(0, grad.getDRows(), partial);
   ab.addOperandCotangent(1, grad.getDCols());
   // One row of the stacked leaf gradients per float per-row leaf, one
   // element of d_scalars per float 0-d leaf (integer leaves get none).
@@ -616,7 +625,7 @@ LogicalResult FusedSimilarityOp::buildAdjoint(AdjointBuilder &ab) {
       continue;
     Value ct = i < rowLeaves ? pick(grad.getDRowLeaves(), i)
                              : pick(grad.getDScalars(), i - firstScalar);
-    ab.addOperandCotangent(2 + k, ct);
+    ab.addOperandCotangent(2 + k, ct, partial);
   }
   return success();
 }

@@ -485,6 +485,22 @@ LogicalResult FusedSimilarityOp::evaluateCost(CostEvaluator &e, OpCost &cost) {
       columnLeafBytes(e, getLeaves(), getRowLeaves(), getColLeaves());
   // One tile of the similarity and the program's registers over one tile
   // row (a few KiB, counted with the tile).
+  if (getSharded()) {
+    // Per log-sum-exp result an all_reduce max and a sum; per sum result
+    // a sum (the statistics of all results travel together).
+    int64_t row = e.bytes(getResults().front());
+    int64_t lse = 0;
+    for (size_t k = 1; k < getOutputs().size(); k += 2)
+      lse += getOutputs()[k] == 1;
+    int64_t results = static_cast<int64_t>(getResults().size());
+    cost.sent = Cost{allReduceBytes(lse * row, e.worldSize()) +
+                         allReduceBytes((results + lse) * row, e.worldSize()),
+                     llvm::formatv("all_reduce max of {0} + all_reduce sum "
+                                   "of {1}",
+                                   bytesText(lse * row),
+                                   bytesText((results + lse) * row))
+                         .str()};
+  }
   if (!getGathered()) {
     cost.workspace = Cost{double(e.tileBytes(getRows())),
                           bytesText(e.tileBytes(getRows())) + " tile"};

@@ -471,7 +471,11 @@ LogicalResult verifyFusedSimilarity(Operation *op, Value rows, Value cols,
                                     ArrayRef<int64_t> program,
                                     ArrayRef<int64_t> outputs,
                                     std::optional<ArrayRef<int64_t>> colOutputs,
-                                    bool gathered) {
+                                    bool gathered, bool sharded) {
+  if (gathered && sharded)
+    return op->emitOpError()
+           << "is both gathered (columns round a ring) and sharded (class "
+              "shards, rows the same everywhere); choose one";
   FusedChecks c = fusedChecks(op, rows);
   if (failed(c.features(rows, "rows")) || failed(c.features(cols, "cols")) ||
       failed(c.sameFeatureSize(rows, cols)))
@@ -520,7 +524,7 @@ LogicalResult FusedSimilarityOp::verify() {
   if (failed(verifyFusedSimilarity(*this, getRows(), getCols(), getLeaves(),
                                    getRowLeaves(), getColLeaves(),
                                    getProgram(), getOutputs(), getColOutputs(),
-                                   getGathered())))
+                                   getGathered(), getSharded())))
     return failure();
   int64_t outputs =
       static_cast<int64_t>(getOutputs().size()) / 2 + colResults(getColOutputs());
@@ -548,7 +552,8 @@ LogicalResult FusedSimilarityGradOp::verify() {
   if (failed(verifyFusedSimilarity(*this, getRows(), getCols(),
                                    extra.take_front(leaves), getRowLeaves(),
                                    getColLeaves(), getProgram(), getOutputs(),
-                                   getColOutputs(), getGathered())))
+                                   getColOutputs(), getGathered(),
+                                   getSharded())))
     return failure();
   FusedChecks c = fusedChecks(*this, getRows());
   for (Value v : extra.drop_front(leaves))
@@ -588,8 +593,11 @@ Replication ShardedSoftmaxGradOp::inferReplication(ArrayRef<Replication>) {
 }
 // The general op's results follow its rows: with a gathered operand every
 // rank's columns are seen, so only the rows tell ranks apart; tiled over a
-// local class matrix, so can the classes and the leaves.
+// local class matrix, so can the classes and the leaves; over class shards
+// the statistics are all-reduced.
 Replication FusedSimilarityOp::inferReplication(ArrayRef<Replication> operands) {
+  if (getSharded())
+    return Replication::Invariant; // all-reduced across the class shards
   if (getGathered())
     return operands[0];
   return joinReplication(operands);

@@ -679,6 +679,14 @@ def Dloss_FusedSimilarityOp : Dloss_CollectiveOp<"fused_similarity"> {
     `e(i, j)` over every rank's rows i, after the row results. CLIP's two
     directions come from one tile this way.
 
+    `sharded`: `cols` is this rank's shard of the classes (numbered in rank
+    order, as `all_gather(matmul(rows, cols^T), axis 1)` would) and `rows`
+    and the per-row values are the same on every rank (gathered rows): each
+    rank tiles its shard, and the row statistics are all-reduced across the
+    shards (a max and a sum for a log-sum-exp, a sum for a sum), so the
+    results are invariant. The column index is the global class index.
+    PartialFC's class-sharded softmax is this mode.
+
     Produced by dloss-fuse-gather-similarity from any loss whose similarity
     feeds only elementwise ops ending in row reductions (docs/Fusion.md).
   }];
@@ -687,7 +695,7 @@ def Dloss_FusedSimilarityOp : Dloss_CollectiveOp<"fused_similarity"> {
                    I64Attr:$row_leaves, I64Attr:$col_leaves,
                    DenseI64ArrayAttr:$program, DenseI64ArrayAttr:$outputs,
                    OptionalAttr<DenseI64ArrayAttr>:$col_outputs,
-                   UnitAttr:$gathered);
+                   UnitAttr:$gathered, UnitAttr:$sharded);
   let results = (outs Variadic<Dloss_FloatTensor>:$results);
   let assemblyFormat = [{
     $rows `,` $cols (`leaves` `(` $leaves^ `)`)? attr-dict `:` functional-type(operands, results)
@@ -721,14 +729,16 @@ def Dloss_FusedSimilarityGradOp : Dloss_CollectiveOp<"fused_similarity_grad"> {
     (zero for integer ones) and `d_scalars` [number of 0-d leaves] this
     rank's partial gradient of each 0-d value: the row results' part from
     this rank's rows, the column results' part from its own columns (their
-    share travels home with their gradient).
+    share travels home with their gradient). `sharded`: the cotangents are
+    the full ones (the results are invariant), no communication happens,
+    and `d_rows` and `d_scalars` are this shard's partial gradients.
   }];
   let arguments = (ins Dloss_FloatTensor:$rows, Dloss_FloatTensor:$cols,
                    Variadic<Dloss_NumTensor>:$extra,
                    I64Attr:$row_leaves, I64Attr:$col_leaves,
                    DenseI64ArrayAttr:$program, DenseI64ArrayAttr:$outputs,
                    OptionalAttr<DenseI64ArrayAttr>:$col_outputs,
-                   UnitAttr:$gathered);
+                   UnitAttr:$gathered, UnitAttr:$sharded);
   let results = (outs Dloss_FloatTensor:$d_rows, Dloss_FloatTensor:$d_cols,
                       Dloss_FloatTensor:$d_row_leaves,
                       Dloss_FloatTensor:$d_scalars);

@@ -295,13 +295,13 @@ struct SiglipFusion : OpRewritePattern<SoftplusOp> {
 // The general family: any similarity read element-wise and reduced by rows
 //===----------------------------------------------------------------------===//
 
-/// A dloss.fused_similarity over a local class matrix computing, per row,
-/// the log-sum-exp of `scale * S` over every class but the target, and the
-/// target's similarity: the statistics of a softmax with a margin on the
-/// target logit (the class-sharded op's, without the shards).
+/// A dloss.fused_similarity over a local class matrix (or, `sharded`, this
+/// rank's class shard) computing, per row, the log-sum-exp of `scale * S`
+/// over every class but the target, and the target's similarity: the
+/// statistics of a softmax with a margin on the target logit.
 FusedSimilarityOp localMarginSoftmax(PatternRewriter &rewriter, Location loc,
                                      Type perRow, Value rows, Value weights,
-                                     Value scale, Value targets) {
+                                     Value scale, Value targets, bool sharded) {
   namespace ep = ::dloss::epilogue;
   auto code = [](ep::Op op) { return static_cast<int64_t>(op); };
   int64_t ninf = ep::doubleToBits(-std::numeric_limits<double>::infinity());
@@ -325,7 +325,8 @@ FusedSimilarityOp localMarginSoftmax(PatternRewriter &rewriter, Location loc,
       rewriter, loc, TypeRange{perRow, perRow}, rows, weights,
       ValueRange{targets, scale}, rewriter.getI64IntegerAttr(1),
       rewriter.getI64IntegerAttr(0), rewriter.getDenseI64ArrayAttr(program),
-      rewriter.getDenseI64ArrayAttr(outputs), DenseI64ArrayAttr(), UnitAttr());
+      rewriter.getDenseI64ArrayAttr(outputs), DenseI64ArrayAttr(), UnitAttr(),
+      sharded ? rewriter.getUnitAttr() : UnitAttr());
 }
 
 /// Any similarity `matmul(rows, all_gather(cols))^T` (or over a local class
@@ -384,7 +385,7 @@ struct SimilarityFusion : OpRewritePattern<MatmulOp> {
         rewriter.getDenseI64ArrayAttr(p.outputs),
         p.colOutputs.empty() ? DenseI64ArrayAttr()
                              : rewriter.getDenseI64ArrayAttr(p.colOutputs),
-        p.gather ? rewriter.getUnitAttr() : UnitAttr());
+        p.gather ? rewriter.getUnitAttr() : UnitAttr(), UnitAttr());
     for (const TileTerminal &t : p.terminals) {
       Value first = fused.getResult(t.first);
       Value replacement = first;
@@ -433,8 +434,8 @@ struct SimilarityFusion : OpRewritePattern<MatmulOp> {
 /// becomes one dloss.sharded_softmax; the margin `f` stays ordinary IR and
 /// the cross-entropy is rebuilt from the op's statistics.
 struct ShardedSoftmaxFusion : OpRewritePattern<CrossEntropyOp> {
-  /// `shards`: also the class-sharded form (the dedicated op); otherwise
-  /// only a local class matrix (the general op).
+  /// `shards`: the class-sharded form becomes the dedicated op; otherwise
+  /// the general op in its sharded mode.
   ShardedSoftmaxFusion(MLIRContext *context,
                        const ReplicationAnalysis &replication,
                        const DominanceInfo &dominance, bool shards)
@@ -463,8 +464,6 @@ struct ShardedSoftmaxFusion : OpRewritePattern<CrossEntropyOp> {
     // replicated) class matrix: C = matmul(x, W)^T itself, tiled over the
     // classes by the general fused op.
     auto gather = classes.getDefiningOp<AllGatherOp>();
-    if (gather && !shards)
-      return rewriter.notifyMatchFailure(ce, "class shards: the dedicated op");
     if (gather && (gather.getAxis() != 1 ||
                    gather.getGrad() != GatherGrad::exact))
       return rewriter.notifyMatchFailure(ce,
@@ -505,7 +504,7 @@ struct ShardedSoftmaxFusion : OpRewritePattern<CrossEntropyOp> {
     Value scale = operands[2];
     Type perRow = ce.getResult().getType();
     Value lseRest, targetDot;
-    if (gather) {
+    if (gather && shards) {
       auto fused = ShardedSoftmaxOp::create(rewriter, loc,
                                             TypeRange{perRow, perRow},
                                             operands[0], operands[1], scale,
@@ -514,7 +513,8 @@ struct ShardedSoftmaxFusion : OpRewritePattern<CrossEntropyOp> {
       targetDot = fused.getTargetDot();
     } else {
       auto fused = localMarginSoftmax(rewriter, loc, perRow, operands[0],
-                                      operands[1], scale, operands[3]);
+                                      operands[1], scale, operands[3],
+                                      static_cast<bool>(gather));
       lseRest = fused.getResult(0);
       targetDot = fused.getResult(1);
     }

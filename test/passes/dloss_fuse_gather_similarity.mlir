@@ -214,6 +214,12 @@ func.func @pairs_only(%image: tensor<?x?xf32> {dloss.grad}, %text: tensor<?x?xf3
 // GRAD: dloss.sharded_softmax_grad
 // GRAD: dloss.reduce_scatter
 // GRAD: return
+// Without the dedicated ops: the general op in its sharded mode (invariant
+// results, all-reduced across the class shards), the same rewrite around it.
+// GENERAL-LABEL: func.func @cosface_sharded(
+// GENERAL: %[[F:.*]]:2 = dloss.fused_similarity %{{.*}}, %{{.*}} leaves(%{{.*}}, %{{.*}}) {col_leaves = 0 : i64, outputs = array<i64: 7, 1, 9, 0>, {{.*}}row_leaves = 1 : i64, sharded}
+// GENERAL: dloss.sub %[[F]]#1
+// GENERAL-NOT: dloss.sharded_softmax
 func.func @cosface_sharded(%x: tensor<?x?xf32> {dloss.grad}, %y: tensor<?xi64>,
                            %w: tensor<?x?xf32> {dloss.grad}) -> tensor<f32> attributes {dloss.loss} {
   %x_all = dloss.all_gather %x axis 0 : tensor<?x?xf32>
