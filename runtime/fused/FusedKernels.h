@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace dloss {
 
@@ -30,7 +31,7 @@ TileShape fusedTileShape(size_t elementSize);
 
 namespace fused {
 
-// The six fused ops; CUDA tensors go to the GPU visits when the runtime has
+// The six dedicated fused ops; CUDA tensors go to the GPU visits when the runtime has
 // CUDA (DLOSS_HAVE_CUDA). Registered in the kernel table
 // (kernels/KernelTable.cpp) with their operand and result counts.
 void ringSoftmaxCE(KernelContext &ctx);
@@ -39,6 +40,28 @@ void ringSigmoidPairs(KernelContext &ctx);
 void ringSigmoidPairsGrad(KernelContext &ctx);
 void shardedSoftmax(KernelContext &ctx);
 void shardedSoftmaxGrad(KernelContext &ctx);
+
+/// The attributes of dloss.fused_similarity and its _grad, as the plan
+/// step holds them (the encoding is runtime/fused/Epilogue.h's); the
+/// kernels check them against the operands.
+struct SimilarityProgram {
+  int64_t rowLeaves = 0;
+  int64_t colLeaves = 0;
+  std::vector<int64_t> program;
+  std::vector<int64_t> outputs;
+  /// Column results (the optional `col_outputs`; not yet run on the CPU).
+  std::vector<int64_t> colOutputs;
+  bool gathered = false;
+  /// `cols` is this rank's shard of the classes; the row statistics are
+  /// all-reduced (forward) and the backward needs no communication.
+  bool sharded = false;
+};
+
+/// The general fused op (FusedSimilarity.cpp): row reductions of a tile
+/// program over S = rows x cols^T, the columns gathered round the ring, a
+/// local class matrix or a shard of the classes; and its backward.
+void fusedSimilarity(KernelContext &ctx, const SimilarityProgram &program);
+void fusedSimilarityGrad(KernelContext &ctx, const SimilarityProgram &program);
 
 } // namespace fused
 } // namespace dloss

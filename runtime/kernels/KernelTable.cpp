@@ -114,6 +114,30 @@ std::unordered_map<std::string, KernelRule> buildTable() {
   add("dloss.sharded_softmax", fusedBinding(fused::shardedSoftmax));
   add("dloss.sharded_softmax_grad",
       fusedBinding(fused::shardedSoftmaxGrad, ShapeFlow::Operand0));
+  // The general fused op: its tile program is checked against the operands
+  // when it runs (the leaf counts follow from them).
+  auto similarityBinding = [](void (*fn)(KernelContext &,
+                                         const fused::SimilarityProgram &),
+                              ShapeFlow flow = ShapeFlow::None) {
+    return KernelRule{[fn](const StepAttrs &attrs) -> Kernel {
+                        fused::SimilarityProgram program;
+                        program.rowLeaves = attrs.integer("row_leaves");
+                        program.colLeaves = attrs.integer("col_leaves");
+                        program.program = attrs.integers("program");
+                        program.outputs = attrs.integers("outputs");
+                        if (attrs.has("col_outputs"))
+                          program.colOutputs = attrs.integers("col_outputs");
+                        program.gathered = attrs.flag("gathered");
+                        program.sharded = attrs.flag("sharded");
+                        return [fn, program](KernelContext &ctx) {
+                          fn(ctx, program);
+                        };
+                      },
+                      flow};
+  };
+  add("dloss.fused_similarity", similarityBinding(fused::fusedSimilarity));
+  add("dloss.fused_similarity_grad",
+      similarityBinding(fused::fusedSimilarityGrad, ShapeFlow::Operand0));
   return table;
 }
 
@@ -129,7 +153,7 @@ void checkArity(const OpSpec &spec, int operands, int results) {
                           : std::to_string(spec.minOperands) + " to " +
                                 std::to_string(spec.maxOperands)),
          kPlanBugHint);
-  if (results != spec.numResults)
+  if (spec.numResults >= 0 && results != spec.numResults)
     fail("the step has " + std::to_string(results) + " results, expected " +
              std::to_string(spec.numResults),
          kPlanBugHint);

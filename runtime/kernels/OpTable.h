@@ -30,7 +30,7 @@ struct OpSpec {
   std::string name; ///< "dloss.all_gather"
   int minOperands;
   int maxOperands; ///< -1: any number (variadic)
-  int numResults;
+  int numResults;  ///< -1: any number (a variadic result list)
   std::vector<OpAttrSpec> attrs;
 };
 

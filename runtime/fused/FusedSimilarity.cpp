@@ -1,0 +1,773 @@
+// dloss.fused_similarity and its _grad: a tile program's row reductions over
+// S = rows x cols^T on the CPU, the columns round the ring or tiled in place.
+//
+// Each block is one at::mm_out into a preallocated tile; the program then runs
+// a tile row at a time: every register is a tile-width array (the `sim` leaf
+// is the tile row itself), and each instruction is one tight loop of
+// epilogue::apply (or, backward, epilogue::adjoint) over the row, its opcode
+// dispatched once per row. Rows are split over ATen's threads, one evaluator
+// (registers, cotangents, partial sums) each. The backward fills G = dL/dS in
+// a second tile and adds G cols and G^T rows with two GEMMs.
+#include "runtime/fused/FusedKernels.h"
+
+#include "runtime/fused/DeviceTiles.h"
+#include "runtime/fused/Epilogue.h"
+#include "runtime/fused/FusedArgs.h"
+#include "runtime/fused/RingDriver.h"
+#include "runtime/fused/TileMath.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace dloss::fused {
+
+namespace {
+
+using epilogue::Instr;
+using epilogue::Op;
+using epilogue::Reduce;
+
+constexpr const char *kForwardName = "dloss.fused_similarity";
+constexpr const char *kBackwardName = "dloss.fused_similarity_grad";
+
+constexpr const char *kProgramHint =
+    "The plan's tile program does not fit its operands: recompile the loss "
+    "(if it persists, it is a compiler bug: report it with the plan)";
+
+/// float32 holds every integer of magnitude below 2^24 exactly.
+constexpr double kF32Exact = 16777216.0;
+
+/// One result: the register it reduces and how.
+struct Output {
+  int64_t reg;
+  Reduce kind;
+};
+
+/// The checked program and operands of one call, in the compute type.
+struct SimilarityOperands {
+  std::vector<Instr> program;
+  std::vector<Output> outputs;
+  at::Tensor rows, cols;
+  Tensors rowLeaves, colLeaves; ///< [n] and [m], contiguous
+  std::vector<double> scalars;
+  std::vector<bool> rowLeafIsFloat, scalarIsFloat;
+  /// Every rank's column count (gathered, sharded), or the local matrix's.
+  std::vector<int64_t> colSizes;
+  int64_t colOffset = 0; ///< sharded: global index of this shard's class 0
+  int64_t rowOffset = 0; ///< global index of row 0 (row_id)
+  TileShape tile{1, 1};
+  Tensors results, cts; ///< the backward's [n] forward results, cotangents
+};
+
+/// Register operand k (0, 1, 2: a, b, c) of an instruction.
+int64_t operandOf(const Instr &ins, int k) {
+  return k == 0 ? ins.a : k == 1 ? ins.b : ins.c;
+}
+
+bool reads(const std::vector<Instr> &program, Op op) {
+  return std::any_of(program.begin(), program.end(),
+                     [&](const Instr &ins) { return ins.op == op; });
+}
+
+/// In float32, integer leaves must stay below 2^24 (their values are held in
+/// the compute type).
+void checkExactInF32(const FusedArgs &args, const at::Tensor &value,
+                     const std::string &name) {
+  if (args.compute != at::kFloat || value.numel() == 0 ||
+      !at::isIntegralType(value.scalar_type(), /*includeBool=*/true))
+    return;
+  at::Tensor magnitude = value.to(at::kLong).abs();
+  int64_t largestValue = magnitude.max().item<int64_t>();
+  if (static_cast<double>(largestValue) < kF32Exact)
+    return;
+  int64_t at = magnitude.view({-1}).argmax().item<int64_t>();
+  args.fail(name + " holds " +
+                std::to_string(value.view({-1})[at].item<int64_t>()) +
+                " (element " + std::to_string(at) +
+                "), but the float32 tile program holds integers exactly only "
+                "below 2^24 = 16777216",
+            "Compute in float64 (pass float64 rows and cols), or keep "
+            "integer labels and ids below 2^24");
+}
+
+/// Operands and program of either op; `backward` adds the forward results
+/// and their cotangents.
+SimilarityOperands similarityOperands(const FusedArgs &args,
+                                      const SimilarityProgram &spec,
+                                      bool backward) {
+  SimilarityOperands ops;
+  KernelContext &ctx = args.ctx;
+  const int64_t operands = static_cast<int64_t>(ctx.numOperands());
+  if (spec.outputs.empty() || spec.outputs.size() % 2 != 0)
+    args.fail("the tile program's `outputs` must hold 2 integers per result "
+              "(register, reduction), got " +
+                  std::to_string(spec.outputs.size()),
+              kProgramHint);
+  const int64_t numOutputs = static_cast<int64_t>(spec.outputs.size()) / 2;
+  const int64_t leafCount = operands - 2 - (backward ? 2 * numOutputs : 0);
+  if (spec.rowLeaves < 0 || spec.colLeaves < 0 ||
+      leafCount < spec.rowLeaves + spec.colLeaves)
+    args.fail("the step has " + std::to_string(operands) + " operands: " +
+                  std::to_string(std::max<int64_t>(leafCount, 0)) +
+                  " leaves" +
+                  (backward ? " after rows and cols, before the " +
+                                  std::to_string(numOutputs) +
+                                  " results and their cotangents"
+                            : std::string(" after rows and cols")) +
+                  ", fewer than row_leaves = " +
+                  std::to_string(spec.rowLeaves) +
+                  " plus col_leaves = " + std::to_string(spec.colLeaves),
+              kProgramHint);
+  const int64_t scalarCount = leafCount - spec.rowLeaves - spec.colLeaves;
+  std::string problem = epilogue::checkProgram(
+      spec.program.data(), static_cast<int64_t>(spec.program.size()),
+      spec.outputs.data(), static_cast<int64_t>(spec.outputs.size()),
+      spec.rowLeaves, spec.colLeaves, scalarCount);
+  if (!problem.empty())
+    args.fail("malformed tile program (" + std::to_string(spec.rowLeaves) +
+                  " per-row, " + std::to_string(spec.colLeaves) +
+                  " per-column and " + std::to_string(scalarCount) +
+                  " 0-d leaves): " + problem,
+              kProgramHint);
+  if (!spec.colOutputs.empty())
+    args.fail("column results (`col_outputs`) are not yet supported by the "
+              "CPU kernel",
+              "Compile the loss without fusing it (dlossc --no-fuse, "
+              "jit::Options::fuse = false) until the kernel supports them");
+  for (size_t t = 0; t < spec.program.size(); t += 4)
+    ops.program.push_back(Instr{static_cast<Op>(spec.program[t]),
+                                spec.program[t + 1], spec.program[t + 2],
+                                spec.program[t + 3]});
+  for (int64_t k = 0; k < numOutputs; ++k)
+    ops.outputs.push_back(
+        Output{spec.outputs[2 * k], static_cast<Reduce>(spec.outputs[2 * k + 1])});
+
+  if (args.type(0) != args.type(1))
+    args.fail("rows is a " + std::string(c10::toString(args.type(0))) +
+                  " tensor and cols a " + c10::toString(args.type(1)) +
+                  " one; they must have the same float type",
+              "The plan does not match its inputs' types; recompile it");
+  ops.rows = args.matrix(0, "rows");
+  ops.cols = args.matrix(1, "cols", ops.rows.size(1));
+  const int64_t n = ops.rows.size(0), m = ops.cols.size(0);
+
+  for (int64_t k = 0; k < leafCount; ++k) {
+    const size_t i = static_cast<size_t>(2 + k);
+    const at::Tensor &value = ctx.tensor(i);
+    bool isRow = k < spec.rowLeaves, isCol = !isRow && k < spec.rowLeaves +
+                                                               spec.colLeaves;
+    std::string name =
+        isRow   ? "per-row leaf " + std::to_string(k)
+        : isCol ? "per-column leaf " + std::to_string(k - spec.rowLeaves)
+                : "0-d leaf " +
+                      std::to_string(k - spec.rowLeaves - spec.colLeaves);
+    name += " (operand " + std::to_string(i) + ")";
+    at::ScalarType type = value.scalar_type();
+    if (!at::isFloatingType(type) &&
+        !at::isIntegralType(type, /*includeBool=*/true))
+      args.fail(name + " is a " + c10::toString(type) +
+                    " tensor, expected floats or integers",
+                "The plan does not match its inputs' types; recompile it");
+    int64_t length = isRow ? n : m;
+    bool fits = isRow || isCol ? value.dim() == 1 && value.size(0) == length
+                               : value.dim() == 0;
+    if (!fits)
+      args.fail(name + " has shape " + shapeText(value.sizes()) +
+                    ", expected " +
+                    (isRow || isCol ? "[" + std::to_string(length) + "] (" +
+                                          (isRow ? "one per row" :
+                                                   "one per column") + ")"
+                                    : std::string("a 0-d tensor")),
+                kShapeHint);
+    checkExactInF32(args, value, name);
+    bool isFloat = at::isFloatingType(type);
+    if (isRow) {
+      ops.rowLeaves.push_back(value.to(args.compute).contiguous());
+      ops.rowLeafIsFloat.push_back(isFloat);
+    } else if (isCol) {
+      ops.colLeaves.push_back(value.to(args.compute).contiguous());
+    } else {
+      ops.scalars.push_back(value.to(args.compute).item<double>());
+      ops.scalarIsFloat.push_back(isFloat);
+    }
+  }
+
+  if (spec.gathered && spec.sharded)
+    args.fail("the step is both `gathered` and `sharded`", kProgramHint);
+  ops.colSizes = spec.gathered || spec.sharded ? ctx.rankSizes(1, 0)
+                                               : std::vector<int64_t>{m};
+  if (spec.sharded)
+    ops.colOffset = offsetOf(ops.colSizes, args.rank);
+  if (args.compute == at::kFloat && reads(ops.program, Op::ColId) &&
+      static_cast<double>(total(ops.colSizes)) > kF32Exact)
+    args.fail("the tile program reads column indices up to " +
+                  std::to_string(total(ops.colSizes) - 1) +
+                  ", but float32 holds integers exactly only below 2^24 = "
+                  "16777216",
+              "Compute in float64 (pass float64 rows and cols)");
+  // Sharded: the rows are the gathered ones, the same on every rank.
+  if (!spec.sharded && reads(ops.program, Op::RowId)) {
+    // A collective when the sizes are not known from the preflight: every
+    // rank runs the same program, so every rank reaches it.
+    std::vector<int64_t> rowSizes = ctx.rankSizes(0, 0);
+    ops.rowOffset = offsetOf(rowSizes, args.rank);
+    if (args.compute == at::kFloat &&
+        static_cast<double>(total(rowSizes)) > kF32Exact)
+      args.fail("the tile program reads row indices up to " +
+                    std::to_string(total(rowSizes) - 1) +
+                    ", but float32 holds integers exactly only below 2^24 = "
+                    "16777216",
+                "Compute in float64 (pass float64 rows and cols)");
+  }
+  ops.tile = clippedTile(n, spec.gathered ? largest(ops.colSizes) : m,
+                         args.compute);
+
+  if (backward) {
+    const size_t base = static_cast<size_t>(2 + leafCount);
+    for (int64_t k = 0; k < numOutputs; ++k) {
+      std::string result = "result " + std::to_string(k);
+      ops.results.push_back(
+          args.vector(base + k, result.c_str(), n));
+      std::string ct = "cotangent of result " + std::to_string(k);
+      ops.cts.push_back(
+          args.vector(base + numOutputs + k, ct.c_str(), n));
+    }
+  }
+  return ops;
+}
+
+//===----------------------------------------------------------------------===//
+// The tile program, a row at a time
+//===----------------------------------------------------------------------===//
+
+/// The registers through which a gradient flows back from the outputs (Eq
+/// and Select's condition pass none).
+std::vector<char> gradientRegisters(const SimilarityOperands &ops) {
+  std::vector<char> carries(ops.program.size(), 0);
+  for (const Output &output : ops.outputs)
+    carries[output.reg] = 1;
+  for (int64_t t = static_cast<int64_t>(ops.program.size()) - 1; t >= 0; --t) {
+    const Instr &ins = ops.program[t];
+    if (!carries[t] || ins.op == Op::Eq)
+      continue;
+    int operands = epilogue::registerOperands(ins.op);
+    for (int k = ins.op == Op::Select ? 1 : 0; k < operands; ++k)
+      carries[operandOf(ins, k)] = 1;
+  }
+  return carries;
+}
+
+/// The registers the outputs read, directly or not.
+std::vector<char> liveRegisters(const SimilarityOperands &ops) {
+  std::vector<char> live(ops.program.size(), 0);
+  for (const Output &output : ops.outputs)
+    live[output.reg] = 1;
+  for (int64_t t = static_cast<int64_t>(ops.program.size()) - 1; t >= 0; --t) {
+    const Instr &ins = ops.program[t];
+    if (!live[t])
+      continue;
+    for (int k = 0; k < epilogue::registerOperands(ins.op); ++k)
+      live[operandOf(ins, k)] = 1;
+  }
+  return live;
+}
+
+/// One thread's registers: evaluates the program on a tile row, and (for the
+/// backward) sweeps it in reverse.
+template <typename T> class RowProgram {
+public:
+  RowProgram(const SimilarityOperands &ops, const std::vector<char> &live,
+             const std::vector<char> &carries, int64_t width)
+      : ops(ops), live(live), carries(carries), width(width),
+        count(static_cast<int64_t>(ops.program.size())),
+        values(count * width), reg(count, nullptr) {
+    // Leaves that never change: constants and 0-d values.
+    for (int64_t t = 0; t < count; ++t) {
+      const Instr &ins = ops.program[t];
+      if (ins.op != Op::Const && ins.op != Op::Scalar)
+        continue;
+      T value = ins.op == Op::Const ? T(epilogue::bitsToDouble(ins.a))
+                                    : T(ops.scalars[ins.a]);
+      std::fill_n(slot(t), width, value);
+      reg[t] = slot(t);
+    }
+    for (const at::Tensor &leaf : ops.rowLeaves)
+      rowLeafData.push_back(leaf.data_ptr<T>());
+  }
+
+  /// Points the per-column leaves at `block` of `chunk` (once per block).
+  void prepare(int64_t blockId, const Chunk &chunk, const Block &block) {
+    if (blockId == prepared)
+      return;
+    prepared = blockId;
+    for (int64_t t = 0; t < count; ++t) {
+      const Instr &ins = ops.program[t];
+      if (ins.op == Op::ColId) {
+        T *out = slot(t);
+        const int64_t base = chunk.offset + block.col;
+        for (int64_t j = 0; j < block.cols; ++j)
+          out[j] = T(base + j);
+        reg[t] = out;
+      } else if (ins.op == Op::ColLeaf) {
+        reg[t] = chunk.features[1 + ins.a].template data_ptr<T>() + block.col;
+      }
+    }
+  }
+
+  /// Evaluates every live register on row `i` (of this rank) whose
+  /// similarities are sim[0, w).
+  void evaluate(const T *sim, int64_t i, int64_t w) {
+    for (int64_t t = 0; t < count; ++t) {
+      if (!live[t])
+        continue;
+      const Instr &ins = ops.program[t];
+      switch (ins.op) {
+      case Op::Sim:
+        reg[t] = sim;
+        continue;
+      case Op::RowLeaf:
+        std::fill_n(slot(t), w, rowLeafData[ins.a][i]);
+        reg[t] = slot(t);
+        continue;
+      case Op::RowId:
+        std::fill_n(slot(t), w, T(ops.rowOffset + i));
+        reg[t] = slot(t);
+        continue;
+      case Op::ColId:
+      case Op::ColLeaf:
+      case Op::Scalar:
+      case Op::Const:
+        continue;
+      default:
+        break;
+      }
+      const int operands = epilogue::registerOperands(ins.op);
+      const T *a = reg[ins.a];
+      const T *b = operands > 1 ? reg[ins.b] : a;
+      const T *c = operands > 2 ? reg[ins.c] : a;
+      T *out = slot(t);
+      epilogue::dispatch(ins.op, [&](auto tag) {
+        constexpr Op O = decltype(tag)::value;
+        const Instr local = ins;
+        for (int64_t j = 0; j < w; ++j)
+          out[j] = epilogue::apply<O, T>(a[j], b[j], c[j], local);
+      });
+      reg[t] = out;
+    }
+  }
+
+  /// The values of register `t` on the row last evaluated.
+  const T *value(int64_t t) const { return reg[t]; }
+
+  /// Starts the reverse sweep of row `i`: zeroes the cotangents; those of
+  /// `sim` leaves accumulate in `grad` (G's row, w wide).
+  void beginReverse(T *grad, int64_t w) {
+    if (cts.empty()) {
+      cts.assign(count * width, T(0));
+      ct.assign(count, nullptr);
+      sink.assign(width, T(0));
+    }
+    std::fill_n(grad, w, T(0));
+    for (int64_t t = 0; t < count; ++t) {
+      if (!carries[t])
+        continue;
+      if (ops.program[t].op == Op::Sim) {
+        ct[t] = grad;
+      } else {
+        ct[t] = cts.data() + t * width;
+        std::fill_n(ct[t], w, T(0));
+      }
+    }
+  }
+
+  /// The cotangent of register `t` (an output's, to seed it).
+  T *cotangent(int64_t t) { return ct[t]; }
+
+  /// The reverse sweep of the row evaluated last (epilogue::reverse on each
+  /// element): G's row gets dL/dS; the float per-row leaves' and 0-d leaves'
+  /// cotangents are summed into dRowLeaf[leaf * n + i] and dScalars.
+  void reverse(int64_t i, int64_t w, int64_t n, double *dRowLeaf) {
+    for (int64_t t = count - 1; t >= 0; --t) {
+      if (!carries[t])
+        continue;
+      const Instr &ins = ops.program[t];
+      const T *dt = ct[t];
+      switch (ins.op) {
+      case Op::RowLeaf:
+        if (ops.rowLeafIsFloat[ins.a])
+          dRowLeaf[ins.a * n + i] += sum(dt, w);
+        continue;
+      case Op::Scalar:
+        if (ops.scalarIsFloat[ins.a])
+          dScalars[ins.a] += sum(dt, w);
+        continue;
+      case Op::Sim: // already in G
+      case Op::ColId:
+      case Op::ColLeaf: // the compiler fuses no float column leaf needing one
+      case Op::Const:
+      case Op::RowId:
+        continue;
+      default:
+        break;
+      }
+      const int operands = epilogue::registerOperands(ins.op);
+      const T *a = reg[ins.a];
+      const T *b = operands > 1 ? reg[ins.b] : a;
+      const T *c = operands > 2 ? reg[ins.c] : a;
+      const T *out = reg[t];
+      T *da = operands > 0 && carries[ins.a] ? ct[ins.a] : sink.data();
+      T *db = operands > 1 && carries[ins.b] ? ct[ins.b] : sink.data();
+      T *dc = operands > 2 && carries[ins.c] ? ct[ins.c] : sink.data();
+      epilogue::dispatch(ins.op, [&](auto tag) {
+        constexpr Op O = decltype(tag)::value;
+        const Instr local = ins;
+        if constexpr (O == Op::Eq) {
+          return; // no gradient
+        } else if constexpr (O == Op::Select) {
+          // The condition gets none; a zero cotangent passes nothing.
+          for (int64_t j = 0; j < w; ++j) {
+            const bool pick = a[j] != T(0);
+            db[j] += pick ? dt[j] : T(0);
+            dc[j] += pick ? T(0) : dt[j];
+          }
+        } else if constexpr (O == Op::Add || O == Op::Sub || O == Op::Mul ||
+                             O == Op::Div) {
+          for (int64_t j = 0; j < w; ++j) {
+            T ga = 0, gb = 0, gc = 0;
+            epilogue::adjoint<O, T>(a[j], b[j], c[j], out[j], dt[j], local, ga,
+                                    gb, gc);
+            // epilogue::reverse skips a zero cotangent (no 0 * inf).
+            const bool skip = dt[j] == T(0);
+            da[j] += skip ? T(0) : ga;
+            db[j] += skip ? T(0) : gb;
+          }
+        } else {
+          for (int64_t j = 0; j < w; ++j) {
+            T ga = 0, gb = 0, gc = 0;
+            epilogue::adjoint<O, T>(a[j], b[j], c[j], out[j], dt[j], local, ga,
+                                    gb, gc);
+            da[j] += dt[j] == T(0) ? T(0) : ga;
+          }
+        }
+      });
+    }
+  }
+
+  /// This thread's partial gradients of the 0-d leaves.
+  std::vector<double> dScalars;
+
+private:
+  static double sum(const T *x, int64_t w) {
+    double total = 0;
+    for (int64_t j = 0; j < w; ++j)
+      total += x[j];
+    return total;
+  }
+  T *slot(int64_t t) { return values.data() + t * width; }
+
+  const SimilarityOperands &ops;
+  const std::vector<char> &live, &carries;
+  const int64_t width, count;
+  std::vector<T> values;
+  std::vector<const T *> reg;
+  std::vector<const T *> rowLeafData;
+  std::vector<T> cts, sink;
+  std::vector<T *> ct;
+  int64_t prepared = -1;
+};
+
+/// One RowProgram per ATen thread, and the parallel loop over a block's rows.
+template <typename T> class RowPrograms {
+public:
+  RowPrograms(const SimilarityOperands &ops)
+      : live(liveRegisters(ops)), carries(gradientRegisters(ops)) {
+    const int threads = std::max(1, at::get_num_threads());
+    programs.reserve(threads); // registers point into their own buffers
+    for (int k = 0; k < threads; ++k) {
+      programs.emplace_back(ops, live, carries, ops.tile.cols);
+      programs.back().dScalars.assign(ops.scalars.size(), 0.0);
+    }
+    // Enough work per task to pay for the fork: about 16k register values.
+    grain = std::max<int64_t>(
+        1, 16384 / std::max<int64_t>(
+                       1, ops.tile.cols * static_cast<int64_t>(
+                                               ops.program.size())));
+  }
+
+  /// fn(program, r) for each row r of `block` (rows split over threads).
+  template <typename Fn>
+  void forRows(const Chunk &chunk, const Block &block, Fn &&fn) {
+    const int64_t id = blocks++;
+    at::parallel_for(0, block.rows, grain, [&](int64_t begin, int64_t end) {
+      int thread = at::get_thread_num();
+      RowProgram<T> &program =
+          programs[std::min<size_t>(thread, programs.size() - 1)];
+      program.prepare(id, chunk, block);
+      for (int64_t r = begin; r < end; ++r)
+        fn(program, r);
+    });
+  }
+
+  /// The 0-d leaves' gradients, summed over threads.
+  std::vector<double> dScalars() const {
+    std::vector<double> total(programs.front().dScalars.size(), 0.0);
+    for (const RowProgram<T> &program : programs)
+      for (size_t k = 0; k < total.size(); ++k)
+        total[k] += program.dScalars[k];
+    return total;
+  }
+
+private:
+  std::vector<char> live, carries;
+  std::vector<RowProgram<T>> programs;
+  int64_t grain = 1;
+  int64_t blocks = 0;
+};
+
+/// What travels with a column chunk: cols, then the per-column leaves.
+Tensors chunkFeatures(const SimilarityOperands &ops) {
+  Tensors features = {ops.cols};
+  features.insert(features.end(), ops.colLeaves.begin(), ops.colLeaves.end());
+  return features;
+}
+
+/// Runs visit(chunk) on every column chunk: round the ring when gathered,
+/// this rank's columns in place otherwise.
+void forEachChunk(KernelContext &ctx, const SimilarityProgram &spec,
+                  const SimilarityOperands &ops,
+                  const std::function<void(const Chunk &)> &visit) {
+  Tensors features = chunkFeatures(ops);
+  if (!spec.gathered) {
+    visit(Chunk{ops.colOffset, features});
+    return;
+  }
+  RingPass pass;
+  pass.features = std::move(features);
+  pass.lengths = ops.colSizes;
+  pass.visit = [&](const Chunk &chunk) {
+    visit(chunk);
+    return Tensors{};
+  };
+  runRing(ctx.communicator(), pass);
+}
+
+/// Sharded: combines every shard's row statistics ([outputs, n] each, in
+/// f64; the max rows of sum outputs are unused) into the global ones. Every
+/// rank makes the same calls.
+void combineShards(Communicator &comm, const SimilarityOperands &ops,
+                   at::Tensor &max, at::Tensor &sum) {
+  bool anyLse = std::any_of(
+      ops.outputs.begin(), ops.outputs.end(),
+      [](const Output &output) { return output.kind == Reduce::LogSumExp; });
+  if (anyLse) {
+    at::Tensor top = comm.allReduce(max, Reduction::Max);
+    for (size_t k = 0; k < ops.outputs.size(); ++k)
+      if (ops.outputs[k].kind == Reduce::LogSumExp)
+        sum[k].mul_((max[k] - finiteShift(top[k])).exp_());
+    max = top;
+  }
+  sum = comm.allReduce(sum, Reduction::Sum);
+}
+
+template <typename T>
+void forward(KernelContext &ctx, const FusedArgs &args,
+             const SimilarityProgram &spec, const SimilarityOperands &ops) {
+  const int64_t n = ops.rows.size(0);
+  const size_t numOutputs = ops.outputs.size();
+  constexpr T inf = std::numeric_limits<T>::infinity();
+  // Per output and row: the sum, or the running max and sum of exp(e - max).
+  std::vector<double> sums(numOutputs * n, 0.0);
+  std::vector<T> maxima(numOutputs * n, -inf);
+  TileScratch scratch(ops.tile, 1, args.options());
+  RowPrograms<T> programs(ops);
+  Similarity sim{ops.rows, ops.cols, 1};
+
+  forEachChunk(ctx, spec, ops, [&](const Chunk &chunk) {
+    const at::Tensor &cols = chunk.features[0];
+    forEachBlock(n, chunk.length(), ops.tile, [&](const Block &block) {
+      at::Tensor s = similarityTile(sim, cols, block, scratch(0, block));
+      const T *tile = s.data_ptr<T>();
+      const int64_t w = block.cols;
+      programs.forRows(chunk, block, [&](RowProgram<T> &program, int64_t r) {
+        const int64_t i = block.row + r;
+        program.evaluate(tile + r * w, i, w);
+        for (size_t k = 0; k < numOutputs; ++k) {
+          const T *e = program.value(ops.outputs[k].reg);
+          double &sum = sums[k * n + i];
+          if (ops.outputs[k].kind == Reduce::Sum) {
+            double acc = 0;
+            for (int64_t j = 0; j < w; ++j)
+              acc += e[j];
+            sum += acc;
+            continue;
+          }
+          // Online log-sum-exp (TileMath's mergeLse on one row).
+          T &max = maxima[k * n + i];
+          if (max == inf)
+            continue; // already +inf
+          T top = -inf;
+          for (int64_t j = 0; j < w; ++j)
+            top = e[j] > top ? e[j] : top;
+          if (top == -inf)
+            continue; // nothing but exp(-inf) = 0
+          if (top == inf) {
+            max = inf;
+            sum = 1;
+            continue;
+          }
+          if (top < max)
+            top = max;
+          double acc = 0;
+          for (int64_t j = 0; j < w; ++j)
+            acc += epilogue::detail::exp_(e[j] - top);
+          sum = sum * std::exp(static_cast<double>(max) -
+                               static_cast<double>(top)) +
+                acc;
+          max = top;
+        }
+      });
+    });
+  });
+
+  auto f64 = at::TensorOptions(at::kDouble);
+  at::Tensor sum = at::empty({static_cast<int64_t>(numOutputs), n}, f64);
+  at::Tensor max = at::empty({static_cast<int64_t>(numOutputs), n}, f64);
+  std::copy(sums.begin(), sums.end(), sum.data_ptr<double>());
+  std::copy(maxima.begin(), maxima.end(), max.data_ptr<double>());
+  if (spec.sharded)
+    combineShards(ctx.communicator(), ops, max, sum);
+  // An all -inf row: max -inf, sum 0, -inf.
+  at::Tensor lse = max + sum.log();
+  for (size_t k = 0; k < numOutputs; ++k)
+    ctx.setResult(k, (ops.outputs[k].kind == Reduce::Sum ? sum[k] : lse[k])
+                         .to(args.type(0)));
+}
+
+template <typename T>
+void backward(KernelContext &ctx, const FusedArgs &args,
+              const SimilarityProgram &spec, const SimilarityOperands &ops) {
+  const int64_t n = ops.rows.size(0), d = ops.rows.size(1);
+  const size_t numOutputs = ops.outputs.size();
+  const int64_t rowLeafCount = static_cast<int64_t>(ops.rowLeaves.size());
+  TileScratch scratch(ops.tile, 2, args.options());
+  RowPrograms<T> programs(ops);
+  Similarity sim{ops.rows, ops.cols, 1};
+  at::Tensor dRows = at::zeros({n, d}, args.options());
+  std::vector<double> dRowLeaves(rowLeafCount * n, 0.0);
+  std::vector<const T *> results, cts;
+  for (size_t k = 0; k < numOutputs; ++k) {
+    results.push_back(ops.results[k].data_ptr<T>());
+    cts.push_back(ops.cts[k].data_ptr<T>());
+  }
+
+  auto tiles = [&](const Chunk &chunk, at::Tensor &dCols) {
+    const at::Tensor &cols = chunk.features[0];
+    forEachBlock(n, chunk.length(), ops.tile, [&](const Block &block) {
+      at::Tensor s = similarityTile(sim, cols, block, scratch(0, block));
+      at::Tensor grad = scratch(1, block);
+      const T *tile = s.data_ptr<T>();
+      T *g = grad.data_ptr<T>();
+      const int64_t w = block.cols;
+      programs.forRows(chunk, block, [&](RowProgram<T> &program, int64_t r) {
+        const int64_t i = block.row + r;
+        program.evaluate(tile + r * w, i, w);
+        program.beginReverse(g + r * w, w);
+        // Seeds: ct (sum) or ct exp(e - result) (log-sum-exp, its softmax).
+        for (size_t k = 0; k < numOutputs; ++k) {
+          const T c = cts[k][i];
+          if (c == T(0))
+            continue;
+          const int64_t reg = ops.outputs[k].reg;
+          T *seed = program.cotangent(reg);
+          if (ops.outputs[k].kind == Reduce::Sum) {
+            for (int64_t j = 0; j < w; ++j)
+              seed[j] += c;
+            continue;
+          }
+          const T lse = results[k][i];
+          if (lse == -std::numeric_limits<T>::infinity())
+            continue;
+          const T *e = program.value(reg);
+          for (int64_t j = 0; j < w; ++j)
+            seed[j] += c * epilogue::detail::exp_(e[j] - lse);
+        }
+        program.reverse(i, w, n, dRowLeaves.data());
+      });
+      // dRows += G cols, dCols += G^T rows.
+      dRows.narrow(0, block.row, block.rows)
+          .addmm_(grad, cols.narrow(0, block.col, block.cols));
+      dCols.narrow(0, block.col, block.cols)
+          .addmm_(grad.t(), ops.rows.narrow(0, block.row, block.rows));
+    });
+  };
+
+  at::Tensor dCols;
+  if (spec.gathered) {
+    dCols = runGradientRing(ctx.communicator(), chunkFeatures(ops),
+                            ops.colSizes, d, args.options(),
+                            [&](const Chunk &chunk, at::Tensor &dChunk,
+                                double &) { tiles(chunk, dChunk); })
+                .dCols;
+  } else {
+    dCols = at::zeros_like(ops.cols);
+    Tensors features = chunkFeatures(ops);
+    tiles(Chunk{ops.colOffset, features}, dCols);
+  }
+
+  std::vector<double> dScalars = programs.dScalars();
+  auto f64 = at::TensorOptions(at::kDouble);
+  at::Tensor dLeaves = at::empty({rowLeafCount, n}, f64);
+  std::copy(dRowLeaves.begin(), dRowLeaves.end(), dLeaves.data_ptr<double>());
+  at::Tensor dScalarTensor =
+      at::empty({static_cast<int64_t>(dScalars.size())}, f64);
+  std::copy(dScalars.begin(), dScalars.end(), dScalarTensor.data_ptr<double>());
+  ctx.setResult(0, dRows.to(args.type(0)));
+  ctx.setResult(1, dCols.to(args.type(1)));
+  ctx.setResult(2, dLeaves.to(args.type(0)));
+  ctx.setResult(3, dScalarTensor.to(args.type(0)));
+}
+
+#ifdef DLOSS_HAVE_CUDA
+// The GPU hook: CUDA tensors arrive here (the CUDA tiles of the tile program
+// are not written yet; cuda/FusedTiles.h is where they go, over
+// epilogue::evaluate and epilogue::reverse per element).
+void fusedSimilarityDevice(const FusedArgs &args) {
+  args.fail(std::string(args.op) +
+                " is not yet available on CUDA tensors: the general fused "
+                "op runs on the CPU only",
+            "Pass CPU tensors, or compile the loss without fusing it "
+            "(dlossc --no-fuse, jit::Options::fuse = false)");
+}
+#define DLOSS_SIMILARITY_DEVICE_DISPATCH                                       \
+  if (args.onDevice)                                                           \
+    return fusedSimilarityDevice(args);
+#else
+#define DLOSS_SIMILARITY_DEVICE_DISPATCH
+#endif
+
+} // namespace
+
+void fusedSimilarity(KernelContext &ctx, const SimilarityProgram &spec) {
+  FusedArgs args(ctx, kForwardName);
+  DLOSS_SIMILARITY_DEVICE_DISPATCH
+  SimilarityOperands ops = similarityOperands(args, spec, /*backward=*/false);
+  if (args.compute == at::kDouble)
+    forward<double>(ctx, args, spec, ops);
+  else
+    forward<float>(ctx, args, spec, ops);
+}
+
+void fusedSimilarityGrad(KernelContext &ctx, const SimilarityProgram &spec) {
+  FusedArgs args(ctx, kBackwardName);
+  DLOSS_SIMILARITY_DEVICE_DISPATCH
+  SimilarityOperands ops = similarityOperands(args, spec, /*backward=*/true);
+  if (args.compute == at::kDouble)
+    backward<double>(ctx, args, spec, ops);
+  else
+    backward<float>(ctx, args, spec, ops);
+}
+
+} // namespace dloss::fused

@@ -1,0 +1,697 @@
+// dloss.fused_similarity and its _grad on real Gloo processes: every tile
+// program against an ATen interpreter of the same program (and autograd) on
+// the global matrices.
+#include "PlanTestUtil.h"
+
+#include "runtime/fused/Epilogue.h"
+#include "runtime/fused/FusedKernels.h"
+#include "runtime/support/Error.h"
+#include "test/runtime/MultiProcess.h"
+
+#include <torch/csrc/autograd/autograd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <optional>
+
+namespace {
+
+using namespace dloss::test;
+using dloss::Communicator;
+using dloss::epilogue::Op;
+using dloss::epilogue::Reduce;
+
+constexpr int64_t kWidth = 6;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+/// How results are compared: f64 absolutely, f32 relative to the largest
+/// magnitude of the reference.
+struct Precision {
+  at::ScalarType type;
+  double tolerance;
+  bool relative;
+};
+const Precision kF64{at::kDouble, 1e-10, false};
+const Precision kF32{at::kFloat, 2e-5, true};
+
+/// Where the columns come from.
+enum class Mode {
+  Gathered, ///< every rank's columns, round the ring
+  Local,    ///< one class matrix, the same on every rank, tiled in place
+  Sharded,  ///< the classes sharded; the rows the same on every rank
+};
+
+const char *modeName(Mode mode) {
+  return mode == Mode::Gathered ? "gathered"
+         : mode == Mode::Local  ? "local"
+                                : "sharded";
+}
+
+/// Every rank's size along axis 0 of the rows and the columns.
+struct Layout {
+  std::vector<int64_t> rows, cols;
+};
+
+std::vector<int64_t> firstOf(std::vector<int64_t> sizes, int worldSize) {
+  sizes.resize(worldSize);
+  return sizes;
+}
+
+/// Uneven shards, then uneven shards where a rank holds none (N >= 2).
+std::vector<Layout> layouts(int worldSize) {
+  return {{firstOf({5, 3, 7, 1}, worldSize), firstOf({4, 6, 2, 5}, worldSize)},
+          {firstOf({4, 0, 6, 2}, worldSize), firstOf({3, 5, 0, 4}, worldSize)}};
+}
+
+std::string describe(const std::vector<int64_t> &sizes) {
+  std::string out;
+  for (int64_t size : sizes)
+    out += (out.empty() ? "" : ",") + std::to_string(size);
+  return "{" + out + "}";
+}
+
+/// Sets DLOSS_TILE for its lifetime ("" unsets it), then restores it.
+class TileEnv {
+public:
+  explicit TileEnv(const std::string &tile) {
+    if (const char *old = std::getenv("DLOSS_TILE"))
+      previous = old;
+    set(tile);
+  }
+  ~TileEnv() { set(previous.value_or("")); }
+
+private:
+  static void set(const std::string &tile) {
+    if (tile.empty())
+      ::unsetenv("DLOSS_TILE");
+    else
+      ::setenv("DLOSS_TILE", tile.c_str(), 1);
+  }
+  std::optional<std::string> previous;
+};
+
+int64_t total(const std::vector<int64_t> &sizes) {
+  return std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+}
+
+int64_t offsetOf(const std::vector<int64_t> &sizes, int rank) {
+  return std::accumulate(sizes.begin(), sizes.begin() + rank, int64_t{0});
+}
+
+at::Tensor shard(const at::Tensor &global, const std::vector<int64_t> &sizes,
+                 int rank) {
+  return global.narrow(0, offsetOf(sizes, rank), sizes[rank]).contiguous();
+}
+
+/// `got` (in the tested type) against the f64 reference `want`.
+void expectClose(const at::Tensor &got, const at::Tensor &want,
+                 const Precision &precision, const std::string &what) {
+  CHILD_CHECK(got.scalar_type() == precision.type,
+              what << ": dtype " << got.scalar_type());
+  CHILD_CHECK(got.sizes() == want.sizes(), what << ": shape " << got.sizes()
+                                                << ", expected "
+                                                << want.sizes());
+  at::Tensor actual = got.to(at::kDouble), expected = want.detach();
+  double tol = precision.tolerance;
+  if (precision.relative && expected.numel() > 0)
+    tol *= std::max(1.0, expected.abs().max().item<double>());
+  CHILD_CHECK(!expected.isnan().any().item<bool>(),
+              what << ": the reference has NaNs (a defect of the test)");
+  at::Tensor differ = actual != expected;
+  double error =
+      differ.any().item<bool>()
+          ? (actual - expected).abs().masked_select(differ).max().item<double>()
+          : 0.0;
+  CHILD_CHECK(at::allclose(actual, expected, 0, tol),
+              what << ": max error " << error << " > " << tol << "\ngot\n"
+                   << actual << "\nexpected\n"
+                   << expected);
+}
+
+/// Runs one step `op` with `numResults` results and `attrs`; operands listed
+/// in `replicated` are the same on every rank, the others may differ along
+/// axis 0.
+std::vector<at::Tensor> runStep(Communicator &comm, const std::string &op,
+                                const std::vector<at::Tensor> &operands,
+                                int numResults,
+                                const std::vector<AttrSpec> &attrs,
+                                const std::vector<size_t> &replicated) {
+  FunctionSpec function;
+  StepSpec step;
+  step.op = op;
+  step.attrs = attrs;
+  for (size_t i = 0; i < operands.size(); ++i) {
+    bool same =
+        std::find(replicated.begin(), replicated.end(), i) != replicated.end();
+    std::vector<int64_t> dynamic;
+    if (operands[i].dim() > 0 && !same)
+      dynamic.push_back(0);
+    ArgSpec arg = tensorArg("arg" + std::to_string(i), operands[i], dynamic);
+    arg.replicated = same;
+    function.args.push_back(arg);
+    step.operands.push_back(static_cast<int32_t>(i));
+  }
+  for (int j = 0; j < numResults; ++j)
+    step.results.push_back(static_cast<int32_t>(operands.size()) + j);
+  function.results = step.results;
+  function.numRegisters = static_cast<int32_t>(operands.size()) + numResults;
+  function.steps = {step};
+  dloss::Executor executor(buildPlan({function}), comm);
+  return executor.run("f", operands);
+}
+
+//===----------------------------------------------------------------------===//
+// Tile programs and their ATen interpreter
+//===----------------------------------------------------------------------===//
+
+/// A tile program being written: each call appends one instruction and
+/// returns its register.
+struct Program {
+  std::vector<int64_t> code, outputs;
+  int64_t rowLeaves = 0, colLeaves = 0;
+
+  int64_t emit(Op op, int64_t a = 0, int64_t b = 0, int64_t c = 0) {
+    code.insert(code.end(), {static_cast<int64_t>(op), a, b, c});
+    return static_cast<int64_t>(code.size()) / 4 - 1;
+  }
+  int64_t constant(double value) {
+    return emit(Op::Const, dloss::epilogue::doubleToBits(value));
+  }
+  int64_t clamp(int64_t x, double lo, double hi) {
+    return emit(Op::Clamp, x, dloss::epilogue::doubleToBits(lo),
+                dloss::epilogue::doubleToBits(hi));
+  }
+  void output(int64_t reg, Reduce kind) {
+    outputs.insert(outputs.end(), {reg, static_cast<int64_t>(kind)});
+  }
+  int64_t numOutputs() const { return static_cast<int64_t>(outputs.size()) / 2; }
+
+  std::vector<AttrSpec> attrs(Mode mode) const {
+    std::vector<AttrSpec> out = {
+        intAttr("row_leaves", rowLeaves), intAttr("col_leaves", colLeaves),
+        intsAttr("program", code), intsAttr("outputs", outputs)};
+    if (mode == Mode::Gathered)
+      out.push_back(unitAttr("gathered"));
+    if (mode == Mode::Sharded)
+      out.push_back(unitAttr("sharded"));
+    return out;
+  }
+};
+
+/// The global leaves: per-row [N], per-column [M], then 0-d. Float leaves are
+/// f64 (the kernel gets them in the tested type), integer ones any type.
+using LeafMaker = std::function<std::vector<at::Tensor>(int64_t N, int64_t M)>;
+
+/// One tested program.
+struct ProgramCase {
+  std::string name;
+  Program program;
+  LeafMaker leaves;
+};
+
+/// The program on the global S [N, M] with ATen ops: each result [N]. Leaves
+/// and S carry autograd.
+std::vector<at::Tensor> interpret(const Program &program, const at::Tensor &S,
+                                  const std::vector<at::Tensor> &leaves) {
+  using dloss::epilogue::bitsToDouble;
+  const int64_t N = S.size(0), M = S.size(1);
+  auto f64 = at::TensorOptions(at::kDouble);
+  auto real = [](const at::Tensor &t) {
+    return at::isFloatingType(t.scalar_type()) ? t : t.to(at::kDouble);
+  };
+  auto softplus = [](const at::Tensor &x) {
+    return x.clamp_min(0) + (-x.abs()).exp().log1p();
+  };
+  std::vector<at::Tensor> reg;
+  for (size_t t = 0; t < program.code.size() / 4; ++t) {
+    auto op = static_cast<Op>(program.code[4 * t]);
+    int64_t a = program.code[4 * t + 1], b = program.code[4 * t + 2],
+            c = program.code[4 * t + 3];
+    auto A = [&] { return reg[a]; };
+    auto B = [&] { return reg[b]; };
+    at::Tensor v;
+    switch (op) {
+    case Op::Sim: v = S; break;
+    case Op::ColId: v = at::arange(M, f64).unsqueeze(0); break;
+    case Op::RowId: v = at::arange(N, f64).unsqueeze(1); break;
+    case Op::RowLeaf: v = real(leaves[a]).unsqueeze(1); break;
+    case Op::ColLeaf:
+      v = real(leaves[program.rowLeaves + a]).unsqueeze(0);
+      break;
+    case Op::Scalar:
+      v = real(leaves[program.rowLeaves + program.colLeaves + a]);
+      break;
+    case Op::Const: v = at::scalar_tensor(bitsToDouble(a), f64); break;
+    case Op::Add: v = A() + B(); break;
+    case Op::Sub: v = A() - B(); break;
+    case Op::Mul: v = A() * B(); break;
+    case Op::Div: v = A() / B(); break;
+    case Op::Neg: v = -A(); break;
+    case Op::Exp: v = A().exp(); break;
+    case Op::Log: v = A().log(); break;
+    case Op::Softplus: v = softplus(A()); break;
+    case Op::LogSigmoid: v = -softplus(-A()); break;
+    case Op::Sigmoid: v = A().sigmoid(); break;
+    case Op::Cos: v = A().cos(); break;
+    case Op::Acos: v = A().acos(); break;
+    case Op::Sin: v = A().sin(); break;
+    case Op::Sqrt: v = A().sqrt(); break;
+    case Op::Clamp: v = A().clamp(bitsToDouble(b), bitsToDouble(c)); break;
+    case Op::Eq: v = (A() == B()).to(at::kDouble); break;
+    case Op::Select: v = at::where(A() != 0, B(), reg[c]); break;
+    }
+    reg.push_back(v);
+  }
+  std::vector<at::Tensor> results;
+  for (int64_t k = 0; k < program.numOutputs(); ++k) {
+    at::Tensor e = reg[program.outputs[2 * k]].expand({N, M});
+    results.push_back(static_cast<Reduce>(program.outputs[2 * k + 1]) ==
+                              Reduce::Sum
+                          ? e.sum(1)
+                          : e.logsumexp(1));
+  }
+  return results;
+}
+
+at::Tensor scalar(double value) { return at::scalar_tensor(value, at::kDouble); }
+
+/// InfoNCE: lse(s S) and the logit at the row's (global) target column.
+ProgramCase infoNce() {
+  Program p;
+  p.rowLeaves = 1;
+  int64_t sim = p.emit(Op::Sim), s = p.emit(Op::Scalar, 0);
+  int64_t logits = p.emit(Op::Mul, sim, s);
+  int64_t hit = p.emit(Op::Eq, p.emit(Op::ColId), p.emit(Op::RowLeaf, 0));
+  int64_t picked = p.emit(Op::Select, hit, logits, p.constant(0));
+  p.output(logits, Reduce::LogSumExp);
+  p.output(picked, Reduce::Sum);
+  return {"InfoNCE", p, [](int64_t N, int64_t M) {
+            return std::vector<at::Tensor>{at::randint(M, {N}, at::kLong),
+                                           scalar(2.5)};
+          }};
+}
+
+/// NT-Xent: the self pair (column index == global row index) masked with
+/// -inf, a temperature, the logit at the partner (an int32 per-row leaf).
+ProgramCase ntXent() {
+  Program p;
+  p.rowLeaves = 1;
+  int64_t sim = p.emit(Op::Sim), t = p.emit(Op::Scalar, 0);
+  int64_t logits = p.emit(Op::Div, sim, t);
+  int64_t col = p.emit(Op::ColId);
+  int64_t self = p.emit(Op::Eq, col, p.emit(Op::RowId));
+  int64_t masked = p.emit(Op::Select, self, p.constant(-kInf), logits);
+  int64_t partner = p.emit(Op::Eq, col, p.emit(Op::RowLeaf, 0));
+  int64_t positive = p.emit(Op::Select, partner, logits, p.constant(0));
+  p.output(masked, Reduce::LogSumExp);
+  p.output(positive, Reduce::Sum);
+  return {"NT-Xent", p, [](int64_t N, int64_t M) {
+            return std::vector<at::Tensor>{
+                at::randint(M, {N}, at::TensorOptions(at::kInt)), scalar(0.3)};
+          }};
+}
+
+/// SupCon: the positives are the columns with the row's label (an int64
+/// per-row and an int16 per-column leaf): the sum of their logits, their
+/// count, and the lse of every logit.
+ProgramCase supCon() {
+  Program p;
+  p.rowLeaves = 1;
+  p.colLeaves = 1;
+  int64_t sim = p.emit(Op::Sim), s = p.emit(Op::Scalar, 0);
+  int64_t logits = p.emit(Op::Mul, s, sim);
+  int64_t same = p.emit(Op::Eq, p.emit(Op::RowLeaf, 0), p.emit(Op::ColLeaf, 0));
+  int64_t positive = p.emit(Op::Select, same, logits, p.constant(0));
+  p.output(logits, Reduce::LogSumExp);
+  p.output(positive, Reduce::Sum);
+  p.output(same, Reduce::Sum);
+  return {"SupCon", p, [](int64_t N, int64_t M) {
+            return std::vector<at::Tensor>{
+                at::randint(3, {N}, at::kLong),
+                at::randint(3, {M}, at::TensorOptions(at::kShort)),
+                scalar(1.5)};
+          }};
+}
+
+/// Every transcendental opcode, a float per-row leaf (an additive angular
+/// margin) and a float 0-d scale, both with a gradient; the clamp cuts some
+/// similarities (no gradient there).
+ProgramCase transcendental() {
+  Program p;
+  p.rowLeaves = 1;
+  int64_t sim = p.emit(Op::Sim);
+  int64_t cosine = p.clamp(sim, -0.6, 0.6);
+  int64_t angle = p.emit(Op::Add, p.emit(Op::Acos, cosine), p.emit(Op::RowLeaf, 0));
+  int64_t logit = p.emit(Op::Mul, p.emit(Op::Cos, angle), p.emit(Op::Scalar, 0));
+  int64_t positive = p.emit(Op::Add, p.emit(Op::Sigmoid, logit), p.constant(1.5));
+  int64_t ratio = p.emit(Op::Div, p.emit(Op::Log, positive), positive);
+  int64_t root = p.emit(Op::Sqrt, p.emit(Op::Exp, p.emit(Op::Sin, sim)));
+  int64_t mixed = p.emit(Op::Sub, p.emit(Op::Softplus, logit),
+                         p.emit(Op::LogSigmoid, p.emit(Op::Neg, root)));
+  p.output(ratio, Reduce::Sum);
+  p.output(mixed, Reduce::LogSumExp);
+  p.output(logit, Reduce::LogSumExp);
+  return {"transcendental", p, [](int64_t N, int64_t) {
+            return std::vector<at::Tensor>{
+                at::rand({N}, at::kDouble).mul_(0.4).add_(0.05), scalar(3.0)};
+          }};
+}
+
+std::vector<ProgramCase> programs() {
+  return {infoNce(), ntXent(), supCon(), transcendental()};
+}
+
+//===----------------------------------------------------------------------===//
+// One case: the global problem, this rank's operands, the references
+//===----------------------------------------------------------------------===//
+
+void checkProgram(Communicator &comm, const ProgramCase &pc, Mode mode,
+                  const Layout &layout, const Precision &precision,
+                  const std::string &context) {
+  const int rank = comm.rank();
+  const Program &p = pc.program;
+  // Sharded: the rows are the same everywhere (7 of them), the classes are
+  // sharded by layout.cols. Local: 7 classes on every rank.
+  const int64_t N = mode == Mode::Sharded ? 7 : total(layout.rows);
+  const int64_t M = mode == Mode::Local ? 7 : total(layout.cols);
+  const bool rowsSharded = mode != Mode::Sharded;
+  const bool colsSharded = mode != Mode::Local;
+  auto byRow = [&](const at::Tensor &t) {
+    return rowsSharded ? shard(t, layout.rows, rank) : t;
+  };
+  auto byCol = [&](const at::Tensor &t) {
+    return colsSharded ? shard(t, layout.cols, rank) : t;
+  };
+  auto in = [&](const at::Tensor &t) {
+    return at::isFloatingType(t.scalar_type()) ? t.to(precision.type) : t;
+  };
+
+  at::manual_seed(21);
+  auto randn = [&](std::vector<int64_t> shape, double scale) {
+    return (at::randn(shape, at::kDouble) * scale)
+        .to(precision.type)
+        .to(at::kDouble);
+  };
+  at::Tensor rows = randn({N, kWidth}, 0.5), cols = randn({M, kWidth}, 0.5);
+  std::vector<at::Tensor> leaves = pc.leaves(N, M);
+  for (at::Tensor &leaf : leaves)
+    if (at::isFloatingType(leaf.scalar_type()))
+      leaf = leaf.to(precision.type).to(at::kDouble);
+  std::vector<at::Tensor> cts;
+  for (int64_t k = 0; k < p.numOutputs(); ++k)
+    cts.push_back(randn({N}, 1.0));
+
+  // The reference: results on the global matrices; gradients of the loss
+  // sum_k ct_k . r_k, over every row (`all`) and over this rank's (`mine`).
+  at::Tensor R = rows.clone().requires_grad_(true);
+  at::Tensor C = cols.clone().requires_grad_(true);
+  std::vector<at::Tensor> leafVars;
+  for (const at::Tensor &leaf : leaves)
+    leafVars.push_back(at::isFloatingType(leaf.scalar_type())
+                           ? leaf.clone().requires_grad_(true)
+                           : leaf);
+  std::vector<at::Tensor> want = interpret(p, R.mm(C.t()), leafVars);
+  at::Tensor mine = at::zeros({N}, at::kDouble);
+  if (rowsSharded)
+    mine.narrow(0, offsetOf(layout.rows, rank), layout.rows[rank]).fill_(1);
+  else
+    mine.fill_(1);
+  at::Tensor lossAll = at::zeros({}, at::kDouble), lossMine = lossAll;
+  for (int64_t k = 0; k < p.numOutputs(); ++k) {
+    lossAll = lossAll + (cts[k] * want[k]).sum();
+    lossMine = lossMine + (cts[k] * mine * want[k]).sum();
+  }
+  std::vector<at::Tensor> floatLeaves;
+  for (const at::Tensor &leaf : leafVars)
+    if (leaf.requires_grad())
+      floatLeaves.push_back(leaf);
+  std::vector<at::Tensor> wrt = {R, C};
+  wrt.insert(wrt.end(), floatLeaves.begin(), floatLeaves.end());
+  std::vector<at::Tensor> gradAll = torch::autograd::grad(
+      {lossAll}, wrt, {}, /*retain_graph=*/true, false, /*allow_unused=*/true);
+  std::vector<at::Tensor> gradMine = torch::autograd::grad(
+      {lossMine}, wrt, {}, /*retain_graph=*/false, false, true);
+  auto orZero = [](const at::Tensor &grad, const at::Tensor &like) {
+    return grad.defined() ? grad : at::zeros_like(like);
+  };
+
+  // This rank's operands.
+  std::vector<at::Tensor> operands = {in(byRow(rows)), in(byCol(cols))};
+  std::vector<size_t> replicated;
+  if (!rowsSharded)
+    replicated.push_back(0);
+  if (!colsSharded)
+    replicated.push_back(1);
+  for (size_t k = 0; k < leaves.size(); ++k) {
+    bool isRow = static_cast<int64_t>(k) < p.rowLeaves;
+    bool isCol = !isRow && static_cast<int64_t>(k) < p.rowLeaves + p.colLeaves;
+    if ((isRow && !rowsSharded) || (isCol && !colsSharded))
+      replicated.push_back(operands.size());
+    operands.push_back(in(isRow   ? byRow(leaves[k])
+                          : isCol ? byCol(leaves[k])
+                                  : leaves[k]));
+  }
+  std::vector<dloss::test::AttrSpec> attrs = p.attrs(mode);
+  std::string where = context + ", " + pc.name + ", " + modeName(mode);
+
+  std::vector<at::Tensor> forward = runStep(
+      comm, "dloss.fused_similarity", operands,
+      static_cast<int>(p.numOutputs()), attrs, replicated);
+  for (int64_t k = 0; k < p.numOutputs(); ++k)
+    expectClose(forward[k], byRow(want[k]), precision,
+                where + ": result " + std::to_string(k));
+
+  // The backward, fed with the forward's results.
+  std::vector<at::Tensor> gradOperands = operands;
+  for (int64_t k = 0; k < p.numOutputs(); ++k) {
+    if (!rowsSharded)
+      replicated.push_back(gradOperands.size());
+    gradOperands.push_back(forward[k]);
+  }
+  for (int64_t k = 0; k < p.numOutputs(); ++k) {
+    if (!rowsSharded)
+      replicated.push_back(gradOperands.size());
+    gradOperands.push_back(in(byRow(cts[k])));
+  }
+  std::vector<at::Tensor> got = runStep(comm, "dloss.fused_similarity_grad",
+                                        gradOperands, 4, attrs, replicated);
+
+  // The references of d_row_leaves ([row_leaves, n]) and d_scalars.
+  auto leafGradients = [&](const std::vector<at::Tensor> &grads) {
+    std::vector<at::Tensor> rowGrads, scalarGrads;
+    size_t next = 2;
+    for (size_t k = 0; k < leaves.size(); ++k) {
+      at::Tensor grad = leafVars[k].requires_grad()
+                            ? orZero(grads[next++], leaves[k])
+                            : at::zeros(leaves[k].sizes(), at::kDouble);
+      if (static_cast<int64_t>(k) < p.rowLeaves)
+        rowGrads.push_back(byRow(grad));
+      else if (static_cast<int64_t>(k) >= p.rowLeaves + p.colLeaves)
+        scalarGrads.push_back(grad);
+    }
+    int64_t n = rowsSharded ? layout.rows[rank] : N;
+    return std::make_pair(
+        rowGrads.empty() ? at::zeros({0, n}, at::kDouble) : at::stack(rowGrads),
+        scalarGrads.empty() ? at::zeros({0}, at::kDouble)
+                            : at::stack(scalarGrads));
+  };
+
+  auto summed = [&](const at::Tensor &partial) {
+    return comm.allReduce(partial, dloss::Reduction::Sum);
+  };
+  if (mode == Mode::Sharded) {
+    // The results are invariant and the cotangents the full ones: d_cols is
+    // exact, d_rows and the leaves' gradients are this shard's parts.
+    auto [rowLeafGrads, scalarGrads] = leafGradients(gradAll);
+    expectClose(summed(got[0]), orZero(gradAll[0], rows), precision,
+                where + ": d_rows summed over ranks");
+    expectClose(got[1], byCol(orZero(gradAll[1], cols)), precision,
+                where + ": d_cols");
+    expectClose(summed(got[2]), rowLeafGrads, precision,
+                where + ": d_row_leaves summed over ranks");
+    expectClose(summed(got[3]), scalarGrads, precision,
+                where + ": d_scalars summed over ranks");
+    return;
+  }
+  auto [rowLeafGrads, scalarGrads] = leafGradients(gradMine);
+  expectClose(got[0], byRow(orZero(gradAll[0], rows)), precision,
+              where + ": d_rows");
+  // Gathered: the columns' gradient from every rank's rows; local: from
+  // this rank's rows.
+  expectClose(got[1],
+              mode == Mode::Gathered ? byCol(orZero(gradAll[1], cols))
+                                     : orZero(gradMine[1], cols),
+              precision, where + ": d_cols");
+  expectClose(got[2], rowLeafGrads, precision, where + ": d_row_leaves");
+  expectClose(got[3], scalarGrads, precision, where + ": d_scalars");
+}
+
+void checkAll(Communicator &comm, const Precision &precision,
+              const std::vector<std::string> &tiles,
+              const std::vector<Mode> &modes) {
+  for (const Layout &layout : layouts(comm.worldSize()))
+    for (const std::string &tile : tiles) {
+      TileEnv env(tile);
+      std::string context = "rank " + std::to_string(comm.rank()) + ", rows " +
+                            describe(layout.rows) + " cols " +
+                            describe(layout.cols) + ", tile '" + tile + "'";
+      for (const ProgramCase &pc : programs())
+        for (Mode mode : modes)
+          checkProgram(comm, pc, mode, layout, precision, context);
+    }
+}
+
+const std::vector<Mode> kModes = {Mode::Gathered, Mode::Local, Mode::Sharded};
+
+//===----------------------------------------------------------------------===//
+// Tests
+//===----------------------------------------------------------------------===//
+
+class FusedSimilarityTest : public ::testing::TestWithParam<int> {};
+
+// Tiles that divide no size (3x5, 2x1) and the default one.
+TEST_P(FusedSimilarityTest, EveryProgramMatchesTheGlobalReference) {
+  runGloo(GetParam(), [](Communicator &comm) {
+    checkAll(comm, kF64, {"3x5", "2x1", ""}, kModes);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, FusedSimilarityTest,
+                         ::testing::Values(1, 2, 3, 4),
+                         [](const ::testing::TestParamInfo<int> &info) {
+                           return "N" + std::to_string(info.param);
+                         });
+
+// f32 inputs compute in f32: within 2e-5 of the f64 reference, relative.
+TEST(FusedSimilarityF32Test, EveryProgramMatchesTheF64Reference) {
+  runGloo(3, [](Communicator &comm) {
+    checkAll(comm, kF32, {"3x5", ""}, kModes);
+  });
+}
+
+// A row whose every element is -inf has log-sum-exp -inf, and passes no
+// gradient (no NaN from exp(-inf - -inf)).
+TEST(FusedSimilarityEdgeTest, AllMinusInfinityRowGivesMinusInfinity) {
+  runGloo(2, [](Communicator &comm) {
+    Program p;
+    p.rowLeaves = 1;
+    int64_t sim = p.emit(Op::Sim);
+    int64_t drop = p.emit(Op::Eq, p.emit(Op::RowLeaf, 0), p.constant(1));
+    int64_t masked = p.emit(Op::Select, drop, p.constant(-kInf), sim);
+    p.output(masked, Reduce::LogSumExp);
+    at::manual_seed(22 + comm.rank());
+    at::Tensor rows = at::randn({3, kWidth}, at::kDouble);
+    at::Tensor cols = at::randn({2, kWidth}, at::kDouble);
+    at::Tensor flags = at::tensor({0, 1, 0}, at::kLong);
+    std::vector<at::Tensor> forward =
+        runStep(comm, "dloss.fused_similarity", {rows, cols, flags}, 1,
+                p.attrs(Mode::Gathered), {});
+    at::Tensor all = comm.allGather(cols, 0, {2, 2});
+    at::Tensor want = rows.mm(all.t()).logsumexp(1);
+    want[1] = -kInf;
+    expectClose(forward[0], want, kF64, "lse");
+    std::vector<at::Tensor> got = runStep(
+        comm, "dloss.fused_similarity_grad",
+        {rows, cols, flags, forward[0], at::ones({3}, at::kDouble)}, 4,
+        p.attrs(Mode::Gathered), {});
+    CHILD_CHECK(!got[0].isnan().any().item<bool>(), "d_rows " << got[0]);
+    CHILD_CHECK(got[0][1].abs().max().item<double>() == 0, "d_rows " << got[0]);
+    CHILD_CHECK(got[2].sizes() == at::IntArrayRef({1, 3}),
+                "d_row_leaves " << got[2].sizes());
+  });
+}
+
+/// The message of the error the forward raises on these operands.
+std::string forwardError(Communicator &comm, const Program &p,
+                         const std::vector<at::Tensor> &operands) {
+  return errorOf([&] {
+    runStep(comm, "dloss.fused_similarity", operands,
+            static_cast<int>(p.numOutputs()), p.attrs(Mode::Local), {});
+  });
+}
+
+void expectParts(const std::string &message,
+                 const std::vector<std::string> &parts) {
+  for (const std::string &part : parts)
+    CHILD_CHECK(message.find(part) != std::string::npos,
+                "'" << part << "' missing from: " << message);
+}
+
+// Malformed programs and operands raise a dloss::Error naming the op, the
+// rank, the instruction or operand and what to do.
+TEST(FusedSimilarityErrorTest, MalformedProgramsAndOperandsAreExplained) {
+  runGloo(1, [](Communicator &comm) {
+    at::Tensor rows = at::randn({3, kWidth}), cols = at::randn({4, kWidth});
+    {
+      Program p; // instruction 1 reads register 2, defined later
+      p.emit(Op::Sim);
+      p.emit(Op::Exp, 2);
+      p.emit(Op::Sim);
+      p.output(1, Reduce::Sum);
+      expectParts(forwardError(comm, p, {rows, cols}),
+                  {"op dloss.fused_similarity", "rank 0",
+                   "malformed tile program",
+                   "instruction 1: exp reads register 2, not an earlier "
+                   "instruction",
+                   "recompile the loss"});
+    }
+    {
+      Program p; // a per-row leaf that is not there
+      p.rowLeaves = 1;
+      p.output(p.emit(Op::RowLeaf, 1), Reduce::Sum);
+      expectParts(forwardError(comm, p, {rows, cols, at::zeros({3})}),
+                  {"instruction 0: row reads leaf 1 of 1"});
+    }
+    {
+      Program p; // an unknown opcode and an unknown reduction
+      p.code = {99, 0, 0, 0};
+      p.outputs = {0, 0};
+      expectParts(forwardError(comm, p, {rows, cols}),
+                  {"instruction 0: unknown opcode 99"});
+      p.code = {0, 0, 0, 0};
+      p.outputs = {0, 7};
+      expectParts(forwardError(comm, p, {rows, cols}),
+                  {"result 0 has unknown reduction 7"});
+    }
+    {
+      Program p; // more leaves announced than passed
+      p.rowLeaves = 2;
+      p.output(p.emit(Op::Sim), Reduce::Sum);
+      expectParts(forwardError(comm, p, {rows, cols, at::zeros({3})}),
+                  {"fewer than row_leaves = 2"});
+    }
+    {
+      Program p; // a per-row leaf of the wrong length
+      p.rowLeaves = 1;
+      p.output(p.emit(Op::RowLeaf, 0), Reduce::Sum);
+      expectParts(forwardError(comm, p, {rows, cols, at::zeros({4})}),
+                  {"per-row leaf 0 (operand 2) has shape [4], expected [3]"});
+    }
+    {
+      Program p; // f32 cannot hold this label exactly
+      p.rowLeaves = 1;
+      p.output(p.emit(Op::Eq, p.emit(Op::RowLeaf, 0), p.emit(Op::ColId)),
+               Reduce::Sum);
+      at::Tensor labels = at::tensor({1, 1 << 24, 2}, at::kLong);
+      expectParts(forwardError(comm, p, {rows, cols, labels}),
+                  {"per-row leaf 0 (operand 2) holds 16777216 (element 1)",
+                   "below 2^24", "Compute in float64"});
+      // f64 holds it.
+      runStep(comm, "dloss.fused_similarity",
+              {rows.to(at::kDouble), cols.to(at::kDouble), labels}, 1,
+              p.attrs(Mode::Local), {});
+    }
+    {
+      Program p; // rows and cols of different types
+      p.output(p.emit(Op::Sim), Reduce::Sum);
+      expectParts(forwardError(comm, p, {rows, cols.to(at::kDouble)}),
+                  {"same float type"});
+    }
+  });
+}
+
+} // namespace
