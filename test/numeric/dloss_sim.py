@@ -754,6 +754,291 @@ def _sharded_softmax_grad(op, args, world):
     return outs
 
 
+# dloss.fused_similarity: the general family (dialect/DlossOps.td). Its tile
+# program is written as torch ops over whole matrices: per rank r, the tile
+# E_r holds e(i, j) for r's rows i and every column j the op sees (all
+# ranks' columns when gathered, r's classes otherwise). Instruction t of the
+# program (4 int64: opcode, a, b, c; runtime/fused/Epilogue.h's encoding)
+# defines register t; `outputs` holds (register, reduction) per result.
+
+# Opcodes, by number (the plan's encoding).
+_FS_OPS = ["sim", "col_id", "row", "col", "scalar", "const", "add", "sub",
+           "mul", "div", "neg", "exp", "log", "softplus", "log_sigmoid",
+           "sigmoid", "cos", "acos", "sin", "sqrt", "clamp", "eq", "select",
+           "row_id"]
+_FS_REDUCE = {0: "sum", 1: "logsumexp"}
+_FS_UNARY = {
+    "neg": lambda x: -x, "exp": torch.exp, "log": torch.log,
+    "softplus": _softplus, "log_sigmoid": torch.nn.functional.logsigmoid,
+    "sigmoid": torch.sigmoid, "cos": torch.cos, "acos": torch.acos,
+    "sin": torch.sin, "sqrt": torch.sqrt,
+}
+_FS_BINARY = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b, "div": lambda a, b: a / b,
+    "eq": lambda a, b: (a == b).to(FLOAT),  # an indicator, no gradient
+}
+
+
+def _bits_to_double(bits):
+    return struct.unpack("<d", struct.pack("<q", int(bits)))[0]
+
+
+def _fs_attrs(op):
+    program = op.attr("program") or []
+    if len(program) % 4 or not program:
+        raise SimError(f"the program holds {len(program)} integers, not 4 per "
+                       "instruction")
+    instrs = [program[4 * t:4 * t + 4] for t in range(len(program) // 4)]
+    outputs = op.attr("outputs") or []
+    col_outputs = op.attr("col_outputs") or []
+
+    def pairs(xs, what):
+        if len(xs) % 2:
+            raise SimError(f"{what} holds {len(xs)} integers, not 2 per result")
+        out = [(xs[2 * k], xs[2 * k + 1]) for k in range(len(xs) // 2)]
+        for reg, kind in out:
+            if not 0 <= reg < len(instrs) or kind not in _FS_REDUCE:
+                raise SimError(f"{what}: bad (register {reg}, reduction {kind})")
+        return out
+
+    gathered, sharded = bool(op.attr("gathered")), bool(op.attr("sharded"))
+    if gathered and sharded:
+        raise SimError("both gathered and sharded")
+    if col_outputs and not gathered:
+        raise SimError("col_outputs on an op that is not gathered")
+    return (instrs, pairs(outputs, "outputs"), pairs(col_outputs, "col_outputs"),
+            int(op.attr("row_leaves")), int(op.attr("col_leaves")), gathered,
+            sharded)
+
+
+def _fs_tile(instrs, sim, col_id, row_id, row_vals, col_vals, scalars):
+    """Every register of the program over one [n, M] tile (float64 tensors)."""
+    n, m = sim.shape
+    regs = []
+    for t, (code, a, b, c) in enumerate(instrs):
+        if not 0 <= code < len(_FS_OPS):
+            raise SimError(f"instruction {t}: unknown opcode {code}")
+        name = _FS_OPS[code]
+        if name not in ("sim", "col_id", "row", "col", "scalar", "const",
+                        "row_id"):
+            for k, r in enumerate((a, b, c)[:3 if name == "select" else 2
+                                            if name in _FS_BINARY else 1]):
+                if not 0 <= r < t:
+                    raise SimError(f"instruction {t} ({name}) reads register "
+                                   f"{r}, not an earlier one")
+        if name == "sim":
+            v = sim
+        elif name == "col_id":
+            v = col_id[None, :].expand(n, m)
+        elif name == "row_id":
+            v = row_id[:, None].expand(n, m)
+        elif name == "row":
+            v = row_vals[a][:, None].expand(n, m)
+        elif name == "col":
+            v = col_vals[a][None, :].expand(n, m)
+        elif name == "scalar":
+            v = scalars[a].expand(n, m)
+        elif name == "const":
+            v = torch.full((n, m), _bits_to_double(a), dtype=FLOAT)
+        elif name in _FS_UNARY:
+            v = _FS_UNARY[name](regs[a])
+        elif name in _FS_BINARY:
+            v = _FS_BINARY[name](regs[a], regs[b])
+        elif name == "clamp":
+            # Both bounds inclusive; torch.clamp passes the gradient there too.
+            v = torch.clamp(regs[a], min=_bits_to_double(b), max=_bits_to_double(c))
+        elif name == "select":
+            v = torch.where(regs[a] != 0, regs[b], regs[c])
+        regs.append(v)
+    return regs
+
+
+def _fs_reduce(x, kind, dim):
+    return torch.logsumexp(x, dim) if _FS_REDUCE[kind] == "logsumexp" else x.sum(dim)
+
+
+def _fs_forward(op, args, world, attrs, grad_leaves=None):
+    """The results of every rank (row results, then column results) as
+    differentiable functions of `grad_leaves`: per rank, the tensors that
+    stand for its rows, cols, float row leaves and float 0-d leaves
+    (default: the operands themselves)."""
+    instrs, outs, col_outs, nrow, ncol, gathered, sharded = attrs
+    size = len(args)
+    if grad_leaves is None:
+        grad_leaves = [list(a) for a in args]
+    rows = [g[0] for g in grad_leaves]
+    cols = [g[1] for g in grad_leaves]
+
+    def as_float(v):
+        return v if v.dtype == FLOAT else v.to(FLOAT)
+
+    row_vals = [[as_float(g[2 + k]) for k in range(nrow)] for g in grad_leaves]
+    col_vals = [[as_float(a[2 + nrow + k]) for k in range(ncol)] for a in args]
+    first_scalar = 2 + nrow + ncol
+    scalars = [[as_float(g[k]) for k in range(first_scalar, len(g))]
+               for g in grad_leaves]
+    for r in range(size):
+        for v in scalars[r]:
+            if v.dim() != 0:
+                raise SimError("0-d leaves must be 0-d")
+        for k, v in enumerate(row_vals[r]):
+            if v.shape != (rows[r].shape[0],):
+                raise SimError(f"row leaf {k} has shape {tuple(v.shape)}, rows "
+                               f"{tuple(rows[r].shape)}")
+        for k, v in enumerate(col_vals[r]):
+            if v.shape != (cols[r].shape[0],):
+                raise SimError(f"column leaf {k} has shape {tuple(v.shape)}, "
+                               f"cols {tuple(cols[r].shape)}")
+
+    n = [int(x.shape[0]) for x in rows]
+    m = [int(x.shape[0]) for x in cols]
+    row_offsets, col_offsets = _shard_offsets(n), _shard_offsets(m)
+    tiles = []  # per rank: the registers over its tile
+    for r in range(size):
+        if gathered:
+            # Every rank's columns (and per-column values), in rank order;
+            # the column index is global.
+            c = torch.cat(cols, 0)
+            cv = [torch.cat([col_vals[q][k] for q in range(size)], 0)
+                  for k in range(ncol)]
+            col_id = torch.arange(sum(m), dtype=FLOAT)
+        else:
+            c, cv = cols[r], col_vals[r]
+            start = col_offsets[r] if sharded else 0  # class shards in rank order
+            col_id = torch.arange(start, start + m[r], dtype=FLOAT)
+        # The rows' global index: their shard offset plus i (sharded: the
+        # rows are the gathered batch, the same on every rank).
+        start = 0 if sharded else row_offsets[r]
+        row_id = torch.arange(start, start + n[r], dtype=FLOAT)
+        if c.shape[1:] != rows[r].shape[1:]:
+            raise SimError(f"rows {tuple(rows[r].shape)} and cols "
+                           f"{tuple(c.shape)} differ in their feature size")
+        tiles.append(_fs_tile(instrs, rows[r] @ c.T, col_id, row_id, row_vals[r],
+                              cv, scalars[r]))
+
+    results = []
+    if sharded:
+        if len(set(n)) != 1:
+            raise SimError(f"sharded: the ranks hold different row counts {n}")
+        # Every class shard's tile of the same rows: a row reduces over all.
+        full = [torch.cat([tiles[r][reg] for r in range(size)], 1)
+                for reg, _ in outs]
+        vals = [_fs_reduce(x, kind, 1) for x, (_, kind) in zip(full, outs)]
+        return [list(vals) for _ in range(size)]
+    for r in range(size):
+        results.append([_fs_reduce(tiles[r][reg], kind, 1) for reg, kind in outs])
+    for reg, kind in col_outs:
+        # Each column over every rank's rows; rank q keeps its own columns.
+        full = torch.cat([tiles[r][reg] for r in range(size)], 0)
+        for q, part in enumerate(_split(_fs_reduce(full, kind, 0), m)):
+            results[q].append(part)
+    return results
+
+
+def _fused_similarity(op, args, world):
+    attrs = _fs_attrs(op)
+    count = len(attrs[1]) + len(attrs[2])
+    if len(args[0]) < 2 + attrs[3] + attrs[4]:
+        raise SimError("fewer leaves than row_leaves + col_leaves")
+    outs = _fs_forward(op, args, world, attrs)
+    if any(len(o) != count for o in outs):
+        raise SimError("result count mismatch")
+    # run_spmd binds a tuple per rank to a multi-result op, else the value.
+    return [tuple(o) if count > 1 else o[0] for o in outs]
+
+
+def _fused_similarity_grad(op, args, world):
+    attrs = _fs_attrs(op)
+    _, outs, col_outs, nrow, ncol, gathered, sharded = attrs
+    nres = len(outs) + len(col_outs)
+    nleaves = len(args[0]) - 2 - 2 * nres
+    if nleaves < nrow + ncol:
+        raise SimError(f"{len(args[0])} operands: too few for {nres} results "
+                       f"and their cotangents")
+    fwd_args = [a[:2 + nleaves] for a in args]
+    cts = [a[2 + nleaves + nres:] for a in args]
+    first_scalar = 2 + nrow + ncol
+    size = len(args)
+
+    # Differentiable copies, one set per rank: rows, cols, float row leaves
+    # and float 0-d leaves (integer leaves get zeros).
+    def wants_grad(k, v):
+        return v.dtype == FLOAT and (k < 2 or 2 <= k < 2 + nrow or k >= first_scalar)
+
+    leaves = [[v.detach().clone().requires_grad_(wants_grad(k, v))
+               for k, v in enumerate(a)] for a in fwd_args]
+    with torch.enable_grad():
+        results = _fs_forward(op, fwd_args, world, attrs, leaves)
+        inputs = [v for g in leaves for v in g if v.requires_grad]
+
+        def grads(pairs):
+            """Gradients of sum <result, ct> over `pairs` w.r.t. every input."""
+            pairs = [(y, c.to(FLOAT)) for y, c in pairs if y.requires_grad]
+            if not pairs:
+                return [torch.zeros_like(v) for v in inputs]
+            got = torch.autograd.grad([y for y, _ in pairs], inputs,
+                                      [c for _, c in pairs], retain_graph=True,
+                                      allow_unused=True)
+            return [torch.zeros_like(v) if g is None else g
+                    for v, g in zip(inputs, got)]
+
+        def by_leaf(flat):
+            it = iter(flat)
+            return [[next(it) if v.requires_grad else None for v in g]
+                    for g in leaves]
+
+        if sharded:
+            # The results are invariant and the cotangents the full ones:
+            # each shard's partial gradients come from its own tile only.
+            total = grads(list(zip(results[0], cts[0])))
+            row_part = col_part = by_leaf(total)
+            owners = None
+        else:
+            row_part = by_leaf(grads([(results[r][k], cts[r][k])
+                                      for r in range(size) for k in range(len(outs))]))
+            col_part = by_leaf(grads([(results[q][k], cts[q][k]) for q in range(size)
+                                      for k in range(len(outs), nres)]))
+            # The column results' share of each 0-d leaf goes to the
+            # columns' owner: one gradient per owner.
+            owners = []
+            for q in range(size):
+                g = by_leaf(grads([(results[q][k], cts[q][k])
+                                   for k in range(len(outs), nres)]))
+                owners.append([sum(g[r][k] for r in range(size))
+                               for k in range(first_scalar, len(leaves[q]))])
+
+    def total(r, k):
+        parts = [p[r][k] for p in (row_part, col_part) if p[r][k] is not None]
+        if sharded:
+            parts = parts[:1]
+        return sum(parts) if parts else torch.zeros_like(fwd_args[r][k], dtype=FLOAT)
+
+    out = []
+    for r in range(size):
+        n = int(fwd_args[r][0].shape[0])
+        d_rows, d_cols = total(r, 0), total(r, 1)
+        stacked = torch.zeros((nrow, n), dtype=FLOAT)
+        for k in range(nrow):
+            if leaves[r][2 + k].requires_grad:
+                stacked[k] = total(r, 2 + k)
+        d_scalars = torch.zeros(nleaves - nrow - ncol, dtype=FLOAT)
+        for k in range(first_scalar, 2 + nleaves):
+            if not leaves[r][k].requires_grad:
+                continue
+            own = row_part[r][k]
+            if owners is not None:
+                own = own + owners[r][k - first_scalar]
+            d_scalars[k - first_scalar] = own
+        out.append((d_rows, d_cols, stacked, d_scalars))
+    return out
+
+
+MULTI_OPERAND_COLLECTIVES.update({
+    "dloss.fused_similarity": _fused_similarity,
+    "dloss.fused_similarity_grad": _fused_similarity_grad,
+})
+
 MULTI_OPERAND_COLLECTIVES.update({
     "dloss.ring_softmax_ce": _ring_softmax_ce,
     "dloss.ring_softmax_ce_grad": _ring_softmax_ce_grad,
