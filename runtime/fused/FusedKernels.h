@@ -49,7 +49,7 @@ struct SimilarityProgram {
   int64_t colLeaves = 0;
   std::vector<int64_t> program;
   std::vector<int64_t> outputs;
-  /// Column results (the optional `col_outputs`; not yet run on the CPU).
+  /// Column results (the optional `col_outputs`; gathered steps only).
   std::vector<int64_t> colOutputs;
   bool gathered = false;
   /// `cols` is this rank's shard of the classes; the row statistics are

@@ -8,6 +8,12 @@
 // dispatched once per row. Rows are split over ATen's threads, one evaluator
 // (registers, cotangents, partial sums) each. The backward fills G = dL/dS in
 // a second tile and adds G cols and G^T rows with two GEMMs.
+//
+// Column results (gathered): their values go to a tile of their own, folded
+// along the rows after each block into the chunk's statistics, which travel
+// round the ring with it and come home complete; backward, the chunk's column
+// results and cotangents travel with it, and their share of the 0-d leaves'
+// gradients goes home with the column gradient.
 #include "runtime/fused/FusedKernels.h"
 
 #include "runtime/fused/DeviceTiles.h"
@@ -50,6 +56,9 @@ struct Output {
 struct SimilarityOperands {
   std::vector<Instr> program;
   std::vector<Output> outputs;
+  /// Column results (gathered only): over this rank's own columns, each
+  /// reducing along every rank's rows.
+  std::vector<Output> colOutputs;
   at::Tensor rows, cols;
   Tensors rowLeaves, colLeaves; ///< [n] and [m], contiguous
   std::vector<double> scalars;
@@ -60,6 +69,7 @@ struct SimilarityOperands {
   int64_t rowOffset = 0; ///< global index of row 0 (row_id)
   TileShape tile{1, 1};
   Tensors results, cts; ///< the backward's [n] forward results, cotangents
+  Tensors colResults, colCts; ///< the backward's [m] column ones
 };
 
 /// Register operand k (0, 1, 2: a, b, c) of an instruction.
@@ -107,14 +117,17 @@ SimilarityOperands similarityOperands(const FusedArgs &args,
                   std::to_string(spec.outputs.size()),
               kProgramHint);
   const int64_t numOutputs = static_cast<int64_t>(spec.outputs.size()) / 2;
-  const int64_t leafCount = operands - 2 - (backward ? 2 * numOutputs : 0);
+  const int64_t numColOutputs =
+      static_cast<int64_t>(spec.colOutputs.size()) / 2;
+  const int64_t leafCount =
+      operands - 2 - (backward ? 2 * (numOutputs + numColOutputs) : 0);
   if (spec.rowLeaves < 0 || spec.colLeaves < 0 ||
       leafCount < spec.rowLeaves + spec.colLeaves)
     args.fail("the step has " + std::to_string(operands) + " operands: " +
                   std::to_string(std::max<int64_t>(leafCount, 0)) +
                   " leaves" +
                   (backward ? " after rows and cols, before the " +
-                                  std::to_string(numOutputs) +
+                                  std::to_string(numOutputs + numColOutputs) +
                                   " results and their cotangents"
                             : std::string(" after rows and cols")) +
                   ", fewer than row_leaves = " +
@@ -132,11 +145,16 @@ SimilarityOperands similarityOperands(const FusedArgs &args,
                   " per-column and " + std::to_string(scalarCount) +
                   " 0-d leaves): " + problem,
               kProgramHint);
-  if (!spec.colOutputs.empty())
-    args.fail("column results (`col_outputs`) are not yet supported by the "
-              "CPU kernel",
-              "Compile the loss without fusing it (dlossc --no-fuse, "
-              "jit::Options::fuse = false) until the kernel supports them");
+  if (problem.empty() && !spec.colOutputs.empty())
+    problem = epilogue::checkOutputs(
+        spec.colOutputs.data(), static_cast<int64_t>(spec.colOutputs.size()),
+        static_cast<int64_t>(spec.program.size()) / 4, "column result");
+  if (!problem.empty())
+    args.fail("malformed tile program: " + problem, kProgramHint);
+  if (!spec.colOutputs.empty() && !spec.gathered)
+    args.fail("column results (`col_outputs`) need a `gathered` step: a "
+              "local or sharded step has no reduction over every rank's rows",
+              kProgramHint);
   for (size_t t = 0; t < spec.program.size(); t += 4)
     ops.program.push_back(Instr{static_cast<Op>(spec.program[t]),
                                 spec.program[t + 1], spec.program[t + 2],
@@ -144,6 +162,9 @@ SimilarityOperands similarityOperands(const FusedArgs &args,
   for (int64_t k = 0; k < numOutputs; ++k)
     ops.outputs.push_back(
         Output{spec.outputs[2 * k], static_cast<Reduce>(spec.outputs[2 * k + 1])});
+  for (int64_t k = 0; k < numColOutputs; ++k)
+    ops.colOutputs.push_back(Output{
+        spec.colOutputs[2 * k], static_cast<Reduce>(spec.colOutputs[2 * k + 1])});
 
   if (args.type(0) != args.type(1))
     args.fail("rows is a " + std::string(c10::toString(args.type(0))) +
@@ -226,14 +247,19 @@ SimilarityOperands similarityOperands(const FusedArgs &args,
                          args.compute);
 
   if (backward) {
+    // The results (row ones [n], then column ones [m]), then as many
+    // cotangents.
     const size_t base = static_cast<size_t>(2 + leafCount);
-    for (int64_t k = 0; k < numOutputs; ++k) {
+    const int64_t all = numOutputs + numColOutputs;
+    for (int64_t k = 0; k < all; ++k) {
+      bool isRow = k < numOutputs;
       std::string result = "result " + std::to_string(k);
-      ops.results.push_back(
-          args.vector(base + k, result.c_str(), n));
       std::string ct = "cotangent of result " + std::to_string(k);
-      ops.cts.push_back(
-          args.vector(base + numOutputs + k, ct.c_str(), n));
+      at::Tensor value = args.vector(base + k, result.c_str(), isRow ? n : m);
+      at::Tensor cotangent =
+          args.vector(base + all + k, ct.c_str(), isRow ? n : m);
+      (isRow ? ops.results : ops.colResults).push_back(value);
+      (isRow ? ops.cts : ops.colCts).push_back(cotangent);
     }
   }
   return ops;
@@ -248,6 +274,8 @@ SimilarityOperands similarityOperands(const FusedArgs &args,
 std::vector<char> gradientRegisters(const SimilarityOperands &ops) {
   std::vector<char> carries(ops.program.size(), 0);
   for (const Output &output : ops.outputs)
+    carries[output.reg] = 1;
+  for (const Output &output : ops.colOutputs)
     carries[output.reg] = 1;
   for (int64_t t = static_cast<int64_t>(ops.program.size()) - 1; t >= 0; --t) {
     const Instr &ins = ops.program[t];
@@ -264,6 +292,8 @@ std::vector<char> gradientRegisters(const SimilarityOperands &ops) {
 std::vector<char> liveRegisters(const SimilarityOperands &ops) {
   std::vector<char> live(ops.program.size(), 0);
   for (const Output &output : ops.outputs)
+    live[output.reg] = 1;
+  for (const Output &output : ops.colOutputs)
     live[output.reg] = 1;
   for (int64_t t = static_cast<int64_t>(ops.program.size()) - 1; t >= 0; --t) {
     const Instr &ins = ops.program[t];
@@ -362,15 +392,17 @@ public:
   /// The values of register `t` on the row last evaluated.
   const T *value(int64_t t) const { return reg[t]; }
 
-  /// Starts the reverse sweep of row `i`: zeroes the cotangents; those of
-  /// `sim` leaves accumulate in `grad` (G's row, w wide).
-  void beginReverse(T *grad, int64_t w) {
+  /// Starts a reverse sweep of the row: zeroes the cotangents; those of
+  /// `sim` leaves accumulate in `grad` (G's row, w wide; zeroed too unless
+  /// a sweep of the same row already added to it).
+  void beginReverse(T *grad, int64_t w, bool zeroGrad = true) {
     if (cts.empty()) {
       cts.assign(count * width, T(0));
       ct.assign(count, nullptr);
       sink.assign(width, T(0));
     }
-    std::fill_n(grad, w, T(0));
+    if (zeroGrad)
+      std::fill_n(grad, w, T(0));
     for (int64_t t = 0; t < count; ++t) {
       if (!carries[t])
         continue;
@@ -388,8 +420,9 @@ public:
 
   /// The reverse sweep of the row evaluated last (epilogue::reverse on each
   /// element): G's row gets dL/dS; the float per-row leaves' and 0-d leaves'
-  /// cotangents are summed into dRowLeaf[leaf * n + i] and dScalars.
-  void reverse(int64_t i, int64_t w, int64_t n, double *dRowLeaf) {
+  /// cotangents are summed into dRowLeaf[leaf * n + i] and dScalar[leaf].
+  void reverse(int64_t i, int64_t w, int64_t n, double *dRowLeaf,
+               double *dScalar) {
     for (int64_t t = count - 1; t >= 0; --t) {
       if (!carries[t])
         continue;
@@ -402,7 +435,7 @@ public:
         continue;
       case Op::Scalar:
         if (ops.scalarIsFloat[ins.a])
-          dScalars[ins.a] += sum(dt, w);
+          dScalar[ins.a] += sum(dt, w);
         continue;
       case Op::Sim: // already in G
       case Op::ColId:
@@ -456,8 +489,9 @@ public:
     }
   }
 
-  /// This thread's partial gradients of the 0-d leaves.
-  std::vector<double> dScalars;
+  /// This thread's partial gradients of the 0-d leaves: from the row
+  /// results, and from the column results of the chunk being processed.
+  std::vector<double> dScalars, colShares;
 
 private:
   static double sum(const T *x, int64_t w) {
@@ -489,6 +523,7 @@ public:
     for (int k = 0; k < threads; ++k) {
       programs.emplace_back(ops, live, carries, ops.tile.cols);
       programs.back().dScalars.assign(ops.scalars.size(), 0.0);
+      programs.back().colShares.assign(ops.scalars.size(), 0.0);
     }
     // Enough work per task to pay for the fork: about 16k register values.
     grain = std::max<int64_t>(
@@ -520,6 +555,18 @@ public:
     return total;
   }
 
+  /// The column results' shares of the 0-d leaves' gradients since the last
+  /// call, summed over threads (then zeroed).
+  std::vector<double> takeColShares() {
+    std::vector<double> total(programs.front().colShares.size(), 0.0);
+    for (RowProgram<T> &program : programs)
+      for (size_t k = 0; k < total.size(); ++k) {
+        total[k] += program.colShares[k];
+        program.colShares[k] = 0;
+      }
+    return total;
+  }
+
 private:
   std::vector<char> live, carries;
   std::vector<RowProgram<T>> programs;
@@ -532,26 +579,6 @@ Tensors chunkFeatures(const SimilarityOperands &ops) {
   Tensors features = {ops.cols};
   features.insert(features.end(), ops.colLeaves.begin(), ops.colLeaves.end());
   return features;
-}
-
-/// Runs visit(chunk) on every column chunk: round the ring when gathered,
-/// this rank's columns in place otherwise.
-void forEachChunk(KernelContext &ctx, const SimilarityProgram &spec,
-                  const SimilarityOperands &ops,
-                  const std::function<void(const Chunk &)> &visit) {
-  Tensors features = chunkFeatures(ops);
-  if (!spec.gathered) {
-    visit(Chunk{ops.colOffset, features});
-    return;
-  }
-  RingPass pass;
-  pass.features = std::move(features);
-  pass.lengths = ops.colSizes;
-  pass.visit = [&](const Chunk &chunk) {
-    visit(chunk);
-    return Tensors{};
-  };
-  runRing(ctx.communicator(), pass);
 }
 
 /// Sharded: combines every shard's row statistics ([outputs, n] each, in
@@ -581,19 +608,40 @@ void forward(KernelContext &ctx, const FusedArgs &args,
   // Per output and row: the sum, or the running max and sum of exp(e - max).
   std::vector<double> sums(numOutputs * n, 0.0);
   std::vector<T> maxima(numOutputs * n, -inf);
-  TileScratch scratch(ops.tile, 1, args.options());
+  // Column results: each one's values in a tile of its own, folded along
+  // the rows after the block (tiles 1..numCol; the last one is work space).
+  const size_t numCol = ops.colOutputs.size();
+  TileScratch scratch(ops.tile, 1 + static_cast<int>(numCol) + (numCol > 0),
+                      args.options());
   RowPrograms<T> programs(ops);
   Similarity sim{ops.rows, ops.cols, 1};
 
-  forEachChunk(ctx, spec, ops, [&](const Chunk &chunk) {
+  // The carry of a chunk: per column result, the running max and sum of
+  // exp(e - max) (log-sum-exp) or the sum, over the rows seen so far.
+  auto newCarry = [&](int64_t length) {
+    Tensors carry;
+    for (size_t k = 0; k < numCol; ++k) {
+      carry.push_back(at::full({length}, -kInf, args.options()));
+      carry.push_back(at::zeros({length}, args.options()));
+    }
+    return carry;
+  };
+  auto visit = [&](const Chunk &chunk) {
     const at::Tensor &cols = chunk.features[0];
+    Tensors carry = newCarry(chunk.length());
     forEachBlock(n, chunk.length(), ops.tile, [&](const Block &block) {
       at::Tensor s = similarityTile(sim, cols, block, scratch(0, block));
       const T *tile = s.data_ptr<T>();
       const int64_t w = block.cols;
+      std::vector<T *> colTiles;
+      for (size_t k = 0; k < numCol; ++k)
+        colTiles.push_back(scratch(1 + static_cast<int>(k), block).data_ptr<T>());
       programs.forRows(chunk, block, [&](RowProgram<T> &program, int64_t r) {
         const int64_t i = block.row + r;
         program.evaluate(tile + r * w, i, w);
+        for (size_t k = 0; k < numCol; ++k)
+          std::copy_n(program.value(ops.colOutputs[k].reg), w,
+                      colTiles[k] + r * w);
         for (size_t k = 0; k < numOutputs; ++k) {
           const T *e = program.value(ops.outputs[k].reg);
           double &sum = sums[k * n + i];
@@ -629,8 +677,43 @@ void forward(KernelContext &ctx, const FusedArgs &args,
           max = top;
         }
       });
+      for (size_t k = 0; k < numCol; ++k) {
+        at::Tensor values = scratch(1 + static_cast<int>(k), block);
+        at::Tensor colMax = carry[2 * k].narrow(0, block.col, block.cols);
+        at::Tensor colSum = carry[2 * k + 1].narrow(0, block.col, block.cols);
+        if (ops.colOutputs[k].kind == Reduce::Sum)
+          colSum.add_(values.sum(0));
+        else
+          foldTile(values, 0, colMax, colSum,
+                   scratch(1 + static_cast<int>(numCol), block));
+      }
     });
-  });
+    return carry;
+  };
+
+  Tensors colStats;
+  if (spec.gathered) {
+    RingPass pass;
+    pass.features = chunkFeatures(ops);
+    pass.lengths = ops.colSizes;
+    if (numCol > 0) {
+      pass.newCarry = newCarry;
+      pass.merge = [&](Tensors &mine, const Tensors &upstream) {
+        for (size_t k = 0; k < numCol; ++k) {
+          if (ops.colOutputs[k].kind == Reduce::Sum)
+            mine[2 * k + 1].add_(upstream[2 * k + 1]);
+          else
+            mergeLse(mine[2 * k], mine[2 * k + 1], upstream[2 * k],
+                     upstream[2 * k + 1]);
+        }
+      };
+    }
+    pass.visit = visit;
+    colStats = runRing(ctx.communicator(), pass);
+  } else {
+    Tensors features = chunkFeatures(ops);
+    visit(Chunk{ops.colOffset, features});
+  }
 
   auto f64 = at::TensorOptions(at::kDouble);
   at::Tensor sum = at::empty({static_cast<int64_t>(numOutputs), n}, f64);
@@ -644,6 +727,13 @@ void forward(KernelContext &ctx, const FusedArgs &args,
   for (size_t k = 0; k < numOutputs; ++k)
     ctx.setResult(k, (ops.outputs[k].kind == Reduce::Sum ? sum[k] : lse[k])
                          .to(args.type(0)));
+  // This rank's own columns' statistics came home round the ring.
+  for (size_t k = 0; k < numCol; ++k)
+    ctx.setResult(numOutputs + k,
+                  (ops.colOutputs[k].kind == Reduce::Sum
+                       ? colStats[2 * k + 1]
+                       : lseOf(colStats[2 * k], colStats[2 * k + 1]))
+                      .to(args.type(0)));
 }
 
 template <typename T>
@@ -663,6 +753,38 @@ void backward(KernelContext &ctx, const FusedArgs &args,
     cts.push_back(ops.cts[k].data_ptr<T>());
   }
 
+  // Column results: seeds from the chunk's results and cotangents (they
+  // travel with it, after the per-column leaves).
+  const size_t numCol = ops.colOutputs.size();
+  const size_t colBase = 1 + ops.colLeaves.size();
+  const bool splitScalars =
+      numCol > 0 && std::any_of(ops.scalarIsFloat.begin(),
+                                ops.scalarIsFloat.end(),
+                                [](bool isFloat) { return isFloat; });
+  auto seedColumns = [&](RowProgram<T> &program, const Chunk &chunk,
+                         const Block &block, int64_t w) {
+    for (size_t k = 0; k < numCol; ++k) {
+      const T *result =
+          chunk.features[colBase + k].template data_ptr<T>() + block.col;
+      const T *ct =
+          chunk.features[colBase + numCol + k].template data_ptr<T>() +
+          block.col;
+      const int64_t reg = ops.colOutputs[k].reg;
+      T *seed = program.cotangent(reg);
+      if (ops.colOutputs[k].kind == Reduce::Sum) {
+        for (int64_t j = 0; j < w; ++j)
+          seed[j] += ct[j];
+        continue;
+      }
+      const T *e = program.value(reg);
+      constexpr T inf = std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j < w; ++j)
+        seed[j] += ct[j] == T(0) || result[j] == -inf
+                       ? T(0)
+                       : ct[j] * epilogue::detail::exp_(e[j] - result[j]);
+    }
+  };
+
   auto tiles = [&](const Chunk &chunk, at::Tensor &dCols) {
     const at::Tensor &cols = chunk.features[0];
     forEachBlock(n, chunk.length(), ops.tile, [&](const Block &block) {
@@ -675,6 +797,8 @@ void backward(KernelContext &ctx, const FusedArgs &args,
         const int64_t i = block.row + r;
         program.evaluate(tile + r * w, i, w);
         program.beginReverse(g + r * w, w);
+        if (numCol > 0 && !splitScalars)
+          seedColumns(program, chunk, block, w);
         // Seeds: ct (sum) or ct exp(e - result) (log-sum-exp, its softmax).
         for (size_t k = 0; k < numOutputs; ++k) {
           const T c = cts[k][i];
@@ -694,7 +818,15 @@ void backward(KernelContext &ctx, const FusedArgs &args,
           for (int64_t j = 0; j < w; ++j)
             seed[j] += c * epilogue::detail::exp_(e[j] - lse);
         }
-        program.reverse(i, w, n, dRowLeaves.data());
+        program.reverse(i, w, n, dRowLeaves.data(), program.dScalars.data());
+        if (splitScalars) {
+          // The column results' share of the 0-d gradients goes home with
+          // the columns: a second sweep, seeded by them alone.
+          program.beginReverse(g + r * w, w, /*zeroGrad=*/false);
+          seedColumns(program, chunk, block, w);
+          program.reverse(i, w, n, dRowLeaves.data(),
+                          program.colShares.data());
+        }
       });
       // dRows += G cols, dCols += G^T rows.
       dRows.narrow(0, block.row, block.rows)
@@ -704,13 +836,41 @@ void backward(KernelContext &ctx, const FusedArgs &args,
     });
   };
 
+  std::vector<double> homeShares(ops.scalars.size(), 0.0);
   at::Tensor dCols;
   if (spec.gathered) {
-    dCols = runGradientRing(ctx.communicator(), chunkFeatures(ops),
-                            ops.colSizes, d, args.options(),
-                            [&](const Chunk &chunk, at::Tensor &dChunk,
-                                double &) { tiles(chunk, dChunk); })
-                .dCols;
+    // The carry: the chunk's column gradient, and its column results' share
+    // of the 0-d gradients ([1] at least: no empty transfers).
+    const int64_t shares =
+        std::max<int64_t>(1, static_cast<int64_t>(ops.scalars.size()));
+    auto f64 = args.options().dtype(at::kDouble);
+    RingPass pass;
+    pass.features = chunkFeatures(ops);
+    pass.features.insert(pass.features.end(), ops.colResults.begin(),
+                         ops.colResults.end());
+    pass.features.insert(pass.features.end(), ops.colCts.begin(),
+                         ops.colCts.end());
+    pass.lengths = ops.colSizes;
+    pass.newCarry = [&](int64_t length) {
+      return Tensors{at::empty({length, d}, args.options()),
+                     at::empty({shares}, f64)};
+    };
+    pass.visit = [&](const Chunk &chunk) {
+      at::Tensor dChunk = at::zeros({chunk.length(), d}, args.options());
+      tiles(chunk, dChunk);
+      at::Tensor share = at::zeros({shares}, f64);
+      std::vector<double> part = programs.takeColShares();
+      std::copy(part.begin(), part.end(), share.data_ptr<double>());
+      return Tensors{dChunk, share};
+    };
+    pass.merge = [](Tensors &mine, const Tensors &upstream) {
+      mine[0].add_(upstream[0]);
+      mine[1].add_(upstream[1]);
+    };
+    Tensors home = runRing(ctx.communicator(), pass);
+    dCols = home[0];
+    const double *share = home[1].data_ptr<double>();
+    std::copy_n(share, homeShares.size(), homeShares.begin());
   } else {
     dCols = at::zeros_like(ops.cols);
     Tensors features = chunkFeatures(ops);
@@ -718,6 +878,8 @@ void backward(KernelContext &ctx, const FusedArgs &args,
   }
 
   std::vector<double> dScalars = programs.dScalars();
+  for (size_t k = 0; k < dScalars.size(); ++k)
+    dScalars[k] += homeShares[k];
   auto f64 = at::TensorOptions(at::kDouble);
   at::Tensor dLeaves = at::empty({rowLeafCount, n}, f64);
   std::copy(dRowLeaves.begin(), dRowLeaves.end(), dLeaves.data_ptr<double>());

@@ -171,7 +171,7 @@ std::vector<at::Tensor> runStep(Communicator &comm, const std::string &op,
 /// A tile program being written: each call appends one instruction and
 /// returns its register.
 struct Program {
-  std::vector<int64_t> code, outputs;
+  std::vector<int64_t> code, outputs, colOutputs;
   int64_t rowLeaves = 0, colLeaves = 0;
 
   int64_t emit(Op op, int64_t a = 0, int64_t b = 0, int64_t c = 0) {
@@ -188,12 +188,21 @@ struct Program {
   void output(int64_t reg, Reduce kind) {
     outputs.insert(outputs.end(), {reg, static_cast<int64_t>(kind)});
   }
+  /// A column result (gathered steps only).
+  void colOutput(int64_t reg, Reduce kind) {
+    colOutputs.insert(colOutputs.end(), {reg, static_cast<int64_t>(kind)});
+  }
   int64_t numOutputs() const { return static_cast<int64_t>(outputs.size()) / 2; }
+  int64_t numColOutputs() const {
+    return static_cast<int64_t>(colOutputs.size()) / 2;
+  }
 
   std::vector<AttrSpec> attrs(Mode mode) const {
     std::vector<AttrSpec> out = {
         intAttr("row_leaves", rowLeaves), intAttr("col_leaves", colLeaves),
         intsAttr("program", code), intsAttr("outputs", outputs)};
+    if (!colOutputs.empty())
+      out.push_back(intsAttr("col_outputs", colOutputs));
     if (mode == Mode::Gathered)
       out.push_back(unitAttr("gathered"));
     if (mode == Mode::Sharded)
@@ -213,8 +222,8 @@ struct ProgramCase {
   LeafMaker leaves;
 };
 
-/// The program on the global S [N, M] with ATen ops: each result [N]. Leaves
-/// and S carry autograd.
+/// The program on the global S [N, M] with ATen ops: each row result [N],
+/// then each column result [M]. Leaves and S carry autograd.
 std::vector<at::Tensor> interpret(const Program &program, const at::Tensor &S,
                                   const std::vector<at::Tensor> &leaves) {
   using dloss::epilogue::bitsToDouble;
@@ -267,13 +276,16 @@ std::vector<at::Tensor> interpret(const Program &program, const at::Tensor &S,
     reg.push_back(v);
   }
   std::vector<at::Tensor> results;
-  for (int64_t k = 0; k < program.numOutputs(); ++k) {
-    at::Tensor e = reg[program.outputs[2 * k]].expand({N, M});
-    results.push_back(static_cast<Reduce>(program.outputs[2 * k + 1]) ==
-                              Reduce::Sum
-                          ? e.sum(1)
-                          : e.logsumexp(1));
-  }
+  auto reduce = [&](const std::vector<int64_t> &outputs, int64_t dim) {
+    for (size_t k = 0; k < outputs.size() / 2; ++k) {
+      at::Tensor e = reg[outputs[2 * k]].expand({N, M});
+      results.push_back(static_cast<Reduce>(outputs[2 * k + 1]) == Reduce::Sum
+                            ? e.sum(dim)
+                            : e.logsumexp(dim));
+    }
+  };
+  reduce(program.outputs, 1);
+  reduce(program.colOutputs, 0);
   return results;
 }
 
@@ -361,8 +373,30 @@ ProgramCase transcendental() {
           }};
 }
 
+/// CLIP's two directions from one tile: row results (lse, the logit at the
+/// row's target column) and column results (lse over every rank's rows, the
+/// logit at the column's target row, an int64 per-column leaf).
+ProgramCase clip() {
+  Program p;
+  p.rowLeaves = 1;
+  p.colLeaves = 1;
+  int64_t logits = p.emit(Op::Mul, p.emit(Op::Sim), p.emit(Op::Scalar, 0));
+  int64_t zero = p.constant(0);
+  int64_t rowHit = p.emit(Op::Eq, p.emit(Op::ColId), p.emit(Op::RowLeaf, 0));
+  int64_t colHit = p.emit(Op::Eq, p.emit(Op::RowId), p.emit(Op::ColLeaf, 0));
+  p.output(logits, Reduce::LogSumExp);
+  p.output(p.emit(Op::Select, rowHit, logits, zero), Reduce::Sum);
+  p.colOutput(logits, Reduce::LogSumExp);
+  p.colOutput(p.emit(Op::Select, colHit, logits, zero), Reduce::Sum);
+  return {"CLIP", p, [](int64_t N, int64_t M) {
+            return std::vector<at::Tensor>{at::randint(M, {N}, at::kLong),
+                                           at::randint(N, {M}, at::kLong),
+                                           scalar(1.75)};
+          }};
+}
+
 std::vector<ProgramCase> programs() {
-  return {infoNce(), ntXent(), supCon(), transcendental()};
+  return {infoNce(), ntXent(), supCon(), transcendental(), clip()};
 }
 
 //===----------------------------------------------------------------------===//
@@ -401,9 +435,12 @@ void checkProgram(Communicator &comm, const ProgramCase &pc, Mode mode,
   for (at::Tensor &leaf : leaves)
     if (at::isFloatingType(leaf.scalar_type()))
       leaf = leaf.to(precision.type).to(at::kDouble);
+  // Row results' cotangents [N], then column results' [M].
+  const int64_t numResults = p.numOutputs() + p.numColOutputs();
+  auto isRowResult = [&](int64_t k) { return k < p.numOutputs(); };
   std::vector<at::Tensor> cts;
-  for (int64_t k = 0; k < p.numOutputs(); ++k)
-    cts.push_back(randn({N}, 1.0));
+  for (int64_t k = 0; k < numResults; ++k)
+    cts.push_back(randn({isRowResult(k) ? N : M}, 1.0));
 
   // The reference: results on the global matrices; gradients of the loss
   // sum_k ct_k . r_k, over every row (`all`) and over this rank's (`mine`).
@@ -420,11 +457,22 @@ void checkProgram(Communicator &comm, const ProgramCase &pc, Mode mode,
     mine.narrow(0, offsetOf(layout.rows, rank), layout.rows[rank]).fill_(1);
   else
     mine.fill_(1);
+  // A rank's share of a 0-d leaf's gradient: its rows' row results and its
+  // own columns' column results.
+  at::Tensor mineCols = at::zeros({M}, at::kDouble);
+  if (colsSharded)
+    mineCols.narrow(0, offsetOf(layout.cols, rank), layout.cols[rank]).fill_(1);
+  else
+    mineCols.fill_(1);
   at::Tensor lossAll = at::zeros({}, at::kDouble), lossMine = lossAll;
-  for (int64_t k = 0; k < p.numOutputs(); ++k) {
+  for (int64_t k = 0; k < numResults; ++k) {
     lossAll = lossAll + (cts[k] * want[k]).sum();
-    lossMine = lossMine + (cts[k] * mine * want[k]).sum();
+    lossMine =
+        lossMine + (cts[k] * (isRowResult(k) ? mine : mineCols) * want[k]).sum();
   }
+  auto byResult = [&](int64_t k, const at::Tensor &t) {
+    return isRowResult(k) ? byRow(t) : byCol(t);
+  };
   std::vector<at::Tensor> floatLeaves;
   for (const at::Tensor &leaf : leafVars)
     if (leaf.requires_grad())
@@ -458,38 +506,45 @@ void checkProgram(Communicator &comm, const ProgramCase &pc, Mode mode,
   std::vector<dloss::test::AttrSpec> attrs = p.attrs(mode);
   std::string where = context + ", " + pc.name + ", " + modeName(mode);
 
-  std::vector<at::Tensor> forward = runStep(
-      comm, "dloss.fused_similarity", operands,
-      static_cast<int>(p.numOutputs()), attrs, replicated);
-  for (int64_t k = 0; k < p.numOutputs(); ++k)
-    expectClose(forward[k], byRow(want[k]), precision,
+  std::vector<at::Tensor> forward =
+      runStep(comm, "dloss.fused_similarity", operands,
+              static_cast<int>(numResults), attrs, replicated);
+  for (int64_t k = 0; k < numResults; ++k)
+    expectClose(forward[k], byResult(k, want[k]), precision,
                 where + ": result " + std::to_string(k));
 
-  // The backward, fed with the forward's results.
+  // The backward, fed with the forward's results. (Column results exist
+  // only in gathered steps, whose operands all differ along axis 0.)
   std::vector<at::Tensor> gradOperands = operands;
-  for (int64_t k = 0; k < p.numOutputs(); ++k) {
+  for (int64_t k = 0; k < numResults; ++k) {
     if (!rowsSharded)
       replicated.push_back(gradOperands.size());
     gradOperands.push_back(forward[k]);
   }
-  for (int64_t k = 0; k < p.numOutputs(); ++k) {
+  for (int64_t k = 0; k < numResults; ++k) {
     if (!rowsSharded)
       replicated.push_back(gradOperands.size());
-    gradOperands.push_back(in(byRow(cts[k])));
+    gradOperands.push_back(in(byResult(k, cts[k])));
   }
   std::vector<at::Tensor> got = runStep(comm, "dloss.fused_similarity_grad",
                                         gradOperands, 4, attrs, replicated);
 
   // The references of d_row_leaves ([row_leaves, n]) and d_scalars.
-  auto leafGradients = [&](const std::vector<at::Tensor> &grads) {
+  // Per-row leaves: the whole gradient of this rank's rows' values (`rowGrads`,
+  // normally gradAll); 0-d leaves: `grads`.
+  auto leafGradients = [&](const std::vector<at::Tensor> &grads,
+                           const std::vector<at::Tensor> &rowGradsFrom) {
     std::vector<at::Tensor> rowGrads, scalarGrads;
     size_t next = 2;
     for (size_t k = 0; k < leaves.size(); ++k) {
-      at::Tensor grad = leafVars[k].requires_grad()
-                            ? orZero(grads[next++], leaves[k])
-                            : at::zeros(leaves[k].sizes(), at::kDouble);
+      bool isFloat = leafVars[k].requires_grad();
+      at::Tensor grad = isFloat ? orZero(grads[next], leaves[k])
+                                : at::zeros(leaves[k].sizes(), at::kDouble);
+      at::Tensor rowGrad = isFloat ? orZero(rowGradsFrom[next], leaves[k])
+                                   : grad;
+      next += isFloat;
       if (static_cast<int64_t>(k) < p.rowLeaves)
-        rowGrads.push_back(byRow(grad));
+        rowGrads.push_back(byRow(rowGrad));
       else if (static_cast<int64_t>(k) >= p.rowLeaves + p.colLeaves)
         scalarGrads.push_back(grad);
     }
@@ -506,7 +561,7 @@ void checkProgram(Communicator &comm, const ProgramCase &pc, Mode mode,
   if (mode == Mode::Sharded) {
     // The results are invariant and the cotangents the full ones: d_cols is
     // exact, d_rows and the leaves' gradients are this shard's parts.
-    auto [rowLeafGrads, scalarGrads] = leafGradients(gradAll);
+    auto [rowLeafGrads, scalarGrads] = leafGradients(gradAll, gradAll);
     expectClose(summed(got[0]), orZero(gradAll[0], rows), precision,
                 where + ": d_rows summed over ranks");
     expectClose(got[1], byCol(orZero(gradAll[1], cols)), precision,
@@ -517,7 +572,7 @@ void checkProgram(Communicator &comm, const ProgramCase &pc, Mode mode,
                 where + ": d_scalars summed over ranks");
     return;
   }
-  auto [rowLeafGrads, scalarGrads] = leafGradients(gradMine);
+  auto [rowLeafGrads, scalarGrads] = leafGradients(gradMine, gradAll);
   expectClose(got[0], byRow(orZero(gradAll[0], rows)), precision,
               where + ": d_rows");
   // Gathered: the columns' gradient from every rank's rows; local: from
@@ -541,7 +596,8 @@ void checkAll(Communicator &comm, const Precision &precision,
                             describe(layout.cols) + ", tile '" + tile + "'";
       for (const ProgramCase &pc : programs())
         for (Mode mode : modes)
-          checkProgram(comm, pc, mode, layout, precision, context);
+          if (pc.program.colOutputs.empty() || mode == Mode::Gathered)
+            checkProgram(comm, pc, mode, layout, precision, context);
     }
 }
 
