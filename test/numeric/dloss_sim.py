@@ -173,8 +173,16 @@ def parse_dense(body, ttype):
     lit = re.sub(r"\btrue\b", "1", re.sub(r"\bfalse\b", "0", body))
     value = ast.literal_eval(lit)
     if isinstance(value, (list, tuple)):
-        return torch.tensor(value, dtype=ttype.dtype).reshape(shape)
-    return torch.full(shape, value, dtype=ttype.dtype)
+        out = torch.tensor(value, dtype=ttype.dtype).reshape(shape)
+    else:
+        out = torch.full(shape, value, dtype=ttype.dtype)
+    # A decimal literal means the nearest value of its element type (0.1 :
+    # f32 is 0.100000001490116...), as a pass that reads the attribute (a
+    # fused op's constant) sees it.
+    narrow = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+    if ttype.elem in narrow:
+        out = out.to(narrow[ttype.elem]).to(ttype.dtype)
+    return out
 
 
 def parse_attr_value(text):
