@@ -87,9 +87,9 @@ LogicalResult dloss::overrideGradMode(ModuleOp module, StringRef mode) {
 }
 
 FailureOr<std::string> dloss::compileToPlan(ModuleOp module, StringRef source,
-                                            bool fuse) {
+                                            bool fuse, bool dedicated) {
   PassManager pm(module.getContext());
-  buildDeriveBackwardPipeline(pm, fuse);
+  buildDeriveBackwardPipeline(pm, fuse, dedicated);
   if (failed(pm.run(module)))
     return failure();
   return lowerToPlan(module, source);

@@ -31,6 +31,8 @@ std::string compile(const Options &o) {
     args.push_back("--grad-mode=" + o.gradMode);
   if (o.noFuse)
     args.push_back("--no-fuse");
+  if (o.generalOnly)
+    args.push_back("--general-fusion-only");
   std::vector<char *> argv;
   for (std::string &a : args)
     argv.push_back(a.data());

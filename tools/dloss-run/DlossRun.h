@@ -30,6 +30,7 @@ struct Options {
   int timeoutSeconds = 0; // 0: the runtime's default (DLOSS_TIMEOUT_S or 300)
   bool runtimeChecks = false; // else DLOSS_CHECK decides
   bool noFuse = false;        // passed to dlossc --no-fuse
+  bool generalOnly = false;   // passed to dlossc --general-fusion-only
   int threads = 0; // intra-op threads per rank; 0: intraOpThreads() decides
 };
 

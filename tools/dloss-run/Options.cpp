@@ -17,7 +17,8 @@ const char *kUsage =
     "K]\n"
     "                 [--check] [--tolerance T] [--timeout S] [--grad-mode "
     "ddp|global]\n"
-    "                 [--runtime-checks] [--no-fuse] [--threads T] [--dlossc "
+    "                 [--runtime-checks] [--no-fuse] [--general-fusion-only]\n"
+    "                 [--threads T] [--dlossc "
     "PATH]\n"
     "\n"
     "  --world N     start N local ranks (processes, Gloo on loopback); "
@@ -53,6 +54,10 @@ const char *kUsage =
     "                ring-tiled kernels (dlossc --no-fuse): the plan "
     "materialises\n"
     "                the B_local x B_global matrices\n"
+    "  --general-fusion-only  fuse CLIP, SigLIP and PartialFC into the "
+    "general\n"
+    "                dloss.fused_similarity too (dlossc "
+    "--general-fusion-only)\n"
     "  --threads T   intra-op threads per rank (default: OMP_NUM_THREADS, "
     "else the\n"
     "                cores divided by the ranks on this machine, at least 1)\n"
@@ -123,6 +128,8 @@ Options parseOptions(int argc, char **argv) {
         usageError("--threads must be at least 1");
     } else if (a == "--no-fuse") {
       o.noFuse = true;
+    } else if (a == "--general-fusion-only") {
+      o.generalOnly = true;
     } else if (a == "--dlossc") {
       o.dlossc = value(i);
     } else if (!a.empty() && a[0] == '-') {

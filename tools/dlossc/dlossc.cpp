@@ -57,6 +57,12 @@ static llvm::cl::OptionCategory
     reportCategory("Report options",
                    "--report: peak memory and bytes communicated per call, "
                    "fused vs unfused, at concrete sizes");
+static llvm::cl::opt<bool> generalOnly(
+    "general-fusion-only",
+    llvm::cl::desc("Fuse every similarity into dloss.fused_similarity, "
+                   "CLIP, SigLIP and PartialFC included, instead of their "
+                   "dedicated ops (to compare the two)"),
+    llvm::cl::init(false));
 static llvm::cl::opt<bool> remarks(
     "remarks",
     llvm::cl::desc("Print the passes' remarks (why a similarity stays "
@@ -180,14 +186,14 @@ int main(int argc, char **argv) {
     return failed(writeOutput(out.empty() ? "-" : out, printed(*module)));
   if (emit == Emit::Backward) {
     PassManager pm(&context);
-    mlir::dloss::buildDeriveBackwardPipeline(pm, !noFuse);
+    mlir::dloss::buildDeriveBackwardPipeline(pm, !noFuse, !generalOnly);
     if (failed(pm.run(*module)))
       return 1;
     return failed(writeOutput(out.empty() ? "-" : out, printed(*module)));
   }
 
   FailureOr<std::string> bytes = mlir::dloss::compileToPlan(
-      *module, llvm::sys::path::filename(inputFile), !noFuse);
+      *module, llvm::sys::path::filename(inputFile), !noFuse, !generalOnly);
   if (failed(bytes))
     return 1;
   if (emit == Emit::PlanText)
