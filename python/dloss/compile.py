@@ -77,7 +77,8 @@ class CompiledLoss(torch.nn.Module):
         return sorted({word.split("(")[0] for word in
                        self.plan_text().split()
                        if word.startswith(("dloss.ring_",
-                                           "dloss.sharded_softmax"))})
+                                           "dloss.sharded_softmax",
+                                           "dloss.fused_similarity"))})
 
     @property
     def grad_mode(self):
