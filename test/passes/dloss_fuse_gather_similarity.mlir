@@ -372,3 +372,74 @@ func.func @supcon_labels(%z: tensor<?x?xf32> {dloss.grad}, %y: tensor<?xi64>,
   %total = dloss.all_reduce sum %sum : tensor<f32>
   return %total : tensor<f32>
 }
+
+// -----
+
+// DCL: the positive is left out of the denominator (its column masked with
+// -inf by comparing the column ids with each row's positive) and picked by
+// take_along: one log-sum-exp and one pick from the same tiles.
+// CHECK-LABEL: func.func @dcl_positive_out(
+// CHECK-SAME: %[[Q:[^:]*]]: tensor<?x?xf32> {dloss.grad}, %[[K:[^:]*]]: tensor<?x?xf32> {dloss.grad}
+// CHECK: %[[F:.*]]:2 = dloss.fused_similarity %[[Q]], %[[K]] leaves(%[[POS:.*]], %{{.*}}) {col_leaves = 0 : i64, gathered,
+// CHECK-SAME: outputs = array<i64: 7, 1, 9, 0>
+// CHECK: dloss.sub %[[F]]#0, %[[F]]#1
+// CHECK-NOT: dloss.logsumexp
+// CHECK-NOT: dloss.take_along
+// GRAD-LABEL: func.func @dcl_positive_out_grad(
+// GRAD: dloss.fused_similarity_grad
+// GRAD: return
+func.func @dcl_positive_out(%q: tensor<?x?xf32> {dloss.grad}, %k: tensor<?x?xf32> {dloss.grad},
+                            %s: tensor<f32> {dloss.replicated}) -> tensor<f32> attributes {dloss.loss} {
+  %zero = arith.constant 0 : index
+  %all = dloss.all_gather %k axis 0 : tensor<?x?xf32>
+  %sim = dloss.matmul %q, %all transpose_rhs : tensor<?x?xf32>, tensor<?x?xf32>
+  %logits = dloss.mul %sim, %s : tensor<?x?xf32>, tensor<f32>
+  %offset = dloss.shard_offset %q axis 0 : tensor<?x?xf32>
+  %n = dloss.dim %q axis 0 : tensor<?x?xf32>
+  %pos = dloss.arange %offset, %n : tensor<?xi64>
+  %b = dloss.global_size %k axis 0 : tensor<?x?xf32>
+  %cols = dloss.arange %zero, %b : tensor<?xi64>
+  %row_pos = dloss.expand %pos axes [1] like %logits : tensor<?xi64>, tensor<?x?xf32>
+  %col_ids = dloss.expand %cols axes [0] like %logits : tensor<?xi64>, tensor<?x?xf32>
+  %is_pos = dloss.eq %row_pos, %col_ids : tensor<?x?xi64>, tensor<?x?xi64>
+  %ninf = arith.constant dense<0xFF800000> : tensor<f32>
+  %negatives = dloss.select %is_pos, %ninf, %logits : tensor<?x?xi64>, tensor<f32>, tensor<?x?xf32>
+  %lse = dloss.logsumexp %negatives axis 1 : tensor<?x?xf32>
+  %positive = dloss.take_along %logits, %pos axis 1 : tensor<?x?xf32>, tensor<?xi64>
+  %loss = dloss.sub %lse, %positive : tensor<?xf32>, tensor<?xf32>
+  %sum = dloss.reduce sum %loss axes [0] : tensor<?xf32>
+  %total = dloss.all_reduce sum %sum : tensor<f32>
+  return %total : tensor<f32>
+}
+
+// -----
+
+// Hard-negative weighting (Robinson et al.): the importance-weighted
+// negative term is a ratio of two row sums of exponentials of the logits,
+// both results of one op (the ratio and the log stay per-row IR).
+// CHECK-LABEL: func.func @hard_negatives(
+// CHECK: %[[F:.*]]:3 = dloss.fused_similarity {{.*}}gathered, outputs = array<i64: {{[0-9]+}}, 0, {{[0-9]+}}, 0, {{[0-9]+}}, 0>
+// CHECK: dloss.div %[[F]]#0, %[[F]]#1
+// CHECK-NOT: dloss.exp %{{.*}} : tensor<?x?xf32>
+func.func @hard_negatives(%q: tensor<?x?xf32> {dloss.grad}, %k: tensor<?x?xf32> {dloss.grad},
+                          %t: tensor<?xi64>) -> tensor<f32> attributes {dloss.loss} {
+  %all = dloss.all_gather %k axis 0 : tensor<?x?xf32>
+  %sim = dloss.matmul %q, %all transpose_rhs : tensor<?x?xf32>, tensor<?x?xf32>
+  %tau = arith.constant dense<0.1> : tensor<f32>
+  %logits = dloss.div %sim, %tau : tensor<?x?xf32>, tensor<f32>
+  %beta = arith.constant dense<0.5> : tensor<f32>
+  %one_beta = arith.constant dense<1.5> : tensor<f32>
+  %wl = dloss.mul %logits, %one_beta : tensor<?x?xf32>, tensor<f32>
+  %weighted = dloss.exp %wl : tensor<?x?xf32>
+  %bl = dloss.mul %logits, %beta : tensor<?x?xf32>, tensor<f32>
+  %weights = dloss.exp %bl : tensor<?x?xf32>
+  %num = dloss.reduce sum %weighted axes [1] : tensor<?x?xf32>
+  %den = dloss.reduce sum %weights axes [1] : tensor<?x?xf32>
+  %neg = dloss.div %num, %den : tensor<?xf32>, tensor<?xf32>
+  %pos = dloss.take_along %logits, %t axis 1 : tensor<?x?xf32>, tensor<?xi64>
+  %log_neg = dloss.log %neg : tensor<?xf32>
+  %loss = dloss.sub %log_neg, %pos : tensor<?xf32>, tensor<?xf32>
+  %sum = dloss.reduce sum %loss axes [0] : tensor<?xf32>
+  %total = dloss.all_reduce sum %sum : tensor<f32>
+  return %total : tensor<f32>
+}
