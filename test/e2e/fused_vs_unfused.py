@@ -27,7 +27,34 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from run_example import make_inputs  # noqa: E402
 
-FUSED_OPS = ("dloss.ring_softmax_ce", "dloss.ring_sigmoid_pairs", "dloss.sharded_softmax")
+FUSED_OPS = ("dloss.ring_softmax_ce", "dloss.ring_sigmoid_pairs", "dloss.sharded_softmax",
+             "dloss.fused_similarity")
+
+
+def more_inputs(example, sizes, dim, out, rng):
+    """Inputs of the examples that examples/run_example.py has no recipe
+    for (yet): unit-norm features per rank, SupCon's labels from 3 classes
+    (rows share classes), a replicated scale of 1 / 0.07."""
+    name = os.path.basename(example)
+    views = {"ntxent.mlir": ("z1", "z2"), "infonce.mlir": ("q", "k"),
+             "dcl.mlir": ("q", "k"), "supcon.mlir": ("z",)}
+    if name not in views:
+        return None
+    inputs = []
+
+    def save(prefix, arrays):
+        for r, a in enumerate(arrays):
+            np.save(os.path.join(out, f"{prefix}{r}.npy"), a)
+        inputs.append(f"{prefix}={os.path.join(out, prefix)}{{rank}}.npy")
+
+    for view in views[name]:
+        xs = [rng.standard_normal((n, dim)).astype(np.float32) for n in sizes]
+        save(view, [x / np.linalg.norm(x, axis=1, keepdims=True) for x in xs])
+    if name == "supcon.mlir":
+        save("y", [rng.integers(0, 3, size=(n,)).astype(np.int64) for n in sizes])
+    if name in ("infonce.mlir", "dcl.mlir"):
+        inputs.append("scale=14.285714")
+    return inputs
 
 
 def run(cmd):
@@ -71,7 +98,10 @@ def main():
     world = len(sizes)
     out = a.out or tempfile.mkdtemp(prefix="dloss-fused-")
     os.makedirs(out, exist_ok=True)
-    inputs = make_inputs(a.example, sizes, a.dim, out, np.random.default_rng(a.seed))
+    rng = np.random.default_rng(a.seed)
+    inputs = more_inputs(a.example, sizes, a.dim, out, rng)
+    if inputs is None:
+        inputs = make_inputs(a.example, sizes, a.dim, out, rng)
 
     mode = ["--grad-mode", a.grad_mode] if a.grad_mode else []
     plan = run([a.dlossc, a.example, "--emit=plan-text"] + mode)
