@@ -32,12 +32,13 @@ def ntxent_loss(z1, z2, temperature=0.5):
     everyone = dloss.all_gather(mine)
     logits = mine @ everyone.T / temperature
     # Global indices: of this rank's 2n rows (contiguous from the stack's
-    # shard offset) and of each row's other view (its positive).
+    # shard offset, twice z1's) and of each row's other view (its positive).
     n = z1.shape[0]
-    rows = torch.arange(2 * n) + dloss.shard_offset(mine)
-    positives = torch.cat([rows[n:], rows[:n]])
+    firsts = torch.arange(n) + 2 * dloss.shard_offset(z1)
+    rows = torch.cat([firsts, firsts + n])
+    positives = torch.cat([firsts + n, firsts])
     # A row is not its own negative.
-    is_self = rows[:, None] == torch.arange(dloss.global_size(mine))[None, :]
+    is_self = rows[:, None] == torch.arange(2 * dloss.global_size(z1))[None, :]
     logits = logits.masked_fill(is_self, float("-inf"))
     return F.cross_entropy(logits, positives)   # the mean over the 2B rows
 
