@@ -586,12 +586,16 @@ LogicalResult FusedSimilarityOp::buildAdjoint(AdjointBuilder &ab) {
   SmallVector<Value> extra(getLeaves());
   llvm::append_range(extra, getResults());
   // Over class shards the results are invariant: each shard's gradients
-  // need every row's full cotangent.
+  // need every row's full cotangent. Otherwise each rank differentiates
+  // its own share: an invariant result's cotangent in its per-rank partial
+  // form (every rank computes the same rows when they are invariant), so
+  // the gradients are partial too (a collective's invariant operands get
+  // partial cotangents) and their sum over ranks is the full gradient.
   for (auto [i, result] : llvm::enumerate(getResults())) {
     Cotangent ct = ab.resultCotangent(i);
     extra.push_back(!ct          ? ZerosLikeOp::create(ab.b, ab.loc, result)
                     : getSharded() ? ab.reduced(ct)
-                                   : ct.value);
+                                   : ab.partial(ct));
   }
   Type element = cast<ShapedType>(getRows().getType()).getElementType();
   int64_t dyn = ShapedType::kDynamic;
