@@ -178,7 +178,9 @@ TWINS = {"clip": "clip.mlir", "siglip": "siglip.mlir",
          "arcface": "arcface.mlir", "ntxent": "ntxent.mlir",
          "open_clip": "clip.mlir", "features": None}
 FUSED = {"clip": "dloss.ring_softmax_ce", "open_clip": "dloss.ring_softmax_ce",
-         "siglip": "dloss.ring_sigmoid_pairs"}
+         "siglip": "dloss.ring_sigmoid_pairs",
+         "arcface": "dloss.fused_similarity",
+         "ntxent": "dloss.fused_similarity"}
 
 
 def run_rank(rank, world, sizes):
