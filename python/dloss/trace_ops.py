@@ -444,7 +444,7 @@ class _Value:
 
 _INTERNAL = {"tr", "node", "dims", "dtype", "ir", "varying", "note", "loc",
              "base", "made", "x", "s", "scale_first", "start", "count",
-             "positions", "fn", "args"}
+             "positions", "fn", "args", "input_name"}
 
 
 def _dim_text(d):
