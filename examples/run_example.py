@@ -60,6 +60,16 @@ def make_inputs(example, sizes, dim, out, rng):
         save("embeddings", [rng.standard_normal((n, dim)).astype(np.float32) for n in sizes])
         save("labels", [rng.integers(0, classes, size=(n,)).astype(np.int64) for n in sizes])
         save("weights", [rng.standard_normal((c, dim)).astype(np.float32) for c in shards])
+    elif name in ("ntxent.mlir", "infonce.mlir", "dcl.mlir"):
+        # Two views (or queries and keys), unit-norm per row.
+        for view in {"ntxent.mlir": ("z1", "z2")}.get(name, ("q", "k")):
+            save(view, features())
+        if name != "ntxent.mlir":
+            inputs.append("scale=14.285714")
+    elif name == "supcon.mlir":
+        save("z", features())
+        # Labels from 3 classes, so rows share classes across ranks.
+        save("y", [rng.integers(0, 3, size=(n,)).astype(np.int64) for n in sizes])
     else:
         sys.exit(f"run_example.py: no input recipe for {name}")
     return inputs

@@ -11,7 +11,7 @@ so it cannot pass by comparing two unfused runs.
 
 usage: fused_vs_unfused.py DLOSS_RUN DLOSSC EXAMPLE.mlir --sizes 5,3,7,1
                            [--grad-mode ddp|global] [--dim 16] [--tolerance 1e-5]
-                           [--out DIR]
+                           [--general] [--out DIR]
 """
 import argparse
 import glob
@@ -29,32 +29,6 @@ from run_example import make_inputs  # noqa: E402
 
 FUSED_OPS = ("dloss.ring_softmax_ce", "dloss.ring_sigmoid_pairs", "dloss.sharded_softmax",
              "dloss.fused_similarity")
-
-
-def more_inputs(example, sizes, dim, out, rng):
-    """Inputs of the examples that examples/run_example.py has no recipe
-    for (yet): unit-norm features per rank, SupCon's labels from 3 classes
-    (rows share classes), a replicated scale of 1 / 0.07."""
-    name = os.path.basename(example)
-    views = {"ntxent.mlir": ("z1", "z2"), "infonce.mlir": ("q", "k"),
-             "dcl.mlir": ("q", "k"), "supcon.mlir": ("z",)}
-    if name not in views:
-        return None
-    inputs = []
-
-    def save(prefix, arrays):
-        for r, a in enumerate(arrays):
-            np.save(os.path.join(out, f"{prefix}{r}.npy"), a)
-        inputs.append(f"{prefix}={os.path.join(out, prefix)}{{rank}}.npy")
-
-    for view in views[name]:
-        xs = [rng.standard_normal((n, dim)).astype(np.float32) for n in sizes]
-        save(view, [x / np.linalg.norm(x, axis=1, keepdims=True) for x in xs])
-    if name == "supcon.mlir":
-        save("y", [rng.integers(0, 3, size=(n,)).astype(np.int64) for n in sizes])
-    if name in ("infonce.mlir", "dcl.mlir"):
-        inputs.append("scale=14.285714")
-    return inputs
 
 
 def run(cmd):
@@ -92,6 +66,9 @@ def main():
     parser.add_argument("--tolerance", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="")
+    parser.add_argument("--general", action="store_true",
+                        help="fuse with --general-fusion-only: CLIP, SigLIP and "
+                             "PartialFC through dloss.fused_similarity too")
     a = parser.parse_args()
 
     sizes = [int(s) for s in a.sizes.split(",")]
@@ -99,18 +76,18 @@ def main():
     out = a.out or tempfile.mkdtemp(prefix="dloss-fused-")
     os.makedirs(out, exist_ok=True)
     rng = np.random.default_rng(a.seed)
-    inputs = more_inputs(a.example, sizes, a.dim, out, rng)
-    if inputs is None:
-        inputs = make_inputs(a.example, sizes, a.dim, out, rng)
+    inputs = make_inputs(a.example, sizes, a.dim, out, rng)
 
     mode = ["--grad-mode", a.grad_mode] if a.grad_mode else []
-    plan = run([a.dlossc, a.example, "--emit=plan-text"] + mode)
-    if not any(op in plan for op in FUSED_OPS):
+    general = ["--general-fusion-only"] if a.general else []
+    plan = run([a.dlossc, a.example, "--emit=plan-text"] + mode + general)
+    wanted = ("dloss.fused_similarity",) if a.general else FUSED_OPS
+    if not any(op in plan for op in wanted):
         sys.exit(f"fused_vs_unfused.py: the default plan of {a.example} has no fused op; "
                  "dloss-fuse-gather-similarity did not match it")
 
     runs = {}
-    for name, extra in (("fused", []), ("unfused", ["--no-fuse"])):
+    for name, extra in (("fused", general), ("unfused", ["--no-fuse"])):
         d = os.path.join(out, name)
         cmd = [a.dloss_run, a.example, "--world", str(world), "--iters", "1",
                "--timeout", "60", "--out", d] + mode + extra
