@@ -19,6 +19,11 @@ cuda::ElementType elementTypeOf(at::ScalarType type) {
 } // namespace
 
 DeviceTiles::DeviceTiles(const FusedArgs &args, int64_t rows, int64_t cols)
+    : DeviceTiles(args, rows, cols, cuda::tileWorkspaceBytes) {}
+
+DeviceTiles::DeviceTiles(
+    const FusedArgs &args, int64_t rows, int64_t cols,
+    const std::function<size_t(int64_t, int64_t, cuda::ElementType)> &bytesOf)
     : shape(deviceTileShape(rows, cols)) {
   launch.device = args.device.index();
   launch.stream = currentCudaStream(args.device.index());
@@ -27,7 +32,7 @@ DeviceTiles::DeviceTiles(const FusedArgs &args, int64_t rows, int64_t cols)
   launch.maxCols = shape.cols;
   const char *tf32 = std::getenv("DLOSS_CUDA_TF32");
   launch.allowTF32 = tf32 && std::string(tf32) == "1";
-  size_t bytes = cuda::tileWorkspaceBytes(shape.rows, shape.cols, launch.type);
+  size_t bytes = bytesOf(shape.rows, shape.cols, launch.type);
   workspace =
       at::empty({static_cast<int64_t>(bytes)}, args.options().dtype(at::kByte));
   launch.workspace = workspace.data_ptr();
@@ -48,8 +53,12 @@ cuda::Tile DeviceTiles::tile(const at::Tensor &rows, const at::Tensor &cols,
 
 void onDevice(KernelContext &ctx, const FusedArgs &args,
               void (*op)(KernelContext &, const FusedArgs &)) {
+  onDevice(args, [&] { op(ctx, args); });
+}
+
+void onDevice(const FusedArgs &args, const std::function<void()> &op) {
   try {
-    op(ctx, args);
+    op();
   } catch (const Error &) {
     throw;
   } catch (const std::runtime_error &error) {

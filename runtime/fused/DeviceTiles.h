@@ -14,6 +14,9 @@
 
 #ifdef DLOSS_HAVE_CUDA
 #include "runtime/fused/cuda/FusedTiles.h"
+#include "runtime/fused/cuda/SimilarityTiles.h"
+
+#include <functional>
 
 namespace dloss::fused {
 
@@ -22,6 +25,11 @@ namespace dloss::fused {
 class DeviceTiles {
 public:
   DeviceTiles(const FusedArgs &args, int64_t rows, int64_t cols);
+  /// The same with a workspace of bytes(maxRows, maxCols, type) bytes, for
+  /// launchers that carve their own (cuda/SimilarityTiles.h).
+  DeviceTiles(const FusedArgs &args, int64_t rows, int64_t cols,
+              const std::function<size_t(int64_t, int64_t, cuda::ElementType)>
+                  &bytes);
 
   /// The operands of `block`: rows[block.row...], cols[block.col...].
   cuda::Tile tile(const at::Tensor &rows, const at::Tensor &cols,
@@ -43,6 +51,8 @@ template <typename T> T *dataAt(const at::Tensor &tensor, int64_t offset = 0) {
 /// (std::runtime_error) become dloss::Errors naming the op and rank.
 void onDevice(KernelContext &ctx, const FusedArgs &args,
               void (*op)(KernelContext &, const FusedArgs &));
+/// The same for any callable (ops whose visit takes more than the args).
+void onDevice(const FusedArgs &args, const std::function<void()> &op);
 
 /// Per row, in f64, a backward's share of a 0-d parameter's gradient.
 at::Tensor perRowShares(int64_t n, const FusedArgs &args);

@@ -96,19 +96,8 @@ inline int64_t doubleToBits(double value) {
   return bits;
 }
 
-/// The name of an opcode (plan text, errors, the fusion remarks), or null.
-inline const char *opName(Op op) {
-  static const char *const names[kOpCount] = {
-      "sim",      "col_id",      "row",     "col",   "scalar", "const",
-      "add",      "sub",         "mul",     "div",   "neg",    "exp",
-      "log",      "softplus",    "log_sigmoid", "sigmoid", "cos", "acos",
-      "sin",      "sqrt",        "clamp",   "eq",    "select", "row_id"};
-  auto k = static_cast<int64_t>(op);
-  return k >= 0 && k < kOpCount ? names[k] : nullptr;
-}
-
 /// How many register operands an arithmetic opcode reads (0 for leaves).
-inline int registerOperands(Op op) {
+DLOSS_HD int registerOperands(Op op) {
   switch (op) {
   case Op::Add:
   case Op::Sub:
@@ -131,6 +120,21 @@ inline int registerOperands(Op op) {
   }
 }
 
+
+// The checks and names below are host code for the compiler and the runtime's
+// operand checks; nvcc's objects (cuda/SimilarityTiles.cu) skip them, so no
+// std::string is compiled there (cuda/FusedTiles.cu's rule).
+#if !defined(__CUDACC__)
+/// The name of an opcode (plan text, errors, the fusion remarks), or null.
+inline const char *opName(Op op) {
+  static const char *const names[kOpCount] = {
+      "sim",      "col_id",      "row",     "col",   "scalar", "const",
+      "add",      "sub",         "mul",     "div",   "neg",    "exp",
+      "log",      "softplus",    "log_sigmoid", "sigmoid", "cos", "acos",
+      "sin",      "sqrt",        "clamp",   "eq",    "select", "row_id"};
+  auto k = static_cast<int64_t>(op);
+  return k >= 0 && k < kOpCount ? names[k] : nullptr;
+}
 
 /// Checks a list of outputs (register, reduction) of a program of `count`
 /// instructions; `what` names an entry in the message ("result").
@@ -189,6 +193,7 @@ inline std::string checkProgram(const int64_t *program, int64_t programSize,
     return "the program has no outputs";
   return checkOutputs(outputs, outputsSize, count, "result");
 }
+#endif // !defined(__CUDACC__)
 
 //===----------------------------------------------------------------------===//
 // Scalar rules: the one definition of every instruction's value and

@@ -893,28 +893,280 @@ void backward(KernelContext &ctx, const FusedArgs &args,
 }
 
 #ifdef DLOSS_HAVE_CUDA
-// The GPU hook: CUDA tensors arrive here (the CUDA tiles of the tile program
-// are not written yet; cuda/FusedTiles.h is where they go, over
-// epilogue::evaluate and epilogue::reverse per element).
-void fusedSimilarityDevice(const FusedArgs &args) {
-  args.fail(std::string(args.op) +
-                " is not yet available on CUDA tensors: the general fused "
-                "op runs on the CPU only",
-            "Pass CPU tensors, or compile the loss without fusing it "
-            "(dlossc --no-fuse, jit::Options::fuse = false)");
+//===----------------------------------------------------------------------===//
+// The GPU path: the same operands, ring and carries as above, each tile run
+// by cuda/SimilarityTiles.h (one element per thread, through the same
+// epilogue::evaluate and epilogue::reverse; fp32 statistics on the device,
+// combined in f64 as above). f64 inputs are computed in f32 there, as for
+// every fused op on the GPU.
+//===----------------------------------------------------------------------===//
+
+constexpr const char *kDeviceLimitHint =
+    "Pass CPU tensors for this loss, or compile it without fusing "
+    "(dlossc --no-fuse, jit::Options::fuse = false)";
+
+/// `count` `what` against the CUDA tiles' fixed-size arrays.
+void checkDeviceLimit(const FusedArgs &args, size_t count, int limit,
+                      const char *what) {
+  if (count > static_cast<size_t>(limit))
+    args.fail("the tile program has " + std::to_string(count) + " " + what +
+                  ", more than the " + std::to_string(limit) +
+                  " the CUDA tiles hold (cuda/SimilarityTiles.h)",
+              kDeviceLimitHint);
 }
-#define DLOSS_SIMILARITY_DEVICE_DISPATCH                                       \
+
+/// The program and its 0-d leaves as the CUDA tiles take them.
+cuda::TileProgram deviceProgram(const FusedArgs &args,
+                                const SimilarityOperands &ops) {
+  checkDeviceLimit(args, ops.program.size(), cuda::kMaxInstructions,
+                   "instructions");
+  checkDeviceLimit(args, ops.outputs.size(), cuda::kMaxResults, "results");
+  checkDeviceLimit(args, ops.colOutputs.size(), cuda::kMaxResults,
+                   "column results");
+  checkDeviceLimit(args, ops.rowLeaves.size(), cuda::kMaxRowLeaves,
+                   "per-row leaves");
+  checkDeviceLimit(args, ops.colLeaves.size(), cuda::kMaxColLeaves,
+                   "per-column leaves");
+  checkDeviceLimit(args, ops.scalars.size(), cuda::kMaxScalars, "0-d leaves");
+  cuda::TileProgram program;
+  program.count = static_cast<int32_t>(ops.program.size());
+  std::copy(ops.program.begin(), ops.program.end(), program.code);
+  auto results = [](const std::vector<Output> &outputs,
+                    cuda::TileResult *out) {
+    for (size_t k = 0; k < outputs.size(); ++k)
+      out[k] = cuda::TileResult{static_cast<int32_t>(outputs[k].reg),
+                                outputs[k].kind};
+    return static_cast<int32_t>(outputs.size());
+  };
+  program.rowResults = results(ops.outputs, program.rowResult);
+  program.colResults = results(ops.colOutputs, program.colResult);
+  program.rowLeaves = static_cast<int32_t>(ops.rowLeaves.size());
+  program.colLeaves = static_cast<int32_t>(ops.colLeaves.size());
+  program.scalars = static_cast<int32_t>(ops.scalars.size());
+  for (size_t k = 0; k < ops.scalars.size(); ++k) {
+    program.scalar[k] = static_cast<float>(ops.scalars[k]);
+    program.scalarIsFloat |= ops.scalarIsFloat[k] ? 1u << k : 0u;
+  }
+  for (size_t k = 0; k < ops.rowLeaves.size(); ++k)
+    program.rowLeafIsFloat |= ops.rowLeafIsFloat[k] ? 1u << k : 0u;
+  return program;
+}
+
+/// The tiles' workspace size for `colResults` column results.
+std::function<size_t(int64_t, int64_t, cuda::ElementType)>
+deviceWorkspace(size_t colResults) {
+  return [colResults](int64_t rows, int64_t cols, cuda::ElementType type) {
+    return cuda::similarityWorkspaceBytes(rows, cols, type,
+                                          static_cast<int>(colResults));
+  };
+}
+
+/// The leaves of `block` of `chunk` (features: cols, then the per-column
+/// leaves), as RowProgram reads them.
+cuda::TileLeaves deviceLeaves(const SimilarityOperands &ops,
+                              const Chunk &chunk, const Block &block) {
+  cuda::TileLeaves leaves;
+  leaves.rowBase = ops.rowOffset + block.row;
+  leaves.colBase = chunk.offset + block.col;
+  for (size_t k = 0; k < ops.rowLeaves.size(); ++k)
+    leaves.row[k] = dataAt<float>(ops.rowLeaves[k], block.row);
+  for (size_t k = 0; k < ops.colLeaves.size(); ++k)
+    leaves.col[k] = dataAt<float>(chunk.features[1 + k], block.col);
+  return leaves;
+}
+
+/// forward() on CUDA tensors: row statistics [results, n] and the chunks'
+/// column statistics [column results, length] (max, sum) in f32 on the
+/// device.
+void fusedSimilarityDevice(KernelContext &ctx, const FusedArgs &args,
+                           const SimilarityProgram &spec) {
+  SimilarityOperands ops = similarityOperands(args, spec, /*backward=*/false);
+  const cuda::TileProgram program = deviceProgram(args, ops);
+  const int64_t n = ops.rows.size(0), m = ops.cols.size(0);
+  const int64_t numOutputs = static_cast<int64_t>(ops.outputs.size());
+  const int64_t numCol = static_cast<int64_t>(ops.colOutputs.size());
+  DeviceTiles dev(args, n, spec.gathered ? largest(ops.colSizes) : m,
+                  deviceWorkspace(ops.colOutputs.size()));
+  at::Tensor max = at::full({numOutputs, n}, -kInf, args.options());
+  at::Tensor sum = at::zeros({numOutputs, n}, args.options());
+
+  auto newCarry = [&](int64_t length) {
+    return Tensors{at::full({numCol, length}, -kInf, args.options()),
+                   at::zeros({numCol, length}, args.options())};
+  };
+  auto visit = [&](const Chunk &chunk) {
+    const at::Tensor &cols = chunk.features[0];
+    const int64_t length = chunk.length();
+    Tensors carry = numCol > 0 ? newCarry(length) : Tensors{};
+    forEachBlock(n, length, dev.shape, [&](const Block &block) {
+      cuda::SimilarityForward tile;
+      tile.leaves = deviceLeaves(ops, chunk, block);
+      for (int64_t k = 0; k < numOutputs; ++k) {
+        tile.rowMax[k] = dataAt<float>(max, k * n + block.row);
+        tile.rowSum[k] = dataAt<float>(sum, k * n + block.row);
+      }
+      for (int64_t k = 0; k < numCol; ++k) {
+        tile.colMax[k] = dataAt<float>(carry[0], k * length + block.col);
+        tile.colSum[k] = dataAt<float>(carry[1], k * length + block.col);
+      }
+      cuda::similarityForwardTile(dev.launch, dev.tile(ops.rows, cols, block),
+                                  program, tile);
+    });
+    return carry;
+  };
+
+  Tensors colStats;
+  if (spec.gathered) {
+    RingPass pass;
+    pass.features = chunkFeatures(ops);
+    pass.lengths = ops.colSizes;
+    if (numCol > 0) {
+      pass.newCarry = newCarry;
+      pass.merge = [&](Tensors &mine, const Tensors &upstream) {
+        for (int64_t k = 0; k < numCol; ++k) {
+          if (ops.colOutputs[k].kind == Reduce::Sum)
+            mine[1][k].add_(upstream[1][k]);
+          else
+            mergeLse(mine[0][k], mine[1][k], upstream[0][k], upstream[1][k]);
+        }
+      };
+    }
+    pass.visit = visit;
+    colStats = runRing(ctx.communicator(), pass);
+  } else {
+    Tensors features = chunkFeatures(ops);
+    visit(Chunk{ops.colOffset, features});
+  }
+
+  // The shards combine, and the results form, in f64 as on the CPU.
+  at::Tensor max64 = max.to(at::kDouble), sum64 = sum.to(at::kDouble);
+  if (spec.sharded)
+    combineShards(ctx.communicator(), ops, max64, sum64);
+  at::Tensor lse = max64 + sum64.log();
+  for (int64_t k = 0; k < numOutputs; ++k)
+    ctx.setResult(k, (ops.outputs[k].kind == Reduce::Sum ? sum64[k] : lse[k])
+                         .to(args.type(0)));
+  for (int64_t k = 0; k < numCol; ++k)
+    ctx.setResult(numOutputs + k,
+                  (ops.colOutputs[k].kind == Reduce::Sum
+                       ? colStats[1][k]
+                       : lseOf(colStats[0][k], colStats[1][k]))
+                      .to(args.type(0)));
+}
+
+/// backward() on CUDA tensors: the per-row shares of the leaves' gradients
+/// in f64 [leaf, n] on the device, summed at the end.
+void fusedSimilarityGradDevice(KernelContext &ctx, const FusedArgs &args,
+                               const SimilarityProgram &spec) {
+  SimilarityOperands ops = similarityOperands(args, spec, /*backward=*/true);
+  const cuda::TileProgram program = deviceProgram(args, ops);
+  const int64_t n = ops.rows.size(0), m = ops.cols.size(0),
+                d = ops.rows.size(1);
+  const size_t numOutputs = ops.outputs.size(), numCol = ops.colOutputs.size();
+  const int64_t rowLeafCount = static_cast<int64_t>(ops.rowLeaves.size());
+  const int64_t scalarCount = static_cast<int64_t>(ops.scalars.size());
+  // [1] at least: no empty transfers.
+  const int64_t shares = std::max<int64_t>(1, scalarCount);
+  const bool splitScalars =
+      numCol > 0 && std::any_of(ops.scalarIsFloat.begin(),
+                                ops.scalarIsFloat.end(),
+                                [](bool isFloat) { return isFloat; });
+  DeviceTiles dev(args, n, spec.gathered ? largest(ops.colSizes) : m,
+                  deviceWorkspace(numCol));
+  const auto f64 = args.options().dtype(at::kDouble);
+  at::Tensor dRows = at::zeros({n, d}, args.options());
+  at::Tensor dLeaves = at::zeros({rowLeafCount, n}, f64);
+  at::Tensor dScalarRow = at::zeros({shares, n}, f64);
+  // The chunk's column results and cotangents follow cols and its leaves.
+  const size_t colBase = 1 + ops.colLeaves.size();
+
+  auto tiles = [&](const Chunk &chunk, at::Tensor &dCols,
+                   at::Tensor &colShareRow) {
+    const at::Tensor &cols = chunk.features[0];
+    forEachBlock(n, chunk.length(), dev.shape, [&](const Block &block) {
+      cuda::SimilarityBackward tile;
+      tile.leaves = deviceLeaves(ops, chunk, block);
+      for (size_t k = 0; k < numOutputs; ++k) {
+        tile.rowValue[k] = dataAt<float>(ops.results[k], block.row);
+        tile.rowCt[k] = dataAt<float>(ops.cts[k], block.row);
+      }
+      for (size_t k = 0; k < numCol; ++k) {
+        tile.colValue[k] = dataAt<float>(chunk.features[colBase + k], block.col);
+        tile.colCt[k] =
+            dataAt<float>(chunk.features[colBase + numCol + k], block.col);
+      }
+      tile.splitScalars = splitScalars;
+      for (int64_t a = 0; a < rowLeafCount; ++a)
+        tile.dRowLeaf[a] = dataAt<double>(dLeaves, a * n + block.row);
+      for (int64_t a = 0; a < scalarCount; ++a) {
+        tile.dScalarRow[a] = dataAt<double>(dScalarRow, a * n + block.row);
+        tile.colShareRow[a] = dataAt<double>(colShareRow, a * n + block.row);
+      }
+      tile.dRows = dataAt<float>(dRows, block.row * d);
+      tile.dCols = dataAt<float>(dCols, block.col * d);
+      cuda::similarityBackwardTile(
+          dev.launch, dev.tile(ops.rows, cols, block), program, tile);
+    });
+  };
+
+  at::Tensor dCols, homeShares;
+  if (spec.gathered) {
+    // The carry: the chunk's column gradient, and its column results' share
+    // of the 0-d gradients.
+    RingPass pass;
+    pass.features = chunkFeatures(ops);
+    pass.features.insert(pass.features.end(), ops.colResults.begin(),
+                         ops.colResults.end());
+    pass.features.insert(pass.features.end(), ops.colCts.begin(),
+                         ops.colCts.end());
+    pass.lengths = ops.colSizes;
+    pass.newCarry = [&](int64_t length) {
+      return Tensors{at::empty({length, d}, args.options()),
+                     at::empty({shares}, f64)};
+    };
+    pass.visit = [&](const Chunk &chunk) {
+      at::Tensor dChunk = at::zeros({chunk.length(), d}, args.options());
+      at::Tensor colShareRow = at::zeros({shares, n}, f64);
+      tiles(chunk, dChunk, colShareRow);
+      return Tensors{dChunk, colShareRow.sum(1)};
+    };
+    pass.merge = [](Tensors &mine, const Tensors &upstream) {
+      mine[0].add_(upstream[0]);
+      mine[1].add_(upstream[1]);
+    };
+    Tensors home = runRing(ctx.communicator(), pass);
+    dCols = home[0];
+    homeShares = home[1];
+  } else {
+    dCols = at::zeros({m, d}, args.options());
+    at::Tensor colShareRow = at::zeros({shares, n}, f64);
+    Tensors features = chunkFeatures(ops);
+    tiles(Chunk{ops.colOffset, features}, dCols, colShareRow);
+    homeShares = at::zeros({shares}, f64);
+  }
+
+  at::Tensor dScalars =
+      (dScalarRow.sum(1) + homeShares).narrow(0, 0, scalarCount);
+  ctx.setResult(0, dRows.to(args.type(0)));
+  ctx.setResult(1, dCols.to(args.type(1)));
+  ctx.setResult(2, dLeaves.to(args.type(0)));
+  ctx.setResult(3, dScalars.to(args.type(0)));
+}
+
+// The tile launchers' CUDA and cuBLAS failures become dloss::Errors naming
+// the op and rank.
+#define DLOSS_SIMILARITY_DEVICE_DISPATCH(fn)                                   \
   if (args.onDevice)                                                           \
-    return fusedSimilarityDevice(args);
+    return onDevice(args, [&] { fn(ctx, args, spec); });
 #else
-#define DLOSS_SIMILARITY_DEVICE_DISPATCH
+#define DLOSS_SIMILARITY_DEVICE_DISPATCH(fn)
 #endif
 
 } // namespace
 
 void fusedSimilarity(KernelContext &ctx, const SimilarityProgram &spec) {
   FusedArgs args(ctx, kForwardName);
-  DLOSS_SIMILARITY_DEVICE_DISPATCH
+  DLOSS_SIMILARITY_DEVICE_DISPATCH(fusedSimilarityDevice)
   SimilarityOperands ops = similarityOperands(args, spec, /*backward=*/false);
   if (args.compute == at::kDouble)
     forward<double>(ctx, args, spec, ops);
@@ -924,7 +1176,7 @@ void fusedSimilarity(KernelContext &ctx, const SimilarityProgram &spec) {
 
 void fusedSimilarityGrad(KernelContext &ctx, const SimilarityProgram &spec) {
   FusedArgs args(ctx, kBackwardName);
-  DLOSS_SIMILARITY_DEVICE_DISPATCH
+  DLOSS_SIMILARITY_DEVICE_DISPATCH(fusedSimilarityGradDevice)
   SimilarityOperands ops = similarityOperands(args, spec, /*backward=*/true);
   if (args.compute == at::kDouble)
     backward<double>(ctx, args, spec, ops);

@@ -171,25 +171,26 @@ void similarity(cublasHandle_t handle, const TileLaunch &launch,
 }
 
 /// dRows += alpha G cols and dCols += alpha G^T rows, G [rowCount, ld] in
-/// the element type; alpha and beta (= 1) are read from device memory.
+/// the element type; alpha and beta (= 1) are read from device memory
+/// (alphaBeta[0], alphaBeta[1]).
 void backpropagate(cublasHandle_t handle, const TileLaunch &launch,
-                   const Tile &tile, const Workspace &ws, int64_t ld,
-                   float *dRows, float *dCols) {
+                   const Tile &tile, const void *grad, int64_t ld,
+                   const float *alphaBeta, float *dRows, float *dCols) {
   const cudaDataType_t type = dataType(launch.type);
   const int rows = static_cast<int>(tile.rowCount),
             cols = static_cast<int>(tile.colCount),
             depth = static_cast<int>(tile.depth);
-  const float *alpha = ws.gradScale + 1, *beta = ws.gradScale + 2;
+  const float *alpha = alphaBeta, *beta = alphaBeta + 1;
   DLOSS_CUDA_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_DEVICE));
   // dRows^T [depth, rows] += cols^T [depth, cols] G^T [cols, rows].
   DLOSS_CUDA_CHECK(cublasGemmEx(
       handle, CUBLAS_OP_N, CUBLAS_OP_N, depth, rows, cols, alpha, tile.cols,
-      type, depth, ws.grad, type, static_cast<int>(ld), beta, dRows, CUDA_R_32F,
+      type, depth, grad, type, static_cast<int>(ld), beta, dRows, CUDA_R_32F,
       depth, computeType(launch), CUBLAS_GEMM_DEFAULT));
   // dCols^T [depth, cols] += rows^T [depth, rows] G [rows, cols].
   DLOSS_CUDA_CHECK(cublasGemmEx(
       handle, CUBLAS_OP_N, CUBLAS_OP_T, depth, cols, rows, alpha, tile.rows,
-      type, depth, ws.grad, type, static_cast<int>(ld), beta, dCols, CUDA_R_32F,
+      type, depth, grad, type, static_cast<int>(ld), beta, dCols, CUDA_R_32F,
       depth, computeType(launch), CUBLAS_GEMM_DEFAULT));
   DLOSS_CUDA_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
 }
@@ -698,8 +699,8 @@ void backwardTile(const TileLaunch &launch, const Tile &tile, const char *op,
                    grad.colBase = out.colBase;
                    grad.dScaleRow = out.dScaleRow;
                    launchGradient<M>(launch, tile, ws, grad);
-                   backpropagate(handle, launch, tile, ws, ld, out.dRows,
-                                 out.dCols);
+                   backpropagate(handle, launch, tile, ws.grad, ld,
+                                 ws.gradScale + 1, out.dRows, out.dCols);
                  });
 }
 
@@ -804,6 +805,20 @@ void shardedBackwardTile(const TileLaunch &launch, const Tile &tile,
   grad.rowLse = args.lseRest;
   grad.ctRow = args.ctLse;
   backwardTile<Mode::Sharded>(launch, tile, "shardedBackwardTile", args, grad);
+}
+
+int64_t tileLeadingDim(int64_t cols) { return leadingDim(cols); }
+
+void similarityGemm(const TileLaunch &launch, const Tile &tile, float *sim,
+                    int64_t ld) {
+  similarity(handleFor(launch), launch, tile, sim, ld);
+}
+
+void gradientGemms(const TileLaunch &launch, const Tile &tile,
+                   const void *grad, int64_t ld, const float *alphaBeta,
+                   float *dRows, float *dCols) {
+  backpropagate(handleFor(launch), launch, tile, grad, ld, alphaBeta, dRows,
+                dCols);
 }
 
 int deviceCount() {

@@ -146,6 +146,27 @@ struct ShardedBackward : BackwardTile {
 void shardedBackwardTile(const TileLaunch &launch, const Tile &tile,
                          const ShardedBackward &args);
 
+//===----------------------------------------------------------------------===//
+// The tiles' GEMMs, shared with the other launchers (cuda/SimilarityTiles.cu).
+// The caller has checked the tile (dimensions below 2^31) and made
+// launch.device current; both enqueue on launch.stream.
+//===----------------------------------------------------------------------===//
+
+/// The leading dimension of a tile of `cols` columns (S and G): rounded up
+/// to 8, so that 16-bit G rows are 16-byte aligned for the tensor cores.
+int64_t tileLeadingDim(int64_t cols);
+
+/// S = rows cols^T of `tile` into `sim`: fp32, row-major [rowCount, ld].
+void similarityGemm(const TileLaunch &launch, const Tile &tile, float *sim,
+                    int64_t ld);
+
+/// dRows += alpha G cols and dCols += alpha G^T rows into the fp32
+/// [count, depth] accumulators, with G [rowCount, ld] of launch.type and
+/// {alpha, beta = 1} read from the device memory at `alphaBeta`.
+void gradientGemms(const TileLaunch &launch, const Tile &tile,
+                   const void *grad, int64_t ld, const float *alphaBeta,
+                   float *dRows, float *dCols);
+
 /// The number of CUDA devices; 0 when there is none or no usable driver.
 int deviceCount();
 
