@@ -12,17 +12,19 @@
 // up before each timed call, the median of the timed calls). The fraction
 // of peak the fused step reaches is this time over the fused step's.
 //
-// --tile RxC runs the same multiply-adds as R x C tiles (the shape the CPU
-// kernels use, runtime/fused/TileShape.cpp), the output tile reused: the
-// peak of cache-resident tile GEMMs. Without it (the default) the four GEMMs
-// have the full shapes [n,d]x[d,M], [n,d]x[d,M], [n,M]x[M,d], [M,n]x[n,d].
+// --tile auto (or RxC) runs the same multiply-adds as tiles of the shape the
+// CPU kernels use (runtime/fused/TileShape.cpp: from the L2 cache, or
+// DLOSS_TILE), the output tile reused: the peak of cache-resident tile GEMMs.
+// Without it (the default) the four GEMMs have the full shapes [n,d]x[d,M],
+// [n,d]x[d,M], [n,M]x[M,d], [M,n]x[n,d].
 //
 // usage: dloss-bench-gemm-peak --world N [--b-local n] [--dim d] [--iters K]
-//                              [--warmup W] [--threads T] [--tile RxC]
+//                              [--warmup W] [--threads T] [--tile auto|RxC]
 //                              [--out FILE.json]
 // Without --world: one rank, from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT.
 // Prints one JSON line per rank (and writes FILE.rank<r>.json with --out).
 #include "runtime/comm/Communicator.h"
+#include "runtime/fused/TileMath.h"
 #include "tools/dloss-run/CallTiming.h"
 
 #include <ATen/ATen.h>
@@ -47,6 +49,7 @@ namespace {
 struct Options {
   int64_t bLocal = 4096, dim = 256, tileRows = 0, tileCols = 0;
   int iters = 3, warmup = 1, world = 0, threads = 0;
+  bool tiled = false; // --tile: tile GEMMs instead of the full shapes
   std::string out;
 };
 
@@ -77,32 +80,33 @@ int runRank(const Options &o) {
   at::Tensor dA = at::zeros({n, d}), dB = at::zeros({m, d});
 
   std::function<void()> step;
-  if (o.tileRows <= 0) {
+  std::string tileText = "full";
+  if (!o.tiled) {
     at::Tensor s = at::empty({n, m}), g = at::rand({n, m});
     step = [=]() mutable {
-      at::mm_out(s, a, b.t()); // forward
-      at::mm_out(s, a, b.t()); // backward: the tile recomputed
-      at::mm_out(dA, g, b);    // dA = G B
+      at::mm_out(s, a, b.t());  // forward
+      at::mm_out(s, a, b.t());  // backward: the tile recomputed
+      at::mm_out(dA, g, b);     // dA = G B
       at::mm_out(dB, g.t(), a); // dB = G^T A
     };
   } else {
-    // One output tile, reused as the ring kernels reuse theirs.
-    at::Tensor s = at::empty({o.tileRows, o.tileCols});
-    int64_t tr = o.tileRows, tc = o.tileCols;
+    // The CPU kernels' tile (--tile auto) or the given one; one output tile,
+    // reused as the ring kernels reuse theirs, visited in their order.
+    dloss::TileShape tile = o.tileRows > 0
+                                ? dloss::TileShape{o.tileRows, o.tileCols}
+                                : dloss::fused::clippedTile(n, m, at::kFloat);
+    tileText = std::to_string(tile.rows) + "x" + std::to_string(tile.cols);
+    at::Tensor s = at::empty({tile.rows, tile.cols});
     step = [=]() mutable {
-      for (int64_t i = 0; i < n; i += tr) {
-        int64_t rows = std::min(tr, n - i);
-        at::Tensor ai = a.narrow(0, i, rows), dAi = dA.narrow(0, i, rows);
-        for (int64_t j = 0; j < m; j += tc) {
-          int64_t cols = std::min(tc, m - j);
-          at::Tensor bj = b.narrow(0, j, cols), dBj = dB.narrow(0, j, cols);
-          at::Tensor t = s.narrow(0, 0, rows).narrow(1, 0, cols);
-          at::mm_out(t, ai, bj.t());
-          at::mm_out(t, ai, bj.t());
-          dAi.addmm_(t, bj);
-          dBj.addmm_(t.t(), ai);
-        }
-      }
+      dloss::fused::forEachBlock(n, m, tile, [&](dloss::fused::Block k) {
+        at::Tensor ai = a.narrow(0, k.row, k.rows);
+        at::Tensor bj = b.narrow(0, k.col, k.cols);
+        at::Tensor t = s.narrow(0, 0, k.rows).narrow(1, 0, k.cols);
+        at::mm_out(t, ai, bj.t()); // forward
+        at::mm_out(t, ai, bj.t()); // backward: the tile recomputed
+        dA.narrow(0, k.row, k.rows).addmm_(t, bj);
+        dB.narrow(0, k.col, k.cols).addmm_(t.t(), ai);
+      });
     };
   }
 
@@ -112,12 +116,8 @@ int runRank(const Options &o) {
   json.precision(9);
   json << "{\"impl\": \"gemm-peak\", \"rank\": " << rank
        << ", \"world_size\": " << world << ", \"b_local\": " << n
-       << ", \"b_global\": " << m << ", \"d\": " << d
-       << ", \"tile\": \""
-       << (o.tileRows > 0
-               ? std::to_string(o.tileRows) + "x" + std::to_string(o.tileCols)
-               : std::string("full"))
-       << "\", \"intra_op_threads\": " << at::get_num_threads()
+       << ", \"b_global\": " << m << ", \"d\": " << d << ", \"tile\": \""
+       << tileText << "\", \"intra_op_threads\": " << at::get_num_threads()
        << ", \"iters\": " << o.iters << ", \"median_ms\": " << median
        << ", \"gflops\": " << (median > 0 ? gflop / (median / 1e3) : 0)
        << "}\n";
@@ -134,7 +134,7 @@ int runRank(const Options &o) {
 int usage() {
   std::cerr << "usage: dloss-bench-gemm-peak [--world N] [--b-local n] "
                "[--dim d] [--iters K] [--warmup W] [--threads T] "
-               "[--tile RxC] [--out FILE.json]\n"
+               "[--tile auto|RxC] [--out FILE.json]\n"
                "  without --world: one rank, from "
                "RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT\n";
   return 2;
@@ -168,9 +168,13 @@ int main(int argc, char **argv) {
         o.threads = std::stoi(next());
       else if (a == "--tile") {
         std::string t = next();
+        o.tiled = true;
+        if (t == "auto")
+          continue;
         size_t x = t.find('x');
         if (x == std::string::npos)
-          throw std::invalid_argument("--tile takes RxC, got '" + t + "'");
+          throw std::invalid_argument("--tile takes RxC or auto, got '" + t +
+                                      "'");
         o.tileRows = std::stoll(t.substr(0, x));
         o.tileCols = std::stoll(t.substr(x + 1));
         if (o.tileRows <= 0 || o.tileCols <= 0)
