@@ -143,11 +143,13 @@ RECIPES = {
 }
 DEFAULT_EXAMPLES = ",".join(RECIPES)
 
-# Prior k (unfused loss memory / (B_local * B_global * 4 bytes)) per family,
-# for the skip rule; measured with this script at B_local = 1024, 4 ranks.
+# k per family for the skip rule: the unfused plan's loss memory over one
+# B_local x B_global fp32 matrix, measured with this script at B_local = 1024
+# on 4 ranks (the fixed part included, so it overestimates at larger sizes).
 # A family not listed gets DEFAULT_K.
-PRIOR_K = {}
-DEFAULT_K = 8.0
+PRIOR_K = {"clip": 12, "siglip": 12, "partialfc": 10, "arcface": 9, "ntxent": 9,
+           "infonce": 9, "supcon": 13, "dcl": 13}
+DEFAULT_K = 14.0
 
 
 def make_inputs(name, b, world, dim, dir, seed):
