@@ -284,7 +284,7 @@ def family_rows(rows, families, variants):
         u, f = by.get((fam, "unfused")), by.get((fam, "fused"))
         s = dict(family=fam, status="ran", fused_ops=None, fused=None, unfused_ms=None,
                  fused_ms=None, time_ratio=None, unfused_mb=None, fused_mb=None, mem_ratio=None,
-                 target=None, note="")
+                 target=None, note="", general="")
         if f and f["status"] == "missing":
             s.update(status="missing", note=f["note"])
             out.append(s)
@@ -306,8 +306,10 @@ def family_rows(rows, families, variants):
         if "general" in variants:
             g = by.get((fam, "general"))
             if g and g["status"] == "ran" and s["fused_ms"]:
-                s["note"] += (f"general: {g['median_ms']:.1f} ms ({g['median_ms'] / s['fused_ms']:.2f}x "
-                              f"fused), {g['loss_mem_mb']:.0f} MB, {', '.join(g['fused_ops'])}; ")
+                s["general"] = (f"general: {g['median_ms']:.1f} ms ({g['median_ms'] / s['fused_ms']:.2f}x "
+                                f"fused), {g['loss_mem_mb']:.0f} MB, {', '.join(g['fused_ops'])}")
+            elif g:
+                s["note"] += f"general {g['status']}: {g['note']}; "
         out.append(s)
     return out
 
@@ -338,7 +340,7 @@ def markdown(summary, peak, a):
     return "\n".join(lines)
 
 
-def verdicts(summary, peak):
+def verdicts(summary, peak, want_peak=True):
     out = []
     for s in summary:
         if s["status"] == "missing":
@@ -358,7 +360,7 @@ def verdicts(summary, peak):
                    f"{'MET' if full['fraction'] >= TARGET_PEAK_FRACTION else 'NOT MET'} "
                    f"({full['median_ms']:.1f} ms of 4 plain GEMMs / {full['fused_ms']:.1f} ms "
                    f"fused = {full['fraction']:.3f})")
-    elif any(s["family"] == "clip" for s in summary):
+    elif want_peak and any(s["family"] == "clip" for s in summary):
         out.append("clip: fraction of the sgemm peak: NOT MEASURED"
                    + (f" ({full['note']})" if full and full["note"] else ""))
     return out
@@ -523,11 +525,12 @@ def main():
     print(f"\n{a.world} ranks, B_local {a.b_local}, B_global {b_global}, d {a.dim}, fp32, "
           f"{a.threads} intra-op thread(s) per rank, median of {a.repeat} timed steps:\n")
     print(markdown(summary, peak, a))
-    notes = [f"- {s['family']}: {s['note'].rstrip('; ')}" for s in summary if s["note"]]
+    notes = [f"- {s['family']}: " + "; ".join(x for x in (s["note"].rstrip("; "), s["general"]) if x)
+             for s in summary if s["note"] or s["general"]]
     if notes:
         print("\n" + "\n".join(notes))
     print()
-    for line in verdicts(summary, peak):
+    for line in verdicts(summary, peak, want_peak=bool(a.peak)):
         print("verdict: " + line)
     print(f"\nwrote {path}")
     return 1 if failed else 0
