@@ -29,8 +29,17 @@
 #include <cstring>
 #include <string>
 
+#if !defined(__CUDA_ARCH__)
+#include "runtime/fused/FastMath.h"
+#endif
+
+// Forced inline on the host too: the CPU kernels' loops over a row only
+// vectorise when each element's rule is inlined (in a shared library a
+// plain inline function may be called through the PLT).
 #if defined(__CUDACC__)
 #define DLOSS_HD __host__ __device__ __forceinline__
+#elif defined(__GNUC__)
+#define DLOSS_HD inline __attribute__((always_inline))
 #else
 #define DLOSS_HD inline
 #endif
@@ -202,11 +211,19 @@ inline std::string checkProgram(const int64_t *program, int64_t programSize,
 //===----------------------------------------------------------------------===//
 
 namespace detail {
+// float exp and log: the device's own on CUDA; on the host, straight-line
+// versions (FastMath.h) that let the CPU's loops over a row vectorise.
+#if defined(__CUDA_ARCH__)
 DLOSS_HD float exp_(float x) { return ::expf(x); }
-DLOSS_HD double exp_(double x) { return ::exp(x); }
 DLOSS_HD float log_(float x) { return ::logf(x); }
-DLOSS_HD double log_(double x) { return ::log(x); }
 DLOSS_HD float log1p_(float x) { return ::log1pf(x); }
+#else
+DLOSS_HD float exp_(float x) { return fastmath::exp(x); }
+DLOSS_HD float log_(float x) { return fastmath::log(x); }
+DLOSS_HD float log1p_(float x) { return fastmath::log1p(x); }
+#endif
+DLOSS_HD double exp_(double x) { return ::exp(x); }
+DLOSS_HD double log_(double x) { return ::log(x); }
 DLOSS_HD double log1p_(double x) { return ::log1p(x); }
 DLOSS_HD float cos_(float x) { return ::cosf(x); }
 DLOSS_HD double cos_(double x) { return ::cos(x); }
@@ -226,11 +243,11 @@ template <typename T> DLOSS_HD T softplus(T x) {
 }
 
 template <typename T> DLOSS_HD T sigmoid(T x) {
-  // exp of a non-positive number only: no overflow.
-  if (x >= T(0))
-    return T(1) / (T(1) + detail::exp_(-x));
-  T e = detail::exp_(x);
-  return e / (T(1) + e);
+  // exp of a non-positive number only: no overflow. Both sides computed,
+  // no branch, so a loop over a row vectorises.
+  T e = detail::exp_(-detail::abs_(x));
+  T r = T(1) / (T(1) + e);
+  return x >= T(0) ? r : e * r;
 }
 
 /// The value of arithmetic instruction `O` on register values a, b, c (b
