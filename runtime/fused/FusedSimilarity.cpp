@@ -366,6 +366,44 @@ DLOSS_ROW_LOOP void adjointRow(const T *a, const T *b, const T *c,
   }
 }
 
+/// sum_j e[j], accumulated in double.
+template <typename T>
+DLOSS_ROW_LOOP double rowSum(const T *__restrict e, int64_t w) {
+  double acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t j = 0; j < w; ++j)
+    acc += e[j];
+  return acc;
+}
+
+/// max_j e[j] (-inf for none).
+template <typename T>
+DLOSS_ROW_LOOP T rowMax(const T *__restrict e, int64_t w) {
+  T top = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : top)
+  for (int64_t j = 0; j < w; ++j)
+    top = e[j] > top ? e[j] : top;
+  return top;
+}
+
+/// sum_j exp(e[j] - top), accumulated in double.
+template <typename T>
+DLOSS_ROW_LOOP double rowSumExp(const T *__restrict e, T top, int64_t w) {
+  double acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t j = 0; j < w; ++j)
+    acc += epilogue::detail::exp_(e[j] - top);
+  return acc;
+}
+
+/// seed[j] += c exp(e[j] - lse): a log-sum-exp result's softmax seed.
+template <typename T>
+DLOSS_ROW_LOOP void addSoftmaxSeed(T *__restrict seed, const T *__restrict e,
+                                   T c, T lse, int64_t w) {
+  for (int64_t j = 0; j < w; ++j)
+    seed[j] += c * epilogue::detail::exp_(e[j] - lse);
+}
+
 template <typename T> class RowProgram {
 public:
   RowProgram(const SimilarityOperands &ops, const std::vector<char> &live,
@@ -674,19 +712,14 @@ void forward(KernelContext &ctx, const FusedArgs &args,
           const T *e = program.value(ops.outputs[k].reg);
           double &sum = sums[k * n + i];
           if (ops.outputs[k].kind == Reduce::Sum) {
-            double acc = 0;
-            for (int64_t j = 0; j < w; ++j)
-              acc += e[j];
-            sum += acc;
+            sum += rowSum(e, w);
             continue;
           }
           // Online log-sum-exp (TileMath's mergeLse on one row).
           T &max = maxima[k * n + i];
           if (max == inf)
             continue; // already +inf
-          T top = -inf;
-          for (int64_t j = 0; j < w; ++j)
-            top = e[j] > top ? e[j] : top;
+          T top = rowMax(e, w);
           if (top == -inf)
             continue; // nothing but exp(-inf) = 0
           if (top == inf) {
@@ -696,9 +729,7 @@ void forward(KernelContext &ctx, const FusedArgs &args,
           }
           if (top < max)
             top = max;
-          double acc = 0;
-          for (int64_t j = 0; j < w; ++j)
-            acc += epilogue::detail::exp_(e[j] - top);
+          const double acc = rowSumExp(e, top, w);
           sum = sum * std::exp(static_cast<double>(max) -
                                static_cast<double>(top)) +
                 acc;
@@ -842,9 +873,7 @@ void backward(KernelContext &ctx, const FusedArgs &args,
           const T lse = results[k][i];
           if (lse == -std::numeric_limits<T>::infinity())
             continue;
-          const T *e = program.value(reg);
-          for (int64_t j = 0; j < w; ++j)
-            seed[j] += c * epilogue::detail::exp_(e[j] - lse);
+          addSoftmaxSeed(seed, program.value(reg), c, lse, w);
         }
         program.reverse(i, w, n, dRowLeaves.data(), program.dScalars.data());
         if (splitScalars) {
