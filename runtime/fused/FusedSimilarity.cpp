@@ -269,44 +269,27 @@ SimilarityOperands similarityOperands(const FusedArgs &args,
 // The tile program, a row at a time
 //===----------------------------------------------------------------------===//
 
-/// The registers through which a gradient flows back from the outputs (Eq
-/// and Select's condition pass none).
-std::vector<char> gradientRegisters(const SimilarityOperands &ops) {
-  std::vector<char> carries(ops.program.size(), 0);
+/// The registers the outputs read, directly or not; with `gradients`, only
+/// along the operands a gradient flows back through (Eq and Select's
+/// condition pass none).
+std::vector<char> registersReaching(const SimilarityOperands &ops,
+                                    bool gradients) {
+  std::vector<char> reached(ops.program.size(), 0);
   for (const Output &output : ops.outputs)
-    carries[output.reg] = 1;
+    reached[output.reg] = 1;
   for (const Output &output : ops.colOutputs)
-    carries[output.reg] = 1;
+    reached[output.reg] = 1;
   for (int64_t t = static_cast<int64_t>(ops.program.size()) - 1; t >= 0; --t) {
     const Instr &ins = ops.program[t];
-    if (!carries[t] || ins.op == Op::Eq)
+    if (!reached[t] || (gradients && ins.op == Op::Eq))
       continue;
-    int operands = epilogue::registerOperands(ins.op);
-    for (int k = ins.op == Op::Select ? 1 : 0; k < operands; ++k)
-      carries[operandOf(ins, k)] = 1;
+    int first = gradients && ins.op == Op::Select ? 1 : 0;
+    for (int k = first; k < epilogue::registerOperands(ins.op); ++k)
+      reached[operandOf(ins, k)] = 1;
   }
-  return carries;
+  return reached;
 }
 
-/// The registers the outputs read, directly or not.
-std::vector<char> liveRegisters(const SimilarityOperands &ops) {
-  std::vector<char> live(ops.program.size(), 0);
-  for (const Output &output : ops.outputs)
-    live[output.reg] = 1;
-  for (const Output &output : ops.colOutputs)
-    live[output.reg] = 1;
-  for (int64_t t = static_cast<int64_t>(ops.program.size()) - 1; t >= 0; --t) {
-    const Instr &ins = ops.program[t];
-    if (!live[t])
-      continue;
-    for (int k = 0; k < epilogue::registerOperands(ins.op); ++k)
-      live[operandOf(ins, k)] = 1;
-  }
-  return live;
-}
-
-/// One thread's registers: evaluates the program on a tile row, and (for the
-/// backward) sweeps it in reverse.
 // The loops over a tile row dominate the epilogue: one function per
 // instruction and type, each compiled for AVX-512, AVX2 and baseline x86-64
 // (GCC's target_clones; the loader picks the widest the CPU has: 5x on
@@ -404,6 +387,8 @@ DLOSS_ROW_LOOP void addSoftmaxSeed(T *__restrict seed, const T *__restrict e,
     seed[j] += c * epilogue::detail::exp_(e[j] - lse);
 }
 
+/// One thread's registers: evaluates the program on a tile row, and (for the
+/// backward) sweeps it in reverse.
 template <typename T> class RowProgram {
 public:
   RowProgram(const SimilarityOperands &ops, const std::vector<char> &live,
@@ -583,7 +568,8 @@ private:
 template <typename T> class RowPrograms {
 public:
   RowPrograms(const SimilarityOperands &ops)
-      : live(liveRegisters(ops)), carries(gradientRegisters(ops)) {
+      : live(registersReaching(ops, false)),
+        carries(registersReaching(ops, true)) {
     const int threads = std::max(1, at::get_num_threads());
     programs.reserve(threads); // registers point into their own buffers
     for (int k = 0; k < threads; ++k) {
