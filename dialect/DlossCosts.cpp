@@ -527,7 +527,7 @@ LogicalResult FusedSimilarityGradOp::evaluateCost(CostEvaluator &e,
                     getColLeaves();
   e.setTensor(getDRows(), e.shape(getRows()));
   e.setTensor(getDCols(), e.shape(getCols()));
-  e.setTensor(getDRowLeaves(), {getRowLeaves(), n});
+  e.setTensor(getDRowLeaves(), {static_cast<int64_t>(getRowLeaves()), n});
   e.setTensor(getDScalars(), {scalars});
   int64_t vectors = columnLeafBytes(e, leaves, getRowLeaves(), getColLeaves());
   // The recomputed tile and the tile of its gradient.
