@@ -3,6 +3,7 @@
 #include "runtime/exec/Executor.h"
 
 #include "runtime/exec/RankGroups.h"
+#include "runtime/fused/Epilogue.h"
 #include "runtime/kernels/DTypes.h"
 #include "runtime/support/Error.h"
 #include "runtime/support/Format.h"
@@ -248,6 +249,49 @@ std::optional<int64_t> integerAttr(const plan::Step &step, const char *name) {
   return std::nullopt;
 }
 
+const flatbuffers::Vector<int64_t> *integersAttr(const plan::Step &step,
+                                                 const char *name) {
+  if (!step.attrs())
+    return nullptr;
+  for (const plan::Attr *attr : *step.attrs())
+    if (attr->name()->str() == name && attr->kind() == plan::AttrKind::integers)
+      return attr->ints();
+  return nullptr;
+}
+
+/// The operands of dloss.fused_similarity (tiled over a local class
+/// matrix) that its program compares with the column index: targets, whose
+/// values must be class indices (runtime/fused/Epilogue.h's encoding: `eq`
+/// of a `col_id` and a `row k`, operand 2 + k). A target out of range
+/// would match no class and silently pick nothing.
+std::vector<uint32_t> classTargets(const plan::Step &step) {
+  std::vector<uint32_t> targets;
+  const auto *program = integersAttr(step, "program");
+  std::optional<int64_t> rowLeaves = integerAttr(step, "row_leaves");
+  if (!program || !rowLeaves || integerAttr(step, "gathered") ||
+      integerAttr(step, "sharded"))
+    return targets;
+  using Op = epilogue::Op;
+  auto opAt = [&](int64_t reg) {
+    return 4 * reg + 3 < static_cast<int64_t>(program->size())
+               ? static_cast<Op>(program->Get(4 * reg))
+               : Op::Sim;
+  };
+  for (uint32_t t = 0; 4 * t + 3 < program->size(); ++t) {
+    if (static_cast<Op>(program->Get(4 * t)) != Op::Eq)
+      continue;
+    int64_t a = program->Get(4 * t + 1), b = program->Get(4 * t + 2);
+    if (opAt(a) == Op::RowLeaf)
+      std::swap(a, b);
+    if (opAt(a) != Op::ColId || opAt(b) != Op::RowLeaf)
+      continue;
+    int64_t leaf = program->Get(4 * b + 1);
+    if (leaf >= 0 && leaf < *rowLeaves)
+      targets.push_back(2 + static_cast<uint32_t>(leaf));
+  }
+  return targets;
+}
+
 /// Every argument that indexes a statically sized dimension, with the
 /// smallest such size (the bound its values must respect), in argument
 /// order. Register types come from the arguments and the steps'
@@ -276,11 +320,23 @@ std::vector<IndexUse> indexUses(const plan::Function &function) {
       if (op == candidate.name)
         rule = &candidate;
     const auto *operands = step->operands();
-    if (rule && operands && operands->size() > rule->indices &&
-        operands->size() > rule->data) {
+    // The general op's class targets index axis 0 of its class matrix.
+    std::vector<IndexingOp> rules;
+    if (rule)
+      rules.push_back(*rule);
+    if (op == "dloss.fused_similarity")
+      for (uint32_t target : classTargets(*step))
+        rules.push_back({"dloss.fused_similarity", 1, target});
+    for (const IndexingOp &each : rules) {
+      rule = &each;
+      if (!operands || operands->size() <= rule->indices ||
+          operands->size() <= rule->data)
+        continue;
       int32_t data = operands->Get(rule->data);
       int32_t indices = operands->Get(rule->indices);
-      std::optional<int64_t> axis = integerAttr(*step, "axis");
+      std::optional<int64_t> axis = op == "dloss.fused_similarity"
+                                        ? std::optional<int64_t>(0)
+                                        : integerAttr(*step, "axis");
       const plan::TypeInfo *type = valid(data) ? types[data] : nullptr;
       if (valid(indices) && holdsArgument[indices] && axis && type &&
           type->kind() == plan::RegisterKind::tensor && type->shape()) {

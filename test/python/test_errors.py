@@ -371,8 +371,9 @@ class ErrorsTest(unittest.TestCase):
              hint="declare it with dloss.grad")
         same(results["label >= num_classes (ArcFace)"],
              "rank 1 passed argument 1 (labels) with value 10 at [1], "
-             "outside [0, 10): it indexes axis 1 (size 10) of "
-             "dloss.take_along", hint="check the labels those ranks passed")
+             "outside [0, 10): it indexes axis 0 (size 10) of "
+             "dloss.fused_similarity",
+             hint="check the labels those ranks passed")
         same(results["negative label (CosFace)"],
              "rank 1 passed argument 1 (labels) with value -1 at [2], "
              "outside [0, 10)")
