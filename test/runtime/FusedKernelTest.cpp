@@ -63,38 +63,6 @@ std::string describe(const Layout &layout) {
 // covers these problems in one tile.
 const std::vector<std::string> kTiles = {"3x4", "1x1", ""};
 
-/// Sets DLOSS_TILE for its lifetime ("" unsets it), then restores it.
-class TileEnv {
-public:
-  explicit TileEnv(const std::string &tile) {
-    if (const char *old = std::getenv("DLOSS_TILE"))
-      previous = old;
-    set(tile);
-  }
-  ~TileEnv() { set(previous.value_or("")); }
-
-private:
-  static void set(const std::string &tile) {
-    if (tile.empty())
-      ::unsetenv("DLOSS_TILE");
-    else
-      ::setenv("DLOSS_TILE", tile.c_str(), 1);
-  }
-  std::optional<std::string> previous;
-};
-
-int64_t total(const std::vector<int64_t> &sizes) {
-  return std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
-}
-
-/// Rank `rank`'s rows of `global`, sharded by `sizes`.
-at::Tensor shard(const at::Tensor &global, const std::vector<int64_t> &sizes,
-                 int rank) {
-  int64_t offset =
-      std::accumulate(sizes.begin(), sizes.begin() + rank, int64_t{0});
-  return global.narrow(0, offset, sizes[rank]).contiguous();
-}
-
 /// Standard normal values of the tested precision, held in f64 so that the
 /// reference sees exactly the kernel's inputs.
 at::Tensor randn(std::vector<int64_t> shape, const Precision &precision) {

@@ -74,39 +74,6 @@ std::string describe(const std::vector<int64_t> &sizes) {
   return "{" + out + "}";
 }
 
-/// Sets DLOSS_TILE for its lifetime ("" unsets it), then restores it.
-class TileEnv {
-public:
-  explicit TileEnv(const std::string &tile) {
-    if (const char *old = std::getenv("DLOSS_TILE"))
-      previous = old;
-    set(tile);
-  }
-  ~TileEnv() { set(previous.value_or("")); }
-
-private:
-  static void set(const std::string &tile) {
-    if (tile.empty())
-      ::unsetenv("DLOSS_TILE");
-    else
-      ::setenv("DLOSS_TILE", tile.c_str(), 1);
-  }
-  std::optional<std::string> previous;
-};
-
-int64_t total(const std::vector<int64_t> &sizes) {
-  return std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
-}
-
-int64_t offsetOf(const std::vector<int64_t> &sizes, int rank) {
-  return std::accumulate(sizes.begin(), sizes.begin() + rank, int64_t{0});
-}
-
-at::Tensor shard(const at::Tensor &global, const std::vector<int64_t> &sizes,
-                 int rank) {
-  return global.narrow(0, offsetOf(sizes, rank), sizes[rank]).contiguous();
-}
-
 /// `got` (in the tested type) against the f64 reference `want`.
 void expectClose(const at::Tensor &got, const at::Tensor &want,
                  const Precision &precision, const std::string &what) {
@@ -130,38 +97,6 @@ void expectClose(const at::Tensor &got, const at::Tensor &want,
               what << ": max error " << error << " > " << tol << "\ngot\n"
                    << actual << "\nexpected\n"
                    << expected);
-}
-
-/// Runs one step `op` with `numResults` results and `attrs`; operands listed
-/// in `replicated` are the same on every rank, the others may differ along
-/// axis 0.
-std::vector<at::Tensor> runStep(Communicator &comm, const std::string &op,
-                                const std::vector<at::Tensor> &operands,
-                                int numResults,
-                                const std::vector<AttrSpec> &attrs,
-                                const std::vector<size_t> &replicated) {
-  FunctionSpec function;
-  StepSpec step;
-  step.op = op;
-  step.attrs = attrs;
-  for (size_t i = 0; i < operands.size(); ++i) {
-    bool same =
-        std::find(replicated.begin(), replicated.end(), i) != replicated.end();
-    std::vector<int64_t> dynamic;
-    if (operands[i].dim() > 0 && !same)
-      dynamic.push_back(0);
-    ArgSpec arg = tensorArg("arg" + std::to_string(i), operands[i], dynamic);
-    arg.replicated = same;
-    function.args.push_back(arg);
-    step.operands.push_back(static_cast<int32_t>(i));
-  }
-  for (int j = 0; j < numResults; ++j)
-    step.results.push_back(static_cast<int32_t>(operands.size()) + j);
-  function.results = step.results;
-  function.numRegisters = static_cast<int32_t>(operands.size()) + numResults;
-  function.steps = {step};
-  dloss::Executor executor(buildPlan({function}), comm);
-  return executor.run("f", operands);
 }
 
 //===----------------------------------------------------------------------===//
@@ -507,8 +442,8 @@ void checkProgram(Communicator &comm, const ProgramCase &pc, Mode mode,
   std::string where = context + ", " + pc.name + ", " + modeName(mode);
 
   std::vector<at::Tensor> forward =
-      runStep(comm, "dloss.fused_similarity", operands,
-              static_cast<int>(numResults), attrs, replicated);
+      runFused(comm, "dloss.fused_similarity", operands,
+               static_cast<int>(numResults), replicated, attrs);
   for (int64_t k = 0; k < numResults; ++k)
     expectClose(forward[k], byResult(k, want[k]), precision,
                 where + ": result " + std::to_string(k));
@@ -526,8 +461,8 @@ void checkProgram(Communicator &comm, const ProgramCase &pc, Mode mode,
       replicated.push_back(gradOperands.size());
     gradOperands.push_back(in(byResult(k, cts[k])));
   }
-  std::vector<at::Tensor> got = runStep(comm, "dloss.fused_similarity_grad",
-                                        gradOperands, 4, attrs, replicated);
+  std::vector<at::Tensor> got = runFused(comm, "dloss.fused_similarity_grad",
+                                         gradOperands, 4, replicated, attrs);
 
   // The references of d_row_leaves ([row_leaves, n]) and d_scalars.
   // Per-row leaves: the whole gradient of this rank's rows' values (`rowGrads`,
@@ -644,16 +579,16 @@ TEST(FusedSimilarityEdgeTest, AllMinusInfinityRowGivesMinusInfinity) {
     at::Tensor cols = at::randn({2, kWidth}, at::kDouble);
     at::Tensor flags = at::tensor({0, 1, 0}, at::kLong);
     std::vector<at::Tensor> forward =
-        runStep(comm, "dloss.fused_similarity", {rows, cols, flags}, 1,
-                p.attrs(Mode::Gathered), {});
+        runFused(comm, "dloss.fused_similarity", {rows, cols, flags}, 1, {},
+                 p.attrs(Mode::Gathered));
     at::Tensor all = comm.allGather(cols, 0, {2, 2});
     at::Tensor want = rows.mm(all.t()).logsumexp(1);
     want[1] = -kInf;
     expectClose(forward[0], want, kF64, "lse");
-    std::vector<at::Tensor> got = runStep(
+    std::vector<at::Tensor> got = runFused(
         comm, "dloss.fused_similarity_grad",
-        {rows, cols, flags, forward[0], at::ones({3}, at::kDouble)}, 4,
-        p.attrs(Mode::Gathered), {});
+        {rows, cols, flags, forward[0], at::ones({3}, at::kDouble)}, 4, {},
+        p.attrs(Mode::Gathered));
     CHILD_CHECK(!got[0].isnan().any().item<bool>(), "d_rows " << got[0]);
     CHILD_CHECK(got[0][1].abs().max().item<double>() == 0, "d_rows " << got[0]);
     CHILD_CHECK(got[2].sizes() == at::IntArrayRef({1, 3}),
@@ -665,8 +600,8 @@ TEST(FusedSimilarityEdgeTest, AllMinusInfinityRowGivesMinusInfinity) {
 std::string forwardError(Communicator &comm, const Program &p,
                          const std::vector<at::Tensor> &operands) {
   return errorOf([&] {
-    runStep(comm, "dloss.fused_similarity", operands,
-            static_cast<int>(p.numOutputs()), p.attrs(Mode::Local), {});
+    runFused(comm, "dloss.fused_similarity", operands,
+             static_cast<int>(p.numOutputs()), {}, p.attrs(Mode::Local));
   });
 }
 
@@ -737,9 +672,9 @@ TEST(FusedSimilarityErrorTest, MalformedProgramsAndOperandsAreExplained) {
                   {"per-row leaf 0 (operand 2) holds 16777216 (element 1)",
                    "below 2^24", "Compute in float64"});
       // f64 holds it.
-      runStep(comm, "dloss.fused_similarity",
-              {rows.to(at::kDouble), cols.to(at::kDouble), labels}, 1,
-              p.attrs(Mode::Local), {});
+      runFused(comm, "dloss.fused_similarity",
+               {rows.to(at::kDouble), cols.to(at::kDouble), labels}, 1, {},
+               p.attrs(Mode::Local));
     }
     {
       Program p; // rows and cols of different types

@@ -8,7 +8,9 @@
 #include <flatbuffers/flatbuffers.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <numeric>
 
 namespace dloss::test {
 
@@ -213,10 +215,12 @@ int64_t runIndexOp(const std::string &op, const std::vector<Operand> &operands,
 std::vector<at::Tensor> runFused(Communicator &comm, const std::string &op,
                                  const std::vector<at::Tensor> &operands,
                                  int numResults,
-                                 const std::vector<size_t> &replicated) {
+                                 const std::vector<size_t> &replicated,
+                                 const std::vector<AttrSpec> &attrs) {
   FunctionSpec function;
   StepSpec step;
   step.op = op;
+  step.attrs = attrs;
   for (size_t i = 0; i < operands.size(); ++i) {
     bool same =
         std::find(replicated.begin(), replicated.end(), i) != replicated.end();
@@ -235,6 +239,36 @@ std::vector<at::Tensor> runFused(Communicator &comm, const std::string &op,
   function.steps = {step};
   dloss::Executor executor(buildPlan({function}), comm);
   return executor.run("f", operands);
+}
+
+int64_t total(const std::vector<int64_t> &sizes) {
+  return std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+}
+
+int64_t offsetOf(const std::vector<int64_t> &sizes, int rank) {
+  return std::accumulate(sizes.begin(), sizes.begin() + rank, int64_t{0});
+}
+
+at::Tensor shard(const at::Tensor &global, const std::vector<int64_t> &sizes,
+                 int rank) {
+  return global.narrow(0, offsetOf(sizes, rank), sizes[rank]).contiguous();
+}
+
+TileEnv::TileEnv(const std::string &tile) {
+  if (const char *old = std::getenv("DLOSS_TILE")) {
+    previous = old;
+    hadPrevious = true;
+  }
+  set(tile);
+}
+
+TileEnv::~TileEnv() { set(hadPrevious ? previous : ""); }
+
+void TileEnv::set(const std::string &tile) {
+  if (tile.empty())
+    ::unsetenv("DLOSS_TILE");
+  else
+    ::setenv("DLOSS_TILE", tile.c_str(), 1);
 }
 
 } // namespace dloss::test

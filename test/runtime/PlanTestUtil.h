@@ -118,7 +118,33 @@ at::Tensor runOp(const std::string &op, const std::vector<Operand> &operands,
 std::vector<at::Tensor> runFused(Communicator &comm, const std::string &op,
                                  const std::vector<at::Tensor> &operands,
                                  int numResults,
-                                 const std::vector<size_t> &replicated = {});
+                                 const std::vector<size_t> &replicated = {},
+                                 const std::vector<AttrSpec> &attrs = {});
+
+/// The sum of per-rank sizes.
+int64_t total(const std::vector<int64_t> &sizes);
+
+/// The sum of the sizes of the ranks before `rank`.
+int64_t offsetOf(const std::vector<int64_t> &sizes, int rank);
+
+/// Rank `rank`'s rows of `global`, sharded by `sizes` (contiguous).
+at::Tensor shard(const at::Tensor &global, const std::vector<int64_t> &sizes,
+                 int rank);
+
+/// Sets DLOSS_TILE for its lifetime ("" unsets it), then restores it: the
+/// fused kernels' tests cross tile edges with it.
+class TileEnv {
+public:
+  explicit TileEnv(const std::string &tile);
+  ~TileEnv();
+  TileEnv(const TileEnv &) = delete;
+  TileEnv &operator=(const TileEnv &) = delete;
+
+private:
+  static void set(const std::string &tile);
+  std::string previous;
+  bool hadPrevious = false;
+};
 
 /// The index result of `op` as an integer.
 int64_t runIndexOp(const std::string &op, const std::vector<Operand> &operands,
