@@ -651,6 +651,72 @@ void combineShards(Communicator &comm, const SimilarityOperands &ops,
   sum = comm.allReduce(sum, Reduction::Sum);
 }
 
+/// The statistics of the column results that a chunk carries round the
+/// ring: running maxima and sums, [column results, length] each (a sum
+/// result uses the sums only); nothing when there are none.
+Tensors newColumnStats(const SimilarityOperands &ops, int64_t length,
+                       at::TensorOptions options) {
+  const int64_t numCol = static_cast<int64_t>(ops.colOutputs.size());
+  if (numCol == 0)
+    return {};
+  return Tensors{at::full({numCol, length}, -kInf, options),
+                 at::zeros({numCol, length}, options)};
+}
+
+/// Runs `visit` on every rank's columns round the ring (gathered: the
+/// chunks' column statistics merge on the way and come home) or on the
+/// local class matrix; returns this rank's own columns' statistics.
+Tensors visitColumns(KernelContext &ctx, const SimilarityProgram &spec,
+                     const SimilarityOperands &ops, at::TensorOptions options,
+                     const std::function<Tensors(const Chunk &)> &visit) {
+  if (!spec.gathered) {
+    Tensors features = chunkFeatures(ops);
+    visit(Chunk{ops.colOffset, features});
+    return {};
+  }
+  RingPass pass;
+  pass.features = chunkFeatures(ops);
+  pass.lengths = ops.colSizes;
+  if (!ops.colOutputs.empty()) {
+    pass.newCarry = [&](int64_t length) {
+      return newColumnStats(ops, length, options);
+    };
+    pass.merge = [&](Tensors &mine, const Tensors &upstream) {
+      for (size_t k = 0; k < ops.colOutputs.size(); ++k) {
+        if (ops.colOutputs[k].kind == Reduce::Sum)
+          mine[1][k].add_(upstream[1][k]);
+        else
+          mergeLse(mine[0][k], mine[1][k], upstream[0][k], upstream[1][k]);
+      }
+    };
+  }
+  pass.visit = visit;
+  return runRing(ctx.communicator(), pass);
+}
+
+/// Sets the forward's results from the rows' statistics (f64 [results, n],
+/// combined across class shards here) and this rank's columns' (from
+/// visitColumns).
+void setForwardResults(KernelContext &ctx, const FusedArgs &args,
+                       const SimilarityProgram &spec,
+                       const SimilarityOperands &ops, at::Tensor max,
+                       at::Tensor sum, const Tensors &colStats) {
+  if (spec.sharded)
+    combineShards(ctx.communicator(), ops, max, sum);
+  // An all -inf row: max -inf, sum 0, -inf.
+  at::Tensor lse = max + sum.log();
+  const size_t numOutputs = ops.outputs.size();
+  for (size_t k = 0; k < numOutputs; ++k)
+    ctx.setResult(k, (ops.outputs[k].kind == Reduce::Sum ? sum[k] : lse[k])
+                         .to(args.type(0)));
+  for (size_t k = 0; k < ops.colOutputs.size(); ++k)
+    ctx.setResult(numOutputs + k,
+                  (ops.colOutputs[k].kind == Reduce::Sum
+                       ? colStats[1][k]
+                       : lseOf(colStats[0][k], colStats[1][k]))
+                      .to(args.type(0)));
+}
+
 template <typename T>
 void forward(KernelContext &ctx, const FusedArgs &args,
              const SimilarityProgram &spec, const SimilarityOperands &ops) {
@@ -670,17 +736,9 @@ void forward(KernelContext &ctx, const FusedArgs &args,
 
   // The carry of a chunk: per column result, the running max and sum of
   // exp(e - max) (log-sum-exp) or the sum, over the rows seen so far.
-  auto newCarry = [&](int64_t length) {
-    Tensors carry;
-    for (size_t k = 0; k < numCol; ++k) {
-      carry.push_back(at::full({length}, -kInf, args.options()));
-      carry.push_back(at::zeros({length}, args.options()));
-    }
-    return carry;
-  };
   auto visit = [&](const Chunk &chunk) {
     const at::Tensor &cols = chunk.features[0];
-    Tensors carry = newCarry(chunk.length());
+    Tensors carry = newColumnStats(ops, chunk.length(), args.options());
     forEachBlock(n, chunk.length(), ops.tile, [&](const Block &block) {
       at::Tensor s = similarityTile(sim, cols, block, scratch(0, block));
       const T *tile = s.data_ptr<T>();
@@ -724,8 +782,8 @@ void forward(KernelContext &ctx, const FusedArgs &args,
       });
       for (size_t k = 0; k < numCol; ++k) {
         at::Tensor values = scratch(1 + static_cast<int>(k), block);
-        at::Tensor colMax = carry[2 * k].narrow(0, block.col, block.cols);
-        at::Tensor colSum = carry[2 * k + 1].narrow(0, block.col, block.cols);
+        at::Tensor colMax = carry[0][k].narrow(0, block.col, block.cols);
+        at::Tensor colSum = carry[1][k].narrow(0, block.col, block.cols);
         if (ops.colOutputs[k].kind == Reduce::Sum)
           colSum.add_(values.sum(0));
         else
@@ -736,49 +794,13 @@ void forward(KernelContext &ctx, const FusedArgs &args,
     return carry;
   };
 
-  Tensors colStats;
-  if (spec.gathered) {
-    RingPass pass;
-    pass.features = chunkFeatures(ops);
-    pass.lengths = ops.colSizes;
-    if (numCol > 0) {
-      pass.newCarry = newCarry;
-      pass.merge = [&](Tensors &mine, const Tensors &upstream) {
-        for (size_t k = 0; k < numCol; ++k) {
-          if (ops.colOutputs[k].kind == Reduce::Sum)
-            mine[2 * k + 1].add_(upstream[2 * k + 1]);
-          else
-            mergeLse(mine[2 * k], mine[2 * k + 1], upstream[2 * k],
-                     upstream[2 * k + 1]);
-        }
-      };
-    }
-    pass.visit = visit;
-    colStats = runRing(ctx.communicator(), pass);
-  } else {
-    Tensors features = chunkFeatures(ops);
-    visit(Chunk{ops.colOffset, features});
-  }
-
+  Tensors colStats = visitColumns(ctx, spec, ops, args.options(), visit);
   auto f64 = at::TensorOptions(at::kDouble);
   at::Tensor sum = at::empty({static_cast<int64_t>(numOutputs), n}, f64);
   at::Tensor max = at::empty({static_cast<int64_t>(numOutputs), n}, f64);
   std::copy(sums.begin(), sums.end(), sum.data_ptr<double>());
   std::copy(maxima.begin(), maxima.end(), max.data_ptr<double>());
-  if (spec.sharded)
-    combineShards(ctx.communicator(), ops, max, sum);
-  // An all -inf row: max -inf, sum 0, -inf.
-  at::Tensor lse = max + sum.log();
-  for (size_t k = 0; k < numOutputs; ++k)
-    ctx.setResult(k, (ops.outputs[k].kind == Reduce::Sum ? sum[k] : lse[k])
-                         .to(args.type(0)));
-  // This rank's own columns' statistics came home round the ring.
-  for (size_t k = 0; k < numCol; ++k)
-    ctx.setResult(numOutputs + k,
-                  (ops.colOutputs[k].kind == Reduce::Sum
-                       ? colStats[2 * k + 1]
-                       : lseOf(colStats[2 * k], colStats[2 * k + 1]))
-                      .to(args.type(0)));
+  setForwardResults(ctx, args, spec, ops, max, sum, colStats);
 }
 
 template <typename T>
@@ -1033,14 +1055,10 @@ void fusedSimilarityDevice(KernelContext &ctx, const FusedArgs &args,
   at::Tensor max = at::full({numOutputs, n}, -kInf, args.options());
   at::Tensor sum = at::zeros({numOutputs, n}, args.options());
 
-  auto newCarry = [&](int64_t length) {
-    return Tensors{at::full({numCol, length}, -kInf, args.options()),
-                   at::zeros({numCol, length}, args.options())};
-  };
   auto visit = [&](const Chunk &chunk) {
     const at::Tensor &cols = chunk.features[0];
     const int64_t length = chunk.length();
-    Tensors carry = numCol > 0 ? newCarry(length) : Tensors{};
+    Tensors carry = newColumnStats(ops, length, args.options());
     forEachBlock(n, length, dev.shape, [&](const Block &block) {
       cuda::SimilarityForward tile;
       tile.leaves = deviceLeaves(ops, chunk, block);
@@ -1058,43 +1076,10 @@ void fusedSimilarityDevice(KernelContext &ctx, const FusedArgs &args,
     return carry;
   };
 
-  Tensors colStats;
-  if (spec.gathered) {
-    RingPass pass;
-    pass.features = chunkFeatures(ops);
-    pass.lengths = ops.colSizes;
-    if (numCol > 0) {
-      pass.newCarry = newCarry;
-      pass.merge = [&](Tensors &mine, const Tensors &upstream) {
-        for (int64_t k = 0; k < numCol; ++k) {
-          if (ops.colOutputs[k].kind == Reduce::Sum)
-            mine[1][k].add_(upstream[1][k]);
-          else
-            mergeLse(mine[0][k], mine[1][k], upstream[0][k], upstream[1][k]);
-        }
-      };
-    }
-    pass.visit = visit;
-    colStats = runRing(ctx.communicator(), pass);
-  } else {
-    Tensors features = chunkFeatures(ops);
-    visit(Chunk{ops.colOffset, features});
-  }
-
+  Tensors colStats = visitColumns(ctx, spec, ops, args.options(), visit);
   // The shards combine, and the results form, in f64 as on the CPU.
-  at::Tensor max64 = max.to(at::kDouble), sum64 = sum.to(at::kDouble);
-  if (spec.sharded)
-    combineShards(ctx.communicator(), ops, max64, sum64);
-  at::Tensor lse = max64 + sum64.log();
-  for (int64_t k = 0; k < numOutputs; ++k)
-    ctx.setResult(k, (ops.outputs[k].kind == Reduce::Sum ? sum64[k] : lse[k])
-                         .to(args.type(0)));
-  for (int64_t k = 0; k < numCol; ++k)
-    ctx.setResult(numOutputs + k,
-                  (ops.colOutputs[k].kind == Reduce::Sum
-                       ? colStats[1][k]
-                       : lseOf(colStats[0][k], colStats[1][k]))
-                      .to(args.type(0)));
+  setForwardResults(ctx, args, spec, ops, max.to(at::kDouble),
+                    sum.to(at::kDouble), colStats);
 }
 
 /// backward() on CUDA tensors: the per-row shares of the leaves' gradients
