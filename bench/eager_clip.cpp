@@ -225,9 +225,10 @@ int main(int argc, char **argv) {
     if (o.world <= 0)
       return runRank(o);
     // Fork N local ranks (before LibTorch starts its thread pools).
+    // A port of its own, held until the ranks are done (unless given).
     std::string port = std::getenv("MASTER_PORT")
                            ? std::getenv("MASTER_PORT")
-                           : std::to_string(29500 + getpid() % 20000);
+                           : std::to_string(dloss::reserveLoopbackPort());
     std::vector<pid_t> children;
     for (int r = 0; r < o.world; ++r) {
       pid_t pid = fork();

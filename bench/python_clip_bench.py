@@ -28,7 +28,6 @@ import argparse
 import csv
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -55,9 +54,11 @@ def reset_peak():
 
 
 def rank_main(impl, rank, world, port, b_local, dim, iters, warmup, queue):
+    # The parent hosts the store, as torchrun's agent does (run_python).
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                       RANK=str(rank), WORLD_SIZE=str(world),
-                      OMP_NUM_THREADS="1")
+                      OMP_NUM_THREADS="1", TORCHELASTIC_USE_AGENT_STORE="True",
+                      TORCHELASTIC_RESTART_COUNT="0")
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -121,17 +122,15 @@ def rank_main(impl, rank, world, port, b_local, dim, iters, warmup, queue):
     dist.barrier()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_python(impl, args, b_local):
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = free_port()
+    from datetime import timedelta
+    import torch.distributed as dist
+    store = dist.TCPStore("127.0.0.1", 0, args.world, True,
+                          timedelta(seconds=600), wait_for_workers=False)
+    port = store.port
     procs = [ctx.Process(target=rank_main,
                          args=(impl, r, args.world, port, b_local, args.dim,
                                args.iters, args.warmup, queue))
@@ -146,7 +145,8 @@ def run_python(impl, args, b_local):
 
 def run_jit(args, b_local):
     binary = os.path.join(args.build, "bin", "dloss-bench-jit-clip")
-    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()))
+    env = {k: v for k, v in os.environ.items() if k != "MASTER_PORT"}
+    env["OMP_NUM_THREADS"] = "1"  # the binary reserves its own port
     out = subprocess.run(
         [binary, "--world", str(args.world), "--b-local", str(b_local),
          "--dim", str(args.dim), "--iters", str(args.iters), "--warmup",

@@ -8,23 +8,22 @@ a CPU job on one machine (use torchrun itself where it works; Debian's
 crashes): every process gets MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and
 LOCAL_RANK, which ``dloss.init()`` (or ``torch.distributed.init_process_group
 ("gloo")``) reads, and OMP_NUM_THREADS=1 so that the ranks do not fight over
-the cores. If one rank fails, the others are stopped (they would otherwise
+the cores. Like torchrun's agent, the launcher hosts the rendezvous store on a
+port the kernel picks and tells the ranks so (TORCHELASTIC_USE_AGENT_STORE):
+the port is never free between being chosen and being used, so launches
+started at once never meet. If one rank fails, the others are stopped (they would otherwise
 wait for it until their collectives time out) and the launcher exits
 non-zero.
 """
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import time
+from datetime import timedelta
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+import torch.distributed as dist
 
 
 def main():
@@ -36,12 +35,17 @@ def main():
                         help="the script's arguments")
     args = parser.parse_args()
 
-    port = free_port()
+    # Up until the launcher exits; the ranks' own deadlines bound their waits.
+    store = dist.TCPStore("127.0.0.1", 0, args.nproc, True,
+                          timedelta(seconds=300), wait_for_workers=False)
     procs = []
     for rank in range(args.nproc):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   RANK=str(rank), WORLD_SIZE=str(args.nproc),
-                   LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(store.port), RANK=str(rank),
+                   WORLD_SIZE=str(args.nproc), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(args.nproc), OMP_NUM_THREADS="1",
+                   TORCHELASTIC_USE_AGENT_STORE="True",
+                   TORCHELASTIC_RESTART_COUNT="0")
         procs.append(subprocess.Popen(
             [sys.executable, args.script] + args.args, env=env))
 

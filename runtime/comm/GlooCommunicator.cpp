@@ -69,7 +69,7 @@ const char *const kMeshPrefix = "dloss/mesh/";
 std::unique_ptr<Communicator> connectGloo(const RendezvousOptions &options) {
   checkOptions(options, "connectGloo");
   Clock::time_point deadline = Clock::now() + options.timeout;
-  c10::intrusive_ptr<c10d::Store> store = openStore(options, "an earlier job");
+  c10::intrusive_ptr<c10d::Store> store = openStore(options, "an earlier job", "gloo");
   guardStore(options,
              [&] { rendezvous(*store, options, deadline, "rendezvous"); });
 

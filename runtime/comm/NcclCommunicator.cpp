@@ -961,7 +961,8 @@ std::unique_ptr<Communicator> connectNccl(const RendezvousOptions &options,
   }
 
   c10::intrusive_ptr<c10d::Store> store =
-      openStore(options, "an earlier job, or this job's Gloo communicator");
+      openStore(options, "an earlier job, or this job's Gloo communicator",
+                "nccl");
   guardStore(options, [&] {
     if (options.rank == 0)
       store->set(kUniqueIdKey,

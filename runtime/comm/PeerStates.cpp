@@ -76,6 +76,7 @@ std::string truncated(const std::string &text, size_t limit) {
 PeerStates::PeerStates(c10::intrusive_ptr<c10d::Store> store,
                        const RendezvousOptions &options)
     : store(std::move(store)), rank(options.rank), worldSize(options.worldSize),
+      hostsStore(options.rank == 0 && !options.agentStore),
       // A group made elsewhere (torch.distributed's) may not say where its
       // store is: masterPort 0.
       storeAt(options.masterPort > 0
@@ -226,7 +227,7 @@ std::string PeerStates::describe(const PeerState &peer) {
 }
 
 PeerStates::~PeerStates() {
-  if (rank != 0 || failedSeq < 0 || !usable)
+  if (!hostsStore || failedSeq < 0 || !usable)
     return;
   // Rank 0 hosts the store: keep it up while peers that were in the failed
   // collective (or later) still read their peers' states. A peer that has

@@ -43,7 +43,7 @@ public:
 
   PeerStates(c10::intrusive_ptr<c10d::Store> store,
              const RendezvousOptions &options);
-  /// A failed rank 0 (the store's host) keeps the store up while its peers
+  /// A failed rank 0 that hosts the store keeps the store up while its peers
   /// read each other's states.
   ~PeerStates();
   PeerStates(const PeerStates &) = delete;
@@ -74,6 +74,8 @@ private:
   c10::intrusive_ptr<c10d::Store> store;
   int rank;
   int worldSize;
+  /// Rank 0 hosts the store (no launcher does).
+  bool hostsStore;
   std::string storeAt;
   /// The number of the collective that failed; -1 while healthy.
   int64_t failedSeq = -1;

@@ -1,13 +1,19 @@
 // RendezvousOptions::fromEnvironment: reads torchrun's variables (no c10d
-// here).
+// here); reserveLoopbackPort.
 #include "runtime/comm/Communicator.h"
 #include "runtime/support/Error.h"
 
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <optional>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 namespace dloss {
 
@@ -125,7 +131,50 @@ RendezvousOptions RendezvousOptions::fromEnvironment() {
   if (auto flightDir = readVariable("DLOSS_FLIGHT_DIR"))
     options.flightDir = *flightDir;
 
+  // torchrun writes str(bool); torch reads only "True" as true, which would
+  // take a typo for "no": anything but True/False (or 1/0) is refused.
+  if (auto agent = readVariable("TORCHELASTIC_USE_AGENT_STORE")) {
+    if (*agent == "True" || *agent == "1")
+      options.agentStore = true;
+    else if (*agent != "False" && *agent != "0")
+      throwMalformed("TORCHELASTIC_USE_AGENT_STORE", *agent,
+                     "True or False",
+                     "Set it to True when the launcher hosts the store at "
+                     "MASTER_PORT (torchrun's agent does), else unset it");
+  }
+  if (auto restarts = readVariable("TORCHELASTIC_RESTART_COUNT"))
+    options.restartCount = static_cast<int>(parseInteger(
+        "TORCHELASTIC_RESTART_COUNT", *restarts, 0,
+        std::numeric_limits<int>::max(), "a count of restarts (0 or more)",
+        "Leave it to the launcher, or unset it for the first attempt"));
+
   return options;
+}
+
+int reserveLoopbackPort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  int reuse = 1;
+  if (fd < 0 ||
+      ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &reuse, sizeof(reuse)) != 0 ||
+      ::bind(fd, reinterpret_cast<sockaddr *>(&address), sizeof(address)) !=
+          0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr *>(&address), &length) !=
+          0) {
+    std::string reason = std::strerror(errno);
+    if (fd >= 0)
+      ::close(fd);
+    throw Error("cannot reserve a port on 127.0.0.1 for the rendezvous (" +
+                    reason + ")",
+                "Set MASTER_PORT to a free port and start the ranks under a "
+                "launcher, or free some sockets");
+  }
+  // Kept open on purpose: the reservation lasts as long as this process.
+  return ntohs(address.sin_port);
 }
 
 } // namespace dloss

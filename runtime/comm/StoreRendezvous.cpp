@@ -4,6 +4,7 @@
 
 #include "runtime/support/Format.h"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
@@ -89,31 +90,45 @@ Error rendezvousError(const RendezvousOptions &options, std::string problem,
   return Error(std::move(info));
 }
 
-// Rank 0 hosts the server. waitWorkers stays off: TCPStore's own join wait
-// cannot say which ranks are missing and destroys the store when it gives up;
-// the arrival protocol in rendezvous() waits for every rank instead. These
-// options read the same in LibTorch 1.13 and 2.x.
+// Rank 0 hosts the server unless a launcher does (agentStore). waitWorkers
+// stays off: TCPStore's own join wait cannot say which ranks are missing and
+// destroys the store when it gives up; the arrival protocol in rendezvous()
+// waits for every rank instead. These options read the same in LibTorch 1.13
+// and 2.x.
 c10::intrusive_ptr<c10d::Store> openStore(const RendezvousOptions &options,
-                                          const std::string &otherHolders) {
+                                          const std::string &otherHolders,
+                                          const std::string &scope) {
   c10d::TCPStoreOptions storeOptions;
   storeOptions.port = static_cast<std::uint16_t>(options.masterPort);
-  storeOptions.isServer = options.rank == 0;
+  storeOptions.isServer = options.rank == 0 && !options.agentStore;
   storeOptions.numWorkers = static_cast<std::size_t>(options.worldSize);
   storeOptions.waitWorkers = false;
   storeOptions.timeout = options.timeout;
+  c10::intrusive_ptr<c10d::Store> store;
   try {
-    return c10::make_intrusive<c10d::TCPStore>(options.masterAddr,
-                                               storeOptions);
+    store = c10::make_intrusive<c10d::TCPStore>(options.masterAddr,
+                                                storeOptions);
   } catch (const std::exception &e) {
     std::string detail = describeError(e);
-    if (options.rank == 0)
+    if (storeOptions.isServer)
       throw rendezvousError(
           options,
           "rank 0 could not host the rendezvous store on port " +
               std::to_string(options.masterPort) + " (" + detail + ")",
           "Another process (perhaps " + otherHolders +
               ") may hold MASTER_PORT=" + std::to_string(options.masterPort) +
-              ": pick a free port or stop that process");
+              ": pick a free port or stop that process; if a launcher hosts "
+              "the store there, it must set TORCHELASTIC_USE_AGENT_STORE=True");
+    if (options.agentStore)
+      throw rendezvousError(
+          options,
+          "could not reach the launcher's rendezvous store at " +
+              storeAddress(options) + " within the deadline of " +
+              seconds(options.timeout) + " (" + detail + ")",
+          "TORCHELASTIC_USE_AGENT_STORE=True says the launcher hosts the "
+          "store at MASTER_ADDR:MASTER_PORT: check that the launcher is "
+          "running and that every rank got the same MASTER_ADDR and "
+          "MASTER_PORT, or unset the variable so that rank 0 hosts it");
     throw rendezvousError(
         options,
         "could not reach the rendezvous store of rank 0 at " +
@@ -123,6 +138,13 @@ c10::intrusive_ptr<c10d::Store> openStore(const RendezvousOptions &options,
         "shows no earlier error, that every rank uses the same MASTER_ADDR "
         "and MASTER_PORT, or raise DLOSS_TIMEOUT_S if rank 0 starts late");
   }
+  if (!options.agentStore)
+    return store;
+  // The launcher's store outlives this attempt and is shared with whatever
+  // else the ranks open on it: dloss's keys go under a prefix of their own.
+  return c10::make_intrusive<c10d::PrefixStore>(
+      "dloss/attempt_" + std::to_string(options.restartCount) + "/" + scope,
+      store);
 }
 
 void guardStore(const RendezvousOptions &options,
@@ -132,12 +154,16 @@ void guardStore(const RendezvousOptions &options,
   } catch (const Error &) {
     throw;
   } catch (const std::exception &e) {
+    std::string host = options.agentStore ? "the launcher" : "rank 0";
     throw rendezvousError(
         options,
-        "lost the rendezvous store of rank 0 at " + storeAddress(options) +
-            " during the rendezvous (" + describeError(e) + ")",
-        "Rank 0 probably failed or gave up: check its log for the first "
-        "error");
+        "lost the rendezvous store of " + host + " at " +
+            storeAddress(options) + " during the rendezvous (" +
+            describeError(e) + ")",
+        options.agentStore
+            ? "The launcher probably stopped: check its log"
+            : "Rank 0 probably failed or gave up: check its log for the "
+              "first error");
   }
 }
 
@@ -166,7 +192,7 @@ void rendezvous(c10d::Store &store, const RendezvousOptions &options,
 
   std::string missing = verdict.substr(verdict.find(':') + 1);
   size_t missingCount = std::count(missing.begin(), missing.end(), ',') + 1;
-  if (options.rank == 0) {
+  if (options.rank == 0 && !options.agentStore) {
     // The store dies with rank 0: keep it up until the ranks that did arrive
     // have read the verdict, or briefly.
     int64_t expectedAcks = n - static_cast<int64_t>(missingCount) - 1;
@@ -208,8 +234,11 @@ std::string unmarkedPeers(c10d::Store &store, const RendezvousOptions &options,
            joinInts(missing, ", ") + " " + never +
            " (check whether they died or failed)";
   } catch (const std::exception &) {
-    return ": rank 0, which hosts the rendezvous store, is unreachable "
-           "(it probably died)";
+    return options.agentStore
+               ? std::string(": the launcher's rendezvous store is "
+                             "unreachable (the launcher probably stopped)")
+               : std::string(": rank 0, which hosts the rendezvous store, is "
+                             "unreachable (it probably died)");
   }
 }
 

@@ -35,10 +35,14 @@ void checkOptions(const RendezvousOptions &options,
 Error rendezvousError(const RendezvousOptions &options, std::string problem,
                       std::string hint);
 
-/// Opens the TCPStore (rank 0 hosts it) or throws saying why;
-/// `otherHolders` names what else may hold the port ("an earlier job").
+/// Opens the TCPStore (rank 0 hosts it, or a launcher: agentStore) or
+/// throws saying why; `otherHolders` names what else may hold the port ("an
+/// earlier job"). On a launcher's store, the keys live under
+/// "dloss/attempt_<restartCount>/<scope>" ("gloo", "nccl"), so that two
+/// engines and two attempts never read each other's.
 c10::intrusive_ptr<c10d::Store> openStore(const RendezvousOptions &options,
-                                          const std::string &otherHolders);
+                                          const std::string &otherHolders,
+                                          const std::string &scope);
 
 /// Runs `body` (the rendezvous and the engine's own exchanges through the
 /// store), turning a lost store into an error that says so.

@@ -34,7 +34,6 @@ Exit 0 on PASS, 1 on FAIL, 77 when torch/numpy are unavailable.
 import argparse
 import datetime
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -101,8 +100,10 @@ def clip_loss(image, text, scale, gather, rank):
 
 def worker(rank, world, port, out, kinds):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=60))
+    # The parent hosts the store (see run_torch): every rank is a client.
+    store = dist.TCPStore("127.0.0.1", port, world, False, datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
     try:
         image_np = np.load(os.path.join(out, f"image{rank}.npy"))
         text_np = np.load(os.path.join(out, f"text{rank}.npy"))
@@ -124,15 +125,13 @@ def worker(rank, world, port, out, kinds):
         dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_torch(world, out, kinds, deadline_s=90):
     """Spawns the ranks; returns None on success, else the reason."""
-    ctx = mp.start_processes(worker, args=(world, free_port(), out, kinds), nprocs=world,
+    # Hosted here on a port the kernel picks, as torchrun's agent does: a port
+    # chosen free and then closed may go to a test started at the same time.
+    store = dist.TCPStore("127.0.0.1", 0, world, True, datetime.timedelta(seconds=deadline_s),
+                          wait_for_workers=False)
+    ctx = mp.start_processes(worker, args=(world, store.port, out, kinds), nprocs=world,
                              join=False, start_method="spawn")
     deadline = time.monotonic() + deadline_s
     try:

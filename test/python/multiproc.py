@@ -16,10 +16,19 @@ import torch
 import torch.multiprocessing as mp
 
 
+_HELD_PORTS = []
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for one job's store, held (bound, never listening) until this
+    process exits: the kernel gives a bound port to no other bind(port 0),
+    so jobs started at once never share one, and rank 0's store (which sets
+    SO_REUSEADDR) can still listen on it."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    _HELD_PORTS.append(s)
+    return s.getsockname()[1]
 
 
 class RankFailure(Exception):

@@ -15,7 +15,6 @@ kernels need it; the tests check that they give the contiguous result.
 
 import os
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -456,9 +455,7 @@ class ErrorsTest(unittest.TestCase):
     def test_a_rank_that_exits_is_named_without_waiting(self):
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = multiproc.free_port()
         procs = [ctx.Process(target=_exiting_rank_main,
                              args=(r, port, queue)) for r in range(WORLD)]
         for p in procs:

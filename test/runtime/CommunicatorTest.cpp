@@ -5,6 +5,8 @@
 #include "runtime/support/Error.h"
 #include "test/runtime/MultiProcess.h"
 
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -14,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -542,6 +545,88 @@ TEST(GlooCommunicatorTest, RendezvousNamesAMissingRankZero) {
   expectAllSucceeded(outcomes, "missing rank 0");
 }
 
+// Reserved ports are never handed out twice, and no plain bind takes them,
+// so jobs started at once never meet in one store.
+TEST(ReserveLoopbackPortTest, PortsStayReservedAndDistinct) {
+  std::vector<int> ports;
+  for (int i = 0; i < 32; ++i)
+    ports.push_back(dloss::reserveLoopbackPort());
+  std::vector<int> sorted = ports;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end());
+  for (int port : ports) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    EXPECT_NE(::bind(fd, reinterpret_cast<sockaddr *>(&address),
+                     sizeof(address)),
+              0)
+        << "port " << port << " was bound although reserved";
+    ::close(fd);
+  }
+}
+
+// A launcher hosts the store (torchrun's agent, TORCHELASTIC_USE_AGENT_STORE):
+// every rank is a client, rank 0 included, and a second attempt on the same
+// store (TORCHELASTIC_RESTART_COUNT=1) does not read the first one's keys.
+TEST(GlooCommunicatorTest, RanksMeetInALaunchersStore) {
+  int port = freePort();
+  constexpr auto timeout = std::chrono::seconds(30);
+  auto outcomes = runChildren({-1, 0, 1}, [&](int rank) {
+    c10d::TCPStoreOptions storeOptions;
+    storeOptions.port = static_cast<std::uint16_t>(port);
+    storeOptions.isServer = rank < 0;
+    storeOptions.numWorkers = 3;
+    storeOptions.waitWorkers = false;
+    storeOptions.timeout = timeout;
+    c10d::TCPStore launcher("127.0.0.1", storeOptions);
+    if (rank < 0) { // the launcher: up until both ranks are done
+      launcher.wait({"test/done/0", "test/done/1"});
+      return;
+    }
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      dloss::RendezvousOptions options =
+          loopbackOptions(port, rank, 2, timeout);
+      options.agentStore = true;
+      options.restartCount = attempt;
+      auto comm = dloss::connectGloo(options);
+      at::Tensor sum = comm->allReduce(at::full({3}, rank + 1.0 + attempt),
+                                       Reduction::Sum);
+      CHILD_CHECK(sum.eq(3.0 + 2 * attempt).all().item<bool>(),
+                  "attempt " << attempt << ": the sum is wrong");
+    }
+    launcher.set("test/done/" + std::to_string(rank), {1});
+  });
+  expectAllSucceeded(outcomes, "a launcher's store");
+}
+
+// TORCHELASTIC_USE_AGENT_STORE without a launcher's store: each rank says
+// that the launcher's store is unreachable, at the deadline.
+TEST(GlooCommunicatorTest, AMissingLaunchersStoreIsNamed) {
+  int port = freePort();
+  constexpr auto timeout = std::chrono::seconds(2);
+  auto outcomes = runChildren({0, 1}, [&](int rank) {
+    dloss::RendezvousOptions options = loopbackOptions(port, rank, 2, timeout);
+    options.agentStore = true;
+    try {
+      dloss::connectGloo(options);
+    } catch (const dloss::Error &e) {
+      std::string message = e.what();
+      CHILD_CHECK(message.find("launcher's rendezvous store") !=
+                          std::string::npos &&
+                      message.find("TORCHELASTIC_USE_AGENT_STORE") !=
+                          std::string::npos,
+                  "the error names not the launcher's store: " << message);
+      return;
+    }
+    CHILD_CHECK(false, "connected without any store");
+  });
+  expectAllSucceeded(outcomes, "no launcher's store");
+}
+
 // Runs `collective` on ranks 0 and 1 of a world of 3 while rank 2 misbehaves
 // (`rank2`: dies or stalls), and checks on the survivors that the collective
 // raises a dloss::Error within [minSeconds, maxSeconds] containing one of
@@ -768,8 +853,14 @@ TEST(SingleProcessCommunicatorTest, EveryCollectiveIsACopy) {
 class RendezvousOptionsTest : public ::testing::Test {
 protected:
   static constexpr const char *kVariables[] = {
-      "MASTER_ADDR", "MASTER_PORT",     "RANK",
-      "WORLD_SIZE",  "DLOSS_TIMEOUT_S", "DLOSS_FLIGHT_DIR"};
+      "MASTER_ADDR",
+      "MASTER_PORT",
+      "RANK",
+      "WORLD_SIZE",
+      "DLOSS_TIMEOUT_S",
+      "DLOSS_FLIGHT_DIR",
+      "TORCHELASTIC_USE_AGENT_STORE",
+      "TORCHELASTIC_RESTART_COUNT"};
 
   void SetUp() override {
     for (const char *variable : kVariables) {
@@ -819,6 +910,8 @@ TEST_F(RendezvousOptionsTest, DefaultsToOneProcess) {
   EXPECT_EQ(options.worldSize, 1);
   EXPECT_EQ(options.timeout, std::chrono::seconds(300));
   EXPECT_EQ(options.flightDir, "");
+  EXPECT_FALSE(options.agentStore);
+  EXPECT_EQ(options.restartCount, 0);
 }
 
 TEST_F(RendezvousOptionsTest, ReadsTorchrunVariables) {
@@ -835,6 +928,21 @@ TEST_F(RendezvousOptionsTest, ReadsTorchrunVariables) {
   EXPECT_EQ(options.worldSize, 4);
   EXPECT_EQ(options.timeout, std::chrono::milliseconds(2500));
   EXPECT_EQ(options.flightDir, "/tmp/flights");
+  EXPECT_FALSE(options.agentStore);
+}
+
+// torchrun's agent (static rendezvous, its default) hosts the store at
+// MASTER_PORT and says so; rank 0 must then not try to host one too.
+TEST_F(RendezvousOptionsTest, ReadsTorchrunsAgentStore) {
+  set("RANK", "0");
+  set("WORLD_SIZE", "2");
+  set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  set("TORCHELASTIC_RESTART_COUNT", "3");
+  RendezvousOptions options = RendezvousOptions::fromEnvironment();
+  EXPECT_TRUE(options.agentStore);
+  EXPECT_EQ(options.restartCount, 3);
+  set("TORCHELASTIC_USE_AGENT_STORE", "False");
+  EXPECT_FALSE(RendezvousOptions::fromEnvironment().agentStore);
 }
 
 TEST_F(RendezvousOptionsTest, WorldSizeOneNeedsNoRank) {
@@ -852,7 +960,11 @@ TEST_F(RendezvousOptionsTest, MalformedValuesNameTheVariableAndValue) {
                  Case{"DLOSS_TIMEOUT_S", "soon"}, Case{"DLOSS_TIMEOUT_S", "0"},
                  Case{"DLOSS_TIMEOUT_S", "-5"}, Case{"DLOSS_TIMEOUT_S", "nan"},
                  Case{"WORLD_SIZE", "two"}, Case{"WORLD_SIZE", "0"},
-                 Case{"RANK", "1.5"}, Case{"RANK", "-1"}}) {
+                 Case{"RANK", "1.5"}, Case{"RANK", "-1"},
+                 Case{"TORCHELASTIC_USE_AGENT_STORE", "yes"},
+                 Case{"TORCHELASTIC_USE_AGENT_STORE", "true "},
+                 Case{"TORCHELASTIC_RESTART_COUNT", "-1"},
+                 Case{"TORCHELASTIC_RESTART_COUNT", "first"}}) {
     clearVariables();
     set("RANK", "0");
     set("WORLD_SIZE", "2");

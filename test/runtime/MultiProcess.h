@@ -7,10 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -73,26 +70,10 @@ inline std::string describe(const ChildOutcome &outcome) {
   return out.str();
 }
 
-// A port nobody listens on now: the kernel picks it, so concurrently running
-// tests get different ones.
-inline int freePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0)
-    throw std::runtime_error("socket() failed");
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  if (::bind(fd, reinterpret_cast<sockaddr *>(&address), sizeof(address)) !=
-          0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr *>(&address), &length) != 0) {
-    ::close(fd);
-    throw std::runtime_error("could not bind a port");
-  }
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
+// A port for one job's store, reserved for the rest of the test process
+// (dloss::reserveLoopbackPort), so concurrently running tests never share
+// one.
+inline int freePort() { return dloss::reserveLoopbackPort(); }
 
 // Forks one child per entry of `ranks`, runs `body(rank)` in each and reports
 // how they ended; a child that outlives kChildLimit is killed, so a test never

@@ -20,10 +20,7 @@
 #include <iostream>
 #include <thread>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -31,23 +28,6 @@ namespace dloss {
 namespace tools {
 
 namespace {
-
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (fd < 0 ||
-      bind(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr *>(&addr), &len) != 0)
-    throw Error("cannot find a free port on 127.0.0.1 for the rendezvous",
-                "set MASTER_PORT and run the ranks under a launcher");
-  int port = ntohs(addr.sin_port);
-  close(fd);
-  return port;
-}
 
 /// The signal that asked the launcher to stop (0: none).
 volatile std::sig_atomic_t stopSignal = 0;
@@ -66,7 +46,9 @@ int launch(const Options &o, int argc, char **argv,
     auto plan = PlanFile::load(planPath);
     checkInputNames(o, *findEntry(*plan, o.entry).grad);
   }
-  int port = freePort();
+  // Held until the launcher exits, so no job started beside this one draws
+  // the same port; rank 0 hosts the store on it.
+  int port = reserveLoopbackPort();
   // A stop request (Ctrl-C, a job scheduler's SIGTERM) stops the ranks too.
   struct sigaction action {};
   action.sa_handler = onStopSignal;
@@ -93,6 +75,9 @@ int launch(const Options &o, int argc, char **argv,
       setenv("WORLD_SIZE", std::to_string(o.world).c_str(), 1);
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      // Rank 0 hosts the store, whatever launcher started dloss-run.
+      unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+      unsetenv("TORCHELASTIC_RESTART_COUNT");
       setenv("DLOSS_RUN_PLAN", planPath.c_str(), 1);
       std::string self = selfPath();
       std::vector<char *> args;
