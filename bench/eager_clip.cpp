@@ -26,7 +26,8 @@
 // started with the ranks lined up), and loss_mem_mb = VmHWM after the calls -
 // VmRSS right before the first call (VmHWM is reset through
 // /proc/self/clear_refs first where the kernel allows it; "hwm_reset" says
-// whether it did), plus peak_rss_mb, the rank's total peak RSS. All three are
+// whether it did), steady_mem_mb = the same for the calls after the first
+// (LossMemory::steady), plus peak_rss_mb, the rank's total peak RSS. All are
 // measured as dloss-run measures them (CallTiming.h, LossMemory.h).
 #include "runtime/comm/Communicator.h"
 #ifdef DLOSS_BENCH_JIT
@@ -152,7 +153,13 @@ int runRank(const Options &o) {
 
   // Baseline: inputs built, peers met, right before the first call.
   auto memory = dloss::tools::LossMemory::start();
-  double median = dloss::tools::timeCalls(*comm, "", o.warmup, o.iters, step);
+  int warmup = o.warmup;
+  if (warmup > 0) { // the first call; the steady state follows it
+    step();
+    --warmup;
+    memory.steady();
+  }
+  double median = dloss::tools::timeCalls(*comm, "", warmup, o.iters, step);
   memory.stop();
 
   std::ostringstream json;
@@ -164,6 +171,7 @@ int runRank(const Options &o) {
        << ", \"baseline_rss_mb\": " << memory.baselineMb()
        << ", \"vm_hwm_mb\": " << memory.hwmMb()
        << ", \"loss_mem_mb\": " << memory.lossMb()
+       << ", \"steady_mem_mb\": " << memory.steadyMb()
        << ", \"peak_rss_mb\": " << memory.peakRssMb()
        << ", \"hwm_reset\": " << (memory.hwmReset ? "true" : "false") << "}\n";
   std::string path = rankPath(o.out, rank);

@@ -9,8 +9,11 @@ each example loss examples/NAME.mlir of --examples it runs
               SigLIP and PartialFC through dloss.fused_similarity too,
 on the same per-rank inputs, and reports the time of one forward+backward
 (median of --repeat timed calls after one warm-up call) and the loss's memory
-per rank (peak RSS minus the RSS right before the first call), the worst rank
-of each. `dlossc --emit=plan-text` says which fused ops each plan has. Then,
+per rank, the worst rank of each, two ways: per step (the later calls' peak
+RSS minus the RSS after the first call, its freed heap returned: the memory
+target is judged on this) and from the first call on (peak RSS minus the RSS
+right before it, which also holds what the process sets up once: code pages,
+thread pools, Gloo's buffers; about 12-14 MiB here). `dlossc --emit=plan-text` says which fused ops each plan has. Then,
 right after CLIP's fused run and under the same conditions (the same ranks
 running at once, the same intra-op threads each), dloss-bench-gemm-peak times
 the four plain at::mm of the fused CLIP step's shapes (1 forward + 3 backward
@@ -211,6 +214,7 @@ def bench_plan(a, dloss_run, example, extra, inputs, out, env):
     ranks = [json.load(open(os.path.join(out, f"rank{r}", "result.json"))) for r in range(a.world)]
     return dict(median_ms=max(r["median_ms"] for r in ranks),
                 loss_mem_mb=max(r["loss_mem_mb"] for r in ranks),
+                steady_mem_mb=max(r["steady_mem_mb"] for r in ranks),
                 peak_rss_mb=max(r["peak_rss_mb"] for r in ranks),
                 loss=ranks[0]["loss"],
                 hwm_reset=all(r.get("hwm_reset", False) for r in ranks)), ""
@@ -284,6 +288,7 @@ def family_rows(rows, families, variants):
         u, f = by.get((fam, "unfused")), by.get((fam, "fused"))
         s = dict(family=fam, status="ran", fused_ops=None, fused=None, unfused_ms=None,
                  fused_ms=None, time_ratio=None, unfused_mb=None, fused_mb=None, mem_ratio=None,
+                 unfused_steady_mb=None, fused_steady_mb=None, steady_ratio=None,
                  target=None, note="", general="")
         if f and f["status"] == "missing":
             s.update(status="missing", note=f["note"])
@@ -294,15 +299,22 @@ def family_rows(rows, families, variants):
         for key, r in (("unfused", u), ("fused", f)):
             if r and r["status"] == "ran":
                 s[f"{key}_ms"], s[f"{key}_mb"] = r["median_ms"], r["loss_mem_mb"]
+                steady = r.get("steady_mem_mb")
+                s[f"{key}_steady_mb"] = steady if steady is not None and steady >= 0 else None
             elif r:
                 s["note"] += f"{key} {r['status']}: {r['note']}; "
         if s["unfused_ms"] and s["fused_ms"] is not None:
             s["time_ratio"] = s["fused_ms"] / s["unfused_ms"]
         if s["unfused_mb"] and s["fused_mb"] is not None:
             s["mem_ratio"] = s["fused_mb"] / s["unfused_mb"]
-        if s["time_ratio"] is not None and s["mem_ratio"] is not None:
+        if s["unfused_steady_mb"] and s["fused_steady_mb"] is not None:
+            s["steady_ratio"] = s["fused_steady_mb"] / s["unfused_steady_mb"]
+        # The memory target is judged per step (steady state); without it, on
+        # the first call's figure, which also holds the one-time setup.
+        judged = s["steady_ratio"] if s["steady_ratio"] is not None else s["mem_ratio"]
+        if s["time_ratio"] is not None and judged is not None:
             s["target"] = (s["time_ratio"] <= TARGET_TIME_RATIO
-                           and s["mem_ratio"] <= TARGET_MEM_RATIO)
+                           and judged <= TARGET_MEM_RATIO)
         if "general" in variants:
             g = by.get((fam, "general"))
             if g and g["status"] == "ran" and s["fused_ms"]:
@@ -316,17 +328,22 @@ def family_rows(rows, families, variants):
 
 def markdown(summary, peak, a):
     yes = {True: "yes", False: "no", None: "-"}
-    lines = ["| family | fused ops | unfused ms | fused ms | time fused/unfused | unfused MB "
-             "| fused MB | mem fused/unfused | fused | target met |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    lines = ["| family | fused ops | unfused ms | fused ms | time fused/unfused "
+             "| unfused MB per step | fused MB per step | mem per step fused/unfused "
+             "| unfused MB first call | fused MB first call | mem first call fused/unfused "
+             "| fused | target met |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for s in summary:
         if s["status"] == "missing":
-            lines.append(f"| {s['family']} | (no examples/{s['family']}.mlir) | | | | | | | - | - |")
+            lines.append(f"| {s['family']} | (no examples/{s['family']}.mlir) "
+                         "| | | | | | | | | | - | - |")
             continue
         ops = ", ".join(s["fused_ops"]) if s["fused_ops"] else "unfused"
         lines.append(
             f"| {s['family']} | {ops} | {fmt(s['unfused_ms'], '.1f')} | {fmt(s['fused_ms'], '.1f')} "
-            f"| {fmt(s['time_ratio'], '.3f')} | {fmt(s['unfused_mb'], '.0f')} "
+            f"| {fmt(s['time_ratio'], '.3f')} | {fmt(s['unfused_steady_mb'], '.0f')} "
+            f"| {fmt(s['fused_steady_mb'], '.0f')} | {fmt(s['steady_ratio'], '.4f')} "
+            f"| {fmt(s['unfused_mb'], '.0f')} "
             f"| {fmt(s['fused_mb'], '.0f')} | {fmt(s['mem_ratio'], '.4f')} "
             f"| {'yes' if s['fused'] else 'unfused' if s['fused'] is False else '-'} "
             f"| {yes[s['target']]} |")
@@ -349,9 +366,13 @@ def verdicts(summary, peak, want_peak=True):
         if s["target"] is None:
             out.append(f"{s['family']}: NOT MEASURED ({s['note'].rstrip('; ') or 'no ratio'})")
             continue
+        steady = ("memory per step n/a" if s["steady_ratio"] is None else
+                  f"memory per step {s['fused_steady_mb']:.0f} / {s['unfused_steady_mb']:.0f} MB "
+                  f"= {s['steady_ratio']:.4f}")
         out.append(f"{s['family']}: fused memory <= 1/20 and time <= {TARGET_TIME_RATIO}x "
-                   f"unfused: {'MET' if s['target'] else 'NOT MET'} (memory {s['fused_mb']:.0f} / "
-                   f"{s['unfused_mb']:.0f} MB = {s['mem_ratio']:.4f}, time {s['fused_ms']:.1f} / "
+                   f"unfused: {'MET' if s['target'] else 'NOT MET'} ({steady}; first call, with "
+                   f"the one-time setup, {s['fused_mb']:.0f} / "
+                   f"{s['unfused_mb']:.0f} MB = {s['mem_ratio']:.4f}; time {s['fused_ms']:.1f} / "
                    f"{s['unfused_ms']:.1f} ms = {s['time_ratio']:.3f}; "
                    f"{'fused: ' + ', '.join(s['fused_ops']) if s['fused'] else 'unfused'})")
     full = next((p for p in peak if p["shape"].startswith("full")), None)
@@ -428,7 +449,8 @@ def main():
             example = os.path.join(ROOT, "examples", f"{fam}.mlir")
             base = dict(family=fam, world=a.world, b_local=a.b_local, b_global=b_global,
                         d=a.dim, repeat=a.repeat, threads=a.threads, status="ran",
-                        median_ms=None, loss_mem_mb=None, peak_rss_mb=None, loss=None,
+                        median_ms=None, loss_mem_mb=None, steady_mem_mb=None,
+                        peak_rss_mb=None, loss=None,
                         fused_ops=[], fused=None, note="")
             if not os.path.exists(example):
                 print(f"- {fam}: examples/{fam}.mlir does not exist (yet): skipped", flush=True)
@@ -469,7 +491,7 @@ def main():
                     row.update(status="failed", note=why)
                     continue
                 row.update(median_ms=r["median_ms"], loss_mem_mb=r["loss_mem_mb"],
-                           peak_rss_mb=r["peak_rss_mb"], loss=r["loss"])
+                           steady_mem_mb=r["steady_mem_mb"], peak_rss_mb=r["peak_rss_mb"], loss=r["loss"])
                 if not r["hwm_reset"]:
                     row["note"] += "; VmHWM could not be reset: loss_mem_mb may be an earlier peak"
                 # The peak right after CLIP's fused step, under the same conditions.
@@ -501,13 +523,17 @@ def main():
                       f"{u['loss']:.9g}", file=sys.stderr)
 
     cols = ["family", "variant", "world", "b_local", "b_global", "d", "repeat", "threads",
-            "status", "median_ms", "loss_mem_mb", "peak_rss_mb", "loss", "fused_ops", "note"]
+            "status", "median_ms", "loss_mem_mb", "steady_mem_mb", "peak_rss_mb", "loss",
+            "fused_ops", "note"]
     path = os.path.join(a.out, "families.csv")
     with open(path, "w", newline="") as f:
         f.write(f"# Example losses fused vs unfused (--no-fuse), fp32, forward+backward, {a.world} "
                 f"local Gloo ranks, {a.threads} intra-op thread(s) each; worst rank. MB = MiB.\n"
                 f"# median_ms: median of {a.repeat} timed calls after 1 warm-up. loss_mem_mb: "
-                "peak RSS after the calls minus RSS right before the first.\n")
+                "peak RSS after the calls minus RSS right before the first (the first call "
+                "included: it also holds the process's one-time setup). steady_mem_mb: the "
+                "later calls' peak RSS minus the RSS after the first call with the heap's "
+                "free memory returned (malloc_trim): the memory of one step.\n")
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
         w.writeheader()
         for r in rows:

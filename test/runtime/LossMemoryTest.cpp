@@ -1,0 +1,84 @@
+// LossMemory (tools/dloss-run/LossMemory.h): the two figures dloss-run and
+// the benches report, on allocations of known size.
+#include "tools/dloss-run/LossMemory.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr size_t kMiB = 1024 * 1024;
+
+/// A "call" that allocates `mib` MiB, touches every page and frees it.
+void call(size_t mib) {
+  char *buffer = static_cast<char *>(std::malloc(mib * kMiB));
+  ASSERT_NE(buffer, nullptr);
+  std::memset(buffer, 1, mib * kMiB);
+  // Keeps the stores from being optimised away.
+  volatile char sink = buffer[mib * kMiB - 1];
+  (void)sink;
+  std::free(buffer);
+}
+
+TEST(LossMemoryTest, FirstCallAndSteadyStateAreMeasuredApart) {
+  using dloss::tools::LossMemory;
+  auto memory = LossMemory::start();
+  if (!memory.hwmReset)
+    GTEST_SKIP() << "the kernel refuses to reset VmHWM (clear_refs)";
+  call(96); // the first call, larger than the later ones
+  memory.steady();
+  call(32);
+  call(32);
+  memory.stop();
+  // Page rounding and the allocator's own pages allow a few MiB either way.
+  EXPECT_GE(memory.lossMb(), 90.0);
+  EXPECT_LE(memory.lossMb(), 110.0);
+  EXPECT_GE(memory.steadyMb(), 28.0);
+  EXPECT_LE(memory.steadyMb(), 40.0);
+}
+
+/// A "call" that takes `mib` MiB in 16 KiB heap blocks, touches and frees
+/// them: the heap keeps freed blocks in RSS for the next call to reuse.
+void heapCall(size_t mib) {
+  constexpr size_t kBlock = 16 * 1024;
+  std::vector<char *> blocks(mib * kMiB / kBlock);
+  for (char *&block : blocks) {
+    block = static_cast<char *>(std::malloc(kBlock));
+    std::memset(block, 1, kBlock);
+  }
+  // A block kept above them (as a long-lived tensor would be) stops free()
+  // from shrinking the heap when they go.
+  static std::vector<void *> kept;
+  kept.push_back(std::malloc(kBlock));
+  for (char *block : blocks)
+    std::free(block);
+}
+
+// A step's heap memory is counted although the first call left that much
+// free heap behind: steady() gives it back first, or the step would reuse it
+// without growing the RSS and seem to need nothing.
+TEST(LossMemoryTest, AStepsHeapIsCountedAfterTheFirstCallsHeapIsFreed) {
+  using dloss::tools::LossMemory;
+  auto memory = LossMemory::start();
+  if (!memory.hwmReset)
+    GTEST_SKIP() << "the kernel refuses to reset VmHWM (clear_refs)";
+  heapCall(64);
+  memory.steady();
+  heapCall(16);
+  memory.stop();
+  EXPECT_GE(memory.lossMb(), 60.0);
+  EXPECT_GE(memory.steadyMb(), 14.0);
+  EXPECT_LE(memory.steadyMb(), 24.0);
+}
+
+TEST(LossMemoryTest, WithoutSteadyThereIsNoSteadyFigure) {
+  auto memory = dloss::tools::LossMemory::start();
+  call(4);
+  memory.stop();
+  EXPECT_EQ(memory.steadyMb(), -1.0);
+}
+
+} // namespace
