@@ -727,10 +727,9 @@ void forward(KernelContext &ctx, const FusedArgs &args,
   std::vector<double> sums(numOutputs * n, 0.0);
   std::vector<T> maxima(numOutputs * n, -inf);
   // Column results: each one's values in a tile of its own, folded along
-  // the rows after the block (tiles 1..numCol; the last one is work space).
+  // the rows after the block (tiles 1..numCol).
   const size_t numCol = ops.colOutputs.size();
-  TileScratch scratch(ops.tile, 1 + static_cast<int>(numCol) + (numCol > 0),
-                      args.options());
+  TileScratch scratch(ops.tile, 1 + static_cast<int>(numCol), args.options());
   RowPrograms<T> programs(ops);
   Similarity sim{ops.rows, ops.cols, 1};
 
@@ -787,8 +786,7 @@ void forward(KernelContext &ctx, const FusedArgs &args,
         if (ops.colOutputs[k].kind == Reduce::Sum)
           colSum.add_(values.sum(0));
         else
-          foldTile(values, 0, colMax, colSum,
-                   scratch(1 + static_cast<int>(numCol), block));
+          foldLse(values, 1.0, 0, colMax, colSum);
       }
     });
     return carry;

@@ -91,7 +91,7 @@ void ringSoftmaxCE(KernelContext &ctx) {
   const Similarity &sim = ops.sim;
   const int64_t n = sim.rows.size(0);
   TileShape tile = clippedTile(n, largest(ops.colSizes), args.compute);
-  TileScratch scratch(tile, 2, args.options());
+  TileScratch scratch(tile, 1, args.options());
 
   runSoftmaxCE(
       ctx, args, ops,
@@ -100,22 +100,21 @@ void ringSoftmaxCE(KernelContext &ctx) {
                          &colTargets = chunk.features[1];
         Elements rowTargetAt(rows.picked), colTargetAt(stats[2]);
         forEachBlock(n, chunk.length(), tile, [&](const Block &block) {
-          at::Tensor logits =
-              similarityTile(sim, cols, block, scratch(0, block))
-                  .mul_(sim.scale);
-          Elements logit(logits);
-          forRowTargets(
-              ops.rowTargets, block, chunk.offset,
-              [&](int64_t i, int64_t e) { rowTargetAt.set(i, logit.get(e)); });
-          forColTargets(
-              colTargets, block, ops.rowOffset,
-              [&](int64_t j, int64_t e) { colTargetAt.set(j, logit.get(e)); });
-          foldTile(logits, 1, rows.max.narrow(0, block.row, block.rows),
-                   rows.sum.narrow(0, block.row, block.rows),
-                   scratch(1, block));
-          foldTile(logits, 0, stats[0].narrow(0, block.col, block.cols),
-                   stats[1].narrow(0, block.col, block.cols),
-                   scratch(1, block));
+          // The logits are scale * s; the loops scale as they read.
+          at::Tensor s = similarityTile(sim, cols, block, scratch(0, block));
+          Elements sAt(s);
+          forRowTargets(ops.rowTargets, block, chunk.offset,
+                        [&](int64_t i, int64_t e) {
+                          rowTargetAt.set(i, sim.scale * sAt.get(e));
+                        });
+          forColTargets(colTargets, block, ops.rowOffset,
+                        [&](int64_t j, int64_t e) {
+                          colTargetAt.set(j, sim.scale * sAt.get(e));
+                        });
+          foldLse(s, sim.scale, 1, rows.max.narrow(0, block.row, block.rows),
+                  rows.sum.narrow(0, block.row, block.rows));
+          foldLse(s, sim.scale, 0, stats[0].narrow(0, block.col, block.cols),
+                  stats[1].narrow(0, block.col, block.cols));
         });
       });
 }
@@ -130,7 +129,7 @@ void ringSoftmaxCEGrad(KernelContext &ctx) {
   const at::Tensor &rowLse = ops.rowLse, &ctRow = ops.ctRow;
   const int64_t n = sim.rows.size(0), d = sim.rows.size(1);
   TileShape tile = clippedTile(n, largest(ops.colSizes), args.compute);
-  TileScratch scratch(tile, 3, args.options());
+  TileScratch scratch(tile, 2, args.options());
   at::Tensor dRows = at::zeros({n, d}, args.options());
   double dScale = 0;
 
@@ -145,25 +144,28 @@ void ringSoftmaxCEGrad(KernelContext &ctx) {
                      &chunkCt = chunk.features[3];
     forEachBlock(n, chunk.length(), tile, [&](const Block &block) {
       at::Tensor s = similarityTile(sim, cols, block, scratch(0, block));
-      // G = ct_row P_row + ct_col P_col - the one-hot targets.
-      at::Tensor grad = scratch(1, block), byCol = scratch(2, block);
-      grad.copy_(s).mul_(sim.scale);
-      grad.sub_(rowLse.narrow(0, block.row, block.rows).unsqueeze(1)).exp_();
-      grad.mul_(ctRow.narrow(0, block.row, block.rows).unsqueeze(1));
-      byCol.copy_(s).mul_(sim.scale);
-      byCol.sub_(chunkLse.narrow(0, block.col, block.cols).unsqueeze(0)).exp_();
-      byCol.mul_(chunkCt.narrow(0, block.col, block.cols).unsqueeze(0));
-      double colPart = at::dot(byCol.view({-1}), s.view({-1})).item<double>();
-      grad.add_(byCol);
+      // G = ct_row P_row + ct_col P_col - the one-hot targets; `all` is
+      // sum(G * S) and colPart the column direction's part of it.
+      at::Tensor grad = scratch(1, block);
+      std::pair<double, double> sums = softmaxTileGradient(
+          s, sim.scale, rowLse.narrow(0, block.row, block.rows),
+          ctRow.narrow(0, block.row, block.rows),
+          chunkLse.narrow(0, block.col, block.cols),
+          chunkCt.narrow(0, block.col, block.cols), grad);
+      double all = sums.first, colPart = sums.second;
       Elements g(grad), sAt(s), ctRowAt(ctRow), ctColAt(chunkCt);
       forRowTargets(ops.rowTargets, block, chunk.offset,
-                    [&](int64_t i, int64_t e) { g.add(e, -ctRowAt.get(i)); });
+                    [&](int64_t i, int64_t e) {
+                      g.add(e, -ctRowAt.get(i));
+                      all -= ctRowAt.get(i) * sAt.get(e);
+                    });
       forColTargets(colTargets, block, ops.rowOffset,
                     [&](int64_t j, int64_t e) {
                       g.add(e, -ctColAt.get(j));
+                      all -= ctColAt.get(j) * sAt.get(e);
                       colPart -= ctColAt.get(j) * sAt.get(e);
                     });
-      double all = backpropTile(grad, s, block, sim, cols, dRows, dCols);
+      backpropGemms(grad, block, sim, cols, dRows, dCols);
       dScale += all - colPart;
       colShare += colPart;
     });

@@ -72,7 +72,7 @@ void shardedSoftmax(KernelContext &ctx) {
   DLOSS_DEVICE_DISPATCH(shardedSoftmaxDevice)
   ShardOperands ops = shardOperands(args);
   const int64_t batch = ops.sim.rows.size(0);
-  TileScratch scratch(ops.tile, 2, args.options());
+  TileScratch scratch(ops.tile, 1, args.options());
   RowStatistics rows = rowStatistics(batch, args);
   Elements targetDotAt(rows.picked);
 
@@ -87,8 +87,8 @@ void shardedSoftmax(KernelContext &ctx) {
     logits.mul_(ops.sim.scale);
     forRowTargets(ops.targets, block, ops.classOffset,
                   [&](int64_t, int64_t e) { logit.set(e, -kInf); });
-    foldTile(logits, 1, rows.max.narrow(0, block.row, block.rows),
-             rows.sum.narrow(0, block.row, block.rows), scratch(1, block));
+    foldLse(logits, 1.0, 1, rows.max.narrow(0, block.row, block.rows),
+            rows.sum.narrow(0, block.row, block.rows));
   });
   combineShards(ctx, args, rows);
 }

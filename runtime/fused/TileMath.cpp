@@ -1,5 +1,5 @@
 // The fused ops' tile arithmetic that is not a template: the similarity GEMM,
-// log-sum-exp folding, backpropagation.
+// log-sum-exp merging, backpropagation (the vectorised loops: TileLoops.cpp).
 #include "runtime/fused/TileMath.h"
 
 namespace dloss::fused {
@@ -23,27 +23,25 @@ void mergeLse(at::Tensor max1, at::Tensor sum1, const at::Tensor &max2,
   max1.copy_(top);
 }
 
-void foldTile(const at::Tensor &tile, int64_t dim, at::Tensor max,
-              at::Tensor sum, at::Tensor work) {
-  at::Tensor blockMax = at::amax(tile, {dim});
-  at::Tensor shift = finiteShift(blockMax).unsqueeze(dim);
-  at::sub_out(work, tile, shift).exp_();
-  mergeLse(std::move(max), std::move(sum), blockMax, work.sum(dim));
-}
-
 at::Tensor lseOf(const at::Tensor &max, const at::Tensor &sum) {
   return max + sum.log();
+}
+
+void backpropGemms(const at::Tensor &grad, const Block &block,
+                   const Similarity &operands, const at::Tensor &cols,
+                   at::Tensor &dRows, at::Tensor &dCols) {
+  dRows.narrow(0, block.row, block.rows)
+      .addmm_(grad, cols.narrow(0, block.col, block.cols), 1, operands.scale);
+  dCols.narrow(0, block.col, block.cols)
+      .addmm_(grad.t(), operands.rows.narrow(0, block.row, block.rows), 1,
+              operands.scale);
 }
 
 double backpropTile(const at::Tensor &grad, const at::Tensor &sim,
                     const Block &block, const Similarity &operands,
                     const at::Tensor &cols, at::Tensor &dRows,
                     at::Tensor &dCols) {
-  dRows.narrow(0, block.row, block.rows)
-      .addmm_(grad, cols.narrow(0, block.col, block.cols), 1, operands.scale);
-  dCols.narrow(0, block.col, block.cols)
-      .addmm_(grad.t(), operands.rows.narrow(0, block.row, block.rows), 1,
-              operands.scale);
+  backpropGemms(grad, block, operands, cols, dRows, dCols);
   return at::dot(grad.view({-1}), sim.view({-1})).item<double>();
 }
 

@@ -12,6 +12,7 @@
 #include "runtime/fused/FusedKernels.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace dloss::fused {
 
@@ -124,17 +125,34 @@ at::Tensor finiteShift(const at::Tensor &x);
 void mergeLse(at::Tensor max1, at::Tensor sum1, const at::Tensor &max2,
               const at::Tensor &sum2);
 
-/// Folds a tile into running statistics along `dim` (1: one per tile row, 0:
-/// one per tile column). `work` is a scratch tile of the same shape.
-void foldTile(const at::Tensor &tile, int64_t dim, at::Tensor max,
-              at::Tensor sum, at::Tensor work);
+/// Folds `scale * tile` into running statistics along `dim` (1: one per tile
+/// row, 0: one per tile column), in vectorised loops (TileLoops.cpp): one
+/// read of the tile for the maxima and one, with one exp per element, for
+/// the sums. `tile` (f32 or f64, contiguous) is not changed; `max`, `sum`
+/// are contiguous vectors of its type. Infinities behave as in mergeLse.
+void foldLse(const at::Tensor &tile, double scale, int64_t dim, at::Tensor max,
+             at::Tensor sum);
+
+/// CLIP's gradient tile in one vectorised pass (TileLoops.cpp): grad[i, j] =
+/// ctRow[i] exp(scale s - rowLse[i]) + ctCol[j] exp(scale s - colLse[j]) for
+/// the tile's rows and columns (the vectors narrowed to them). Returns
+/// (sum(grad * s), the sum of the column direction's part times s).
+std::pair<double, double>
+softmaxTileGradient(const at::Tensor &s, double scale, const at::Tensor &rowLse,
+                    const at::Tensor &ctRow, const at::Tensor &colLse,
+                    const at::Tensor &ctCol, at::Tensor grad);
 
 /// The log-sum-exp of running statistics.
 at::Tensor lseOf(const at::Tensor &max, const at::Tensor &sum);
 
 /// Backpropagates a tile's gradient G = dLoss/dL through L = scale S:
 /// dRows[block] += scale G cols[block], dCols[block] += scale G^T
-/// rows[block]; returns sum(G * S), the tile's part of dLoss/dscale.
+/// rows[block].
+void backpropGemms(const at::Tensor &grad, const Block &block,
+                   const Similarity &operands, const at::Tensor &cols,
+                   at::Tensor &dRows, at::Tensor &dCols);
+
+/// backpropGemms, and returns sum(G * S), the tile's part of dLoss/dscale.
 double backpropTile(const at::Tensor &grad, const at::Tensor &sim,
                     const Block &block, const Similarity &operands,
                     const at::Tensor &cols, at::Tensor &dRows,
