@@ -387,6 +387,34 @@ DLOSS_ROW_LOOP void addSoftmaxSeed(T *__restrict seed, const T *__restrict e,
     seed[j] += c * epilogue::detail::exp_(e[j] - lse);
 }
 
+/// seed[j] += ct[j] exp(e[j] - lse[j]): the softmax seeds of column
+/// log-sum-exp results (none where ct is 0 or the column is empty).
+template <typename T>
+DLOSS_ROW_LOOP void addColumnSoftmaxSeed(T *__restrict seed,
+                                         const T *__restrict e,
+                                         const T *__restrict ct,
+                                         const T *__restrict lse, int64_t w) {
+  constexpr T inf = std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < w; ++j) {
+    const T add = ct[j] * epilogue::detail::exp_(e[j] - lse[j]);
+    seed[j] += ct[j] == T(0) || lse[j] == -inf ? T(0) : add;
+  }
+}
+
+/// seed[j] += c[j] (c: one value per column) or c[0] (`perColumn` false).
+template <typename T>
+DLOSS_ROW_LOOP void addSeed(T *__restrict seed, const T *__restrict c,
+                            bool perColumn, int64_t w) {
+  if (perColumn) {
+    for (int64_t j = 0; j < w; ++j)
+      seed[j] += c[j];
+    return;
+  }
+  const T value = c[0];
+  for (int64_t j = 0; j < w; ++j)
+    seed[j] += value;
+}
+
 /// One thread's registers: evaluates the program on a tile row, and (for the
 /// backward) sweeps it in reverse.
 template <typename T> class RowProgram {
@@ -836,17 +864,10 @@ void backward(KernelContext &ctx, const FusedArgs &args,
           block.col;
       const int64_t reg = ops.colOutputs[k].reg;
       T *seed = program.cotangent(reg);
-      if (ops.colOutputs[k].kind == Reduce::Sum) {
-        for (int64_t j = 0; j < w; ++j)
-          seed[j] += ct[j];
-        continue;
-      }
-      const T *e = program.value(reg);
-      constexpr T inf = std::numeric_limits<T>::infinity();
-      for (int64_t j = 0; j < w; ++j)
-        seed[j] += ct[j] == T(0) || result[j] == -inf
-                       ? T(0)
-                       : ct[j] * epilogue::detail::exp_(e[j] - result[j]);
+      if (ops.colOutputs[k].kind == Reduce::Sum)
+        addSeed(seed, ct, /*perColumn=*/true, w);
+      else
+        addColumnSoftmaxSeed(seed, program.value(reg), ct, result, w);
     }
   };
 
@@ -872,8 +893,7 @@ void backward(KernelContext &ctx, const FusedArgs &args,
           const int64_t reg = ops.outputs[k].reg;
           T *seed = program.cotangent(reg);
           if (ops.outputs[k].kind == Reduce::Sum) {
-            for (int64_t j = 0; j < w; ++j)
-              seed[j] += c;
+            addSeed(seed, &c, /*perColumn=*/false, w);
             continue;
           }
           const T lse = results[k][i];
