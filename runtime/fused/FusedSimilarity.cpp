@@ -50,6 +50,11 @@ constexpr double kF32Exact = 16777216.0;
 struct Output {
   int64_t reg;
   Reduce kind;
+  /// A pick (CPU only, findPicks): a sum of select(eq(col_id, row leaf L),
+  /// x, 0) along a row, or of select(eq(row_id, column leaf L), x, 0) along
+  /// a column, is x at the one place the leaf names. pickReg is x and
+  /// pickLeaf is L; -1: not a pick.
+  int64_t pickReg = -1, pickLeaf = -1;
 };
 
 /// The checked program and operands of one call, in the compute type.
@@ -276,9 +281,9 @@ std::vector<char> registersReaching(const SimilarityOperands &ops,
                                     bool gradients) {
   std::vector<char> reached(ops.program.size(), 0);
   for (const Output &output : ops.outputs)
-    reached[output.reg] = 1;
+    reached[output.pickReg >= 0 ? output.pickReg : output.reg] = 1;
   for (const Output &output : ops.colOutputs)
-    reached[output.reg] = 1;
+    reached[output.pickReg >= 0 ? output.pickReg : output.reg] = 1;
   for (int64_t t = static_cast<int64_t>(ops.program.size()) - 1; t >= 0; --t) {
     const Instr &ins = ops.program[t];
     if (!reached[t] || (gradients && ins.op == Op::Eq))
@@ -289,6 +294,105 @@ std::vector<char> registersReaching(const SimilarityOperands &ops,
   }
   return reached;
 }
+
+/// Marks the outputs that pick one element (Output::pickReg): a row result
+/// `sum select(eq(col_id, row leaf L), x, 0)` (either order of eq) is x at
+/// the column whose global index equals the row's leaf value, if any; a
+/// column result `sum select(eq(row_id, column leaf L), x, 0)` is x at the
+/// row the column's leaf names. So a target pick-up costs one element per
+/// row (column) instead of an eq, a select and a sum over the whole tile,
+/// and backward seeds that element alone; the eq and select registers are
+/// then evaluated only if something else reads them.
+void findPicks(SimilarityOperands &ops) {
+  auto leafOf = [&](int64_t eq, Op index, Op leaf) -> int64_t {
+    const Instr &cond = ops.program[eq];
+    if (cond.op != Op::Eq)
+      return -1;
+    const Instr &a = ops.program[cond.a], &b = ops.program[cond.b];
+    if (a.op == index && b.op == leaf)
+      return b.a;
+    if (b.op == index && a.op == leaf)
+      return a.a;
+    return -1;
+  };
+  auto mark = [&](Output &output, Op index, Op leaf) {
+    if (output.kind != Reduce::Sum)
+      return;
+    const Instr &pick = ops.program[output.reg];
+    if (pick.op != Op::Select)
+      return;
+    const Instr &zero = ops.program[pick.c];
+    if (zero.op != Op::Const || epilogue::bitsToDouble(zero.a) != 0.0)
+      return;
+    int64_t leafIndex = leafOf(pick.a, index, leaf);
+    if (leafIndex < 0)
+      return;
+    output.pickReg = pick.b;
+    output.pickLeaf = leafIndex;
+  };
+  for (Output &output : ops.outputs)
+    mark(output, Op::ColId, Op::RowLeaf);
+  for (Output &output : ops.colOutputs)
+    mark(output, Op::RowId, Op::ColLeaf);
+}
+
+/// The column (0 <= c < width) whose global index, base + c, equals `value`;
+/// -1 for none (not an integer, out of range, NaN), as eq would find none.
+template <typename T> int64_t pickedIndex(T value, int64_t base, int64_t width) {
+  const double v = static_cast<double>(value);
+  if (!(v >= static_cast<double>(base) &&
+        v < static_cast<double>(base + width)))
+    return -1;
+  const int64_t c = static_cast<int64_t>(v);
+  return static_cast<double>(c) == v ? c - base : -1;
+}
+
+/// A block's column picks: for each column result that is a pick, the
+/// block's columns whose leaf names a row of the block, grouped by that row
+/// (CSR: columns of row r are at[start[r] .. start[r + 1])).
+template <typename T> struct ColumnPicks {
+  struct PerOutput {
+    std::vector<int64_t> start, at;
+  };
+  std::vector<PerOutput> outputs; ///< one per column result (empty: no pick)
+
+  void build(const SimilarityOperands &ops, const Chunk &chunk,
+             const Block &block) {
+    outputs.assign(ops.colOutputs.size(), PerOutput{});
+    for (size_t k = 0; k < ops.colOutputs.size(); ++k) {
+      const Output &output = ops.colOutputs[k];
+      if (output.pickReg < 0)
+        continue;
+      const T *leaf =
+          chunk.features[1 + output.pickLeaf].template data_ptr<T>() +
+          block.col;
+      PerOutput &picks = outputs[k];
+      std::vector<int64_t> rowOf(block.cols, -1);
+      picks.start.assign(block.rows + 1, 0);
+      for (int64_t j = 0; j < block.cols; ++j) {
+        rowOf[j] = pickedIndex(leaf[j], ops.rowOffset + block.row, block.rows);
+        if (rowOf[j] >= 0)
+          ++picks.start[rowOf[j] + 1];
+      }
+      for (int64_t r = 0; r < block.rows; ++r)
+        picks.start[r + 1] += picks.start[r];
+      picks.at.assign(picks.start[block.rows], 0);
+      std::vector<int64_t> next(picks.start.begin(), picks.start.end() - 1);
+      for (int64_t j = 0; j < block.cols; ++j)
+        if (rowOf[j] >= 0)
+          picks.at[next[rowOf[j]]++] = j;
+    }
+  }
+
+  /// fn(j) for the columns of result k picked at tile row r.
+  template <typename Fn> void forRow(size_t k, int64_t r, Fn &&fn) const {
+    const PerOutput &picks = outputs[k];
+    if (picks.start.empty())
+      return;
+    for (int64_t e = picks.start[r]; e < picks.start[r + 1]; ++e)
+      fn(picks.at[e]);
+  }
+};
 
 // The loops over a tile row dominate the epilogue: one function per
 // instruction and type, each compiled for AVX-512, AVX2 and baseline x86-64
@@ -773,16 +877,35 @@ void forward(KernelContext &ctx, const FusedArgs &args,
       std::vector<T *> colTiles;
       for (size_t k = 0; k < numCol; ++k)
         colTiles.push_back(scratch(1 + static_cast<int>(k), block).data_ptr<T>());
+      ColumnPicks<T> colPicks;
+      colPicks.build(ops, chunk, block);
       programs.forRows(chunk, block, [&](RowProgram<T> &program, int64_t r) {
         const int64_t i = block.row + r;
         program.evaluate(tile + r * w, i, w);
-        for (size_t k = 0; k < numCol; ++k)
-          std::copy_n(program.value(ops.colOutputs[k].reg), w,
-                      colTiles[k] + r * w);
+        for (size_t k = 0; k < numCol; ++k) {
+          const Output &output = ops.colOutputs[k];
+          if (output.pickReg < 0) {
+            std::copy_n(program.value(output.reg), w, colTiles[k] + r * w);
+            continue;
+          }
+          // Each column is picked at one row at most: no two threads meet.
+          const T *x = program.value(output.pickReg);
+          T *colSum = carry[1][k].template data_ptr<T>() + block.col;
+          colPicks.forRow(k, r, [&](int64_t j) { colSum[j] += x[j]; });
+        }
         for (size_t k = 0; k < numOutputs; ++k) {
-          const T *e = program.value(ops.outputs[k].reg);
+          const Output &output = ops.outputs[k];
           double &sum = sums[k * n + i];
-          if (ops.outputs[k].kind == Reduce::Sum) {
+          if (output.pickReg >= 0) {
+            int64_t c = pickedIndex(ops.rowLeaves[output.pickLeaf]
+                                        .template data_ptr<T>()[i],
+                                    chunk.offset + block.col, w);
+            if (c >= 0)
+              sum += program.value(output.pickReg)[c];
+            continue;
+          }
+          const T *e = program.value(output.reg);
+          if (output.kind == Reduce::Sum) {
             sum += rowSum(e, w);
             continue;
           }
@@ -808,6 +931,8 @@ void forward(KernelContext &ctx, const FusedArgs &args,
         }
       });
       for (size_t k = 0; k < numCol; ++k) {
+        if (ops.colOutputs[k].pickReg >= 0)
+          continue; // added in the row loop
         at::Tensor values = scratch(1 + static_cast<int>(k), block);
         at::Tensor colMax = carry[0][k].narrow(0, block.col, block.cols);
         at::Tensor colSum = carry[1][k].narrow(0, block.col, block.cols);
@@ -855,13 +980,19 @@ void backward(KernelContext &ctx, const FusedArgs &args,
                                 ops.scalarIsFloat.end(),
                                 [](bool isFloat) { return isFloat; });
   auto seedColumns = [&](RowProgram<T> &program, const Chunk &chunk,
-                         const Block &block, int64_t w) {
+                         const Block &block, const ColumnPicks<T> &colPicks,
+                         int64_t r, int64_t w) {
     for (size_t k = 0; k < numCol; ++k) {
       const T *result =
           chunk.features[colBase + k].template data_ptr<T>() + block.col;
       const T *ct =
           chunk.features[colBase + numCol + k].template data_ptr<T>() +
           block.col;
+      if (ops.colOutputs[k].pickReg >= 0) {
+        T *seed = program.cotangent(ops.colOutputs[k].pickReg);
+        colPicks.forRow(k, r, [&](int64_t j) { seed[j] += ct[j]; });
+        continue;
+      }
       const int64_t reg = ops.colOutputs[k].reg;
       T *seed = program.cotangent(reg);
       if (ops.colOutputs[k].kind == Reduce::Sum)
@@ -879,17 +1010,28 @@ void backward(KernelContext &ctx, const FusedArgs &args,
       const T *tile = s.data_ptr<T>();
       T *g = grad.data_ptr<T>();
       const int64_t w = block.cols;
+      ColumnPicks<T> colPicks;
+      colPicks.build(ops, chunk, block);
       programs.forRows(chunk, block, [&](RowProgram<T> &program, int64_t r) {
         const int64_t i = block.row + r;
         program.evaluate(tile + r * w, i, w);
         program.beginReverse(g + r * w, w);
         if (numCol > 0 && !splitScalars)
-          seedColumns(program, chunk, block, w);
-        // Seeds: ct (sum) or ct exp(e - result) (log-sum-exp, its softmax).
+          seedColumns(program, chunk, block, colPicks, r, w);
+        // Seeds: ct (sum) or ct exp(e - result) (log-sum-exp, its softmax);
+        // a pick's at its one element.
         for (size_t k = 0; k < numOutputs; ++k) {
           const T c = cts[k][i];
           if (c == T(0))
             continue;
+          if (ops.outputs[k].pickReg >= 0) {
+            int64_t at = pickedIndex(ops.rowLeaves[ops.outputs[k].pickLeaf]
+                                         .template data_ptr<T>()[i],
+                                     chunk.offset + block.col, w);
+            if (at >= 0)
+              program.cotangent(ops.outputs[k].pickReg)[at] += c;
+            continue;
+          }
           const int64_t reg = ops.outputs[k].reg;
           T *seed = program.cotangent(reg);
           if (ops.outputs[k].kind == Reduce::Sum) {
@@ -906,7 +1048,7 @@ void backward(KernelContext &ctx, const FusedArgs &args,
           // The column results' share of the 0-d gradients goes home with
           // the columns: a second sweep, seeded by them alone.
           program.beginReverse(g + r * w, w, /*zeroGrad=*/false);
-          seedColumns(program, chunk, block, w);
+          seedColumns(program, chunk, block, colPicks, r, w);
           program.reverse(i, w, n, dRowLeaves.data(),
                           program.colShares.data());
         }
@@ -1214,6 +1356,7 @@ void fusedSimilarity(KernelContext &ctx, const SimilarityProgram &spec) {
   FusedArgs args(ctx, kForwardName);
   DLOSS_SIMILARITY_DEVICE_DISPATCH(fusedSimilarityDevice)
   SimilarityOperands ops = similarityOperands(args, spec, /*backward=*/false);
+  findPicks(ops);
   if (args.compute == at::kDouble)
     forward<double>(ctx, args, spec, ops);
   else
@@ -1224,6 +1367,7 @@ void fusedSimilarityGrad(KernelContext &ctx, const SimilarityProgram &spec) {
   FusedArgs args(ctx, kBackwardName);
   DLOSS_SIMILARITY_DEVICE_DISPATCH(fusedSimilarityGradDevice)
   SimilarityOperands ops = similarityOperands(args, spec, /*backward=*/true);
+  findPicks(ops);
   if (args.compute == at::kDouble)
     backward<double>(ctx, args, spec, ops);
   else
