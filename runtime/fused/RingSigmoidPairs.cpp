@@ -66,14 +66,6 @@ void runSigmoidPairs(KernelContext &ctx, const FusedArgs &args,
   ctx.setResult(1, positive.to(args.type(0)));
 }
 
-/// L = scale S + bias for a chunk's block, in its scratch tile 0.
-at::Tensor sigmoidLogits(const SigmoidOperands &ops, const at::Tensor &cols,
-                         const Block &block, const TileScratch &scratch) {
-  return similarityTile(ops.sim, cols, block, scratch(0, block))
-      .mul_(ops.sim.scale)
-      .add_(ops.bias);
-}
-
 } // namespace
 
 void ringSigmoidPairs(KernelContext &ctx) {
@@ -81,24 +73,24 @@ void ringSigmoidPairs(KernelContext &ctx) {
   DLOSS_DEVICE_DISPATCH(ringSigmoidPairsDevice)
   SigmoidOperands ops = sigmoidOperands(args);
   const int64_t n = ops.sim.rows.size(0);
-  TileScratch scratch(ops.tile, 2, args.options());
+  TileScratch scratch(ops.tile, 1, args.options());
 
   runSigmoidPairs(
       ctx, args, ops,
       [&](const Chunk &chunk, at::Tensor &pairSum, at::Tensor &positive) {
         Elements positiveAt(positive);
         forEachBlock(n, chunk.length(), ops.tile, [&](const Block &block) {
-          at::Tensor logits =
-              sigmoidLogits(ops, chunk.features[0], block, scratch);
-          Elements logit(logits);
-          forRowTargets(
-              ops.targets, block, chunk.offset,
-              [&](int64_t i, int64_t e) { positiveAt.set(i, logit.get(e)); });
-          // softplus(x) = log1p(exp(-|x|)) + max(x, 0), exact at both ends.
-          at::Tensor softplus = scratch(1, block);
-          at::abs_out(softplus, logits).neg_().exp_().log1p_();
-          softplus.add_(logits.clamp_min_(0));
-          pairSum.narrow(0, block.row, block.rows).add_(softplus.sum(1));
+          // The logits are scale * s + bias; the loops form them as they read.
+          at::Tensor s = similarityTile(ops.sim, chunk.features[0], block,
+                                        scratch(0, block));
+          Elements sAt(s);
+          forRowTargets(ops.targets, block, chunk.offset,
+                        [&](int64_t i, int64_t e) {
+                          positiveAt.set(i, ops.sim.scale * sAt.get(e) +
+                                                ops.bias);
+                        });
+          softplusRowSums(s, ops.sim.scale, ops.bias,
+                          pairSum.narrow(0, block.row, block.rows));
         });
       });
 }
@@ -120,13 +112,19 @@ void ringSigmoidPairsGrad(KernelContext &ctx) {
       // S in tile 0; G = ct_pair sigmoid(L) + ct_positive at the targets.
       at::Tensor s = similarityTile(ops.sim, cols, block, scratch(0, block));
       at::Tensor grad = scratch(1, block);
-      grad.copy_(s).mul_(ops.sim.scale).add_(ops.bias).sigmoid_();
-      grad.mul_(ops.ctPair.narrow(0, block.row, block.rows).unsqueeze(1));
-      Elements g(grad), ctAt(ops.ctPositive);
+      std::pair<double, double> sums = sigmoidTileGradient(
+          s, ops.sim.scale, ops.bias,
+          ops.ctPair.narrow(0, block.row, block.rows), grad);
+      dBias += sums.first;
+      dScale += sums.second;
+      Elements g(grad), sAt(s), ctAt(ops.ctPositive);
       forRowTargets(ops.targets, block, chunk.offset,
-                    [&](int64_t i, int64_t e) { g.add(e, ctAt.get(i)); });
-      dBias += grad.sum().item<double>();
-      dScale += backpropTile(grad, s, block, ops.sim, cols, dRows, dCols);
+                    [&](int64_t i, int64_t e) {
+                      g.add(e, ctAt.get(i));
+                      dBias += ctAt.get(i);
+                      dScale += ctAt.get(i) * sAt.get(e);
+                    });
+      backpropGemms(grad, block, ops.sim, cols, dRows, dCols);
     });
   };
   at::Tensor dCols = runGradientRing(ctx.communicator(), {ops.sim.cols},

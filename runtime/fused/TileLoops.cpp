@@ -1,14 +1,16 @@
-// The softmax tiles' element-wise passes as loops the compiler vectorises
-// (TileMath.h: foldLse, softmaxTileGradient), instead of one ATen pass per
-// operation: a log-sum-exp fold in either direction reads the tile once
-// (plus once for its maxima) with one exp per element, and the CLIP
-// gradient tile is one pass with its two exps. Built like
+// The dedicated kernels' element-wise tile passes as loops the compiler
+// vectorises (TileMath.h: foldLse, softmaxTileGradient, softplusRowSums,
+// sigmoidTileGradient), instead of one ATen pass per operation: a
+// log-sum-exp fold in either direction reads the tile once (plus once for
+// its maxima) with one exp per element, CLIP's gradient tile is one pass with
+// its two exps, SigLIP's forward and gradient tiles one pass each. The
+// scalar functions are the tile programs' (Epilogue.h). Built like
 // FusedSimilarity.cpp (runtime/CMakeLists.txt): no FP traps, no errno,
 // `omp simd` honoured, and each loop cloned for AVX-512, AVX2 and baseline
 // x86-64.
 #include "runtime/fused/TileMath.h"
 
-#include "runtime/fused/FastMath.h"
+#include "runtime/fused/Epilogue.h"
 
 #include <ATen/Parallel.h>
 
@@ -27,8 +29,7 @@ namespace {
 #define DLOSS_TILE_LOOP
 #endif
 
-inline float expOf(float x) { return fastmath::exp(x); }
-inline double expOf(double x) { return std::exp(x); }
+template <typename T> T expOf(T x) { return epilogue::detail::exp_(x); }
 
 /// A finite shift for exp(x - shift): an infinite maximum shifts by 0, so
 /// exp(-inf - shift) stays 0 instead of NaN (TileMath's finiteShift).
@@ -95,6 +96,34 @@ DLOSS_TILE_LOOP T gradientRow(T *__restrict g, const T *__restrict s, T scale,
   }
   byCol = col;
   return all;
+}
+
+/// sum_j softplus(scale s[j] + bias).
+template <typename T>
+DLOSS_TILE_LOOP T softplusSum(const T *__restrict s, T scale, T bias,
+                              int64_t w) {
+  T acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t j = 0; j < w; ++j)
+    acc += epilogue::softplus(scale * s[j] + bias);
+  return acc;
+}
+
+/// g[j] = a sigmoid(scale s[j] + bias); returns sum_j g[j], and sum_j g[j]
+/// s[j] in `dot`.
+template <typename T>
+DLOSS_TILE_LOOP T sigmoidRow(T *__restrict g, const T *__restrict s, T scale,
+                             T bias, T a, int64_t w, T &dot) {
+  T sum = 0, gs = 0;
+#pragma omp simd reduction(+ : sum, gs)
+  for (int64_t j = 0; j < w; ++j) {
+    const T v = a * epilogue::sigmoid(scale * s[j] + bias);
+    g[j] = v;
+    sum += v;
+    gs += v * s[j];
+  }
+  dot = gs;
+  return sum;
 }
 
 /// Rows per parallel task: enough elements to pay for the fork.
@@ -167,6 +196,39 @@ gradientTile(const at::Tensor &s, T scale, const T *rowLse, const T *ctRow,
   return {sumAll, sumByCol};
 }
 
+template <typename T>
+void softplusRows(const at::Tensor &s, T scale, T bias, T *rowSum) {
+  const int64_t rows = s.size(0), cols = s.size(1);
+  const T *x = s.data_ptr<T>();
+  at::parallel_for(0, rows, rowGrain(cols), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      rowSum[i] += softplusSum(x + i * cols, scale, bias, cols);
+  });
+}
+
+template <typename T>
+std::pair<double, double> sigmoidTile(const at::Tensor &s, T scale, T bias,
+                                      const T *ct, at::Tensor &grad) {
+  const int64_t rows = s.size(0), cols = s.size(1);
+  const T *x = s.data_ptr<T>();
+  T *g = grad.data_ptr<T>();
+  std::vector<double> sums(rows), dots(rows);
+  at::parallel_for(0, rows, rowGrain(cols), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      T dot = 0;
+      sums[i] = sigmoidRow(g + i * cols, x + i * cols, scale, bias, ct[i],
+                           cols, dot);
+      dots[i] = dot;
+    }
+  });
+  double sum = 0, dot = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    sum += sums[i];
+    dot += dots[i];
+  }
+  return {sum, dot};
+}
+
 /// The data of a contiguous vector of the tile's type.
 template <typename T> T *dataOf(const at::Tensor &v) {
   TORCH_CHECK(v.is_contiguous() && v.scalar_type() == c10::CppTypeToScalarType<T>::value,
@@ -209,6 +271,30 @@ softmaxTileGradient(const at::Tensor &s, double scale, const at::Tensor &rowLse,
   return gradientTile<float>(s, static_cast<float>(scale), dataOf<float>(rowLse),
                              dataOf<float>(ctRow), dataOf<float>(colLse),
                              dataOf<float>(ctCol), grad);
+}
+
+void softplusRowSums(const at::Tensor &s, double scale, double bias,
+                     at::Tensor rowSum) {
+  TORCH_CHECK(s.is_contiguous() && s.dim() == 2,
+              "softplusRowSums takes a contiguous tile");
+  if (s.scalar_type() == at::kDouble)
+    softplusRows<double>(s, scale, bias, dataOf<double>(rowSum));
+  else
+    softplusRows<float>(s, static_cast<float>(scale), static_cast<float>(bias),
+                        dataOf<float>(rowSum));
+}
+
+std::pair<double, double> sigmoidTileGradient(const at::Tensor &s,
+                                              double scale, double bias,
+                                              const at::Tensor &ct,
+                                              at::Tensor grad) {
+  TORCH_CHECK(s.is_contiguous() && grad.is_contiguous() &&
+                  grad.sizes() == s.sizes(),
+              "sigmoidTileGradient takes contiguous tiles of one shape");
+  if (s.scalar_type() == at::kDouble)
+    return sigmoidTile<double>(s, scale, bias, dataOf<double>(ct), grad);
+  return sigmoidTile<float>(s, static_cast<float>(scale),
+                            static_cast<float>(bias), dataOf<float>(ct), grad);
 }
 
 } // namespace dloss::fused

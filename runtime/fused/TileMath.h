@@ -142,6 +142,19 @@ softmaxTileGradient(const at::Tensor &s, double scale, const at::Tensor &rowLse,
                     const at::Tensor &ctRow, const at::Tensor &colLse,
                     const at::Tensor &ctCol, at::Tensor grad);
 
+/// SigLIP's forward tile (TileLoops.cpp): rowSum[i] += sum_j softplus(scale
+/// s[i, j] + bias), one vectorised pass; rowSum is narrowed to the tile's
+/// rows.
+void softplusRowSums(const at::Tensor &s, double scale, double bias,
+                     at::Tensor rowSum);
+
+/// SigLIP's gradient tile in one vectorised pass (TileLoops.cpp): grad[i, j]
+/// = ct[i] sigmoid(scale s + bias). Returns (sum(grad), sum(grad * s)).
+std::pair<double, double> sigmoidTileGradient(const at::Tensor &s,
+                                              double scale, double bias,
+                                              const at::Tensor &ct,
+                                              at::Tensor grad);
+
 /// The log-sum-exp of running statistics.
 at::Tensor lseOf(const at::Tensor &max, const at::Tensor &sum);
 
