@@ -172,28 +172,37 @@ void foldColumns(const at::Tensor &tile, T scale, T *max, T *sum) {
   });
 }
 
+/// Runs first = fn(i, second) for every tile row i, rows split over ATen's
+/// threads; returns the sums of both over the rows.
+template <typename Fn>
+std::pair<double, double> rowPairSums(int64_t rows, int64_t cols, Fn &&fn) {
+  std::vector<double> first(rows), second(rows);
+  at::parallel_for(0, rows, rowGrain(cols), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      first[i] = fn(i, second[i]);
+  });
+  std::pair<double, double> total{0.0, 0.0};
+  for (int64_t i = 0; i < rows; ++i) {
+    total.first += first[i];
+    total.second += second[i];
+  }
+  return total;
+}
+
 template <typename T>
 std::pair<double, double>
 gradientTile(const at::Tensor &s, T scale, const T *rowLse, const T *ctRow,
              const T *colLse, const T *ctCol, at::Tensor &grad) {
-  const int64_t rows = s.size(0), cols = s.size(1);
+  const int64_t cols = s.size(1);
   const T *x = s.data_ptr<T>();
   T *g = grad.data_ptr<T>();
-  std::vector<double> all(rows), byCol(rows);
-  at::parallel_for(0, rows, rowGrain(cols), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      T col = 0;
-      all[i] = gradientRow(g + i * cols, x + i * cols, scale, rowLse[i],
-                           ctRow[i], colLse, ctCol, cols, col);
-      byCol[i] = col;
-    }
+  return rowPairSums(s.size(0), cols, [&](int64_t i, double &byCol) {
+    T col = 0;
+    T all = gradientRow(g + i * cols, x + i * cols, scale, rowLse[i], ctRow[i],
+                        colLse, ctCol, cols, col);
+    byCol = col;
+    return static_cast<double>(all);
   });
-  double sumAll = 0, sumByCol = 0;
-  for (int64_t i = 0; i < rows; ++i) {
-    sumAll += all[i];
-    sumByCol += byCol[i];
-  }
-  return {sumAll, sumByCol};
 }
 
 template <typename T>
@@ -209,24 +218,16 @@ void softplusRows(const at::Tensor &s, T scale, T bias, T *rowSum) {
 template <typename T>
 std::pair<double, double> sigmoidTile(const at::Tensor &s, T scale, T bias,
                                       const T *ct, at::Tensor &grad) {
-  const int64_t rows = s.size(0), cols = s.size(1);
+  const int64_t cols = s.size(1);
   const T *x = s.data_ptr<T>();
   T *g = grad.data_ptr<T>();
-  std::vector<double> sums(rows), dots(rows);
-  at::parallel_for(0, rows, rowGrain(cols), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      T dot = 0;
-      sums[i] = sigmoidRow(g + i * cols, x + i * cols, scale, bias, ct[i],
-                           cols, dot);
-      dots[i] = dot;
-    }
+  return rowPairSums(s.size(0), cols, [&](int64_t i, double &dot) {
+    T gs = 0;
+    T sum = sigmoidRow(g + i * cols, x + i * cols, scale, bias, ct[i], cols,
+                       gs);
+    dot = gs;
+    return static_cast<double>(sum);
   });
-  double sum = 0, dot = 0;
-  for (int64_t i = 0; i < rows; ++i) {
-    sum += sums[i];
-    dot += dots[i];
-  }
-  return {sum, dot};
 }
 
 /// The data of a contiguous vector of the tile's type.
