@@ -375,19 +375,37 @@ LogicalResult CastOp::buildAdjoint(AdjointBuilder &ab) {
 //===----------------------------------------------------------------------===//
 
 LogicalResult L2NormalizeOp::buildAdjoint(AdjointBuilder &ab) {
-  // y = x / n with n = max(|x|, eps):
-  //   dx = (g - y * sum(g * y)) / n  where |x| >= eps (n follows x),
-  //   dx = g / eps                   where |x| < eps (n is constant).
+  // One op, one pass over each row: composed of element-wise ops, the
+  // backward of a normalised class matrix held several temporaries its size.
+  ab.addOperandCotangent(0, L2NormalizeGradOp::create(
+                                ab.b, ab.loc, resultCt(ab), getInput(),
+                                getAxisAttr(), getEpsAttr()));
+  return success();
+}
+
+LogicalResult L2NormalizeGradOp::buildAdjoint(AdjointBuilder &ab) {
+  // dx = (g - y s) / n with y = x / n, s = sum(g y), n = max(|x|, eps).
+  // Linear in g with a symmetric map, so g's cotangent is the same op on c.
+  // Along x, where |x| >= eps (n follows x; else dx = g / eps is constant):
+  //   ct_x = (y (3 s sum(y c) - sum(g c)) - g sum(y c) - c s) / n^2.
   Ops o{ab};
-  Value g = resultCt(ab), x = getInput(), y = getResult();
+  Value c = resultCt(ab), g = getGrad(), x = getInput();
   int64_t axis = getAxis();
+  ab.addOperandCotangent(0, L2NormalizeGradOp::create(ab.b, ab.loc, c, x,
+                                                      getAxisAttr(),
+                                                      getEpsAttr()));
   Value norm = SqrtOp::create(ab.b, ab.loc, o.sumOver(o.mul(x, x), {axis}));
   Value n = ClampOp::create(ab.b, ab.loc, norm, getEpsAttr(), FloatAttr());
-  Value follows = o.eq(n, norm);
-  Value along = o.mul(o.sumOver(o.mul(g, y), {axis}), follows);
-  Value dx = o.div(o.sub(g, o.mul(y, ab.expand(along, axis, x))),
-                   ab.expand(n, axis, x));
-  ab.addOperandCotangent(0, dx);
+  Value y = o.div(x, ab.expand(n, axis, x));
+  Value s = o.sumOver(o.mul(g, y), {axis});
+  Value yc = o.sumOver(o.mul(y, c), {axis});
+  Value gc = o.sumOver(o.mul(g, c), {axis});
+  Value along = o.sub(o.mul(o.mul(o.scalar(3.0, x), s), yc), gc);
+  Value scale = o.div(o.eq(n, norm), o.mul(n, n));
+  Value sum = o.sub(o.sub(o.mul(y, ab.expand(along, axis, x)),
+                          o.mul(g, ab.expand(yc, axis, x))),
+                    o.mul(c, ab.expand(s, axis, x)));
+  ab.addOperandCotangent(1, o.mul(sum, ab.expand(scale, axis, x)));
   return success();
 }
 

@@ -217,15 +217,20 @@ OpFoldResult CastOp::fold(FoldAdaptor) {
   return {};
 }
 
-LogicalResult L2NormalizeOp::verify() {
-  if (failed(
-          shapes::checkAxis(errorsFor(*this), getInput().getType(), getAxis())))
+/// l2_normalize and its gradient: the axis names one of the input's, eps > 0.
+template <typename Op> static LogicalResult verifyNormalize(Op op) {
+  if (failed(shapes::checkAxis(errorsFor(op), op.getInput().getType(),
+                               op.getAxis())))
     return failure();
-  if (!(getEps().convertToDouble() > 0.0))
-    return emitOpError("eps must be positive, got ")
-           << getEps().convertToDouble();
+  if (!(op.getEps().convertToDouble() > 0.0))
+    return op.emitOpError("eps must be positive, got ")
+           << op.getEps().convertToDouble();
   return success();
 }
+
+LogicalResult L2NormalizeOp::verify() { return verifyNormalize(*this); }
+
+LogicalResult L2NormalizeGradOp::verify() { return verifyNormalize(*this); }
 
 LogicalResult ReduceOp::inferReturnTypes(MLIRContext *,
                                          std::optional<Location> loc,

@@ -345,6 +345,31 @@ def Dloss_L2NormalizeOp : Dloss_Op<"l2_normalize", [Pure, SameOperandsAndResultT
   let hasVerifier = 1;
 }
 
+def Dloss_L2NormalizeGradOp : Dloss_Op<"l2_normalize_grad",
+    [Pure, SameOperandsAndResultType]> {
+  let summary = "the gradient of l2_normalize, in one pass over each row";
+  let description = [{
+    The adjoint of `dloss.l2_normalize %input axis $axis eps $eps` for the
+    result's cotangent `grad`: with `n = max(||x||_2, eps)` and `y = x / n`
+    along `axis`, `(grad - y * sum(grad * y)) / n` where `||x|| >= eps`, and
+    `grad / eps` where `||x|| < eps` (`n` is then a constant). Autodiff emits
+    it so that the backward of a normalised matrix (ArcFace's class weights)
+    holds no temporary of its size: the kernel reads `grad` and `input` once
+    per row and writes only the result.
+
+    ```mlir
+    %dx = dloss.l2_normalize_grad %g, %x axis 1 : tensor<?x256xf32>
+    ```
+  }];
+  let arguments = (ins Dloss_FloatTensor:$grad, Dloss_FloatTensor:$input,
+                   I64Attr:$axis, DefaultValuedAttr<F64Attr, "1.0e-12">:$eps);
+  let results = (outs Dloss_FloatTensor:$result);
+  let assemblyFormat = [{
+    $grad `,` $input `axis` $axis (`eps` $eps^)? attr-dict `:` type($input)
+  }];
+  let hasVerifier = 1;
+}
+
 def Dloss_ReduceOp : Dloss_Op<"reduce",
     [Pure, InferTypeOpAdaptor]> {
   let summary = "reduces a tensor over some of its axes on this rank";

@@ -6,11 +6,14 @@
 // executor binds the step, and returns a closure that only does the math.
 #include "runtime/kernels/AtenKernels.h"
 
+#include <ATen/Parallel.h>
+
 #include "runtime/kernels/DTypes.h"
 #include "runtime/support/Error.h"
 #include "runtime/support/Format.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -509,6 +512,79 @@ KernelRule l2NormalizeRule() {
               at::Tensor norm =
                   at::norm(input, 2, {dim}, /*keepdim=*/true).clamp_min(eps);
               ctx.setResult(0, input / norm);
+            };
+          },
+          ShapeFlow::Operand0};
+}
+
+namespace {
+
+/// l2_normalize's gradient along the last axis of contiguous rows: per row,
+/// |x| and sum(g x) in one sweep (accumulated in double), then the result.
+template <typename T>
+void l2NormalizeGradRows(const T *g, const T *x, T *dx, int64_t rows,
+                         int64_t width, double eps) {
+  int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, width));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T *gr = g + r * width, *xr = x + r * width;
+      T *out = dx + r * width;
+      double squares = 0, dot = 0;
+      for (int64_t i = 0; i < width; ++i) {
+        squares += double(xr[i]) * double(xr[i]);
+        dot += double(gr[i]) * double(xr[i]);
+      }
+      double norm = std::sqrt(squares);
+      double n = std::max(norm, eps);
+      // Where n follows |x|: s = sum(g y) = dot / n; below eps n is constant.
+      T inv = T(1.0 / n);
+      T along = norm >= eps ? T(dot / (n * n)) : T(0);
+      for (int64_t i = 0; i < width; ++i)
+        out[i] = (gr[i] - xr[i] * along) * inv;
+    }
+  });
+}
+
+} // namespace
+
+KernelRule l2NormalizeGradRule() {
+  return {[](const StepAttrs &attrs) -> Kernel {
+            int64_t axis = attrs.integer("axis");
+            double eps = attrs.optionalReal("eps").value_or(1e-12);
+            return [axis, eps](KernelContext &ctx) {
+              const at::Tensor &grad = ctx.tensor(0);
+              const at::Tensor &input = ctx.tensor(1);
+              int64_t dim = normalizeAxis(axis, input.dim());
+              if (grad.sizes() != input.sizes() ||
+                  grad.scalar_type() != input.scalar_type())
+                fail("dloss.l2_normalize_grad: the gradient (" +
+                         describe(grad) + ") and the input (" +
+                         describe(input) + ") differ",
+                     kPlanBugHint);
+              auto type = input.scalar_type();
+              if (dim == input.dim() - 1 && input.device().is_cpu() &&
+                  (type == at::kFloat || type == at::kDouble)) {
+                at::Tensor g = grad.contiguous(), x = input.contiguous();
+                at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
+                int64_t width = x.dim() ? x.size(-1) : 1;
+                int64_t rows = width ? x.numel() / width : 0;
+                if (type == at::kFloat)
+                  l2NormalizeGradRows(g.data_ptr<float>(), x.data_ptr<float>(),
+                                      dx.data_ptr<float>(), rows, width, eps);
+                else
+                  l2NormalizeGradRows(g.data_ptr<double>(),
+                                      x.data_ptr<double>(),
+                                      dx.data_ptr<double>(), rows, width, eps);
+                ctx.setResult(0, dx);
+                return;
+              }
+              // Other axes, half types, devices: the same arithmetic in ATen.
+              at::Tensor norm = at::norm(input, 2, {dim}, /*keepdim=*/true);
+              at::Tensor n = norm.clamp_min(eps);
+              at::Tensor y = input / n;
+              at::Tensor along = (grad * y).sum(dim, /*keepdim=*/true) *
+                                 norm.ge(eps).to(input.scalar_type());
+              ctx.setResult(0, (grad - y * along) / n);
             };
           },
           ShapeFlow::Operand0};

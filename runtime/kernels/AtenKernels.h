@@ -30,6 +30,9 @@ KernelRule matmulRule();
 
 KernelRule l2NormalizeRule();
 
+/// dloss.l2_normalize_grad: one pass over each row, no input-sized temporary.
+KernelRule l2NormalizeGradRule();
+
 KernelRule reduceRule();
 
 /// A rule with a single `axis` attribute, normalised against operand 0.

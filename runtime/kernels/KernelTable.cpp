@@ -64,6 +64,7 @@ std::unordered_map<std::string, KernelRule> buildTable() {
   // Linear algebra, reductions, indexing.
   add("dloss.matmul", matmulRule());
   add("dloss.l2_normalize", l2NormalizeRule());
+  add("dloss.l2_normalize_grad", l2NormalizeGradRule());
   add("dloss.reduce", reduceRule());
   add("dloss.logsumexp", axisRule(logsumexpKernel));
   add("dloss.take_along", axisRule(takeAlongKernel));

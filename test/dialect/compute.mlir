@@ -113,3 +113,12 @@ func.func @l2_normalize(%x: tensor<?x256xf16>) -> (tensor<?x256xf16>, tensor<?x2
   %1 = dloss.l2_normalize %x axis 0 eps 1.0e-6 : tensor<?x256xf16>
   return %0, %1 : tensor<?x256xf16>, tensor<?x256xf16>
 }
+
+// CHECK-LABEL: func.func @l2_normalize_grad
+func.func @l2_normalize_grad(%g: tensor<?x256xf32>, %x: tensor<?x256xf32>) -> (tensor<?x256xf32>, tensor<?x256xf32>) {
+  // CHECK: dloss.l2_normalize_grad %{{.*}}, %{{.*}} axis 1 : tensor<?x256xf32>
+  %0 = dloss.l2_normalize_grad %g, %x axis 1 : tensor<?x256xf32>
+  // CHECK: dloss.l2_normalize_grad %{{.*}}, %{{.*}} axis 0 eps 5.000000e-01 : tensor<?x256xf32>
+  %1 = "dloss.l2_normalize_grad"(%g, %x) {axis = 0 : i64, eps = 0.5 : f64} : (tensor<?x256xf32>, tensor<?x256xf32>) -> tensor<?x256xf32>
+  return %0, %1 : tensor<?x256xf32>, tensor<?x256xf32>
+}

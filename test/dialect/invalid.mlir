@@ -237,6 +237,30 @@ func.func @l2_normalize_eps_not_positive(%x: tensor<?x4xf32>) {
 
 // -----
 
+func.func @l2_normalize_grad_axis_out_of_range(%g: tensor<?x4xf32>, %x: tensor<?x4xf32>) {
+  // expected-error@+1 {{'dloss.l2_normalize_grad' op axis -3 is out of range for the rank-2 operand}}
+  %0 = dloss.l2_normalize_grad %g, %x axis -3 : tensor<?x4xf32>
+  return
+}
+
+// -----
+
+func.func @l2_normalize_grad_eps_not_positive(%g: tensor<?x4xf32>, %x: tensor<?x4xf32>) {
+  // expected-error@+1 {{'dloss.l2_normalize_grad' op eps must be positive, got -1.000000e+00}}
+  %0 = dloss.l2_normalize_grad %g, %x axis 1 eps -1.0 : tensor<?x4xf32>
+  return
+}
+
+// -----
+
+func.func @l2_normalize_grad_operand_types_differ(%g: tensor<?x4xf32>, %x: tensor<?x4xf64>) {
+  // expected-error@+1 {{'dloss.l2_normalize_grad' op requires the same type for all operands and results}}
+  %0 = "dloss.l2_normalize_grad"(%g, %x) {axis = 1 : i64} : (tensor<?x4xf32>, tensor<?x4xf64>) -> tensor<?x4xf32>
+  return
+}
+
+// -----
+
 func.func @reduce_without_axes(%x: tensor<?x4xf32>) {
   // expected-error@+1 {{'dloss.reduce' op needs at least one axis to reduce}}
   %0 = dloss.reduce sum %x axes [] : tensor<?x4xf32>

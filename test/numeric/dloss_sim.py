@@ -414,6 +414,16 @@ def _reduce(kind, x, axes):
     raise SimError(f"unknown reduce kind {kind}")
 
 
+def _l2_normalize_grad(g, x, axis, eps):
+    """l2_normalize's vector-Jacobian product, written as torch ops so that
+    torch.autograd gives the reference of its own adjoint."""
+    norm = torch.linalg.vector_norm(x, dim=axis, keepdim=True)
+    n = norm.clamp_min(eps)
+    y = x / n
+    along = (g * y).sum(dim=axis, keepdim=True) * (norm >= eps).to(x.dtype)
+    return (g - y * along) / n
+
+
 def _expand(x, axes, like_shape):
     for a in sorted(axes):
         x = x.unsqueeze(a)
@@ -500,6 +510,8 @@ LOCAL_OPS = {
     "dloss.matmul": _matmul,
     "dloss.l2_normalize": lambda op, x: torch.nn.functional.normalize(
         x, p=2.0, dim=op.attr("axis"), eps=op.attr("eps", 1e-12)),
+    "dloss.l2_normalize_grad": lambda op, g, x: _l2_normalize_grad(
+        g, x, op.attr("axis"), op.attr("eps", 1e-12)),
     "dloss.reduce": lambda op, x: _reduce(op.attr("kind"), x,
                                           op.attr("axes")),
     "dloss.logsumexp": lambda op, x: torch.logsumexp(x, dim=op.attr("axis")),

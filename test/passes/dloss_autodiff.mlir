@@ -292,20 +292,36 @@ func.func @cast(%x: tensor<?xf32> {dloss.grad}) -> tensor<bf16> attributes {dlos
 
 // -----
 
-// l2_normalize: (g - y * sum(g * y)) / max(|x|, eps), with the eps branch.
+// l2_normalize: its own gradient op, so the backward makes no temporary of
+// the input's size; the eps branch is the op's (docs/DlossDialect.md).
 // CHECK-LABEL: func.func @l2_normalize_grad
-// CHECK: arith.constant dense<1.000000e+00>
-// CHECK: %[[SQ:.*]] = dloss.mul %[[X:.*]], %[[X]] : tensor<?x8xf32>, tensor<?x8xf32>
-// CHECK: %[[SS:.*]] = dloss.reduce sum %[[SQ]] axes [1]
-// CHECK: %[[NORM:.*]] = dloss.sqrt %[[SS]]
-// CHECK: %[[N:.*]] = dloss.clamp %[[NORM]] min 9.9999999999999998E-13
-// CHECK: %[[FOLLOWS:.*]] = dloss.eq %[[N]], %[[NORM]]
-// CHECK: dloss.mul %{{.*}}, %[[FOLLOWS]]
-// CHECK: dloss.expand %[[N]] axes [1] like %[[X]]
-// CHECK: dloss.div
+// CHECK-SAME: (%[[X:[^:]*]]: tensor<?x8xf32>)
+// CHECK: %[[Y:.*]] = dloss.l2_normalize %[[X]] axis 1 : tensor<?x8xf32>
+// CHECK: dloss.l2_normalize_grad %{{.*}}, %[[X]] axis 1 : tensor<?x8xf32>
+// CHECK-NOT: dloss.sqrt
 func.func @l2_normalize(%x: tensor<?x8xf32> {dloss.grad}) -> tensor<f32> attributes {dloss.loss} {
   %y = dloss.l2_normalize %x axis 1 : tensor<?x8xf32>
   %w = dloss.mul %y, %y : tensor<?x8xf32>, tensor<?x8xf32>
+  %s = dloss.reduce sum %w axes [0, 1] : tensor<?x8xf32>
+  %t = dloss.all_reduce sum %s : tensor<f32>
+  return %t : tensor<f32>
+}
+
+// -----
+
+// l2_normalize_grad (a second derivative): the cotangent of its gradient
+// operand is the same op on the cotangent; its input's is masked by |x| >= eps.
+// CHECK-LABEL: func.func @second_derivative_grad
+// CHECK-SAME: (%[[G:[^:]*]]: tensor<?x8xf32>, %[[X:[^:]*]]: tensor<?x8xf32>)
+// CHECK: %[[DX:.*]] = dloss.l2_normalize_grad %[[G]], %[[X]] axis 1 eps 5.000000e-01
+// CHECK: dloss.l2_normalize_grad %[[CT:.*]], %[[X]] axis 1 eps 5.000000e-01
+// CHECK: %[[NORM:.*]] = dloss.sqrt
+// CHECK: %[[N:.*]] = dloss.clamp %[[NORM]] min 5.000000e-01
+// CHECK: dloss.eq %[[N]], %[[NORM]]
+func.func @second_derivative(%g: tensor<?x8xf32> {dloss.grad},
+                             %x: tensor<?x8xf32> {dloss.grad}) -> tensor<f32> attributes {dloss.loss} {
+  %dx = dloss.l2_normalize_grad %g, %x axis 1 eps 0.5 : tensor<?x8xf32>
+  %w = dloss.mul %dx, %dx : tensor<?x8xf32>, tensor<?x8xf32>
   %s = dloss.reduce sum %w axes [0, 1] : tensor<?x8xf32>
   %t = dloss.all_reduce sum %s : tensor<f32>
   return %t : tensor<f32>

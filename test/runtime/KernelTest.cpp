@@ -4,6 +4,7 @@
 #include "runtime/support/Error.h"
 
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
 #include <limits>
@@ -227,6 +228,44 @@ TEST(KernelTest, MatmulAndL2Normalize) {
   expectClose(runOp("dloss.l2_normalize", {x},
                     {intAttr("axis", 0), realAttr("eps", 10.0)}),
               hand(x, 0, 10.0));
+}
+
+TEST(KernelTest, L2NormalizeGradIsAutogradsVjp) {
+  // Both kernels (last axis: the row loop; axis 0: ATen) against autograd of
+  // torch's normalize, with rows on either side of eps and a zero row.
+  at::manual_seed(13);
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    at::Tensor x = randn({6, 5}).to(dtype);
+    x[1].zero_();
+    x[3].mul_(0.01);
+    at::Tensor g = randn({6, 5}).to(dtype);
+    for (int64_t axis : {1, 0, -1}) {
+      for (double eps : {1e-12, 0.5}) {
+        at::Tensor leaf = x.clone().requires_grad_(true);
+        at::Tensor y = at::div(
+            leaf, at::clamp_min(at::norm(leaf, 2, {axis}, true), eps));
+        at::Tensor expected =
+            torch::autograd::grad({y}, {leaf}, {g}, false, false, true)[0];
+        at::Tensor got =
+            runOp("dloss.l2_normalize_grad", {g, x},
+                  {intAttr("axis", axis), realAttr("eps", eps)});
+        ASSERT_EQ(got.scalar_type(), dtype);
+        // The zero row's autograd gradient is NaN (0/0 in the norm's); the
+        // op's is g / eps there, as the IR's eps branch says.
+        at::Tensor finite = at::isfinite(expected);
+        EXPECT_TRUE(at::isfinite(got).all().item<bool>())
+            << "axis " << axis << " eps " << eps;
+        expectClose(at::where(finite, got, at::zeros_like(got)),
+                    at::where(finite, expected, at::zeros_like(expected)),
+                    1e-5, 1e-5);
+      }
+    }
+  }
+  std::string message = errorOf([&] {
+    runOp("dloss.l2_normalize_grad", {randn({2, 3}), randn({3, 2})},
+          {intAttr("axis", 1)});
+  });
+  EXPECT_NE(message.find("differ"), std::string::npos) << message;
 }
 
 TEST(KernelTest, Reductions) {
