@@ -173,7 +173,9 @@ int runRank(const Options &o) {
        << ", \"loss_mem_mb\": " << memory.lossMb()
        << ", \"steady_mem_mb\": " << memory.steadyMb()
        << ", \"peak_rss_mb\": " << memory.peakRssMb()
-       << ", \"hwm_reset\": " << (memory.hwmReset ? "true" : "false") << "}\n";
+       << ", \"hwm_reset\": " << (memory.hwmReset ? "true" : "false")
+       << ", \"mmap_threshold_fixed\": "
+       << (memory.mmapThresholdFixed ? "true" : "false") << "}\n";
   std::string path = rankPath(o.out, rank);
   if (!path.empty())
     std::ofstream(path) << json.str();

@@ -93,6 +93,8 @@ int runRank(const Options &o, const std::string &planPath) {
          << ",\n  \"baseline_rss_mb\": " << memory.baselineMb()
          << ",\n  \"vm_hwm_mb\": " << memory.hwmMb()
          << ",\n  \"hwm_reset\": " << (memory.hwmReset ? "true" : "false")
+         << ",\n  \"mmap_threshold_fixed\": "
+         << (memory.mmapThresholdFixed ? "true" : "false")
          << "\n}\n";
     std::ofstream(dir + "/result.json") << json.str();
     if (rank == 0)
