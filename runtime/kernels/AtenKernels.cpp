@@ -6,11 +6,11 @@
 // executor binds the step, and returns a closure that only does the math.
 #include "runtime/kernels/AtenKernels.h"
 
-#include <ATen/Parallel.h>
-
 #include "runtime/kernels/DTypes.h"
 #include "runtime/support/Error.h"
 #include "runtime/support/Format.h"
+
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>

@@ -12,16 +12,17 @@ namespace {
 
 constexpr size_t kMiB = 1024 * 1024;
 
-/// A "call" that allocates `mib` MiB, touches every page and frees it.
-void call(size_t mib) {
-  char *buffer = static_cast<char *>(std::malloc(mib * kMiB));
-  ASSERT_NE(buffer, nullptr);
-  std::memset(buffer, 1, mib * kMiB);
-  // Keeps the stores from being optimised away.
-  volatile char sink = buffer[mib * kMiB - 1];
-  (void)sink;
-  std::free(buffer);
+/// A touched block of `mib` MiB.
+char *touched(size_t mib) {
+  char *block = static_cast<char *>(std::malloc(mib * kMiB));
+  std::memset(block, 1, mib * kMiB);
+  // The block escapes: its stores cannot be trimmed as dead before free().
+  asm volatile("" : : "r"(block) : "memory");
+  return block;
 }
+
+/// A "call" that allocates `mib` MiB, touches every page and frees it.
+void call(size_t mib) { std::free(touched(mib)); }
 
 TEST(LossMemoryTest, FirstCallAndSteadyStateAreMeasuredApart) {
   using dloss::tools::LossMemory;
@@ -72,15 +73,6 @@ TEST(LossMemoryTest, AStepsHeapIsCountedAfterTheFirstCallsHeapIsFreed) {
   EXPECT_GE(memory.lossMb(), 60.0);
   EXPECT_GE(memory.steadyMb(), 14.0);
   EXPECT_LE(memory.steadyMb(), 24.0);
-}
-
-/// A touched block of `mib` MiB.
-char *touched(size_t mib) {
-  char *block = static_cast<char *>(std::malloc(mib * kMiB));
-  std::memset(block, 1, mib * kMiB);
-  // The block escapes: its stores cannot be trimmed as dead before free().
-  asm volatile("" : : "r"(block) : "memory");
-  return block;
 }
 
 // Tensors freed in the middle of a step are not counted as held: at most
