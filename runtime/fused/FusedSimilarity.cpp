@@ -295,6 +295,41 @@ std::vector<char> registersReaching(const SimilarityOperands &ops,
   return reached;
 }
 
+/// Whether register `t` has one value along a tile row: a 0-d leaf, a
+/// constant, a per-row leaf or the row's id.
+bool isUniform(const Instr &ins) {
+  return ins.op == Op::Scalar || ins.op == Op::Const ||
+         ins.op == Op::RowLeaf || ins.op == Op::RowId;
+}
+
+constexpr bool isBinaryArithmetic(Op op) {
+  return op == Op::Add || op == Op::Sub || op == Op::Mul || op == Op::Div;
+}
+
+/// The registers whose cotangent along a row is only ever summed, so the
+/// reverse sweep sums it inside the adjoint loop instead of filling a
+/// tile-row array and summing that (CLIP's scale in `sim * scale`): uniform
+/// registers that carry a gradient, are no result's register, and are read
+/// (where a gradient flows) only by add, sub, mul and div.
+std::vector<char> reducedRegisters(const SimilarityOperands &ops,
+                                   const std::vector<char> &carries) {
+  const size_t count = ops.program.size();
+  std::vector<char> reduced(count, 0);
+  for (size_t t = 0; t < count; ++t)
+    reduced[t] = carries[t] && isUniform(ops.program[t]);
+  for (const std::vector<Output> *list : {&ops.outputs, &ops.colOutputs})
+    for (const Output &output : *list)
+      reduced[output.pickReg >= 0 ? output.pickReg : output.reg] = 0;
+  for (size_t t = 0; t < count; ++t) {
+    const Instr &ins = ops.program[t];
+    if (!carries[t] || isBinaryArithmetic(ins.op))
+      continue;
+    for (int k = 0; k < epilogue::registerOperands(ins.op); ++k)
+      reduced[operandOf(ins, k)] = 0;
+  }
+  return reduced;
+}
+
 /// Marks the outputs that pick one element (Output::pickReg): a row result
 /// `sum select(eq(col_id, row leaf L), x, 0)` (either order of eq) is x at
 /// the column whose global index equals the row's leaf value, if any; a
@@ -453,6 +488,42 @@ DLOSS_ROW_LOOP void adjointRow(const T *a, const T *b, const T *c,
   }
 }
 
+/// adjointRow for add, sub, mul and div, where operand a (ReduceA) or b
+/// (ReduceB) is uniform along the row: its cotangents are summed, in
+/// double, into *sumA or *sumB (which may be one) instead of added to da or db. At
+/// most one array is written, and it overlaps no operand, so `omp simd`
+/// holds.
+template <Op O, typename T, bool ReduceA, bool ReduceB>
+DLOSS_ROW_LOOP void reducingAdjointRow(const T *__restrict a,
+                                       const T *__restrict b,
+                                       const T *__restrict out,
+                                       const T *__restrict dt, T *da, T *db,
+                                       int64_t w, Instr ins, double *sumA,
+                                       double *sumB) {
+  static_assert(ReduceA || ReduceB, "adjointRow writes both arrays");
+  double sa = 0, sb = 0;
+#pragma omp simd reduction(+ : sa, sb)
+  for (int64_t j = 0; j < w; ++j) {
+    T ga = 0, gb = 0, gc = 0;
+    epilogue::adjoint<O, T>(a[j], b[j], b[j], out[j], dt[j], ins, ga, gb, gc);
+    const bool skip = dt[j] == T(0);
+    ga = skip ? T(0) : ga;
+    gb = skip ? T(0) : gb;
+    if constexpr (ReduceA)
+      sa += ga;
+    else
+      da[j] += ga;
+    if constexpr (ReduceB)
+      sb += gb;
+    else
+      db[j] += gb;
+  }
+  if constexpr (ReduceA)
+    *sumA += sa;
+  if constexpr (ReduceB)
+    *sumB += sb;
+}
+
 /// sum_j e[j], accumulated in double.
 template <typename T>
 DLOSS_ROW_LOOP double rowSum(const T *__restrict e, int64_t w) {
@@ -524,8 +595,10 @@ DLOSS_ROW_LOOP void addSeed(T *__restrict seed, const T *__restrict c,
 template <typename T> class RowProgram {
 public:
   RowProgram(const SimilarityOperands &ops, const std::vector<char> &live,
-             const std::vector<char> &carries, int64_t width)
-      : ops(ops), live(live), carries(carries), width(width),
+             const std::vector<char> &carries,
+             const std::vector<char> &reduced, int64_t width)
+      : ops(ops), live(live), carries(carries), reduced(reduced),
+        width(width),
         count(static_cast<int64_t>(ops.program.size())),
         values(count * width), reg(count, nullptr) {
     // Leaves that never change: constants and 0-d values.
@@ -615,8 +688,8 @@ public:
     if (zeroGrad)
       std::fill_n(grad, w, T(0));
     for (int64_t t = 0; t < count; ++t) {
-      if (!carries[t])
-        continue;
+      if (!carries[t] || reduced[t])
+        continue; // a reduced register's cotangent is summed as it goes
       if (ops.program[t].op == Op::Sim) {
         ct[t] = grad;
       } else {
@@ -634,19 +707,30 @@ public:
   /// cotangents are summed into dRowLeaf[leaf * n + i] and dScalar[leaf].
   void reverse(int64_t i, int64_t w, int64_t n, double *dRowLeaf,
                double *dScalar) {
+    // Where a reduced register's cotangent goes: its leaf's gradient, or
+    // nowhere (constants, ids, integer leaves).
+    double discard = 0;
+    auto sumOf = [&](int64_t r) -> double * {
+      const Instr &leaf = ops.program[r];
+      if (leaf.op == Op::Scalar && ops.scalarIsFloat[leaf.a])
+        return &dScalar[leaf.a];
+      if (leaf.op == Op::RowLeaf && ops.rowLeafIsFloat[leaf.a])
+        return &dRowLeaf[leaf.a * n + i];
+      return &discard;
+    };
     for (int64_t t = count - 1; t >= 0; --t) {
-      if (!carries[t])
+      if (!carries[t] || reduced[t])
         continue;
       const Instr &ins = ops.program[t];
       const T *dt = ct[t];
       switch (ins.op) {
       case Op::RowLeaf:
         if (ops.rowLeafIsFloat[ins.a])
-          dRowLeaf[ins.a * n + i] += sum(dt, w);
+          dRowLeaf[ins.a * n + i] += rowSum(dt, w);
         continue;
       case Op::Scalar:
         if (ops.scalarIsFloat[ins.a])
-          dScalar[ins.a] += sum(dt, w);
+          dScalar[ins.a] += rowSum(dt, w);
         continue;
       case Op::Sim: // already in G
       case Op::ColId:
@@ -665,6 +749,25 @@ public:
       T *da = operands > 0 && carries[ins.a] ? ct[ins.a] : sink.data();
       T *db = operands > 1 && carries[ins.b] ? ct[ins.b] : sink.data();
       T *dc = operands > 2 && carries[ins.c] ? ct[ins.c] : sink.data();
+      if (isBinaryArithmetic(ins.op) && (reduced[ins.a] || reduced[ins.b])) {
+        double *sumA = reduced[ins.a] ? sumOf(ins.a) : nullptr;
+        double *sumB = reduced[ins.b] ? sumOf(ins.b) : nullptr;
+        epilogue::dispatch(ins.op, [&](auto tag) {
+          constexpr Op O = decltype(tag)::value;
+          if constexpr (isBinaryArithmetic(O)) {
+            if (sumA && sumB)
+              reducingAdjointRow<O, T, true, true>(a, b, out, dt, da, db, w,
+                                                   ins, sumA, sumB);
+            else if (sumA)
+              reducingAdjointRow<O, T, true, false>(a, b, out, dt, da, db, w,
+                                                    ins, sumA, sumB);
+            else
+              reducingAdjointRow<O, T, false, true>(a, b, out, dt, da, db, w,
+                                                    ins, sumA, sumB);
+          }
+        });
+        continue;
+      }
       epilogue::dispatch(ins.op, [&](auto tag) {
         adjointRow<decltype(tag)::value, T>(a, b, c, out, dt, da, db, dc, w,
                                             ins);
@@ -677,16 +780,10 @@ public:
   std::vector<double> dScalars, colShares;
 
 private:
-  static double sum(const T *x, int64_t w) {
-    double total = 0;
-    for (int64_t j = 0; j < w; ++j)
-      total += x[j];
-    return total;
-  }
   T *slot(int64_t t) { return values.data() + t * width; }
 
   const SimilarityOperands &ops;
-  const std::vector<char> &live, &carries;
+  const std::vector<char> &live, &carries, &reduced;
   const int64_t width, count;
   std::vector<T> values;
   std::vector<const T *> reg;
@@ -701,11 +798,12 @@ template <typename T> class RowPrograms {
 public:
   RowPrograms(const SimilarityOperands &ops)
       : live(registersReaching(ops, false)),
-        carries(registersReaching(ops, true)) {
+        carries(registersReaching(ops, true)),
+        reduced(reducedRegisters(ops, carries)) {
     const int threads = std::max(1, at::get_num_threads());
     programs.reserve(threads); // registers point into their own buffers
     for (int k = 0; k < threads; ++k) {
-      programs.emplace_back(ops, live, carries, ops.tile.cols);
+      programs.emplace_back(ops, live, carries, reduced, ops.tile.cols);
       programs.back().dScalars.assign(ops.scalars.size(), 0.0);
       programs.back().colShares.assign(ops.scalars.size(), 0.0);
     }
@@ -752,7 +850,7 @@ public:
   }
 
 private:
-  std::vector<char> live, carries;
+  std::vector<char> live, carries, reduced;
   std::vector<RowProgram<T>> programs;
   int64_t grain = 1;
   int64_t blocks = 0;

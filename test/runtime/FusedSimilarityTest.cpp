@@ -330,8 +330,29 @@ ProgramCase clip() {
           }};
 }
 
+/// Uniform operands whose cotangents the reverse sweep sums in the adjoint
+/// loop: a float per-row leaf times the 0-d scale (both summed), the scale
+/// squared (one register read twice), the leaf over a varying value (the
+/// left operand summed), a subtraction of a uniform value.
+ProgramCase uniformOperands() {
+  Program p;
+  p.rowLeaves = 1;
+  int64_t sim = p.emit(Op::Sim), s = p.emit(Op::Scalar, 0);
+  int64_t margin = p.emit(Op::RowLeaf, 0);
+  int64_t shift = p.emit(Op::Mul, margin, s);
+  int64_t squared = p.emit(Op::Mul, s, s);
+  int64_t logits = p.emit(Op::Sub, p.emit(Op::Mul, sim, squared), shift);
+  p.output(logits, Reduce::LogSumExp);
+  p.output(p.emit(Op::Div, margin, p.emit(Op::Exp, sim)), Reduce::Sum);
+  return {"uniform operands", p, [](int64_t N, int64_t) {
+            return std::vector<at::Tensor>{
+                at::rand({N}, at::kDouble).mul_(0.5).add_(0.1), scalar(1.25)};
+          }};
+}
+
 std::vector<ProgramCase> programs() {
-  return {infoNce(), ntXent(), supCon(), transcendental(), clip()};
+  return {infoNce(),        ntXent(), supCon(), transcendental(), clip(),
+          uniformOperands()};
 }
 
 //===----------------------------------------------------------------------===//
