@@ -350,6 +350,40 @@ DLOSS_HD void adjoint(T a, T b, T c, T out, T ct, const Instr &ins, T &da,
   // Eq: no gradient.
 }
 
+/// What instruction O's adjoint reads besides its cotangent: kReadsA, B, C
+/// (operands) and kReadsOut (its own value). The CPU backward evaluates only
+/// the registers some adjoint or log-sum-exp seed reads (a softplus whose
+/// sum is a result is not recomputed there).
+enum : int { kReadsA = 1, kReadsB = 2, kReadsC = 4, kReadsOut = 8 };
+DLOSS_HD int adjointReads(Op op) {
+  switch (op) {
+  case Op::Add:
+  case Op::Sub:
+  case Op::Neg:
+  case Op::Eq:
+    return 0;
+  case Op::Mul:
+  case Op::Div:
+    return kReadsA | kReadsB;
+  case Op::Exp:
+  case Op::Sigmoid:
+  case Op::Sqrt:
+    return kReadsOut;
+  case Op::Clamp:
+    return kReadsA | kReadsOut;
+  case Op::Select: // the condition
+  case Op::Log:
+  case Op::Softplus:
+  case Op::LogSigmoid:
+  case Op::Cos:
+  case Op::Acos:
+  case Op::Sin:
+    return kReadsA;
+  default: // leaves
+    return 0;
+  }
+}
+
 /// Calls fn(std::integral_constant-like tag) with the opcode as a template
 /// argument: `visit<T>(op, [&](auto tag) { apply<decltype(tag)::value, T>...
 /// })`. Leaves are not dispatched (their value comes from the kernel).

@@ -295,6 +295,34 @@ std::vector<char> registersReaching(const SimilarityOperands &ops,
   return reached;
 }
 
+/// The registers the backward evaluates: those an adjoint of a register
+/// that carries a gradient reads (epilogue::adjointReads), a log-sum-exp
+/// result's register (its softmax seed reads it), and what they are computed
+/// from.
+std::vector<char> registersReadBackward(const SimilarityOperands &ops,
+                                        const std::vector<char> &carries) {
+  const int64_t count = static_cast<int64_t>(ops.program.size());
+  std::vector<char> read(count, 0);
+  for (const std::vector<Output> *list : {&ops.outputs, &ops.colOutputs})
+    for (const Output &output : *list)
+      if (output.pickReg < 0 && output.kind == Reduce::LogSumExp)
+        read[output.reg] = 1;
+  for (int64_t t = count - 1; t >= 0; --t) {
+    const Instr &ins = ops.program[t];
+    const int operands = epilogue::registerOperands(ins.op);
+    if (carries[t] && operands > 0) {
+      const int reads = epilogue::adjointReads(ins.op);
+      read[t] |= (reads & epilogue::kReadsOut) != 0;
+      for (int k = 0; k < operands; ++k)
+        read[operandOf(ins, k)] |= (reads & (1 << k)) != 0;
+    }
+    if (read[t])
+      for (int k = 0; k < operands; ++k)
+        read[operandOf(ins, k)] = 1;
+  }
+  return read;
+}
+
 /// Whether register `t` has one value along a tile row: a 0-d leaf, a
 /// constant, a per-row leaf or the row's id.
 bool isUniform(const Instr &ins) {
@@ -601,6 +629,10 @@ public:
         width(width),
         count(static_cast<int64_t>(ops.program.size())),
         values(count * width), reg(count, nullptr) {
+    // A register the backward does not evaluate still points at memory:
+    // an adjoint loop may name its operand without reading it.
+    for (int64_t t = 0; t < count; ++t)
+      reg[t] = slot(t);
     // Leaves that never change: constants and 0-d values.
     for (int64_t t = 0; t < count; ++t) {
       const Instr &ins = ops.program[t];
@@ -796,9 +828,11 @@ private:
 /// One RowProgram per ATen thread, and the parallel loop over a block's rows.
 template <typename T> class RowPrograms {
 public:
-  RowPrograms(const SimilarityOperands &ops)
-      : live(registersReaching(ops, false)),
-        carries(registersReaching(ops, true)),
+  /// `backward`: evaluate only what the reverse sweep reads.
+  RowPrograms(const SimilarityOperands &ops, bool backward)
+      : carries(registersReaching(ops, true)),
+        live(backward ? registersReadBackward(ops, carries)
+                      : registersReaching(ops, false)),
         reduced(reducedRegisters(ops, carries)) {
     const int threads = std::max(1, at::get_num_threads());
     programs.reserve(threads); // registers point into their own buffers
@@ -850,7 +884,7 @@ public:
   }
 
 private:
-  std::vector<char> live, carries, reduced;
+  std::vector<char> carries, live, reduced;
   std::vector<RowProgram<T>> programs;
   int64_t grain = 1;
   int64_t blocks = 0;
@@ -960,7 +994,7 @@ void forward(KernelContext &ctx, const FusedArgs &args,
   // the rows after the block (tiles 1..numCol).
   const size_t numCol = ops.colOutputs.size();
   TileScratch scratch(ops.tile, 1 + static_cast<int>(numCol), args.options());
-  RowPrograms<T> programs(ops);
+  RowPrograms<T> programs(ops, /*backward=*/false);
   Similarity sim{ops.rows, ops.cols, 1};
 
   // The carry of a chunk: per column result, the running max and sum of
@@ -1059,7 +1093,7 @@ void backward(KernelContext &ctx, const FusedArgs &args,
   const size_t numOutputs = ops.outputs.size();
   const int64_t rowLeafCount = static_cast<int64_t>(ops.rowLeaves.size());
   TileScratch scratch(ops.tile, 2, args.options());
-  RowPrograms<T> programs(ops);
+  RowPrograms<T> programs(ops, /*backward=*/true);
   Similarity sim{ops.rows, ops.cols, 1};
   at::Tensor dRows = at::zeros({n, d}, args.options());
   std::vector<double> dRowLeaves(rowLeafCount * n, 0.0);

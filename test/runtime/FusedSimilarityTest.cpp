@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <limits>
@@ -583,6 +584,41 @@ TEST(FusedSimilarityF32Test, EveryProgramMatchesTheF64Reference) {
   runGloo(3, [](Communicator &comm) {
     checkAll(comm, kF32, {"3x5", ""}, kModes);
   });
+}
+
+// The backward evaluates only the values an adjoint declares it reads
+// (epilogue::adjointReads): with every other value NaN, each opcode's
+// adjoint gives the same cotangents.
+TEST(FusedSimilarityEpilogueTest, AdjointReadsOnlyWhatItDeclares) {
+  namespace ep = dloss::epilogue;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (int64_t code = 0; code < ep::kOpCount; ++code) {
+    const auto op = static_cast<Op>(code);
+    if (ep::registerOperands(op) == 0)
+      continue;
+    for (double a : {0.3, 0.0, -0.8}) {
+      ep::Instr ins{op, 0, ep::doubleToBits(-0.5), ep::doubleToBits(0.5)};
+      const double b = 0.7, c = -0.2, ct = 1.3;
+      double out = 0;
+      ep::dispatch(op, [&](auto tag) {
+        out = ep::apply<decltype(tag)::value, double>(a, b, c, ins);
+      });
+      const int reads = ep::adjointReads(op);
+      auto keep = [&](double v, int bit) { return reads & bit ? v : nan; };
+      double all[3] = {0, 0, 0}, declared[3] = {0, 0, 0};
+      ep::dispatch(op, [&](auto tag) {
+        constexpr Op O = decltype(tag)::value;
+        ep::adjoint<O, double>(a, b, c, out, ct, ins, all[0], all[1], all[2]);
+        ep::adjoint<O, double>(keep(a, ep::kReadsA), keep(b, ep::kReadsB),
+                               keep(c, ep::kReadsC), keep(out, ep::kReadsOut),
+                               ct, ins, declared[0], declared[1], declared[2]);
+      });
+      for (int k = 0; k < 3; ++k) // sqrt(-0.8)'s NaN is its own
+        EXPECT_TRUE(all[k] == declared[k] ||
+                    (std::isnan(all[k]) && std::isnan(declared[k])))
+            << ep::opName(op) << " at a = " << a << ": operand " << k;
+    }
+  }
 }
 
 // A row whose every element is -inf has log-sum-exp -inf, and passes no
