@@ -215,14 +215,19 @@ namespace detail {
 // versions (FastMath.h) that let the CPU's loops over a row vectorise.
 #if defined(__CUDA_ARCH__)
 DLOSS_HD float exp_(float x) { return ::expf(x); }
+DLOSS_HD float expNonPositive_(float x) { return ::expf(x); }
 DLOSS_HD float log_(float x) { return ::logf(x); }
 DLOSS_HD float log1p_(float x) { return ::log1pf(x); }
 #else
 DLOSS_HD float exp_(float x) { return fastmath::exp(x); }
+/// exp of x <= 88 (a difference from a maximum or log-sum-exp): the CPU
+/// loops' cheaper form (fastmath::expNonPositive).
+DLOSS_HD float expNonPositive_(float x) { return fastmath::expNonPositive(x); }
 DLOSS_HD float log_(float x) { return fastmath::log(x); }
 DLOSS_HD float log1p_(float x) { return fastmath::log1p(x); }
 #endif
 DLOSS_HD double exp_(double x) { return ::exp(x); }
+DLOSS_HD double expNonPositive_(double x) { return ::exp(x); }
 DLOSS_HD double log_(double x) { return ::log(x); }
 DLOSS_HD double log1p_(double x) { return ::log1p(x); }
 DLOSS_HD float cos_(float x) { return ::cosf(x); }

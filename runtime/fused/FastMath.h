@@ -33,17 +33,20 @@ DLOSS_FASTMATH int32_t asBits(float f) {
   return bits;
 }
 
-/// e^x. Range reduction x = n ln 2 + r, |r| <= ln 2 / 2, then a degree-7
-/// polynomial for e^r and 2^n built in the exponent bits.
-DLOSS_FASTMATH float exp(float x) {
-  const float inf = std::numeric_limits<float>::infinity();
+/// e^x = p 2^k for x in [-87.5, 88.5]: range reduction x = k ln 2 + r,
+/// |r| <= ln 2 / 2, then a degree-7 polynomial p for e^r.
+struct ExpParts {
+  float p;
+  int32_t k;
+};
+
+DLOSS_FASTMATH ExpParts expParts(float x) {
   // Round x / ln 2 to an integer with the 1.5 * 2^23 trick (no SSE4.1).
   const float shifter = 12582912.0f;
-  float clamped = x < -87.5f ? -87.5f : (x > 88.5f ? 88.5f : x);
-  float t = clamped * 1.44269504088896341f + shifter;
+  float t = x * 1.44269504088896341f + shifter;
   float n = t - shifter;
-  float r = clamped - n * 0.693359375f; // ln 2, high part
-  r = r + n * 2.12194440e-4f;           // minus ln 2's low part
+  float r = x - n * 0.693359375f; // ln 2, high part
+  r = r + n * 2.12194440e-4f;     // minus ln 2's low part
   float r2 = r * r;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -52,14 +55,33 @@ DLOSS_FASTMATH float exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r2 + r + 1.0f;
-  // 2^n in the exponent field; n is in [-127, 128] after the clamp, so
+  return {p, asBits(t) - asBits(shifter)};
+}
+
+/// e^x.
+DLOSS_FASTMATH float exp(float x) {
+  const float inf = std::numeric_limits<float>::infinity();
+  float clamped = x < -87.5f ? -87.5f : (x > 88.5f ? 88.5f : x);
+  ExpParts e = expParts(clamped);
+  // 2^k in the exponent field; k is in [-127, 128] after the clamp, so
   // build it in two halves to stay inside the normal range.
-  int32_t k = asBits(t) - asBits(shifter);
-  int32_t k1 = k / 2, k2 = k - k1;
-  float result = p * asFloat((k1 + 127) << 23) * asFloat((k2 + 127) << 23);
+  int32_t k1 = e.k / 2, k2 = e.k - k1;
+  float result = e.p * asFloat((k1 + 127) << 23) * asFloat((k2 + 127) << 23);
   result = x < -87.5f ? 0.0f : result; // underflow (and -inf)
   result = x > 88.5f ? inf : result;   // overflow (and +inf)
   return x != x ? x : result;          // NaN
+}
+
+/// e^x for x <= 88, the hot loops' exp of a difference from a maximum or a
+/// log-sum-exp (<= 0 but for rounding): exp without the overflow branch
+/// and with 2^k in one multiplication (k in [-126, 127]). The same value
+/// as exp there; NaN propagates through the arithmetic; larger x gives
+/// garbage.
+DLOSS_FASTMATH float expNonPositive(float x) {
+  float clamped = x < -87.5f ? -87.5f : x;
+  ExpParts e = expParts(clamped);
+  float result = e.p * asFloat((e.k + 127) << 23);
+  return x < -87.5f ? 0.0f : result; // underflow (and -inf)
 }
 
 /// ln x, for x > 0 as m 2^e with m in [sqrt(1/2), sqrt(2)), then a

@@ -578,7 +578,7 @@ DLOSS_ROW_LOOP double rowSumExp(const T *__restrict e, T top, int64_t w) {
   double acc = 0;
 #pragma omp simd reduction(+ : acc)
   for (int64_t j = 0; j < w; ++j)
-    acc += epilogue::detail::exp_(e[j] - top);
+    acc += epilogue::detail::expNonPositive_(e[j] - top);
   return acc;
 }
 
@@ -587,7 +587,7 @@ template <typename T>
 DLOSS_ROW_LOOP void addSoftmaxSeed(T *__restrict seed, const T *__restrict e,
                                    T c, T lse, int64_t w) {
   for (int64_t j = 0; j < w; ++j)
-    seed[j] += c * epilogue::detail::exp_(e[j] - lse);
+    seed[j] += c * epilogue::detail::expNonPositive_(e[j] - lse);
 }
 
 /// seed[j] += ct[j] exp(e[j] - lse[j]): the softmax seeds of column
@@ -599,7 +599,8 @@ DLOSS_ROW_LOOP void addColumnSoftmaxSeed(T *__restrict seed,
                                          const T *__restrict lse, int64_t w) {
   constexpr T inf = std::numeric_limits<T>::infinity();
   for (int64_t j = 0; j < w; ++j) {
-    const T add = ct[j] * epilogue::detail::exp_(e[j] - lse[j]);
+    // lse[j] = -inf gives garbage here, dropped below.
+    const T add = ct[j] * epilogue::detail::expNonPositive_(e[j] - lse[j]);
     seed[j] += ct[j] == T(0) || lse[j] == -inf ? T(0) : add;
   }
 }

@@ -111,10 +111,10 @@ void ringSoftmaxCE(KernelContext &ctx) {
                         [&](int64_t j, int64_t e) {
                           colTargetAt.set(j, sim.scale * sAt.get(e));
                         });
-          foldLse(s, sim.scale, 1, rows.max.narrow(0, block.row, block.rows),
-                  rows.sum.narrow(0, block.row, block.rows));
-          foldLse(s, sim.scale, 0, stats[0].narrow(0, block.col, block.cols),
-                  stats[1].narrow(0, block.col, block.cols));
+          foldLseBoth(s, sim.scale, rows.max.narrow(0, block.row, block.rows),
+                      rows.sum.narrow(0, block.row, block.rows),
+                      stats[0].narrow(0, block.col, block.cols),
+                      stats[1].narrow(0, block.col, block.cols));
         });
       });
 }

@@ -14,6 +14,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -34,6 +35,13 @@ namespace {
 /// instead of vectorising (21% of a fused CLIP step in perf).
 template <typename T> inline __attribute__((always_inline)) T expOf(T x) {
   return epilogue::detail::exp_(x);
+}
+
+/// expOf of x <= 88 (a difference from a maximum or a finite log-sum-exp):
+/// cheaper, the same value (fastmath::expNonPositive).
+template <typename T>
+inline __attribute__((always_inline)) T expBelowMax(T x) {
+  return epilogue::detail::expNonPositive_(x);
 }
 
 /// A finite shift for exp(x - shift): an infinite maximum shifts by 0, so
@@ -80,6 +88,58 @@ DLOSS_TILE_LOOP void sumExpInto(T *__restrict sum, const T *__restrict x,
                                 int64_t w) {
   for (int64_t j = 0; j < w; ++j)
     sum[j] += expOf(scale * x[j] - shift[j]);
+}
+
+/// Returns max_j scale x[j] and raises colTop[j] to scale x[j]: both
+/// directions' maxima in one read of a tile row.
+template <typename T>
+DLOSS_TILE_LOOP T maxBoth(const T *__restrict x, T scale, T *__restrict colTop,
+                          int64_t w) {
+  T top = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : top)
+  for (int64_t j = 0; j < w; ++j) {
+    const T v = scale * x[j];
+    top = v > top ? v : top;
+    colTop[j] = v > colTop[j] ? v : colTop[j];
+  }
+  return top;
+}
+
+/// Returns sum_j exp(scale x[j] - shift) and adds each term to colSum[j]:
+/// both directions' sums from one exp per element.
+template <typename T>
+DLOSS_TILE_LOOP T sumExpBoth(const T *__restrict x, T scale, T shift,
+                             T *__restrict colSum, int64_t w) {
+  T acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t j = 0; j < w; ++j) {
+    const T e = expBelowMax(scale * x[j] - shift); // shift: the maximum
+    acc += e;
+    colSum[j] += e;
+  }
+  return acc;
+}
+
+/// gradientRow with one exp per element: the column term ct[j] exp(scale
+/// s[j] - lse[j]) is p u cv[j], p = exp(scale s[j] - rowLse), u =
+/// exp(rowLse - K), cv[j] = ct[j] exp(K - lse[j]) (gradientTile).
+template <typename T>
+DLOSS_TILE_LOOP T gradientRowOneExp(T *__restrict g, const T *__restrict s,
+                                    T scale, T rowLse, T a, T u,
+                                    const T *__restrict cv, int64_t w,
+                                    T &byCol) {
+  T all = 0, col = 0;
+#pragma omp simd reduction(+ : all, col)
+  for (int64_t j = 0; j < w; ++j) {
+    const T p = expBelowMax(scale * s[j] - rowLse); // a finite lse
+    const T c = p * u * cv[j];
+    const T v = a * p + c;
+    g[j] = v;
+    all += v * s[j];
+    col += c * s[j];
+  }
+  byCol = col;
+  return all;
 }
 
 /// g[j] = a exp(scale s[j] - rowLse) + ct[j] exp(scale s[j] - lse[j]), for
@@ -177,6 +237,84 @@ void foldColumns(const at::Tensor &tile, T scale, T *max, T *sum) {
   });
 }
 
+/// How far below the tile's maximum a row's or column's own maximum may lie
+/// for the one-exp folds: exp(x - max) stays a normal float down to -87, so
+/// an element that underflows there weighs below e^-23 in its row's (and
+/// column's) sum. A row or column further down is summed with its own shift.
+constexpr double kSharedShiftRange = 64;
+
+/// Folds (top, s) (s the sum of exp(x - top)) into running statistics, as
+/// foldRows does.
+template <typename T> void mergeInto(T &max, T &sum, T top, T s) {
+  const T next = top > max ? top : max;
+  const T shift = finite(next);
+  sum = sum * expOf(max - shift) + s * expOf(top - shift);
+  max = next;
+}
+
+/// foldRows and foldColumns in two reads of the tile and one exp per
+/// element: the row and column maxima, the tile's maximum m, then exp(x -
+/// m) summed both ways. Rows and columns whose maximum lies more than
+/// kSharedShiftRange below m (rare: a logit range over 64) are summed again
+/// with their own shift; a tile with infinities or NaN takes foldRows and
+/// foldColumns.
+template <typename T>
+void foldBoth(const at::Tensor &tile, T scale, T *rowMax, T *rowSum,
+              T *colMax, T *colSum) {
+  const int64_t rows = tile.size(0), cols = tile.size(1);
+  const T *x = tile.data_ptr<T>();
+  constexpr T inf = std::numeric_limits<T>::infinity();
+  const int threads = std::max(1, at::get_num_threads());
+  // Per thread: its rows' column maxima, then sums.
+  std::vector<T> colTop(threads * cols, -inf), colAcc(threads * cols, T(0));
+  std::vector<T> rowTop(rows), rowAcc(rows);
+  const int64_t grain = rowGrain(cols);
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    T *top = colTop.data() + at::get_thread_num() * cols;
+    for (int64_t i = begin; i < end; ++i)
+      rowTop[i] = maxBoth(x + i * cols, scale, top, cols);
+  });
+  for (int k = 1; k < threads; ++k)
+    for (int64_t j = 0; j < cols; ++j)
+      colTop[j] = std::max(colTop[j], colTop[k * cols + j]);
+  T m = -inf;
+  for (int64_t j = 0; j < cols; ++j)
+    m = std::max(m, colTop[j]);
+  if (!std::isfinite(m)) {
+    foldRows(tile, scale, rowMax, rowSum);
+    foldColumns(tile, scale, colMax, colSum);
+    return;
+  }
+  const T low = m - T(kSharedShiftRange);
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    T *acc = colAcc.data() + at::get_thread_num() * cols;
+    for (int64_t i = begin; i < end; ++i) {
+      const T *row = x + i * cols;
+      const T s = sumExpBoth(row, scale, m, acc, cols);
+      if (rowTop[i] == -inf)
+        continue; // nothing but exp(-inf) = 0
+      rowAcc[i] = rowTop[i] >= low ? s * expOf(m - rowTop[i])
+                                   : scaledSumExp(row, scale, rowTop[i], cols);
+      mergeInto(rowMax[i], rowSum[i], rowTop[i], rowAcc[i]);
+    }
+  });
+  for (int k = 1; k < threads; ++k)
+    for (int64_t j = 0; j < cols; ++j)
+      colAcc[j] += colAcc[k * cols + j];
+  for (int64_t j = 0; j < cols; ++j) {
+    const T top = colTop[j];
+    if (top == -inf)
+      continue;
+    T s = colAcc[j] * expOf(m - top);
+    if (top < low) {
+      s = 0;
+      for (int64_t i = 0; i < rows; ++i)
+        s += expOf(scale * x[i * cols + j] - top);
+    }
+    mergeInto(colMax[j], colSum[j], top, s);
+  }
+}
+
 /// Runs first = fn(i, second) for every tile row i, rows split over ATen's
 /// threads; returns the sums of both over the rows.
 template <typename Fn>
@@ -194,14 +332,42 @@ std::pair<double, double> rowPairSums(int64_t rows, int64_t cols, Fn &&fn) {
   return total;
 }
 
+/// How far apart a tile's row and column log-sum-exps may lie for the
+/// one-exp gradient: where p = exp(x - rowLse) underflows (x - rowLse <
+/// -87), the column term p exp(rowLse - colLse) is below e^-47.
+constexpr double kLseSpread = 40;
+
 template <typename T>
 std::pair<double, double>
 gradientTile(const at::Tensor &s, T scale, const T *rowLse, const T *ctRow,
              const T *colLse, const T *ctCol, at::Tensor &grad) {
-  const int64_t cols = s.size(1);
+  const int64_t rows = s.size(0), cols = s.size(1);
   const T *x = s.data_ptr<T>();
   T *g = grad.data_ptr<T>();
-  return rowPairSums(s.size(0), cols, [&](int64_t i, double &byCol) {
+  const auto [rowLow, rowHigh] = std::minmax_element(rowLse, rowLse + rows);
+  const auto [colLow, colHigh] = std::minmax_element(colLse, colLse + cols);
+  const bool oneExp = rows > 0 && cols > 0 && std::isfinite(*rowLow) &&
+                      std::isfinite(*rowHigh) && std::isfinite(*colLow) &&
+                      std::isfinite(*colHigh) &&
+                      *rowHigh - *colLow <= T(kLseSpread) &&
+                      *colHigh - *rowLow <= T(kLseSpread);
+  if (oneExp) {
+    // exp(rowLse - colLse) = u[i] v[j], each within e^+-40 (K is midway).
+    const T K = (*rowLow + *rowHigh) / 2;
+    std::vector<T> u(rows), cv(cols);
+    for (int64_t i = 0; i < rows; ++i)
+      u[i] = expOf(rowLse[i] - K);
+    for (int64_t j = 0; j < cols; ++j)
+      cv[j] = ctCol[j] * expOf(K - colLse[j]);
+    return rowPairSums(rows, cols, [&](int64_t i, double &byCol) {
+      T col = 0;
+      T all = gradientRowOneExp(g + i * cols, x + i * cols, scale, rowLse[i],
+                                ctRow[i], u[i], cv.data(), cols, col);
+      byCol = col;
+      return static_cast<double>(all);
+    });
+  }
+  return rowPairSums(rows, cols, [&](int64_t i, double &byCol) {
     T col = 0;
     T all = gradientRow(g + i * cols, x + i * cols, scale, rowLse[i], ctRow[i],
                         colLse, ctCol, cols, col);
@@ -261,6 +427,21 @@ void foldLse(const at::Tensor &tile, double scale, int64_t dim, at::Tensor max,
     foldRows<float>(tile, s, dataOf<float>(max), dataOf<float>(sum));
   else
     foldColumns<float>(tile, s, dataOf<float>(max), dataOf<float>(sum));
+}
+
+void foldLseBoth(const at::Tensor &tile, double scale, at::Tensor rowMax,
+                 at::Tensor rowSum, at::Tensor colMax, at::Tensor colSum) {
+  TORCH_CHECK(tile.is_contiguous() && tile.dim() == 2,
+              "foldLseBoth takes a contiguous tile");
+  if (tile.scalar_type() == at::kDouble) {
+    foldBoth<double>(tile, scale, dataOf<double>(rowMax),
+                     dataOf<double>(rowSum), dataOf<double>(colMax),
+                     dataOf<double>(colSum));
+    return;
+  }
+  foldBoth<float>(tile, static_cast<float>(scale), dataOf<float>(rowMax),
+                  dataOf<float>(rowSum), dataOf<float>(colMax),
+                  dataOf<float>(colSum));
 }
 
 std::pair<double, double>

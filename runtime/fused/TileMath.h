@@ -133,10 +133,20 @@ void mergeLse(at::Tensor max1, at::Tensor sum1, const at::Tensor &max2,
 void foldLse(const at::Tensor &tile, double scale, int64_t dim, at::Tensor max,
              at::Tensor sum);
 
+/// foldLse along both dims at once (CLIP's forward tile), with one exp per
+/// element instead of two (TileLoops.cpp): rowMax/rowSum are narrowed to
+/// the tile's rows, colMax/colSum to its columns. The same statistics as
+/// two foldLse calls, to rounding.
+void foldLseBoth(const at::Tensor &tile, double scale, at::Tensor rowMax,
+                 at::Tensor rowSum, at::Tensor colMax, at::Tensor colSum);
+
 /// CLIP's gradient tile in one vectorised pass (TileLoops.cpp): grad[i, j] =
 /// ctRow[i] exp(scale s - rowLse[i]) + ctCol[j] exp(scale s - colLse[j]) for
-/// the tile's rows and columns (the vectors narrowed to them). Returns
-/// (sum(grad * s), the sum of the column direction's part times s).
+/// the tile's rows and columns (the vectors narrowed to them). One exp per
+/// element where the tile's row and column log-sum-exps lie within 40 of
+/// each other (the second term is then the first's exp times a per-row and
+/// a per-column factor), two otherwise. Returns (sum(grad * s), the sum of
+/// the column direction's part times s).
 std::pair<double, double>
 softmaxTileGradient(const at::Tensor &s, double scale, const at::Tensor &rowLse,
                     const at::Tensor &ctRow, const at::Tensor &colLse,

@@ -25,6 +25,20 @@ TEST(FastMath, ExpWithinTwoUlps) {
   EXPECT_LE(worst, 2.0);
 }
 
+// The hot loops' exp of differences from a maximum: exp's value wherever
+// it is defined (x <= 88), the same edges below.
+TEST(FastMath, ExpNonPositiveIsExp) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float x = -100.0f; x <= 88.0f; x += 0.000917f)
+    ASSERT_EQ(dloss::fastmath::expNonPositive(x), dloss::fastmath::exp(x))
+        << "x = " << x;
+  for (float x : {-inf, -1000.0f, -87.5f, -87.49f, -0.0f, 0.0f, 1e-7f, 88.0f})
+    EXPECT_EQ(dloss::fastmath::expNonPositive(x), dloss::fastmath::exp(x))
+        << "x = " << x;
+  EXPECT_TRUE(std::isnan(
+      dloss::fastmath::expNonPositive(std::numeric_limits<float>::quiet_NaN())));
+}
+
 TEST(FastMath, LogWithinTwoUlps) {
   double worst = 0;
   // Every binade, subnormals included.
