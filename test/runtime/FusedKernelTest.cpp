@@ -3,6 +3,7 @@
 #include "PlanTestUtil.h"
 
 #include "runtime/fused/FusedKernels.h"
+#include "runtime/fused/TileMath.h"
 #include "runtime/support/Error.h"
 #include "test/runtime/MultiProcess.h"
 
@@ -10,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <numeric>
@@ -21,6 +23,7 @@ using namespace dloss::test;
 using dloss::Communicator;
 
 constexpr int64_t kWidth = 6;
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
 /// How results are compared: f64 absolutely, f32 relative to the largest
 /// magnitude of the reference.
@@ -395,6 +398,99 @@ TEST(FusedKernelErrorTest, OutOfRangeTargetNamesOpRankAndValue) {
       CHILD_CHECK(message.find(part) != std::string::npos,
                   "'" << part << "' missing from: " << message);
   });
+}
+
+/// A 7 x 9 tile whose rows 1, 4 and column 6 lie about 150 below the rest
+/// (further than the shared-shift range, so they are summed with their own
+/// shift), in `type`.
+at::Tensor farTile(at::ScalarType type) {
+  at::manual_seed(31);
+  at::Tensor tile = at::randn({7, 9}, at::kDouble);
+  tile.select(0, 1).sub_(150);
+  tile.select(0, 4).sub_(150);
+  tile.select(1, 6).sub_(150);
+  return tile.to(type);
+}
+
+/// The log-sum-exp along `dim` of scale * tile, folded into running
+/// statistics (max, sum), in double.
+at::Tensor referenceLse(const at::Tensor &tile, double scale, int64_t dim,
+                        const at::Tensor &max, const at::Tensor &sum) {
+  at::Tensor fresh = at::logsumexp(tile.to(at::kDouble) * scale, dim);
+  at::Tensor running = max.to(at::kDouble) + sum.to(at::kDouble).log();
+  return at::logaddexp(fresh, running);
+}
+
+// The one-exp fold of both directions gives the two per-direction folds'
+// statistics: rows and columns far below the tile's maximum, running
+// statistics that are empty, smaller and larger than the tile's, a tile
+// with an infinity (the per-direction path).
+TEST(FusedTileTest, BothDirectionsFoldLikeEachDirection) {
+  for (at::ScalarType type : {at::kFloat, at::kDouble}) {
+    const double tol = type == at::kFloat ? 2e-6 : 1e-12;
+    at::Tensor plain = farTile(type);
+    at::Tensor withInf = plain.clone();
+    withInf[2][3] = std::numeric_limits<double>::infinity();
+    for (const at::Tensor &tile : {plain, withInf}) {
+      auto opts = at::TensorOptions(type);
+      at::Tensor rowMax = at::tensor({-kInfinity, 3.0, -200.0, 0.5, 400.0,
+                                      -1.0, 2.0}, at::kDouble).to(type);
+      at::Tensor rowSum = at::tensor({0.0, 2.0, 1.5, 1.0, 3.0, 1.0, 4.0},
+                                     at::kDouble).to(type);
+      at::Tensor colMax = at::full({9}, -kInfinity, opts);
+      at::Tensor colSum = at::zeros({9}, opts);
+      colMax[2] = 1.0;
+      colSum[2] = 2.0;
+      at::Tensor wantRows = referenceLse(tile, 1.5, 1, rowMax, rowSum);
+      at::Tensor wantCols = referenceLse(tile, 1.5, 0, colMax, colSum);
+      dloss::fused::foldLseBoth(tile, 1.5, rowMax, rowSum, colMax, colSum);
+      at::Tensor gotRows = dloss::fused::lseOf(rowMax, rowSum).to(at::kDouble);
+      at::Tensor gotCols = dloss::fused::lseOf(colMax, colSum).to(at::kDouble);
+      for (auto [got, want] : {std::pair{gotRows, wantRows},
+                               std::pair{gotCols, wantCols}})
+        for (int64_t k = 0; k < got.size(0); ++k) {
+          double g = got[k].item<double>(), w = want[k].item<double>();
+          if (std::isinf(w))
+            EXPECT_EQ(g, w) << k;
+          else
+            EXPECT_NEAR(g, w, tol * std::max(1.0, std::fabs(w))) << k;
+        }
+    }
+  }
+}
+
+// The CLIP gradient tile, one exp per element where the row and column
+// log-sum-exps lie close and two where they do not, against the formula in
+// double.
+TEST(FusedTileTest, SoftmaxGradientTileMatchesTheFormula) {
+  for (at::ScalarType type : {at::kFloat, at::kDouble}) {
+    for (double spread : {3.0, 120.0}) { // one exp; two
+      at::manual_seed(37);
+      const double scale = 2.0;
+      at::Tensor s = at::randn({5, 8}, at::kDouble);
+      at::Tensor logits = s * scale;
+      // The lses of a larger matrix: each at least its row's or column's
+      // largest logit; the rows' `spread` higher (exp(logit - rowLse)
+      // underflows in f32 at 120, the column term does not).
+      at::Tensor rowLse =
+          std::get<0>(logits.max(1)) + at::rand({5}, at::kDouble) + spread;
+      at::Tensor colLse = std::get<0>(logits.max(0)) + at::rand({8}, at::kDouble);
+      at::Tensor ctRow = at::randn({5}, at::kDouble);
+      at::Tensor ctCol = at::randn({8}, at::kDouble);
+      at::Tensor rowPart = ctRow.unsqueeze(1) * (logits - rowLse.unsqueeze(1)).exp();
+      at::Tensor colPart = ctCol.unsqueeze(0) * (logits - colLse.unsqueeze(0)).exp();
+      at::Tensor want = rowPart + colPart;
+      at::Tensor grad = at::empty({5, 8}, at::TensorOptions(type));
+      std::pair<double, double> sums = dloss::fused::softmaxTileGradient(
+          s.to(type), scale, rowLse.to(type), ctRow.to(type), colLse.to(type),
+          ctCol.to(type), grad);
+      const double tol = type == at::kFloat ? 1e-5 : 1e-12;
+      EXPECT_TRUE(at::allclose(grad.to(at::kDouble), want, tol, tol))
+          << "spread " << spread << "\n" << grad << want;
+      EXPECT_NEAR(sums.first, (want * s).sum().item<double>(), 10 * tol);
+      EXPECT_NEAR(sums.second, (colPart * s).sum().item<double>(), 10 * tol);
+    }
+  }
 }
 
 TEST(FusedTileTest, DefaultFitsTheCacheAndTheEnvironmentOverridesIt) {
