@@ -630,6 +630,7 @@ public:
         width(width),
         count(static_cast<int64_t>(ops.program.size())),
         values(count * width), reg(count, nullptr) {
+    target.assign(count, nullptr);
     // A register the backward does not evaluate still points at memory:
     // an adjoint loop may name its operand without reading it.
     for (int64_t t = 0; t < count; ++t)
@@ -698,13 +699,17 @@ public:
       const T *a = reg[ins.a];
       const T *b = operands > 1 ? reg[ins.b] : a;
       const T *c = operands > 2 ? reg[ins.c] : a;
-      T *out = slot(t);
+      T *out = target[t] ? target[t] : slot(t);
       epilogue::dispatch(ins.op, [&](auto tag) {
         applyRow<decltype(tag)::value, T>(out, a, b, c, w, ins);
       });
       reg[t] = out;
     }
   }
+
+  /// Where evaluate writes computed register `t` (null: its own slot), for
+  /// the forward's column results, whose values go to a tile of their own.
+  std::vector<T *> target;
 
   /// The values of register `t` on the row last evaluated.
   const T *value(int64_t t) const { return reg[t]; }
@@ -997,6 +1002,43 @@ void forward(KernelContext &ctx, const FusedArgs &args,
   TileScratch scratch(ops.tile, 1 + static_cast<int>(numCol), args.options());
   RowPrograms<T> programs(ops, /*backward=*/false);
   Similarity sim{ops.rows, ops.cols, 1};
+  // A register whose log-sum-exp is both a row and a column result (CLIP's
+  // logits) is folded along both axes from its column tile at once, one exp
+  // per element (foldLseBoth), into per-row statistics of the tile's type:
+  // pairedRow[k] is column result k's row result, or -1.
+  std::vector<int64_t> pairedRow(numCol, -1);
+  std::vector<char> rowInTile(numOutputs, 0);
+  for (size_t k = 0; k < numCol; ++k) {
+    const Output &col = ops.colOutputs[k];
+    if (col.pickReg >= 0 || col.kind != Reduce::LogSumExp)
+      continue;
+    for (size_t o = 0; o < numOutputs; ++o) {
+      const Output &row = ops.outputs[o];
+      if (!rowInTile[o] && row.pickReg < 0 && row.reg == col.reg &&
+          row.kind == Reduce::LogSumExp) {
+        pairedRow[k] = static_cast<int64_t>(o);
+        rowInTile[o] = 1;
+        break;
+      }
+    }
+  }
+  Tensors tileRowMax(numOutputs), tileRowSum(numOutputs);
+  for (size_t o = 0; o < numOutputs; ++o)
+    if (rowInTile[o]) {
+      tileRowMax[o] = at::full({n}, -inf, args.options());
+      tileRowSum[o] = at::zeros({n}, args.options());
+    }
+  // Column results evaluated straight into their tiles: the first one of
+  // each computed register (the others copy).
+  std::vector<char> intoTile(numCol, 0);
+  for (size_t k = 0; k < numCol; ++k) {
+    const int64_t reg = ops.colOutputs[k].reg;
+    bool taken = false;
+    for (size_t q = 0; q < k; ++q)
+      taken |= intoTile[q] && ops.colOutputs[q].reg == reg;
+    intoTile[k] = ops.colOutputs[k].pickReg < 0 && !taken &&
+                  epilogue::registerOperands(ops.program[reg].op) > 0;
+  }
 
   // The carry of a chunk: per column result, the running max and sum of
   // exp(e - max) (log-sum-exp) or the sum, over the rows seen so far.
@@ -1014,11 +1056,15 @@ void forward(KernelContext &ctx, const FusedArgs &args,
       colPicks.build(ops, chunk, block);
       programs.forRows(chunk, block, [&](RowProgram<T> &program, int64_t r) {
         const int64_t i = block.row + r;
+        for (size_t k = 0; k < numCol; ++k)
+          if (intoTile[k])
+            program.target[ops.colOutputs[k].reg] = colTiles[k] + r * w;
         program.evaluate(tile + r * w, i, w);
         for (size_t k = 0; k < numCol; ++k) {
           const Output &output = ops.colOutputs[k];
           if (output.pickReg < 0) {
-            std::copy_n(program.value(output.reg), w, colTiles[k] + r * w);
+            if (!intoTile[k])
+              std::copy_n(program.value(output.reg), w, colTiles[k] + r * w);
             continue;
           }
           // Each column is picked at one row at most: no two threads meet.
@@ -1028,6 +1074,8 @@ void forward(KernelContext &ctx, const FusedArgs &args,
         }
         for (size_t k = 0; k < numOutputs; ++k) {
           const Output &output = ops.outputs[k];
+          if (rowInTile[k])
+            continue; // folded from the column tile below
           double &sum = sums[k * n + i];
           if (output.pickReg >= 0) {
             int64_t c = pickedIndex(ops.rowLeaves[output.pickLeaf]
@@ -1071,6 +1119,11 @@ void forward(KernelContext &ctx, const FusedArgs &args,
         at::Tensor colSum = carry[1][k].narrow(0, block.col, block.cols);
         if (ops.colOutputs[k].kind == Reduce::Sum)
           colSum.add_(values.sum(0));
+        else if (pairedRow[k] >= 0)
+          foldLseBoth(values, 1.0,
+                      tileRowMax[pairedRow[k]].narrow(0, block.row, block.rows),
+                      tileRowSum[pairedRow[k]].narrow(0, block.row, block.rows),
+                      colMax, colSum);
         else
           foldLse(values, 1.0, 0, colMax, colSum);
       }
@@ -1079,6 +1132,13 @@ void forward(KernelContext &ctx, const FusedArgs &args,
   };
 
   Tensors colStats = visitColumns(ctx, spec, ops, args.options(), visit);
+  for (size_t o = 0; o < numOutputs; ++o)
+    if (rowInTile[o]) {
+      const T *max = tileRowMax[o].template data_ptr<T>();
+      const T *sum = tileRowSum[o].template data_ptr<T>();
+      std::copy_n(max, n, maxima.begin() + o * n);
+      std::copy_n(sum, n, sums.begin() + o * n);
+    }
   auto f64 = at::TensorOptions(at::kDouble);
   at::Tensor sum = at::empty({static_cast<int64_t>(numOutputs), n}, f64);
   at::Tensor max = at::empty({static_cast<int64_t>(numOutputs), n}, f64);
