@@ -323,6 +323,42 @@ std::vector<char> registersReadBackward(const SimilarityOperands &ops,
   return read;
 }
 
+/// Calls fn(r) for each register operand r a gradient flows back to (none
+/// for eq, not select's condition).
+template <typename Fn> void forGradientOperands(const Instr &ins, Fn &&fn) {
+  if (ins.op == Op::Eq)
+    return;
+  const int first = ins.op == Op::Select ? 1 : 0;
+  for (int k = first; k < epilogue::registerOperands(ins.op); ++k)
+    fn(operandOf(ins, k));
+}
+
+/// The registers of the share sweep: those that carry a gradient from a
+/// column result's register to a float 0-d leaf. Their sweep, seeded by the
+/// column results alone, gives the columns' share of the 0-d leaves'
+/// gradients, which goes home with the columns. Empty of registers when no
+/// column result reaches one.
+std::vector<char> shareRegisters(const SimilarityOperands &ops,
+                                 const std::vector<char> &carries) {
+  const int64_t count = static_cast<int64_t>(ops.program.size());
+  std::vector<char> toScalar(count, 0), fromColumns(count, 0), shares(count, 0);
+  for (int64_t t = 0; t < count; ++t) {
+    const Instr &ins = ops.program[t];
+    if (ins.op == Op::Scalar)
+      toScalar[t] = ops.scalarIsFloat[ins.a];
+    forGradientOperands(ins, [&](int64_t r) { toScalar[t] |= toScalar[r]; });
+  }
+  for (const Output &output : ops.colOutputs)
+    fromColumns[output.pickReg >= 0 ? output.pickReg : output.reg] = 1;
+  for (int64_t t = count - 1; t >= 0; --t)
+    if (fromColumns[t])
+      forGradientOperands(ops.program[t],
+                          [&](int64_t r) { fromColumns[r] = 1; });
+  for (int64_t t = 0; t < count; ++t)
+    shares[t] = carries[t] && toScalar[t] && fromColumns[t];
+  return shares;
+}
+
 /// Whether register `t` has one value along a tile row: a 0-d leaf, a
 /// constant, a per-row leaf or the row's id.
 bool isUniform(const Instr &ins) {
@@ -591,8 +627,9 @@ DLOSS_ROW_LOOP void addSoftmaxSeed(T *__restrict seed, const T *__restrict e,
 }
 
 /// seed[j] += ct[j] exp(e[j] - lse[j]): the softmax seeds of column
-/// log-sum-exp results (none where ct is 0 or the column is empty).
-template <typename T>
+/// log-sum-exp results (none where ct is 0 or the column is empty); Store:
+/// seed[j] = the same.
+template <typename T, bool Store = false>
 DLOSS_ROW_LOOP void addColumnSoftmaxSeed(T *__restrict seed,
                                          const T *__restrict e,
                                          const T *__restrict ct,
@@ -601,7 +638,27 @@ DLOSS_ROW_LOOP void addColumnSoftmaxSeed(T *__restrict seed,
   for (int64_t j = 0; j < w; ++j) {
     // lse[j] = -inf gives garbage here, dropped below.
     const T add = ct[j] * epilogue::detail::expNonPositive_(e[j] - lse[j]);
-    seed[j] += ct[j] == T(0) || lse[j] == -inf ? T(0) : add;
+    const T value = ct[j] == T(0) || lse[j] == -inf ? T(0) : add;
+    seed[j] = Store ? value : seed[j] + value;
+  }
+}
+
+/// A register that is a row and a column log-sum-exp result: seed[j] += c
+/// p + ct[j] exp(e[j] - colLse[j]) with p = exp(e[j] - rowLse), one exp per
+/// element: the column term is p u cv[j] (sharedLseFactors). Keep: the
+/// column term also goes to colPart[j], for the share sweep.
+template <typename T, bool Keep>
+DLOSS_ROW_LOOP void addBothSoftmaxSeeds(T *__restrict seed,
+                                        T *__restrict colPart,
+                                        const T *__restrict e, T c, T rowLse,
+                                        T u, const T *__restrict cv,
+                                        int64_t w) {
+  for (int64_t j = 0; j < w; ++j) {
+    const T p = epilogue::detail::expNonPositive_(e[j] - rowLse);
+    const T col = p * u * cv[j];
+    seed[j] += c * p + col;
+    if constexpr (Keep)
+      colPart[j] = col;
   }
 }
 
@@ -619,15 +676,24 @@ DLOSS_ROW_LOOP void addSeed(T *__restrict seed, const T *__restrict c,
     seed[j] += value;
 }
 
+/// The data of each tensor (contiguous, of type T).
+template <typename T> std::vector<const T *> dataOf(const Tensors &tensors) {
+  std::vector<const T *> data;
+  for (const at::Tensor &tensor : tensors)
+    data.push_back(tensor.template data_ptr<T>());
+  return data;
+}
+
 /// One thread's registers: evaluates the program on a tile row, and (for the
 /// backward) sweeps it in reverse.
 template <typename T> class RowProgram {
 public:
   RowProgram(const SimilarityOperands &ops, const std::vector<char> &live,
              const std::vector<char> &carries,
-             const std::vector<char> &reduced, int64_t width)
+             const std::vector<char> &reduced,
+             const std::vector<char> &shares, int64_t width)
       : ops(ops), live(live), carries(carries), reduced(reduced),
-        width(width),
+        shares(shares), width(width),
         count(static_cast<int64_t>(ops.program.size())),
         values(count * width), reg(count, nullptr) {
     target.assign(count, nullptr);
@@ -714,17 +780,15 @@ public:
   /// The values of register `t` on the row last evaluated.
   const T *value(int64_t t) const { return reg[t]; }
 
-  /// Starts a reverse sweep of the row: zeroes the cotangents; those of
-  /// `sim` leaves accumulate in `grad` (G's row, w wide; zeroed too unless
-  /// a sweep of the same row already added to it).
-  void beginReverse(T *grad, int64_t w, bool zeroGrad = true) {
+  /// Starts the reverse sweep of the row: zeroes the cotangents; those of
+  /// `sim` leaves accumulate in `grad` (G's row, w wide, zeroed too).
+  void beginReverse(T *grad, int64_t w) {
     if (cts.empty()) {
       cts.assign(count * width, T(0));
       ct.assign(count, nullptr);
       sink.assign(width, T(0));
     }
-    if (zeroGrad)
-      std::fill_n(grad, w, T(0));
+    std::fill_n(grad, w, T(0));
     for (int64_t t = 0; t < count; ++t) {
       if (!carries[t] || reduced[t])
         continue; // a reduced register's cotangent is summed as it goes
@@ -737,6 +801,15 @@ public:
     }
   }
 
+  /// Starts the share sweep of the row (after reverse): zeroes the
+  /// cotangents of the registers between the column results and the float
+  /// 0-d leaves (shareRegisters), to be seeded by the column results alone.
+  void beginShareSweep(int64_t w) {
+    for (int64_t t = 0; t < count; ++t)
+      if (shares[t] && !reduced[t])
+        std::fill_n(ct[t], w, T(0));
+  }
+
   /// The cotangent of register `t` (an output's, to seed it).
   T *cotangent(int64_t t) { return ct[t]; }
 
@@ -745,11 +818,37 @@ public:
   /// cotangents are summed into dRowLeaf[leaf * n + i] and dScalar[leaf].
   void reverse(int64_t i, int64_t w, int64_t n, double *dRowLeaf,
                double *dScalar) {
-    // Where a reduced register's cotangent goes: its leaf's gradient, or
-    // nowhere (constants, ids, integer leaves).
+    sweep(carries, i, w, n, dRowLeaf, dScalar);
+  }
+
+  /// The share sweep: the column results' part of the 0-d leaves'
+  /// gradients, summed into share[leaf]; G and the row leaves get nothing.
+  void reverseShare(int64_t i, int64_t w, int64_t n, double *share) {
+    sweep(shares, i, w, n, nullptr, share);
+  }
+
+  /// This thread's partial gradients of the 0-d leaves: from the row
+  /// results, and from the column results of the chunk being processed.
+  std::vector<double> dScalars, colShares;
+  /// The backward's scratch: column log-sum-exp seeds kept for the share
+  /// sweep (a tile row per column result), and the row's share.
+  std::vector<T> keptSeeds;
+  std::vector<double> rowShare;
+
+private:
+  T *slot(int64_t t) { return values.data() + t * width; }
+
+  /// A reverse sweep over the registers of `mask` (carries, or shares):
+  /// a cotangent for a register outside it is dropped.
+  void sweep(const std::vector<char> &mask, int64_t i, int64_t w, int64_t n,
+             double *dRowLeaf, double *dScalar) {
+    // Where a summed cotangent goes: a reduced register's leaf gradient, or
+    // nowhere (constants, ids, integer leaves, registers outside `mask`).
     double discard = 0;
     auto sumOf = [&](int64_t r) -> double * {
       const Instr &leaf = ops.program[r];
+      if (!mask[r])
+        return &discard;
       if (leaf.op == Op::Scalar && ops.scalarIsFloat[leaf.a])
         return &dScalar[leaf.a];
       if (leaf.op == Op::RowLeaf && ops.rowLeafIsFloat[leaf.a])
@@ -757,7 +856,7 @@ public:
       return &discard;
     };
     for (int64_t t = count - 1; t >= 0; --t) {
-      if (!carries[t] || reduced[t])
+      if (!mask[t] || reduced[t])
         continue;
       const Instr &ins = ops.program[t];
       const T *dt = ct[t];
@@ -784,24 +883,28 @@ public:
       const T *b = operands > 1 ? reg[ins.b] : a;
       const T *c = operands > 2 ? reg[ins.c] : a;
       const T *out = reg[t];
-      T *da = operands > 0 && carries[ins.a] ? ct[ins.a] : sink.data();
-      T *db = operands > 1 && carries[ins.b] ? ct[ins.b] : sink.data();
-      T *dc = operands > 2 && carries[ins.c] ? ct[ins.c] : sink.data();
-      if (isBinaryArithmetic(ins.op) && (reduced[ins.a] || reduced[ins.b])) {
-        double *sumA = reduced[ins.a] ? sumOf(ins.a) : nullptr;
-        double *sumB = reduced[ins.b] ? sumOf(ins.b) : nullptr;
+      T *da = operands > 0 && mask[ins.a] ? ct[ins.a] : sink.data();
+      T *db = operands > 1 && mask[ins.b] ? ct[ins.b] : sink.data();
+      T *dc = operands > 2 && mask[ins.c] ? ct[ins.c] : sink.data();
+      // Add, sub, mul, div sum the cotangent of a reduced operand, or of
+      // one outside the mask (into `discard`), instead of writing an array.
+      const bool sumA = reduced[ins.a] || !mask[ins.a];
+      const bool sumB = operands > 1 && (reduced[ins.b] || !mask[ins.b]);
+      if (isBinaryArithmetic(ins.op) && (sumA || sumB)) {
+        double *toA = sumA ? sumOf(ins.a) : nullptr;
+        double *toB = sumB ? sumOf(ins.b) : nullptr;
         epilogue::dispatch(ins.op, [&](auto tag) {
           constexpr Op O = decltype(tag)::value;
           if constexpr (isBinaryArithmetic(O)) {
-            if (sumA && sumB)
+            if (toA && toB)
               reducingAdjointRow<O, T, true, true>(a, b, out, dt, da, db, w,
-                                                   ins, sumA, sumB);
-            else if (sumA)
+                                                   ins, toA, toB);
+            else if (toA)
               reducingAdjointRow<O, T, true, false>(a, b, out, dt, da, db, w,
-                                                    ins, sumA, sumB);
+                                                    ins, toA, toB);
             else
               reducingAdjointRow<O, T, false, true>(a, b, out, dt, da, db, w,
-                                                    ins, sumA, sumB);
+                                                    ins, toA, toB);
           }
         });
         continue;
@@ -813,15 +916,8 @@ public:
     }
   }
 
-  /// This thread's partial gradients of the 0-d leaves: from the row
-  /// results, and from the column results of the chunk being processed.
-  std::vector<double> dScalars, colShares;
-
-private:
-  T *slot(int64_t t) { return values.data() + t * width; }
-
   const SimilarityOperands &ops;
-  const std::vector<char> &live, &carries, &reduced;
+  const std::vector<char> &live, &carries, &reduced, &shares;
   const int64_t width, count;
   std::vector<T> values;
   std::vector<const T *> reg;
@@ -839,11 +935,13 @@ public:
       : carries(registersReaching(ops, true)),
         live(backward ? registersReadBackward(ops, carries)
                       : registersReaching(ops, false)),
-        reduced(reducedRegisters(ops, carries)) {
+        reduced(reducedRegisters(ops, carries)),
+        shares(shareRegisters(ops, carries)) {
     const int threads = std::max(1, at::get_num_threads());
     programs.reserve(threads); // registers point into their own buffers
     for (int k = 0; k < threads; ++k) {
-      programs.emplace_back(ops, live, carries, reduced, ops.tile.cols);
+      programs.emplace_back(ops, live, carries, reduced, shares,
+                            ops.tile.cols);
       programs.back().dScalars.assign(ops.scalars.size(), 0.0);
       programs.back().colShares.assign(ops.scalars.size(), 0.0);
     }
@@ -877,6 +975,9 @@ public:
     return total;
   }
 
+  /// The registers of the share sweep (shareRegisters).
+  const std::vector<char> &shareMask() const { return shares; }
+
   /// The column results' shares of the 0-d leaves' gradients since the last
   /// call, summed over threads (then zeroed).
   std::vector<double> takeColShares() {
@@ -890,7 +991,7 @@ public:
   }
 
 private:
-  std::vector<char> carries, live, reduced;
+  std::vector<char> carries, live, reduced, shares;
   std::vector<RowProgram<T>> programs;
   int64_t grain = 1;
   int64_t blocks = 0;
@@ -1002,6 +1103,7 @@ void forward(KernelContext &ctx, const FusedArgs &args,
   TileScratch scratch(ops.tile, 1 + static_cast<int>(numCol), args.options());
   RowPrograms<T> programs(ops, /*backward=*/false);
   Similarity sim{ops.rows, ops.cols, 1};
+  const std::vector<const T *> rowLeaves = dataOf<T>(ops.rowLeaves);
   // A register whose log-sum-exp is both a row and a column result (CLIP's
   // logits) is folded along both axes from its column tile at once, one exp
   // per element (foldLseBoth), into per-row statistics of the tile's type:
@@ -1045,6 +1147,9 @@ void forward(KernelContext &ctx, const FusedArgs &args,
   auto visit = [&](const Chunk &chunk) {
     const at::Tensor &cols = chunk.features[0];
     Tensors carry = newColumnStats(ops, chunk.length(), args.options());
+    std::vector<T *> colSums; // the carry's sums, per column result
+    for (size_t k = 0; k < numCol; ++k)
+      colSums.push_back(carry[1][k].template data_ptr<T>());
     forEachBlock(n, chunk.length(), ops.tile, [&](const Block &block) {
       at::Tensor s = similarityTile(sim, cols, block, scratch(0, block));
       const T *tile = s.data_ptr<T>();
@@ -1069,7 +1174,7 @@ void forward(KernelContext &ctx, const FusedArgs &args,
           }
           // Each column is picked at one row at most: no two threads meet.
           const T *x = program.value(output.pickReg);
-          T *colSum = carry[1][k].template data_ptr<T>() + block.col;
+          T *colSum = colSums[k] + block.col;
           colPicks.forRow(k, r, [&](int64_t j) { colSum[j] += x[j]; });
         }
         for (size_t k = 0; k < numOutputs; ++k) {
@@ -1078,8 +1183,7 @@ void forward(KernelContext &ctx, const FusedArgs &args,
             continue; // folded from the column tile below
           double &sum = sums[k * n + i];
           if (output.pickReg >= 0) {
-            int64_t c = pickedIndex(ops.rowLeaves[output.pickLeaf]
-                                        .template data_ptr<T>()[i],
+            int64_t c = pickedIndex(rowLeaves[output.pickLeaf][i],
                                     chunk.offset + block.col, w);
             if (c >= 0)
               sum += program.value(output.pickReg)[c];
@@ -1168,35 +1272,87 @@ void backward(KernelContext &ctx, const FusedArgs &args,
   // travel with it, after the per-column leaves).
   const size_t numCol = ops.colOutputs.size();
   const size_t colBase = 1 + ops.colLeaves.size();
-  const bool splitScalars =
-      numCol > 0 && std::any_of(ops.scalarIsFloat.begin(),
-                                ops.scalarIsFloat.end(),
-                                [](bool isFloat) { return isFloat; });
-  auto seedColumns = [&](RowProgram<T> &program, const Chunk &chunk,
-                         const Block &block, const ColumnPicks<T> &colPicks,
-                         int64_t r, int64_t w) {
-    for (size_t k = 0; k < numCol; ++k) {
-      const T *result =
-          chunk.features[colBase + k].template data_ptr<T>() + block.col;
-      const T *ct =
-          chunk.features[colBase + numCol + k].template data_ptr<T>() +
-          block.col;
-      if (ops.colOutputs[k].pickReg >= 0) {
-        T *seed = program.cotangent(ops.colOutputs[k].pickReg);
-        colPicks.forRow(k, r, [&](int64_t j) { seed[j] += ct[j]; });
-        continue;
+  // The chunk's column results and cotangents, per column result (set per
+  // chunk: data_ptr is too slow for a tile row's loop).
+  std::vector<const T *> colResult(numCol), colCt(numCol);
+  const std::vector<const T *> rowLeaves = dataOf<T>(ops.rowLeaves);
+  auto seededBy = [](const Output &output) {
+    return output.pickReg >= 0 ? output.pickReg : output.reg;
+  };
+  // The column results' share of the 0-d leaves' gradients goes home with
+  // the columns. When a column result reaches a float 0-d leaf, a second,
+  // share sweep over the registers between them (shareRegisters), seeded by
+  // the column results alone, computes it; the first sweep takes every
+  // seed. A column log-sum-exp's seed is kept from the first sweep.
+  const std::vector<char> &shares = programs.shareMask();
+  const bool shareSweep = std::any_of(shares.begin(), shares.end(),
+                                      [](char share) { return share != 0; });
+  std::vector<char> keep(numCol, 0);
+  for (size_t k = 0; k < numCol; ++k) {
+    const Output &output = ops.colOutputs[k];
+    keep[k] = shareSweep && output.pickReg < 0 &&
+              output.kind == Reduce::LogSumExp && shares[output.reg];
+  }
+  // A register whose log-sum-exp is a row and a column result (CLIP's
+  // logits) gets both seeds from one exp per element where the block's
+  // lses allow (sharedLseFactors): pairedCol[o] is row result o's column
+  // result, or -1.
+  std::vector<int64_t> pairedCol(numOutputs, -1), pairedRow(numCol, -1);
+  for (size_t k = 0; k < numCol; ++k) {
+    const Output &col = ops.colOutputs[k];
+    if (col.pickReg >= 0 || col.kind != Reduce::LogSumExp)
+      continue;
+    for (size_t o = 0; o < numOutputs; ++o) {
+      const Output &row = ops.outputs[o];
+      if (pairedCol[o] < 0 && row.pickReg < 0 && row.reg == col.reg &&
+          row.kind == Reduce::LogSumExp) {
+        pairedCol[o] = static_cast<int64_t>(k);
+        pairedRow[k] = static_cast<int64_t>(o);
+        break;
       }
-      const int64_t reg = ops.colOutputs[k].reg;
-      T *seed = program.cotangent(reg);
-      if (ops.colOutputs[k].kind == Reduce::Sum)
+    }
+  }
+  // Per block and pair: whether one exp serves, and its factors.
+  std::vector<char> oneExp(numOutputs, 0);
+  std::vector<std::vector<T>> us(numOutputs), cvs(numOutputs);
+
+  // The column results' seeds of tile row r: every one (share: false), or
+  // those of the share sweep's registers (share: true), a kept seed from
+  // the first sweep.
+  auto seedColumns = [&](RowProgram<T> &program, const Block &block,
+                         const ColumnPicks<T> &colPicks, int64_t r, int64_t w,
+                         bool share) {
+    for (size_t k = 0; k < numCol; ++k) {
+      const Output &output = ops.colOutputs[k];
+      if (share && !shares[seededBy(output)])
+        continue;
+      if (!share && pairedRow[k] >= 0 && oneExp[pairedRow[k]])
+        continue; // seeded with its row result
+      const T *ct = colCt[k] + block.col;
+      T *seed = program.cotangent(seededBy(output));
+      T *kept = program.keptSeeds.data() + k * ops.tile.cols;
+      if (output.pickReg >= 0)
+        colPicks.forRow(k, r, [&](int64_t j) { seed[j] += ct[j]; });
+      else if (output.kind == Reduce::Sum)
         addSeed(seed, ct, /*perColumn=*/true, w);
-      else
-        addColumnSoftmaxSeed(seed, program.value(reg), ct, result, w);
+      else if (share)
+        addSeed(seed, kept, /*perColumn=*/true, w);
+      else if (keep[k]) {
+        addColumnSoftmaxSeed<T, /*Store=*/true>(
+            kept, program.value(output.reg), ct, colResult[k] + block.col, w);
+        addSeed(seed, kept, /*perColumn=*/true, w);
+      } else {
+        addColumnSoftmaxSeed(seed, program.value(output.reg), ct,
+                             colResult[k] + block.col, w);
+      }
     }
   };
-
   auto tiles = [&](const Chunk &chunk, at::Tensor &dCols) {
     const at::Tensor &cols = chunk.features[0];
+    for (size_t k = 0; k < numCol; ++k) {
+      colResult[k] = chunk.features[colBase + k].template data_ptr<T>();
+      colCt[k] = chunk.features[colBase + numCol + k].template data_ptr<T>();
+    }
     forEachBlock(n, chunk.length(), ops.tile, [&](const Block &block) {
       at::Tensor s = similarityTile(sim, cols, block, scratch(0, block));
       at::Tensor grad = scratch(1, block);
@@ -1205,27 +1361,50 @@ void backward(KernelContext &ctx, const FusedArgs &args,
       const int64_t w = block.cols;
       ColumnPicks<T> colPicks;
       colPicks.build(ops, chunk, block);
+      for (size_t o = 0; o < numOutputs; ++o) {
+        const int64_t k = pairedCol[o];
+        oneExp[o] = k >= 0 && sharedLseFactors(results[o] + block.row,
+                                               block.rows,
+                                               colResult[k] + block.col,
+                                               colCt[k] + block.col, w, us[o],
+                                               cvs[o]);
+      }
       programs.forRows(chunk, block, [&](RowProgram<T> &program, int64_t r) {
         const int64_t i = block.row + r;
+        if (program.keptSeeds.empty() && shareSweep) {
+          program.keptSeeds.assign(numCol * ops.tile.cols, T(0));
+          program.rowShare.assign(ops.scalars.size(), 0.0);
+        }
         program.evaluate(tile + r * w, i, w);
         program.beginReverse(g + r * w, w);
-        if (numCol > 0 && !splitScalars)
-          seedColumns(program, chunk, block, colPicks, r, w);
+        seedColumns(program, block, colPicks, r, w, /*share=*/false);
         // Seeds: ct (sum) or ct exp(e - result) (log-sum-exp, its softmax);
         // a pick's at its one element.
         for (size_t k = 0; k < numOutputs; ++k) {
           const T c = cts[k][i];
+          const int64_t reg = ops.outputs[k].reg;
+          if (oneExp[k]) { // with its column result's seed
+            const int64_t col = pairedCol[k];
+            T *seed = program.cotangent(reg);
+            const T *e = program.value(reg);
+            if (keep[col])
+              addBothSoftmaxSeeds<T, true>(
+                  seed, program.keptSeeds.data() + col * ops.tile.cols, e, c,
+                  results[k][i], us[k][r], cvs[k].data(), w);
+            else
+              addBothSoftmaxSeeds<T, false>(seed, nullptr, e, c, results[k][i],
+                                            us[k][r], cvs[k].data(), w);
+            continue;
+          }
           if (c == T(0))
             continue;
           if (ops.outputs[k].pickReg >= 0) {
-            int64_t at = pickedIndex(ops.rowLeaves[ops.outputs[k].pickLeaf]
-                                         .template data_ptr<T>()[i],
+            int64_t at = pickedIndex(rowLeaves[ops.outputs[k].pickLeaf][i],
                                      chunk.offset + block.col, w);
             if (at >= 0)
               program.cotangent(ops.outputs[k].pickReg)[at] += c;
             continue;
           }
-          const int64_t reg = ops.outputs[k].reg;
           T *seed = program.cotangent(reg);
           if (ops.outputs[k].kind == Reduce::Sum) {
             addSeed(seed, &c, /*perColumn=*/false, w);
@@ -1237,13 +1416,15 @@ void backward(KernelContext &ctx, const FusedArgs &args,
           addSoftmaxSeed(seed, program.value(reg), c, lse, w);
         }
         program.reverse(i, w, n, dRowLeaves.data(), program.dScalars.data());
-        if (splitScalars) {
-          // The column results' share of the 0-d gradients goes home with
-          // the columns: a second sweep, seeded by them alone.
-          program.beginReverse(g + r * w, w, /*zeroGrad=*/false);
-          seedColumns(program, chunk, block, colPicks, r, w);
-          program.reverse(i, w, n, dRowLeaves.data(),
-                          program.colShares.data());
+        if (shareSweep) {
+          program.beginShareSweep(w);
+          seedColumns(program, block, colPicks, r, w, /*share=*/true);
+          std::fill(program.rowShare.begin(), program.rowShare.end(), 0.0);
+          program.reverseShare(i, w, n, program.rowShare.data());
+          for (size_t k = 0; k < program.rowShare.size(); ++k) {
+            program.dScalars[k] -= program.rowShare[k];
+            program.colShares[k] += program.rowShare[k];
+          }
         }
       });
       // dRows += G cols, dCols += G^T rows.

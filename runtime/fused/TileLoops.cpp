@@ -332,11 +332,6 @@ std::pair<double, double> rowPairSums(int64_t rows, int64_t cols, Fn &&fn) {
   return total;
 }
 
-/// How far apart a tile's row and column log-sum-exps may lie for the
-/// one-exp gradient: where p = exp(x - rowLse) underflows (x - rowLse <
-/// -87), the column term p exp(rowLse - colLse) is below e^-47.
-constexpr double kLseSpread = 40;
-
 template <typename T>
 std::pair<double, double>
 gradientTile(const at::Tensor &s, T scale, const T *rowLse, const T *ctRow,
@@ -344,21 +339,8 @@ gradientTile(const at::Tensor &s, T scale, const T *rowLse, const T *ctRow,
   const int64_t rows = s.size(0), cols = s.size(1);
   const T *x = s.data_ptr<T>();
   T *g = grad.data_ptr<T>();
-  const auto [rowLow, rowHigh] = std::minmax_element(rowLse, rowLse + rows);
-  const auto [colLow, colHigh] = std::minmax_element(colLse, colLse + cols);
-  const bool oneExp = rows > 0 && cols > 0 && std::isfinite(*rowLow) &&
-                      std::isfinite(*rowHigh) && std::isfinite(*colLow) &&
-                      std::isfinite(*colHigh) &&
-                      *rowHigh - *colLow <= T(kLseSpread) &&
-                      *colHigh - *rowLow <= T(kLseSpread);
-  if (oneExp) {
-    // exp(rowLse - colLse) = u[i] v[j], each within e^+-40 (K is midway).
-    const T K = (*rowLow + *rowHigh) / 2;
-    std::vector<T> u(rows), cv(cols);
-    for (int64_t i = 0; i < rows; ++i)
-      u[i] = expOf(rowLse[i] - K);
-    for (int64_t j = 0; j < cols; ++j)
-      cv[j] = ctCol[j] * expOf(K - colLse[j]);
+  std::vector<T> u, cv;
+  if (sharedLseFactors(rowLse, rows, colLse, ctCol, cols, u, cv))
     return rowPairSums(rows, cols, [&](int64_t i, double &byCol) {
       T col = 0;
       T all = gradientRowOneExp(g + i * cols, x + i * cols, scale, rowLse[i],
@@ -366,7 +348,6 @@ gradientTile(const at::Tensor &s, T scale, const T *rowLse, const T *ctRow,
       byCol = col;
       return static_cast<double>(all);
     });
-  }
   return rowPairSums(rows, cols, [&](int64_t i, double &byCol) {
     T col = 0;
     T all = gradientRow(g + i * cols, x + i * cols, scale, rowLse[i], ctRow[i],
@@ -409,6 +390,43 @@ template <typename T> T *dataOf(const at::Tensor &v) {
 }
 
 } // namespace
+
+/// How far apart a tile's row and column log-sum-exps may lie for the
+/// one-exp gradients: where p = exp(x - rowLse) underflows (x - rowLse <
+/// -87), the column term p exp(rowLse - colLse) is below e^-47.
+constexpr double kLseSpread = 40;
+
+template <typename T>
+bool sharedLseFactors(const T *rowLse, int64_t rows, const T *colLse,
+                      const T *ctCol, int64_t cols, std::vector<T> &u,
+                      std::vector<T> &cv) {
+  if (rows == 0 || cols == 0)
+    return false;
+  const auto [rowLow, rowHigh] = std::minmax_element(rowLse, rowLse + rows);
+  const auto [colLow, colHigh] = std::minmax_element(colLse, colLse + cols);
+  if (!std::isfinite(*rowLow) || !std::isfinite(*rowHigh) ||
+      !std::isfinite(*colLow) || !std::isfinite(*colHigh) ||
+      *rowHigh - *colLow > T(kLseSpread) || *colHigh - *rowLow > T(kLseSpread))
+    return false;
+  // u[i] and v[j] each within e^+-40: K is midway between the row lses.
+  const T K = (*rowLow + *rowHigh) / 2;
+  u.resize(rows);
+  cv.resize(cols);
+  for (int64_t i = 0; i < rows; ++i)
+    u[i] = expOf(rowLse[i] - K);
+  for (int64_t j = 0; j < cols; ++j)
+    cv[j] = ctCol[j] * expOf(K - colLse[j]);
+  return true;
+}
+
+template bool sharedLseFactors<float>(const float *, int64_t, const float *,
+                                      const float *, int64_t,
+                                      std::vector<float> &,
+                                      std::vector<float> &);
+template bool sharedLseFactors<double>(const double *, int64_t, const double *,
+                                       const double *, int64_t,
+                                       std::vector<double> &,
+                                       std::vector<double> &);
 
 void foldLse(const at::Tensor &tile, double scale, int64_t dim, at::Tensor max,
              at::Tensor sum) {

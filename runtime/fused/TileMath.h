@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 namespace dloss::fused {
 
@@ -151,6 +152,17 @@ std::pair<double, double>
 softmaxTileGradient(const at::Tensor &s, double scale, const at::Tensor &rowLse,
                     const at::Tensor &ctRow, const at::Tensor &colLse,
                     const at::Tensor &ctCol, at::Tensor grad);
+
+/// The one-exp softmax gradients' factors (TileLoops.cpp): for a tile whose
+/// row and column log-sum-exps are finite and lie within 40 of each other,
+/// exp(rowLse[i] - colLse[j]) = u[i] v[j] (each within e^+-40); sets u and
+/// cv[j] = ctCol[j] v[j] and returns true. False (two exps needed)
+/// otherwise. Where exp(x - rowLse[i]) then underflows, the column term
+/// exp(x - colLse[j]) is below e^-47.
+template <typename T>
+bool sharedLseFactors(const T *rowLse, int64_t rows, const T *colLse,
+                      const T *ctCol, int64_t cols, std::vector<T> &u,
+                      std::vector<T> &cv);
 
 /// SigLIP's forward tile (TileLoops.cpp): rowSum[i] += sum_j softplus(scale
 /// s[i, j] + bias), one vectorised pass; rowSum is narrowed to the tile's

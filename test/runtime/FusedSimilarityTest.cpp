@@ -311,8 +311,10 @@ ProgramCase transcendental() {
 
 /// CLIP's two directions from one tile: row results (lse, the logit at the
 /// row's target column) and column results (lse over every rank's rows, the
-/// logit at the column's target row, an int64 per-column leaf).
-ProgramCase clip() {
+/// logit at the column's target row, an int64 per-column leaf). With a
+/// large `scale`, logits hundreds apart: the kernels' one-exp folds and
+/// seeds fall back to a shift per row and column.
+ProgramCase clip(double scale = 1.75, const char *name = "CLIP") {
   Program p;
   p.rowLeaves = 1;
   p.colLeaves = 1;
@@ -324,10 +326,10 @@ ProgramCase clip() {
   p.output(p.emit(Op::Select, rowHit, logits, zero), Reduce::Sum);
   p.colOutput(logits, Reduce::LogSumExp);
   p.colOutput(p.emit(Op::Select, colHit, logits, zero), Reduce::Sum);
-  return {"CLIP", p, [](int64_t N, int64_t M) {
+  return {name, p, [scale](int64_t N, int64_t M) {
             return std::vector<at::Tensor>{at::randint(M, {N}, at::kLong),
                                            at::randint(N, {M}, at::kLong),
-                                           scalar(1.75)};
+                                           scalar(scale)};
           }};
 }
 
@@ -352,7 +354,8 @@ ProgramCase uniformOperands() {
 }
 
 std::vector<ProgramCase> programs() {
-  return {infoNce(),        ntXent(), supCon(), transcendental(), clip(),
+  return {infoNce(), ntXent(),          supCon(),
+          transcendental(), clip(), clip(60, "CLIP, far logits"),
           uniformOperands()};
 }
 
