@@ -4,6 +4,7 @@
 #include "runtime/support/Error.h"
 
 #include <cstdio>
+#include <string>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,8 +26,12 @@ std::string compile(const Options &o) {
         "build with DLOSS_BUILD_COMPILER=ON, pass --dlossc PATH, or compile "
         "elsewhere with `dlossc LOSS.mlir -o LOSS.plan` and run the .plan");
   makeDirectories(o.out);
+  // Ranks started one by one (RANK, WORLD_SIZE) may share --out and compile
+  // at once: each writes its own file and renames it into place, so no rank
+  // reads a plan another is still writing.
   std::string plan = o.out + "/loss.plan";
-  std::vector<std::string> args = {dlossc, o.loss, "-o", plan};
+  std::string partial = plan + "." + std::to_string(getpid()) + ".partial";
+  std::vector<std::string> args = {dlossc, o.loss, "-o", partial};
   if (!o.gradMode.empty())
     args.push_back("--grad-mode=" + o.gradMode);
   if (o.noFuse)
@@ -45,10 +50,17 @@ std::string compile(const Options &o) {
   }
   int status = 0;
   waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::remove(partial.c_str());
     throw Error("dlossc could not compile '" + o.loss +
                     "' (its messages are above)",
                 "fix the loss at the location dlossc names");
+  }
+  if (std::rename(partial.c_str(), plan.c_str()) != 0) {
+    std::remove(partial.c_str());
+    throw Error("cannot move the compiled plan into '" + plan + "'",
+                "check that --out is a writable directory");
+  }
   return plan;
 }
 
