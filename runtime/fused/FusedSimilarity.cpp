@@ -394,6 +394,34 @@ std::vector<char> reducedRegisters(const SimilarityOperands &ops,
   return reduced;
 }
 
+/// Registers whose log-sum-exp is both a row and a column result (CLIP's
+/// logits): their two directions are folded, and seeded, from one exp per
+/// element. rowOf[k]: column result k's row result, or -1; colOf[o]: row
+/// result o's column result, or -1 (each paired at most once).
+struct LsePairs {
+  std::vector<int64_t> rowOf, colOf;
+};
+
+LsePairs pairLogSumExps(const SimilarityOperands &ops) {
+  LsePairs pairs{std::vector<int64_t>(ops.colOutputs.size(), -1),
+                 std::vector<int64_t>(ops.outputs.size(), -1)};
+  auto isLse = [](const Output &output) {
+    return output.pickReg < 0 && output.kind == Reduce::LogSumExp;
+  };
+  for (size_t k = 0; k < ops.colOutputs.size(); ++k) {
+    if (!isLse(ops.colOutputs[k]))
+      continue;
+    for (size_t o = 0; o < ops.outputs.size(); ++o)
+      if (pairs.colOf[o] < 0 && isLse(ops.outputs[o]) &&
+          ops.outputs[o].reg == ops.colOutputs[k].reg) {
+        pairs.rowOf[k] = static_cast<int64_t>(o);
+        pairs.colOf[o] = static_cast<int64_t>(k);
+        break;
+      }
+  }
+  return pairs;
+}
+
 /// Marks the outputs that pick one element (Output::pickReg): a row result
 /// `sum select(eq(col_id, row leaf L), x, 0)` (either order of eq) is x at
 /// the column whose global index equals the row's leaf value, if any; a
@@ -1104,26 +1132,14 @@ void forward(KernelContext &ctx, const FusedArgs &args,
   RowPrograms<T> programs(ops, /*backward=*/false);
   Similarity sim{ops.rows, ops.cols, 1};
   const std::vector<const T *> rowLeaves = dataOf<T>(ops.rowLeaves);
-  // A register whose log-sum-exp is both a row and a column result (CLIP's
-  // logits) is folded along both axes from its column tile at once, one exp
-  // per element (foldLseBoth), into per-row statistics of the tile's type:
-  // pairedRow[k] is column result k's row result, or -1.
-  std::vector<int64_t> pairedRow(numCol, -1);
+  // A register whose log-sum-exp is both a row and a column result is
+  // folded along both axes from its column tile at once (foldLseBoth), into
+  // per-row statistics of the tile's type.
+  const LsePairs pairs = pairLogSumExps(ops);
+  const std::vector<int64_t> &pairedRow = pairs.rowOf;
   std::vector<char> rowInTile(numOutputs, 0);
-  for (size_t k = 0; k < numCol; ++k) {
-    const Output &col = ops.colOutputs[k];
-    if (col.pickReg >= 0 || col.kind != Reduce::LogSumExp)
-      continue;
-    for (size_t o = 0; o < numOutputs; ++o) {
-      const Output &row = ops.outputs[o];
-      if (!rowInTile[o] && row.pickReg < 0 && row.reg == col.reg &&
-          row.kind == Reduce::LogSumExp) {
-        pairedRow[k] = static_cast<int64_t>(o);
-        rowInTile[o] = 1;
-        break;
-      }
-    }
-  }
+  for (size_t o = 0; o < numOutputs; ++o)
+    rowInTile[o] = pairs.colOf[o] >= 0;
   Tensors tileRowMax(numOutputs), tileRowSum(numOutputs);
   for (size_t o = 0; o < numOutputs; ++o)
     if (rowInTile[o]) {
@@ -1293,25 +1309,11 @@ void backward(KernelContext &ctx, const FusedArgs &args,
     keep[k] = shareSweep && output.pickReg < 0 &&
               output.kind == Reduce::LogSumExp && shares[output.reg];
   }
-  // A register whose log-sum-exp is a row and a column result (CLIP's
-  // logits) gets both seeds from one exp per element where the block's
-  // lses allow (sharedLseFactors): pairedCol[o] is row result o's column
-  // result, or -1.
-  std::vector<int64_t> pairedCol(numOutputs, -1), pairedRow(numCol, -1);
-  for (size_t k = 0; k < numCol; ++k) {
-    const Output &col = ops.colOutputs[k];
-    if (col.pickReg >= 0 || col.kind != Reduce::LogSumExp)
-      continue;
-    for (size_t o = 0; o < numOutputs; ++o) {
-      const Output &row = ops.outputs[o];
-      if (pairedCol[o] < 0 && row.pickReg < 0 && row.reg == col.reg &&
-          row.kind == Reduce::LogSumExp) {
-        pairedCol[o] = static_cast<int64_t>(k);
-        pairedRow[k] = static_cast<int64_t>(o);
-        break;
-      }
-    }
-  }
+  // A register whose log-sum-exp is a row and a column result gets both
+  // seeds from one exp per element where the block's lses allow
+  // (sharedLseFactors).
+  const LsePairs pairs = pairLogSumExps(ops);
+  const std::vector<int64_t> &pairedCol = pairs.colOf, &pairedRow = pairs.rowOf;
   // Per block and pair: whether one exp serves, and its factors.
   std::vector<char> oneExp(numOutputs, 0);
   std::vector<std::vector<T>> us(numOutputs), cvs(numOutputs);
