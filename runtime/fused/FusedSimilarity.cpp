@@ -581,10 +581,10 @@ DLOSS_ROW_LOOP void adjointRow(const T *a, const T *b, const T *c,
 }
 
 /// adjointRow for add, sub, mul and div, where operand a (ReduceA) or b
-/// (ReduceB) is uniform along the row: its cotangents are summed, in
-/// double, into *sumA or *sumB (which may be one) instead of added to da or db. At
-/// most one array is written, and it overlaps no operand, so `omp simd`
-/// holds.
+/// (ReduceB) is uniform along the row or outside the sweep: its cotangents
+/// are summed, in double, into *sumA or *sumB (which may be one) instead of
+/// added to da or db. At most one array is written, and it overlaps no
+/// operand, so `omp simd` holds.
 template <Op O, typename T, bool ReduceA, bool ReduceB>
 DLOSS_ROW_LOOP void reducingAdjointRow(const T *__restrict a,
                                        const T *__restrict b,
@@ -1332,7 +1332,9 @@ void backward(KernelContext &ctx, const FusedArgs &args,
         continue; // seeded with its row result
       const T *ct = colCt[k] + block.col;
       T *seed = program.cotangent(seededBy(output));
-      T *kept = program.keptSeeds.data() + k * ops.tile.cols;
+      // keep[k] (and so a share sweep's seed from it): a kept tile row.
+      T *kept = keep[k] ? program.keptSeeds.data() + k * ops.tile.cols
+                        : nullptr;
       if (output.pickReg >= 0)
         colPicks.forRow(k, r, [&](int64_t j) { seed[j] += ct[j]; });
       else if (output.kind == Reduce::Sum)
