@@ -274,23 +274,40 @@ SimilarityOperands similarityOperands(const FusedArgs &args,
 // The tile program, a row at a time
 //===----------------------------------------------------------------------===//
 
+/// Calls fn(r) for each register operand r a gradient flows back to (none
+/// for eq, not select's condition).
+template <typename Fn> void forGradientOperands(const Instr &ins, Fn &&fn) {
+  if (ins.op == Op::Eq)
+    return;
+  const int first = ins.op == Op::Select ? 1 : 0;
+  for (int k = first; k < epilogue::registerOperands(ins.op); ++k)
+    fn(operandOf(ins, k));
+}
+
+/// The register a result's seed goes to: the picked value's for a pick.
+int64_t seededRegister(const Output &output) {
+  return output.pickReg >= 0 ? output.pickReg : output.reg;
+}
+
 /// The registers the outputs read, directly or not; with `gradients`, only
 /// along the operands a gradient flows back through (Eq and Select's
 /// condition pass none).
 std::vector<char> registersReaching(const SimilarityOperands &ops,
                                     bool gradients) {
   std::vector<char> reached(ops.program.size(), 0);
-  for (const Output &output : ops.outputs)
-    reached[output.pickReg >= 0 ? output.pickReg : output.reg] = 1;
-  for (const Output &output : ops.colOutputs)
-    reached[output.pickReg >= 0 ? output.pickReg : output.reg] = 1;
+  for (const std::vector<Output> *list : {&ops.outputs, &ops.colOutputs})
+    for (const Output &output : *list)
+      reached[seededRegister(output)] = 1;
   for (int64_t t = static_cast<int64_t>(ops.program.size()) - 1; t >= 0; --t) {
     const Instr &ins = ops.program[t];
-    if (!reached[t] || (gradients && ins.op == Op::Eq))
+    if (!reached[t])
       continue;
-    int first = gradients && ins.op == Op::Select ? 1 : 0;
-    for (int k = first; k < epilogue::registerOperands(ins.op); ++k)
-      reached[operandOf(ins, k)] = 1;
+    auto reach = [&](int64_t r) { reached[r] = 1; };
+    if (gradients)
+      forGradientOperands(ins, reach);
+    else
+      for (int k = 0; k < epilogue::registerOperands(ins.op); ++k)
+        reach(operandOf(ins, k));
   }
   return reached;
 }
@@ -323,16 +340,6 @@ std::vector<char> registersReadBackward(const SimilarityOperands &ops,
   return read;
 }
 
-/// Calls fn(r) for each register operand r a gradient flows back to (none
-/// for eq, not select's condition).
-template <typename Fn> void forGradientOperands(const Instr &ins, Fn &&fn) {
-  if (ins.op == Op::Eq)
-    return;
-  const int first = ins.op == Op::Select ? 1 : 0;
-  for (int k = first; k < epilogue::registerOperands(ins.op); ++k)
-    fn(operandOf(ins, k));
-}
-
 /// The registers of the share sweep: those that carry a gradient from a
 /// column result's register to a float 0-d leaf. Their sweep, seeded by the
 /// column results alone, gives the columns' share of the 0-d leaves'
@@ -349,7 +356,7 @@ std::vector<char> shareRegisters(const SimilarityOperands &ops,
     forGradientOperands(ins, [&](int64_t r) { toScalar[t] |= toScalar[r]; });
   }
   for (const Output &output : ops.colOutputs)
-    fromColumns[output.pickReg >= 0 ? output.pickReg : output.reg] = 1;
+    fromColumns[seededRegister(output)] = 1;
   for (int64_t t = count - 1; t >= 0; --t)
     if (fromColumns[t])
       forGradientOperands(ops.program[t],
@@ -383,7 +390,7 @@ std::vector<char> reducedRegisters(const SimilarityOperands &ops,
     reduced[t] = carries[t] && isUniform(ops.program[t]);
   for (const std::vector<Output> *list : {&ops.outputs, &ops.colOutputs})
     for (const Output &output : *list)
-      reduced[output.pickReg >= 0 ? output.pickReg : output.reg] = 0;
+      reduced[seededRegister(output)] = 0;
   for (size_t t = 0; t < count; ++t) {
     const Instr &ins = ops.program[t];
     if (!carries[t] || isBinaryArithmetic(ins.op))
@@ -1292,9 +1299,6 @@ void backward(KernelContext &ctx, const FusedArgs &args,
   // chunk: data_ptr is too slow for a tile row's loop).
   std::vector<const T *> colResult(numCol), colCt(numCol);
   const std::vector<const T *> rowLeaves = dataOf<T>(ops.rowLeaves);
-  auto seededBy = [](const Output &output) {
-    return output.pickReg >= 0 ? output.pickReg : output.reg;
-  };
   // The column results' share of the 0-d leaves' gradients goes home with
   // the columns. When a column result reaches a float 0-d leaf, a second,
   // share sweep over the registers between them (shareRegisters), seeded by
@@ -1326,12 +1330,12 @@ void backward(KernelContext &ctx, const FusedArgs &args,
                          bool share) {
     for (size_t k = 0; k < numCol; ++k) {
       const Output &output = ops.colOutputs[k];
-      if (share && !shares[seededBy(output)])
+      if (share && !shares[seededRegister(output)])
         continue;
       if (!share && pairedRow[k] >= 0 && oneExp[pairedRow[k]])
         continue; // seeded with its row result
       const T *ct = colCt[k] + block.col;
-      T *seed = program.cotangent(seededBy(output));
+      T *seed = program.cotangent(seededRegister(output));
       // keep[k] (and so a share sweep's seed from it): a kept tile row.
       T *kept = keep[k] ? program.keptSeeds.data() + k * ops.tile.cols
                         : nullptr;

@@ -305,12 +305,12 @@ void foldBoth(const at::Tensor &tile, T scale, T *rowMax, T *rowSum,
     const T top = colTop[j];
     if (top == -inf)
       continue;
-    T s = colAcc[j] * expOf(m - top);
-    if (top < low) {
-      s = 0;
+    T s = 0;
+    if (top >= low)
+      s = colAcc[j] * expOf(m - top);
+    else // far below m: its own shift, a strided pass
       for (int64_t i = 0; i < rows; ++i)
         s += expOf(scale * x[i * cols + j] - top);
-    }
     mergeInto(colMax[j], colSum[j], top, s);
   }
 }

@@ -430,7 +430,7 @@ TEST(FusedTileTest, BothDirectionsFoldLikeEachDirection) {
     const double tol = type == at::kFloat ? 2e-6 : 1e-12;
     at::Tensor plain = farTile(type);
     at::Tensor withInf = plain.clone();
-    withInf[2][3] = std::numeric_limits<double>::infinity();
+    withInf[2][3] = kInfinity;
     for (const at::Tensor &tile : {plain, withInf}) {
       auto opts = at::TensorOptions(type);
       at::Tensor rowMax = at::tensor({-kInfinity, 3.0, -200.0, 0.5, 400.0,

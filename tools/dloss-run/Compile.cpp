@@ -3,7 +3,9 @@
 
 #include "runtime/support/Error.h"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include <sys/wait.h>
@@ -57,8 +59,10 @@ std::string compile(const Options &o) {
                 "fix the loss at the location dlossc names");
   }
   if (std::rename(partial.c_str(), plan.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
     std::remove(partial.c_str());
-    throw Error("cannot move the compiled plan into '" + plan + "'",
+    throw Error("cannot move the compiled plan '" + partial + "' to '" +
+                    plan + "': " + why,
                 "check that --out is a writable directory");
   }
   return plan;
