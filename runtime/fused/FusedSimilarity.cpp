@@ -1,7 +1,7 @@
 // dloss.fused_similarity and its _grad: a tile program's row reductions over
 // S = rows x cols^T on the CPU, the columns round the ring or tiled in place.
 //
-// Each block is one at::mm_out into a preallocated tile; the program then runs
+// Each block is one GEMM (tileGemm) into a preallocated tile; the program runs
 // a tile row at a time: every register is a tile-width array (the `sim` leaf
 // is the tile row itself), and each instruction is one tight loop of
 // epilogue::apply (or, backward, epilogue::adjoint) over the row, its opcode
@@ -1039,6 +1039,15 @@ Tensors chunkFeatures(const SimilarityOperands &ops) {
   return features;
 }
 
+/// What travels with a column chunk in the backward: chunkFeatures, then
+/// the column results and their cotangents.
+Tensors gradientChunkFeatures(const SimilarityOperands &ops) {
+  Tensors features = chunkFeatures(ops);
+  features.insert(features.end(), ops.colResults.begin(), ops.colResults.end());
+  features.insert(features.end(), ops.colCts.begin(), ops.colCts.end());
+  return features;
+}
+
 /// Sharded: combines every shard's row statistics ([outputs, n] each, in
 /// f64; the max rows of sum outputs are unused) into the global ones. Every
 /// rank makes the same calls.
@@ -1058,26 +1067,36 @@ void combineShards(Communicator &comm, const SimilarityOperands &ops,
 }
 
 /// The statistics of the column results that a chunk carries round the
-/// ring: running maxima and sums, [column results, length] each (a sum
-/// result uses the sums only); nothing when there are none.
+/// ring, uninitialised: running maxima and sums, [column results, length]
+/// each (a sum result uses the sums only); nothing when there are none.
 Tensors newColumnStats(const SimilarityOperands &ops, int64_t length,
                        at::TensorOptions options) {
   const int64_t numCol = static_cast<int64_t>(ops.colOutputs.size());
   if (numCol == 0)
     return {};
-  return Tensors{at::full({numCol, length}, -kInf, options),
-                 at::zeros({numCol, length}, options)};
+  return Tensors{at::empty({numCol, length}, options),
+                 at::empty({numCol, length}, options)};
+}
+
+/// Column statistics of no rows yet: maxima -inf, sums 0.
+void clearColumnStats(Tensors &stats) {
+  if (stats.empty())
+    return;
+  stats[0].fill_(-kInf);
+  stats[1].zero_();
 }
 
 /// Runs `visit` on every rank's columns round the ring (gathered: the
 /// chunks' column statistics merge on the way and come home) or on the
 /// local class matrix; returns this rank's own columns' statistics.
-Tensors visitColumns(KernelContext &ctx, const SimilarityProgram &spec,
-                     const SimilarityOperands &ops, at::TensorOptions options,
-                     const std::function<Tensors(const Chunk &)> &visit) {
+Tensors
+visitColumns(KernelContext &ctx, const SimilarityProgram &spec,
+             const SimilarityOperands &ops, at::TensorOptions options,
+             const std::function<void(const Chunk &, Tensors &)> &visit) {
   if (!spec.gathered) {
     Tensors features = chunkFeatures(ops);
-    visit(Chunk{ops.colOffset, features});
+    Tensors stats = newColumnStats(ops, features[0].size(0), options);
+    visit(Chunk{ops.colOffset, features}, stats);
     return {};
   }
   RingPass pass;
@@ -1167,9 +1186,9 @@ void forward(KernelContext &ctx, const FusedArgs &args,
 
   // The carry of a chunk: per column result, the running max and sum of
   // exp(e - max) (log-sum-exp) or the sum, over the rows seen so far.
-  auto visit = [&](const Chunk &chunk) {
+  auto visit = [&](const Chunk &chunk, Tensors &carry) {
     const at::Tensor &cols = chunk.features[0];
-    Tensors carry = newColumnStats(ops, chunk.length(), args.options());
+    clearColumnStats(carry);
     std::vector<T *> colSums; // the carry's sums, per column result
     for (size_t k = 0; k < numCol; ++k)
       colSums.push_back(carry[1][k].template data_ptr<T>());
@@ -1255,7 +1274,6 @@ void forward(KernelContext &ctx, const FusedArgs &args,
           foldLse(values, 1.0, 0, colMax, colSum);
       }
     });
-    return carry;
   };
 
   Tensors colStats = visitColumns(ctx, spec, ops, args.options(), visit);
@@ -1436,10 +1454,7 @@ void backward(KernelContext &ctx, const FusedArgs &args,
         }
       });
       // dRows += G cols, dCols += G^T rows.
-      dRows.narrow(0, block.row, block.rows)
-          .addmm_(grad, cols.narrow(0, block.col, block.cols));
-      dCols.narrow(0, block.col, block.cols)
-          .addmm_(grad.t(), ops.rows.narrow(0, block.row, block.rows));
+      backpropGemms(grad, block, ops.rows, cols, 1.0, dRows, dCols);
     });
   };
 
@@ -1450,33 +1465,17 @@ void backward(KernelContext &ctx, const FusedArgs &args,
     // of the 0-d gradients ([1] at least: no empty transfers).
     const int64_t shares =
         std::max<int64_t>(1, static_cast<int64_t>(ops.scalars.size()));
-    auto f64 = args.options().dtype(at::kDouble);
-    RingPass pass;
-    pass.features = chunkFeatures(ops);
-    pass.features.insert(pass.features.end(), ops.colResults.begin(),
-                         ops.colResults.end());
-    pass.features.insert(pass.features.end(), ops.colCts.begin(),
-                         ops.colCts.end());
-    pass.lengths = ops.colSizes;
-    pass.newCarry = [&](int64_t length) {
-      return Tensors{at::empty({length, d}, args.options()),
-                     at::empty({shares}, f64)};
-    };
-    pass.visit = [&](const Chunk &chunk) {
-      at::Tensor dChunk = at::zeros({chunk.length(), d}, args.options());
-      tiles(chunk, dChunk);
-      at::Tensor share = at::zeros({shares}, f64);
-      std::vector<double> part = programs.takeColShares();
-      std::copy(part.begin(), part.end(), share.data_ptr<double>());
-      return Tensors{dChunk, share};
-    };
-    pass.merge = [](Tensors &mine, const Tensors &upstream) {
-      mine[0].add_(upstream[0]);
-      mine[1].add_(upstream[1]);
-    };
-    Tensors home = runRing(ctx.communicator(), pass);
-    dCols = home[0];
-    const double *share = home[1].data_ptr<double>();
+    ColumnGradient home = runGradientRing(
+        ctx.communicator(), gradientChunkFeatures(ops), ops.colSizes, d, shares,
+        args.options(), [&](const Chunk &chunk, at::Tensor &dChunk) {
+          tiles(chunk, dChunk);
+          at::Tensor share = at::zeros({shares}, at::kDouble);
+          std::vector<double> part = programs.takeColShares();
+          std::copy(part.begin(), part.end(), share.data_ptr<double>());
+          return share;
+        });
+    dCols = home.dCols;
+    const double *share = home.share.data_ptr<double>();
     std::copy_n(share, homeShares.size(), homeShares.begin());
   } else {
     dCols = at::zeros_like(ops.cols);
@@ -1597,10 +1596,10 @@ void fusedSimilarityDevice(KernelContext &ctx, const FusedArgs &args,
   at::Tensor max = at::full({numOutputs, n}, -kInf, args.options());
   at::Tensor sum = at::zeros({numOutputs, n}, args.options());
 
-  auto visit = [&](const Chunk &chunk) {
+  auto visit = [&](const Chunk &chunk, Tensors &carry) {
     const at::Tensor &cols = chunk.features[0];
     const int64_t length = chunk.length();
-    Tensors carry = newColumnStats(ops, length, args.options());
+    clearColumnStats(carry);
     forEachBlock(n, length, dev.shape, [&](const Block &block) {
       cuda::SimilarityForward tile;
       tile.leaves = deviceLeaves(ops, chunk, block);
@@ -1615,7 +1614,6 @@ void fusedSimilarityDevice(KernelContext &ctx, const FusedArgs &args,
       cuda::similarityForwardTile(dev.launch, dev.tile(ops.rows, cols, block),
                                   program, tile);
     });
-    return carry;
   };
 
   Tensors colStats = visitColumns(ctx, spec, ops, args.options(), visit);
@@ -1683,30 +1681,15 @@ void fusedSimilarityGradDevice(KernelContext &ctx, const FusedArgs &args,
   if (spec.gathered) {
     // The carry: the chunk's column gradient, and its column results' share
     // of the 0-d gradients.
-    RingPass pass;
-    pass.features = chunkFeatures(ops);
-    pass.features.insert(pass.features.end(), ops.colResults.begin(),
-                         ops.colResults.end());
-    pass.features.insert(pass.features.end(), ops.colCts.begin(),
-                         ops.colCts.end());
-    pass.lengths = ops.colSizes;
-    pass.newCarry = [&](int64_t length) {
-      return Tensors{at::empty({length, d}, args.options()),
-                     at::empty({shares}, f64)};
-    };
-    pass.visit = [&](const Chunk &chunk) {
-      at::Tensor dChunk = at::zeros({chunk.length(), d}, args.options());
-      at::Tensor colShareRow = at::zeros({shares, n}, f64);
-      tiles(chunk, dChunk, colShareRow);
-      return Tensors{dChunk, colShareRow.sum(1)};
-    };
-    pass.merge = [](Tensors &mine, const Tensors &upstream) {
-      mine[0].add_(upstream[0]);
-      mine[1].add_(upstream[1]);
-    };
-    Tensors home = runRing(ctx.communicator(), pass);
-    dCols = home[0];
-    homeShares = home[1];
+    ColumnGradient home = runGradientRing(
+        ctx.communicator(), gradientChunkFeatures(ops), ops.colSizes, d, shares,
+        args.options(), [&](const Chunk &chunk, at::Tensor &dChunk) {
+          at::Tensor colShareRow = at::zeros({shares, n}, f64);
+          tiles(chunk, dChunk, colShareRow);
+          return colShareRow.sum(1);
+        });
+    dCols = home.dCols;
+    homeShares = home.share;
   } else {
     dCols = at::zeros({m, d}, args.options());
     at::Tensor colShareRow = at::zeros({shares, n}, f64);

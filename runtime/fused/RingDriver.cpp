@@ -61,6 +61,33 @@ Tensors emptyLike(const Tensors &like, int64_t length) {
   return out;
 }
 
+/// Buffers of one kind (feature chunks, carries) that a pass is done with,
+/// kept for its next step that needs one of the same length. A take that
+/// finds none frees the spares before it allocates, so spares never add to
+/// the memory a pass holds at once.
+class Spares {
+public:
+  explicit Spares(std::function<Tensors(int64_t)> make)
+      : make(std::move(make)) {}
+  Tensors take(int64_t length) {
+    for (auto it = spares.begin(); it != spares.end(); ++it)
+      if (it->first == length) {
+        Tensors buffers = std::move(it->second);
+        spares.erase(it);
+        return buffers;
+      }
+    spares.clear();
+    return make(length);
+  }
+  void give(int64_t length, Tensors buffers) {
+    spares.emplace_back(length, std::move(buffers));
+  }
+
+private:
+  std::function<Tensors(int64_t)> make;
+  std::vector<std::pair<int64_t, Tensors>> spares;
+};
+
 } // namespace
 
 Tensors runRing(Communicator &comm, const RingPass &pass) {
@@ -72,7 +99,11 @@ Tensors runRing(Communicator &comm, const RingPass &pass) {
   ExchangeScope exchange(comm, op.substr(op.find('.') + 1));
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   const bool carries = static_cast<bool>(pass.newCarry);
+  Spares chunkBuffers(
+      [&](int64_t length) { return emptyLike(pass.features, length); });
+  Spares carryBuffers(pass.newCarry);
   Tensors held = pass.features, carry;
+  int64_t carryLength = 0; // the length of the carry in flight to r+1
   Pending carrySent;
   for (int k = 0; k < n; ++k) {
     const int q = (r - k + n) % n;
@@ -80,33 +111,45 @@ Tensors runRing(Communicator &comm, const RingPass &pass) {
     Tensors upstream;
     Pending carryIn;
     if (carries && k > 0) {
-      upstream = pass.newCarry(pass.lengths[q]);
+      upstream = carryBuffers.take(pass.lengths[q]);
       postRecvs(comm, upstream, prev, ringTag(k, kCarrySlot), carryIn);
     }
     Pending transfers;
     Tensors incoming;
     if (k + 1 < n) {
-      incoming = emptyLike(pass.features, pass.lengths[(q + n - 1) % n]);
+      incoming = chunkBuffers.take(pass.lengths[(q + n - 1) % n]);
       postRecvs(comm, incoming, prev, ringTag(k, kFeatureSlot), transfers);
       postSends(comm, held, next, ringTag(k, kFeatureSlot), transfers);
     }
-    carry = pass.visit(Chunk{offsetOf(pass.lengths, q), held});
+    Tensors mine = carries ? carryBuffers.take(pass.lengths[q]) : Tensors{};
+    pass.visit(Chunk{offsetOf(pass.lengths, q), held}, mine);
     if (carries) {
       carryIn.wait();
-      if (k > 0)
-        pass.merge(carry, upstream);
+      if (k > 0) {
+        pass.merge(mine, upstream);
+        carryBuffers.give(pass.lengths[q], std::move(upstream));
+      }
       // r+1 posted its recv for the previous send at the start of step k.
       carrySent.wait();
+      if (k > 0)
+        carryBuffers.give(carryLength, std::move(carry));
       if (n > 1)
-        postSends(comm, carry, next, ringTag(k + 1, kCarrySlot), carrySent);
+        postSends(comm, mine, next, ringTag(k + 1, kCarrySlot), carrySent);
     }
+    carry = std::move(mine);
+    carryLength = pass.lengths[q];
     transfers.wait();
-    if (k + 1 < n)
+    if (k + 1 < n) {
+      // The chunk just sent is free for the next step's, if it receives
+      // one; the caller's own features are not ours to overwrite.
+      if (k > 0 && k + 2 < n)
+        chunkBuffers.give(pass.lengths[q], std::move(held));
       held = std::move(incoming);
+    }
   }
   if (!carries || n == 1)
     return carry;
-  Tensors home = pass.newCarry(pass.lengths[r]);
+  Tensors home = carryBuffers.take(pass.lengths[r]);
   Pending homeIn;
   postRecvs(comm, home, prev, ringTag(n, kCarrySlot), homeIn);
   carrySent.wait();
@@ -116,19 +159,18 @@ Tensors runRing(Communicator &comm, const RingPass &pass) {
 
 ColumnGradient runGradientRing(
     Communicator &comm, Tensors features, std::vector<int64_t> lengths,
-    int64_t width, at::TensorOptions options,
+    int64_t width, int64_t shares, at::TensorOptions options,
     const std::function<at::Tensor(const Chunk &, at::Tensor &)> &tiles) {
   RingPass pass;
   pass.features = std::move(features);
   pass.lengths = std::move(lengths);
   pass.newCarry = [&](int64_t length) {
     return Tensors{at::empty({length, width}, options),
-                   at::empty({1}, options.dtype(at::kDouble))};
+                   at::empty({shares}, options.dtype(at::kDouble))};
   };
-  pass.visit = [&](const Chunk &chunk) {
-    at::Tensor dCols = at::zeros({chunk.length(), width}, options);
-    at::Tensor share = tiles(chunk, dCols);
-    return Tensors{dCols, share};
+  pass.visit = [&](const Chunk &chunk, Tensors &carry) {
+    carry[0].zero_();
+    carry[1].copy_(tiles(chunk, carry[0]));
   };
   pass.merge = [](Tensors &mine, const Tensors &upstream) {
     mine[0].add_(upstream[0]);
@@ -143,7 +185,8 @@ ColumnGradient runGradientRing(
     int64_t width, at::TensorOptions options,
     const std::function<void(const Chunk &, at::Tensor &, double &)> &tiles) {
   return runGradientRing(comm, std::move(features), std::move(lengths), width,
-                         options, [&](const Chunk &chunk, at::Tensor &dCols) {
+                         1, options,
+                         [&](const Chunk &chunk, at::Tensor &dCols) {
                            double share = 0;
                            tiles(chunk, dCols, share);
                            return at::full({1}, share,

@@ -18,6 +18,13 @@
 // Every wait on a rank at step k depends only on peers' progress at earlier
 // steps or at the start of step k (a carry send is waited on one step after
 // it is posted), so the waits form no cycle. With N == 1 nothing is sent.
+//
+// A buffer whose transfer or merge is over is kept for the next step that
+// needs one of its length, instead of being freed and another allocated: a
+// pass then allocates two feature chunks and three carries whatever N, and
+// the kernel does not map and clear fresh pages for every step's megabytes.
+// A spare lives only until the next allocation, so the pass holds no more
+// memory at once than it would without them.
 #ifndef DLOSS_RUNTIME_FUSED_RINGDRIVER_H
 #define DLOSS_RUNTIME_FUSED_RINGDRIVER_H
 
@@ -44,9 +51,11 @@ struct RingPass {
   std::vector<int64_t> lengths;
   /// An uninitialised carry for a chunk of `length`; null: nothing carried.
   std::function<Tensors(int64_t length)> newCarry;
-  /// Computes this rank's tiles of the chunk; returns its part of the
-  /// chunk's carry (nothing when nothing is carried).
-  std::function<Tensors(const Chunk &)> visit;
+  /// Computes this rank's tiles of the chunk and writes its part of the
+  /// chunk's carry into `carry`: newCarry(length)'s tensors, perhaps a
+  /// buffer an earlier step used (every element must be set), or empty when
+  /// nothing is carried.
+  std::function<void(const Chunk &, Tensors &carry)> visit;
   /// Adds the carry from upstream into this rank's part, in place.
   std::function<void(Tensors &mine, const Tensors &upstream)> merge;
 };
@@ -56,21 +65,21 @@ struct RingPass {
 Tensors runRing(Communicator &comm, const RingPass &pass);
 
 /// The backward's ring: the carry is each chunk's column gradient [length,
-/// width] and its owner's share of a 0-d parameter's gradient ([1] f64),
-/// summed on their way home; tiles(chunk, dCols) adds this rank's part of the
-/// column gradient and returns its part of the share. Returns the gradient of
-/// this rank's own columns and its share.
+/// width] and its owner's shares of the 0-d parameters' gradients ([shares]
+/// f64), summed on their way home. Returns the gradient of this rank's own
+/// columns and its shares.
 struct ColumnGradient {
   at::Tensor dCols, share;
 };
 
-/// The GPU form: tiles(chunk, dCols) returns the share as a [1] f64 tensor.
+/// tiles(chunk, dCols) adds this rank's part of the chunk's column gradient
+/// to dCols (zeroed) and returns its part of the shares ([shares] f64).
 ColumnGradient runGradientRing(
     Communicator &comm, Tensors features, std::vector<int64_t> lengths,
-    int64_t width, at::TensorOptions options,
+    int64_t width, int64_t shares, at::TensorOptions options,
     const std::function<at::Tensor(const Chunk &, at::Tensor &)> &tiles);
 
-/// The CPU form: tiles(chunk, dCols, share) adds to a double share.
+/// One share: tiles(chunk, dCols, share) adds to a double share.
 ColumnGradient runGradientRing(
     Communicator &comm, Tensors features, std::vector<int64_t> lengths,
     int64_t width, at::TensorOptions options,

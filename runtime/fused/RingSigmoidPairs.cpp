@@ -56,9 +56,8 @@ void runSigmoidPairs(KernelContext &ctx, const FusedArgs &args,
   RingPass pass;
   pass.features = {ops.sim.cols};
   pass.lengths = ops.colSizes;
-  pass.visit = [&](const Chunk &chunk) {
+  pass.visit = [&](const Chunk &chunk, Tensors &) {
     tiles(chunk, pairSum, positive);
-    return Tensors{};
   };
   runRing(ctx.communicator(), pass);
 
@@ -94,8 +93,6 @@ void ringSigmoidPairs(KernelContext &ctx) {
         });
       });
 }
-
-namespace {} // namespace
 
 void ringSigmoidPairsGrad(KernelContext &ctx) {
   FusedArgs args(ctx, "dloss.ring_sigmoid_pairs_grad");
@@ -185,7 +182,7 @@ void ringSigmoidPairsGradDevice(KernelContext &ctx, const FusedArgs &args) {
     return at::zeros({1}, args.options().dtype(at::kDouble));
   };
   at::Tensor dCols = runGradientRing(ctx.communicator(), {ops.sim.cols},
-                                     ops.colSizes, d, args.options(), tiles)
+                                     ops.colSizes, d, 1, args.options(), tiles)
                          .dCols;
 
   setGradients(ctx, args, rows.dRows, dCols,

@@ -61,12 +61,11 @@ void runSoftmaxCE(KernelContext &ctx, const FusedArgs &args,
   pass.newCarry = [&](int64_t length) {
     return Tensors{at::empty({3, length}, args.options())};
   };
-  pass.visit = [&](const Chunk &chunk) {
-    at::Tensor stats = pass.newCarry(chunk.length())[0];
+  pass.visit = [&](const Chunk &chunk, Tensors &carry) {
+    at::Tensor &stats = carry[0];
     stats[0].fill_(-kInf);
     stats.narrow(0, 1, 2).zero_();
     tiles(chunk, rows, stats);
-    return Tensors{stats};
   };
   pass.merge = [](Tensors &mine, const Tensors &upstream) {
     mergeLse(mine[0][0], mine[0][1], upstream[0][0], upstream[0][1]);
@@ -118,8 +117,6 @@ void ringSoftmaxCE(KernelContext &ctx) {
         });
       });
 }
-
-namespace {} // namespace
 
 void ringSoftmaxCEGrad(KernelContext &ctx) {
   FusedArgs args(ctx, "dloss.ring_softmax_ce_grad");
@@ -244,7 +241,7 @@ void ringSoftmaxCEGradDevice(KernelContext &ctx, const FusedArgs &args) {
   };
   ColumnGradient own = runGradientRing(
       ctx.communicator(), {sim.cols, ops.colTargets, ops.colLse, ops.ctCol},
-      ops.colSizes, d, args.options(), tiles);
+      ops.colSizes, d, 1, args.options(), tiles);
 
   setGradients(ctx, args, rows.dRows, own.dCols,
                {totalOf(rows.dScaleRow) + own.share.item<double>()});

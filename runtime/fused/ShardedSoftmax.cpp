@@ -93,8 +93,6 @@ void shardedSoftmax(KernelContext &ctx) {
   combineShards(ctx, args, rows);
 }
 
-namespace {} // namespace
-
 void shardedSoftmaxGrad(KernelContext &ctx) {
   FusedArgs args(ctx, "dloss.sharded_softmax_grad", "weights");
   DLOSS_DEVICE_DISPATCH(shardedSoftmaxGradDevice)

@@ -4,10 +4,23 @@
 
 namespace dloss::fused {
 
+namespace {
+
+/// The row-major data of a matrix whose rows are contiguous, from row `row`.
+template <typename T> T *rowsOf(const at::Tensor &matrix, int64_t row) {
+  return matrix.data_ptr<T>() + row * matrix.stride(0);
+}
+
+} // namespace
+
 at::Tensor similarityTile(const Similarity &sim, const at::Tensor &cols,
                           const Block &block, at::Tensor out) {
-  at::mm_out(out, sim.rows.narrow(0, block.row, block.rows),
-             cols.narrow(0, block.col, block.cols).t());
+  AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "similarityTile", [&] {
+    tileGemm<scalar_t>(false, true, block.rows, block.cols, sim.rows.size(1), 1,
+                       rowsOf<scalar_t>(sim.rows, block.row),
+                       sim.rows.stride(0), rowsOf<scalar_t>(cols, block.col),
+                       cols.stride(0), 0, out.data_ptr<scalar_t>(), block.cols);
+  });
   return out;
 }
 
@@ -30,11 +43,25 @@ at::Tensor lseOf(const at::Tensor &max, const at::Tensor &sum) {
 void backpropGemms(const at::Tensor &grad, const Block &block,
                    const Similarity &operands, const at::Tensor &cols,
                    at::Tensor &dRows, at::Tensor &dCols) {
-  dRows.narrow(0, block.row, block.rows)
-      .addmm_(grad, cols.narrow(0, block.col, block.cols), 1, operands.scale);
-  dCols.narrow(0, block.col, block.cols)
-      .addmm_(grad.t(), operands.rows.narrow(0, block.row, block.rows), 1,
-              operands.scale);
+  backpropGemms(grad, block, operands.rows, cols, operands.scale, dRows, dCols);
+}
+
+void backpropGemms(const at::Tensor &grad, const Block &block,
+                   const at::Tensor &rows, const at::Tensor &cols, double scale,
+                   at::Tensor &dRows, at::Tensor &dCols) {
+  const int64_t d = rows.size(1);
+  AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "backpropGemms", [&] {
+    const scalar_t *g = grad.data_ptr<scalar_t>();
+    const auto alpha = static_cast<scalar_t>(scale);
+    tileGemm<scalar_t>(false, false, block.rows, d, block.cols, alpha, g,
+                       block.cols, rowsOf<scalar_t>(cols, block.col),
+                       cols.stride(0), 1, rowsOf<scalar_t>(dRows, block.row),
+                       dRows.stride(0));
+    tileGemm<scalar_t>(true, false, block.cols, d, block.rows, alpha, g,
+                       block.cols, rowsOf<scalar_t>(rows, block.row),
+                       rows.stride(0), 1, rowsOf<scalar_t>(dCols, block.col),
+                       dCols.stride(0));
+  });
 }
 
 double backpropTile(const at::Tensor &grad, const at::Tensor &sim,

@@ -1,10 +1,10 @@
 // The fused ops' arithmetic on one similarity tile: blocking, scratch, targets,
 // online log-sum-exp, backpropagation.
 //
-// A chunk is processed in blocks of Br rows x Bc columns: one at::mm_out into
-// a preallocated tile sized to half the L2 cache, then the element-wise math
-// in place on it. Extra memory is O((n_r + 2 m_max) d + Br Bc): the two chunk
-// buffers, the carries and a few tiles, never n_r x M.
+// A chunk is processed in blocks of Br rows x Bc columns: one GEMM (tileGemm)
+// into a preallocated tile sized to half the L2 cache, then the element-wise
+// math in place on it. Extra memory is O((n_r + 2 m_max) d + Br Bc): the two
+// chunk buffers, the carries and a few tiles, never n_r x M.
 #ifndef DLOSS_RUNTIME_FUSED_TILEMATH_H
 #define DLOSS_RUNTIME_FUSED_TILEMATH_H
 
@@ -55,6 +55,25 @@ public:
 private:
   Tensors buffers;
 };
+
+/// c = alpha op(a) op(b) + beta c for row-major f32 or f64 matrices: op(a)
+/// is m x k, op(b) k x n and c m x n, with row strides lda, ldb, ldc (op(x)
+/// = x^T where trans). The CPU tiles' GEMMs: sgemm_/dgemm_ of the BLAS that
+/// ATen calls, found in the process, so the same kernels as at::mm without
+/// its per-call dispatch, views and checks (about 20 ATen calls per CLIP
+/// tile cost 2% of a step); at::mm (tileGemmATen) where LibTorch keeps its
+/// BLAS to itself (wheels with MKL linked in) or a size exceeds BLAS's int.
+template <typename T>
+void tileGemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+              T alpha, const T *a, int64_t lda, const T *b, int64_t ldb, T beta,
+              T *c, int64_t ldc);
+/// tileGemm through ATen: the fallback, and the tests' reference.
+template <typename T>
+void tileGemmATen(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+                  T alpha, const T *a, int64_t lda, const T *b, int64_t ldb,
+                  T beta, T *c, int64_t ldc);
+/// Whether tileGemm calls the process's BLAS (false: ATen).
+bool tileGemmCallsBlas();
 
 /// S = rows[block] x cols[block]^T, written into `out`.
 at::Tensor similarityTile(const Similarity &sim, const at::Tensor &cols,
@@ -185,6 +204,11 @@ at::Tensor lseOf(const at::Tensor &max, const at::Tensor &sum);
 /// rows[block].
 void backpropGemms(const at::Tensor &grad, const Block &block,
                    const Similarity &operands, const at::Tensor &cols,
+                   at::Tensor &dRows, at::Tensor &dCols);
+/// The same for L = scale rows cols^T (f32 or f64, rows contiguous; grad
+/// a contiguous [block.rows, block.cols] tile).
+void backpropGemms(const at::Tensor &grad, const Block &block,
+                   const at::Tensor &rows, const at::Tensor &cols, double scale,
                    at::Tensor &dRows, at::Tensor &dCols);
 
 /// backpropGemms, and returns sum(G * S), the tile's part of dLoss/dscale.

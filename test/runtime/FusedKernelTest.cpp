@@ -16,6 +16,7 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <tuple>
 
 namespace {
 
@@ -491,6 +492,61 @@ TEST(FusedTileTest, SoftmaxGradientTileMatchesTheFormula) {
       EXPECT_NEAR(sums.second, (colPart * s).sum().item<double>(), 10 * tol);
     }
   }
+}
+
+// The CPU tiles' GEMM on row-major blocks of larger matrices (row strides
+// above the widths), every transposition, alpha and beta, and empty sizes:
+// through the process's BLAS (Debian's LibTorch brings it) and through
+// ATen (the fallback) it gives at::mm's product.
+template <typename T> void checkTileGemm(at::ScalarType type, double tol) {
+  ASSERT_TRUE(dloss::fused::tileGemmCallsBlas())
+      << "LibTorch links the system BLAS here: tileGemm should find sgemm_";
+  at::manual_seed(41);
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{5, 7, 3},
+                         {33, 17, 65},
+                         {1, 9, 4},
+                         {0, 4, 3},
+                         {4, 0, 3},
+                         {4, 6, 0}})
+    for (bool transA : {false, true})
+      for (bool transB : {false, true})
+        for (auto [alpha, beta] :
+             {std::pair{1.0, 0.0}, std::pair{0.5, 1.0}, std::pair{-2.0, 1.0}}) {
+          // Stored blocks with 3 extra columns each: ld > width.
+          at::Tensor aStore = at::randn({transA ? k : m, (transA ? m : k) + 3},
+                                        at::TensorOptions(type));
+          at::Tensor bStore = at::randn({transB ? n : k, (transB ? k : n) + 3},
+                                        at::TensorOptions(type));
+          at::Tensor a = aStore.narrow(1, 0, transA ? m : k);
+          at::Tensor b = bStore.narrow(1, 0, transB ? k : n);
+          at::Tensor opA = transA ? a.t() : a, opB = transB ? b.t() : b;
+          at::Tensor c0 = at::randn({m, n + 3}, at::TensorOptions(type));
+          at::Tensor want =
+              (alpha * at::mm(opA.to(at::kDouble), opB.to(at::kDouble)) +
+               (beta == 0 ? at::zeros({m, n}, at::kDouble)
+                          : beta * c0.narrow(1, 0, n).to(at::kDouble)));
+          for (bool viaATen : {false, true}) {
+            at::Tensor c = c0.clone();
+            auto gemm = viaATen ? dloss::fused::tileGemmATen<T>
+                                : dloss::fused::tileGemm<T>;
+            gemm(transA, transB, m, n, k, static_cast<T>(alpha),
+                 a.data_ptr<T>(), aStore.stride(0), b.data_ptr<T>(),
+                 bStore.stride(0), static_cast<T>(beta), c.data_ptr<T>(),
+                 c.stride(0));
+            EXPECT_TRUE(
+                at::allclose(c.narrow(1, 0, n).to(at::kDouble), want, tol, tol))
+                << (viaATen ? "ATen" : "BLAS") << " m " << m << " n " << n
+                << " k " << k << " transA " << transA << " transB " << transB
+                << " alpha " << alpha << " beta " << beta;
+            // The columns past n are another block's: untouched.
+            EXPECT_TRUE(at::equal(c.narrow(1, n, 3), c0.narrow(1, n, 3)));
+          }
+        }
+}
+
+TEST(FusedTileTest, TileGemmIsTheBlockProduct) {
+  checkTileGemm<float>(at::kFloat, 1e-4);
+  checkTileGemm<double>(at::kDouble, 1e-12);
 }
 
 TEST(FusedTileTest, DefaultFitsTheCacheAndTheEnvironmentOverridesIt) {
