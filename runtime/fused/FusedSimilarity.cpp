@@ -1189,9 +1189,14 @@ void forward(KernelContext &ctx, const FusedArgs &args,
   auto visit = [&](const Chunk &chunk, Tensors &carry) {
     const at::Tensor &cols = chunk.features[0];
     clearColumnStats(carry);
-    std::vector<T *> colSums; // the carry's sums, per column result
-    for (size_t k = 0; k < numCol; ++k)
-      colSums.push_back(carry[1][k].template data_ptr<T>());
+    // The carry's maxima and sums, per column result.
+    Tensors colMax, colSum;
+    std::vector<T *> colSumData;
+    for (size_t k = 0; k < numCol; ++k) {
+      colMax.push_back(carry[0][k]);
+      colSum.push_back(carry[1][k]);
+      colSumData.push_back(colSum.back().template data_ptr<T>());
+    }
     forEachBlock(n, chunk.length(), ops.tile, [&](const Block &block) {
       at::Tensor s = similarityTile(sim, cols, block, scratch(0, block));
       const T *tile = s.data_ptr<T>();
@@ -1216,8 +1221,8 @@ void forward(KernelContext &ctx, const FusedArgs &args,
           }
           // Each column is picked at one row at most: no two threads meet.
           const T *x = program.value(output.pickReg);
-          T *colSum = colSums[k] + block.col;
-          colPicks.forRow(k, r, [&](int64_t j) { colSum[j] += x[j]; });
+          T *into = colSumData[k] + block.col;
+          colPicks.forRow(k, r, [&](int64_t j) { into[j] += x[j]; });
         }
         for (size_t k = 0; k < numOutputs; ++k) {
           const Output &output = ops.outputs[k];
@@ -1261,17 +1266,13 @@ void forward(KernelContext &ctx, const FusedArgs &args,
         if (ops.colOutputs[k].pickReg >= 0)
           continue; // added in the row loop
         at::Tensor values = scratch(1 + static_cast<int>(k), block);
-        at::Tensor colMax = carry[0][k].narrow(0, block.col, block.cols);
-        at::Tensor colSum = carry[1][k].narrow(0, block.col, block.cols);
         if (ops.colOutputs[k].kind == Reduce::Sum)
-          colSum.add_(values.sum(0));
+          colSum[k].narrow(0, block.col, block.cols).add_(values.sum(0));
         else if (pairedRow[k] >= 0)
-          foldLseBoth(values, 1.0,
-                      tileRowMax[pairedRow[k]].narrow(0, block.row, block.rows),
-                      tileRowSum[pairedRow[k]].narrow(0, block.row, block.rows),
-                      colMax, colSum);
+          foldLseBoth(values, 1.0, block, tileRowMax[pairedRow[k]],
+                      tileRowSum[pairedRow[k]], colMax[k], colSum[k]);
         else
-          foldLse(values, 1.0, 0, colMax, colSum);
+          foldLse(values, 1.0, 0, block, colMax[k], colSum[k]);
       }
     });
   };

@@ -88,8 +88,7 @@ void ringSigmoidPairs(KernelContext &ctx) {
                           positiveAt.set(i, ops.sim.scale * sAt.get(e) +
                                                 ops.bias);
                         });
-          softplusRowSums(s, ops.sim.scale, ops.bias,
-                          pairSum.narrow(0, block.row, block.rows));
+          softplusRowSums(s, ops.sim.scale, ops.bias, block, pairSum);
         });
       });
 }
@@ -110,8 +109,7 @@ void ringSigmoidPairsGrad(KernelContext &ctx) {
       at::Tensor s = similarityTile(ops.sim, cols, block, scratch(0, block));
       at::Tensor grad = scratch(1, block);
       std::pair<double, double> sums = sigmoidTileGradient(
-          s, ops.sim.scale, ops.bias,
-          ops.ctPair.narrow(0, block.row, block.rows), grad);
+          s, ops.sim.scale, ops.bias, block, ops.ctPair, grad);
       dBias += sums.first;
       dScale += sums.second;
       Elements g(grad), sAt(s), ctAt(ops.ctPositive);

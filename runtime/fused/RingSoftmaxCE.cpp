@@ -97,7 +97,9 @@ void ringSoftmaxCE(KernelContext &ctx) {
       [&](const Chunk &chunk, RowStatistics &rows, at::Tensor &stats) {
         const at::Tensor &cols = chunk.features[0],
                          &colTargets = chunk.features[1];
-        Elements rowTargetAt(rows.picked), colTargetAt(stats[2]);
+        const at::Tensor colMax = stats[0], colSum = stats[1],
+                         colTarget = stats[2];
+        Elements rowTargetAt(rows.picked), colTargetAt(colTarget);
         forEachBlock(n, chunk.length(), tile, [&](const Block &block) {
           // The logits are scale * s; the loops scale as they read.
           at::Tensor s = similarityTile(sim, cols, block, scratch(0, block));
@@ -110,10 +112,7 @@ void ringSoftmaxCE(KernelContext &ctx) {
                         [&](int64_t j, int64_t e) {
                           colTargetAt.set(j, sim.scale * sAt.get(e));
                         });
-          foldLseBoth(s, sim.scale, rows.max.narrow(0, block.row, block.rows),
-                      rows.sum.narrow(0, block.row, block.rows),
-                      stats[0].narrow(0, block.col, block.cols),
-                      stats[1].narrow(0, block.col, block.cols));
+          foldLseBoth(s, sim.scale, block, rows.max, rows.sum, colMax, colSum);
         });
       });
 }
@@ -145,10 +144,7 @@ void ringSoftmaxCEGrad(KernelContext &ctx) {
       // sum(G * S) and colPart the column direction's part of it.
       at::Tensor grad = scratch(1, block);
       std::pair<double, double> sums = softmaxTileGradient(
-          s, sim.scale, rowLse.narrow(0, block.row, block.rows),
-          ctRow.narrow(0, block.row, block.rows),
-          chunkLse.narrow(0, block.col, block.cols),
-          chunkCt.narrow(0, block.col, block.cols), grad);
+          s, sim.scale, block, rowLse, ctRow, chunkLse, chunkCt, grad);
       double all = sums.first, colPart = sums.second;
       Elements g(grad), sAt(s), ctRowAt(ctRow), ctColAt(chunkCt);
       forRowTargets(ops.rowTargets, block, chunk.offset,

@@ -87,8 +87,7 @@ void shardedSoftmax(KernelContext &ctx) {
     logits.mul_(ops.sim.scale);
     forRowTargets(ops.targets, block, ops.classOffset,
                   [&](int64_t, int64_t e) { logit.set(e, -kInf); });
-    foldLse(logits, 1.0, 1, rows.max.narrow(0, block.row, block.rows),
-            rows.sum.narrow(0, block.row, block.rows));
+    foldLse(logits, 1.0, 1, block, rows.max, rows.sum);
   });
   combineShards(ctx, args, rows);
 }

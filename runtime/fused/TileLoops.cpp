@@ -382,11 +382,32 @@ std::pair<double, double> sigmoidTile(const at::Tensor &s, T scale, T bias,
   });
 }
 
-/// The data of a contiguous vector of the tile's type.
-template <typename T> T *dataOf(const at::Tensor &v) {
-  TORCH_CHECK(v.is_contiguous() && v.scalar_type() == c10::CppTypeToScalarType<T>::value,
-              "a tile loop's vector is not a contiguous vector of the tile's type");
-  return v.data_ptr<T>();
+/// The data of a contiguous vector of the tile's type, from element
+/// `offset` on; it holds `count` elements from there.
+template <typename T>
+T *dataOf(const at::Tensor &v, int64_t offset, int64_t count) {
+  TORCH_CHECK(v.is_contiguous() && v.dim() == 1 &&
+                  v.scalar_type() == c10::CppTypeToScalarType<T>::value &&
+                  offset >= 0 && offset + count <= v.numel(),
+              "a tile loop's vector is not a contiguous vector of the tile's "
+              "type covering the tile");
+  return v.data_ptr<T>() + offset;
+}
+
+/// A row-indexed vector's data at the tile's rows, a column-indexed one's
+/// at its columns.
+template <typename T> T *rowsAt(const at::Tensor &v, const Block &block) {
+  return dataOf<T>(v, block.row, block.rows);
+}
+template <typename T> T *colsAt(const at::Tensor &v, const Block &block) {
+  return dataOf<T>(v, block.col, block.cols);
+}
+
+/// Checks that `tile` is a contiguous [block.rows, block.cols] matrix.
+void checkTile(const at::Tensor &tile, const Block &block, const char *what) {
+  TORCH_CHECK(tile.is_contiguous() && tile.dim() == 2 &&
+                  tile.size(0) == block.rows && tile.size(1) == block.cols,
+              what, " takes a contiguous tile of its block's shape");
 }
 
 } // namespace
@@ -428,78 +449,73 @@ template bool sharedLseFactors<double>(const double *, int64_t, const double *,
                                        std::vector<double> &,
                                        std::vector<double> &);
 
-void foldLse(const at::Tensor &tile, double scale, int64_t dim, at::Tensor max,
-             at::Tensor sum) {
-  TORCH_CHECK(tile.is_contiguous() && tile.dim() == 2 && (dim == 0 || dim == 1),
-              "foldLse takes a contiguous tile and dim 0 or 1");
-  if (tile.scalar_type() == at::kDouble) {
+void foldLse(const at::Tensor &tile, double scale, int64_t dim,
+             const Block &block, const at::Tensor &max, const at::Tensor &sum) {
+  checkTile(tile, block, "foldLse");
+  TORCH_CHECK(dim == 0 || dim == 1, "foldLse folds along dim 0 or 1");
+  AT_DISPATCH_FLOATING_TYPES(tile.scalar_type(), "foldLse", [&] {
+    const auto s = static_cast<scalar_t>(scale);
     if (dim == 1)
-      foldRows<double>(tile, scale, dataOf<double>(max), dataOf<double>(sum));
+      foldRows<scalar_t>(tile, s, rowsAt<scalar_t>(max, block),
+                         rowsAt<scalar_t>(sum, block));
     else
-      foldColumns<double>(tile, scale, dataOf<double>(max),
-                          dataOf<double>(sum));
-    return;
-  }
-  const float s = static_cast<float>(scale);
-  if (dim == 1)
-    foldRows<float>(tile, s, dataOf<float>(max), dataOf<float>(sum));
-  else
-    foldColumns<float>(tile, s, dataOf<float>(max), dataOf<float>(sum));
+      foldColumns<scalar_t>(tile, s, colsAt<scalar_t>(max, block),
+                            colsAt<scalar_t>(sum, block));
+  });
 }
 
-void foldLseBoth(const at::Tensor &tile, double scale, at::Tensor rowMax,
-                 at::Tensor rowSum, at::Tensor colMax, at::Tensor colSum) {
-  TORCH_CHECK(tile.is_contiguous() && tile.dim() == 2,
-              "foldLseBoth takes a contiguous tile");
-  if (tile.scalar_type() == at::kDouble) {
-    foldBoth<double>(tile, scale, dataOf<double>(rowMax),
-                     dataOf<double>(rowSum), dataOf<double>(colMax),
-                     dataOf<double>(colSum));
-    return;
-  }
-  foldBoth<float>(tile, static_cast<float>(scale), dataOf<float>(rowMax),
-                  dataOf<float>(rowSum), dataOf<float>(colMax),
-                  dataOf<float>(colSum));
+void foldLseBoth(const at::Tensor &tile, double scale, const Block &block,
+                 const at::Tensor &rowMax, const at::Tensor &rowSum,
+                 const at::Tensor &colMax, const at::Tensor &colSum) {
+  checkTile(tile, block, "foldLseBoth");
+  AT_DISPATCH_FLOATING_TYPES(tile.scalar_type(), "foldLseBoth", [&] {
+    foldBoth<scalar_t>(
+        tile, static_cast<scalar_t>(scale), rowsAt<scalar_t>(rowMax, block),
+        rowsAt<scalar_t>(rowSum, block), colsAt<scalar_t>(colMax, block),
+        colsAt<scalar_t>(colSum, block));
+  });
 }
 
 std::pair<double, double>
-softmaxTileGradient(const at::Tensor &s, double scale, const at::Tensor &rowLse,
-                    const at::Tensor &ctRow, const at::Tensor &colLse,
-                    const at::Tensor &ctCol, at::Tensor grad) {
-  TORCH_CHECK(s.is_contiguous() && grad.is_contiguous() &&
-                  grad.sizes() == s.sizes(),
-              "softmaxTileGradient takes contiguous tiles of one shape");
-  if (s.scalar_type() == at::kDouble)
-    return gradientTile<double>(s, scale, dataOf<double>(rowLse),
-                                dataOf<double>(ctRow), dataOf<double>(colLse),
-                                dataOf<double>(ctCol), grad);
-  return gradientTile<float>(s, static_cast<float>(scale), dataOf<float>(rowLse),
-                             dataOf<float>(ctRow), dataOf<float>(colLse),
-                             dataOf<float>(ctCol), grad);
+softmaxTileGradient(const at::Tensor &s, double scale, const Block &block,
+                    const at::Tensor &rowLse, const at::Tensor &ctRow,
+                    const at::Tensor &colLse, const at::Tensor &ctCol,
+                    at::Tensor grad) {
+  checkTile(s, block, "softmaxTileGradient");
+  checkTile(grad, block, "softmaxTileGradient");
+  std::pair<double, double> sums;
+  AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "softmaxTileGradient", [&] {
+    sums = gradientTile<scalar_t>(
+        s, static_cast<scalar_t>(scale), rowsAt<scalar_t>(rowLse, block),
+        rowsAt<scalar_t>(ctRow, block), colsAt<scalar_t>(colLse, block),
+        colsAt<scalar_t>(ctCol, block), grad);
+  });
+  return sums;
 }
 
 void softplusRowSums(const at::Tensor &s, double scale, double bias,
-                     at::Tensor rowSum) {
-  TORCH_CHECK(s.is_contiguous() && s.dim() == 2,
-              "softplusRowSums takes a contiguous tile");
-  if (s.scalar_type() == at::kDouble)
-    softplusRows<double>(s, scale, bias, dataOf<double>(rowSum));
-  else
-    softplusRows<float>(s, static_cast<float>(scale), static_cast<float>(bias),
-                        dataOf<float>(rowSum));
+                     const Block &block, const at::Tensor &rowSum) {
+  checkTile(s, block, "softplusRowSums");
+  AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "softplusRowSums", [&] {
+    softplusRows<scalar_t>(s, static_cast<scalar_t>(scale),
+                           static_cast<scalar_t>(bias),
+                           rowsAt<scalar_t>(rowSum, block));
+  });
 }
 
-std::pair<double, double> sigmoidTileGradient(const at::Tensor &s,
-                                              double scale, double bias,
+std::pair<double, double> sigmoidTileGradient(const at::Tensor &s, double scale,
+                                              double bias, const Block &block,
                                               const at::Tensor &ct,
                                               at::Tensor grad) {
-  TORCH_CHECK(s.is_contiguous() && grad.is_contiguous() &&
-                  grad.sizes() == s.sizes(),
-              "sigmoidTileGradient takes contiguous tiles of one shape");
-  if (s.scalar_type() == at::kDouble)
-    return sigmoidTile<double>(s, scale, bias, dataOf<double>(ct), grad);
-  return sigmoidTile<float>(s, static_cast<float>(scale),
-                            static_cast<float>(bias), dataOf<float>(ct), grad);
+  checkTile(s, block, "sigmoidTileGradient");
+  checkTile(grad, block, "sigmoidTileGradient");
+  std::pair<double, double> sums;
+  AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "sigmoidTileGradient", [&] {
+    sums = sigmoidTile<scalar_t>(s, static_cast<scalar_t>(scale),
+                                 static_cast<scalar_t>(bias),
+                                 rowsAt<scalar_t>(ct, block), grad);
+  });
+  return sums;
 }
 
 } // namespace dloss::fused

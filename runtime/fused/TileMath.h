@@ -45,15 +45,29 @@ public:
     for (int i = 0; i < count; ++i)
       buffers.push_back(at::empty({shape.rows * shape.cols}, options));
   }
-  /// Buffer `which` as a contiguous [block.rows, block.cols] matrix.
+  /// Buffer `which` as a contiguous [block.rows, block.cols] matrix: one
+  /// view per buffer and shape, made once (a chunk's blocks have at most
+  /// four shapes). Not for concurrent callers.
   at::Tensor operator()(int which, const Block &block) const {
-    return buffers[which]
-        .narrow(0, 0, block.rows * block.cols)
-        .view({block.rows, block.cols});
+    for (const View &view : views)
+      if (view.which == which && view.rows == block.rows &&
+          view.cols == block.cols)
+        return view.tensor;
+    views.push_back({which, block.rows, block.cols,
+                     buffers[which]
+                         .narrow(0, 0, block.rows * block.cols)
+                         .view({block.rows, block.cols})});
+    return views.back().tensor;
   }
 
 private:
+  struct View {
+    int which;
+    int64_t rows, cols;
+    at::Tensor tensor;
+  };
   Tensors buffers;
+  mutable std::vector<View> views;
 };
 
 /// c = alpha op(a) op(b) + beta c for row-major f32 or f64 matrices: op(a)
@@ -145,32 +159,39 @@ at::Tensor finiteShift(const at::Tensor &x);
 void mergeLse(at::Tensor max1, at::Tensor sum1, const at::Tensor &max2,
               const at::Tensor &sum2);
 
-/// Folds `scale * tile` into running statistics along `dim` (1: one per tile
-/// row, 0: one per tile column), in vectorised loops (TileLoops.cpp): one
-/// read of the tile for the maxima and one, with one exp per element, for
-/// the sums. `tile` (f32 or f64, contiguous) is not changed; `max`, `sum`
-/// are contiguous vectors of its type. Infinities behave as in mergeLse.
-void foldLse(const at::Tensor &tile, double scale, int64_t dim, at::Tensor max,
-             at::Tensor sum);
+// The tile loops below (TileLoops.cpp) take `tile` (f32 or f64, the
+// contiguous [block.rows, block.cols] tile at `block`) and whole contiguous
+// vectors of its type: a row-indexed one (every row's statistics, log-sum-
+// exps, cotangents) is read and written at the tile's rows, from block.row
+// on, a column-indexed one at its columns, from block.col on. No views per
+// tile: a tile's ATen calls cost as much as its loops at these sizes.
+
+/// Folds `scale * tile` into running statistics along `dim` (1: max and
+/// sum are row-indexed, one per tile row; 0: column-indexed), in
+/// vectorised loops: one read of the tile for the maxima and one, with one
+/// exp per element, for the sums. `tile` is not changed; infinities behave
+/// as in mergeLse.
+void foldLse(const at::Tensor &tile, double scale, int64_t dim,
+             const Block &block, const at::Tensor &max, const at::Tensor &sum);
 
 /// foldLse along both dims at once (CLIP's forward tile), with one exp per
-/// element instead of two (TileLoops.cpp): rowMax/rowSum are narrowed to
-/// the tile's rows, colMax/colSum to its columns. The same statistics as
-/// two foldLse calls, to rounding.
-void foldLseBoth(const at::Tensor &tile, double scale, at::Tensor rowMax,
-                 at::Tensor rowSum, at::Tensor colMax, at::Tensor colSum);
+/// element instead of two. The same statistics as two foldLse calls, to
+/// rounding.
+void foldLseBoth(const at::Tensor &tile, double scale, const Block &block,
+                 const at::Tensor &rowMax, const at::Tensor &rowSum,
+                 const at::Tensor &colMax, const at::Tensor &colSum);
 
-/// CLIP's gradient tile in one vectorised pass (TileLoops.cpp): grad[i, j] =
-/// ctRow[i] exp(scale s - rowLse[i]) + ctCol[j] exp(scale s - colLse[j]) for
-/// the tile's rows and columns (the vectors narrowed to them). One exp per
+/// CLIP's gradient tile in one vectorised pass: grad[i, j] = ctRow[i]
+/// exp(scale s - rowLse[i]) + ctCol[j] exp(scale s - colLse[j]). One exp per
 /// element where the tile's row and column log-sum-exps lie within 40 of
 /// each other (the second term is then the first's exp times a per-row and
 /// a per-column factor), two otherwise. Returns (sum(grad * s), the sum of
 /// the column direction's part times s).
 std::pair<double, double>
-softmaxTileGradient(const at::Tensor &s, double scale, const at::Tensor &rowLse,
-                    const at::Tensor &ctRow, const at::Tensor &colLse,
-                    const at::Tensor &ctCol, at::Tensor grad);
+softmaxTileGradient(const at::Tensor &s, double scale, const Block &block,
+                    const at::Tensor &rowLse, const at::Tensor &ctRow,
+                    const at::Tensor &colLse, const at::Tensor &ctCol,
+                    at::Tensor grad);
 
 /// The one-exp softmax gradients' factors (TileLoops.cpp): for a tile whose
 /// row and column log-sum-exps are finite and lie within 40 of each other,
@@ -183,16 +204,15 @@ bool sharedLseFactors(const T *rowLse, int64_t rows, const T *colLse,
                       const T *ctCol, int64_t cols, std::vector<T> &u,
                       std::vector<T> &cv);
 
-/// SigLIP's forward tile (TileLoops.cpp): rowSum[i] += sum_j softplus(scale
-/// s[i, j] + bias), one vectorised pass; rowSum is narrowed to the tile's
-/// rows.
+/// SigLIP's forward tile: rowSum[i] += sum_j softplus(scale s[i, j] +
+/// bias), one vectorised pass.
 void softplusRowSums(const at::Tensor &s, double scale, double bias,
-                     at::Tensor rowSum);
+                     const Block &block, const at::Tensor &rowSum);
 
-/// SigLIP's gradient tile in one vectorised pass (TileLoops.cpp): grad[i, j]
-/// = ct[i] sigmoid(scale s + bias). Returns (sum(grad), sum(grad * s)).
-std::pair<double, double> sigmoidTileGradient(const at::Tensor &s,
-                                              double scale, double bias,
+/// SigLIP's gradient tile in one vectorised pass: grad[i, j] = ct[i]
+/// sigmoid(scale s + bias). Returns (sum(grad), sum(grad * s)).
+std::pair<double, double> sigmoidTileGradient(const at::Tensor &s, double scale,
+                                              double bias, const Block &block,
                                               const at::Tensor &ct,
                                               at::Tensor grad);
 

@@ -444,7 +444,9 @@ TEST(FusedTileTest, BothDirectionsFoldLikeEachDirection) {
       colSum[2] = 2.0;
       at::Tensor wantRows = referenceLse(tile, 1.5, 1, rowMax, rowSum);
       at::Tensor wantCols = referenceLse(tile, 1.5, 0, colMax, colSum);
-      dloss::fused::foldLseBoth(tile, 1.5, rowMax, rowSum, colMax, colSum);
+      dloss::fused::Block whole{0, tile.size(0), 0, tile.size(1)};
+      dloss::fused::foldLseBoth(tile, 1.5, whole, rowMax, rowSum, colMax,
+                                colSum);
       at::Tensor gotRows = dloss::fused::lseOf(rowMax, rowSum).to(at::kDouble);
       at::Tensor gotCols = dloss::fused::lseOf(colMax, colSum).to(at::kDouble);
       for (auto [got, want] : {std::pair{gotRows, wantRows},
@@ -483,8 +485,8 @@ TEST(FusedTileTest, SoftmaxGradientTileMatchesTheFormula) {
       at::Tensor want = rowPart + colPart;
       at::Tensor grad = at::empty({5, 8}, at::TensorOptions(type));
       std::pair<double, double> sums = dloss::fused::softmaxTileGradient(
-          s.to(type), scale, rowLse.to(type), ctRow.to(type), colLse.to(type),
-          ctCol.to(type), grad);
+          s.to(type), scale, dloss::fused::Block{0, 5, 0, 8}, rowLse.to(type),
+          ctRow.to(type), colLse.to(type), ctCol.to(type), grad);
       const double tol = type == at::kFloat ? 1e-5 : 1e-12;
       EXPECT_TRUE(at::allclose(grad.to(at::kDouble), want, tol, tol))
           << "spread " << spread << "\n" << grad << want;
