@@ -45,13 +45,10 @@ void tileGemmATen(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
                                  {ld, 1}, type);
     return trans ? t.t() : t;
   };
-  at::Tensor out = at::from_blob(c, {m, n}, {ldc, 1}, type);
-  at::Tensor product =
-      at::mm(view(a, m, k, lda, transA), view(b, k, n, ldb, transB));
-  if (beta == T(0))
-    out.copy_(product.mul_(alpha));
-  else
-    out.mul_(beta).add_(product, alpha);
+  // One BLAS call, as the tiles made before tileGemm; beta = 0 ignores c.
+  at::from_blob(c, {m, n}, {ldc, 1}, type)
+      .addmm_(view(a, m, k, lda, transA), view(b, k, n, ldb, transB), beta,
+              alpha);
 }
 
 template <typename T>

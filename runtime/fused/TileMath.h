@@ -75,13 +75,13 @@ private:
 /// = x^T where trans). The CPU tiles' GEMMs: sgemm_/dgemm_ of the BLAS that
 /// ATen calls, found in the process, so the same kernels as at::mm without
 /// its per-call dispatch, views and checks (about 20 ATen calls per CLIP
-/// tile cost 2% of a step); at::mm (tileGemmATen) where LibTorch keeps its
+/// tile cost 2% of a step); addmm_ (tileGemmATen) where LibTorch keeps its
 /// BLAS to itself (wheels with MKL linked in) or a size exceeds BLAS's int.
 template <typename T>
 void tileGemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
               T alpha, const T *a, int64_t lda, const T *b, int64_t ldb, T beta,
               T *c, int64_t ldc);
-/// tileGemm through ATen: the fallback, and the tests' reference.
+/// tileGemm through ATen: the fallback (tested beside tileGemm).
 template <typename T>
 void tileGemmATen(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
                   T alpha, const T *a, int64_t lda, const T *b, int64_t ldb,

@@ -523,6 +523,8 @@ template <typename T> void checkTileGemm(at::ScalarType type, double tol) {
           at::Tensor b = bStore.narrow(1, 0, transB ? k : n);
           at::Tensor opA = transA ? a.t() : a, opB = transB ? b.t() : b;
           at::Tensor c0 = at::randn({m, n + 3}, at::TensorOptions(type));
+          if (beta == 0) // beta = 0 ignores c, NaN included
+            c0.narrow(1, 0, n).fill_(std::numeric_limits<double>::quiet_NaN());
           at::Tensor want =
               (alpha * at::mm(opA.to(at::kDouble), opB.to(at::kDouble)) +
                (beta == 0 ? at::zeros({m, n}, at::kDouble)
