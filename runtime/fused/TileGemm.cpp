@@ -18,13 +18,21 @@ using FortranGemm = void (*)(const char *transa, const char *transb,
                              const T *b, const int *ldb, const T *beta, T *c,
                              const int *ldc);
 
-/// sgemm_/dgemm_ where the process has them in its global scope: a LibTorch
-/// that links the system BLAS (Debian's: libblas.so.3, OpenBLAS) brings it
-/// there, so these are the functions its at::mm calls. Null where LibTorch
-/// keeps its BLAS to itself (wheels with MKL linked in): ATen then.
+/// sgemm_/dgemm_ of a BLAS already in the process: from the global scope,
+/// else (LibTorch loaded RTLD_LOCAL, as a Python extension can be) from
+/// libblas.so.3 if it is loaded; never loads a library. With a LibTorch that
+/// links the system BLAS (Debian's: libblas.so.3, OpenBLAS) these are the
+/// functions its at::mm calls. Null where no BLAS is loaded but one LibTorch
+/// keeps to itself (wheels with MKL linked in): ATen then.
 template <typename T> FortranGemm<T> processGemm() {
-  static const FortranGemm<T> gemm = reinterpret_cast<FortranGemm<T>>(
-      dlsym(RTLD_DEFAULT, sizeof(T) == sizeof(float) ? "sgemm_" : "dgemm_"));
+  static const FortranGemm<T> gemm = [] {
+    const char *name = sizeof(T) == sizeof(float) ? "sgemm_" : "dgemm_";
+    void *found = dlsym(RTLD_DEFAULT, name);
+    if (!found)
+      if (void *blas = dlopen("libblas.so.3", RTLD_LAZY | RTLD_NOLOAD))
+        found = dlsym(blas, name); // the handle stays open: we call into it
+    return reinterpret_cast<FortranGemm<T>>(found);
+  }();
   return gemm;
 }
 
