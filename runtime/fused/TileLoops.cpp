@@ -403,14 +403,13 @@ template <typename T> T *colsAt(const at::Tensor &v, const Block &block) {
   return dataOf<T>(v, block.col, block.cols);
 }
 
-/// Checks that `tile` is a contiguous [block.rows, block.cols] matrix.
+} // namespace
+
 void checkTile(const at::Tensor &tile, const Block &block, const char *what) {
   TORCH_CHECK(tile.is_contiguous() && tile.dim() == 2 &&
                   tile.size(0) == block.rows && tile.size(1) == block.cols,
               what, " takes a contiguous tile of its block's shape");
 }
-
-} // namespace
 
 /// How far apart a tile's row and column log-sum-exps may lie for the
 /// one-exp gradients: where p = exp(x - rowLse) underflows (x - rowLse <

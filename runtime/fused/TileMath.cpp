@@ -6,8 +6,13 @@ namespace dloss::fused {
 
 namespace {
 
-/// The row-major data of a matrix whose rows are contiguous, from row `row`.
+/// The row-major data of a matrix whose rows are contiguous, from row `row`
+/// (tileGemm reads it with the matrix's row stride).
 template <typename T> T *rowsOf(const at::Tensor &matrix, int64_t row) {
+  TORCH_CHECK(matrix.dim() == 2 &&
+                  (matrix.stride(1) == 1 || matrix.size(1) <= 1) && row >= 0 &&
+                  row <= matrix.size(0),
+              "a tile GEMM's operand is not a matrix with contiguous rows");
   return matrix.data_ptr<T>() + row * matrix.stride(0);
 }
 
@@ -15,6 +20,7 @@ template <typename T> T *rowsOf(const at::Tensor &matrix, int64_t row) {
 
 at::Tensor similarityTile(const Similarity &sim, const at::Tensor &cols,
                           const Block &block, at::Tensor out) {
+  checkTile(out, block, "similarityTile");
   AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "similarityTile", [&] {
     tileGemm<scalar_t>(false, true, block.rows, block.cols, sim.rows.size(1), 1,
                        rowsOf<scalar_t>(sim.rows, block.row),
@@ -49,6 +55,7 @@ void backpropGemms(const at::Tensor &grad, const Block &block,
 void backpropGemms(const at::Tensor &grad, const Block &block,
                    const at::Tensor &rows, const at::Tensor &cols, double scale,
                    at::Tensor &dRows, at::Tensor &dCols) {
+  checkTile(grad, block, "backpropGemms");
   const int64_t d = rows.size(1);
   AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "backpropGemms", [&] {
     const scalar_t *g = grad.data_ptr<scalar_t>();

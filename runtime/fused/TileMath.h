@@ -89,6 +89,11 @@ void tileGemmATen(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
 /// Whether tileGemm calls the process's BLAS (false: ATen).
 bool tileGemmCallsBlas();
 
+/// Checks that `tile` is a contiguous [block.rows, block.cols] matrix; `what`
+/// names the caller in the error (an internal invariant: the fused ops make
+/// their tiles so).
+void checkTile(const at::Tensor &tile, const Block &block, const char *what);
+
 /// S = rows[block] x cols[block]^T, written into `out`.
 at::Tensor similarityTile(const Similarity &sim, const at::Tensor &cols,
                           const Block &block, at::Tensor out);
