@@ -2,6 +2,8 @@
 // without ATen's dispatch (TileMath.h, tileGemm).
 #include "runtime/fused/TileMath.h"
 
+#include <ATen/ops/mm_ops.h>
+
 #include <dlfcn.h>
 
 #include <climits>
@@ -18,20 +20,23 @@ using FortranGemm = void (*)(const char *transa, const char *transb,
                              const T *b, const int *ldb, const T *beta, T *c,
                              const int *ldc);
 
-/// sgemm_/dgemm_ of a BLAS already in the process: from the global scope,
-/// else (LibTorch loaded RTLD_LOCAL, as a Python extension can be) from
-/// libblas.so.3 if it is loaded; never loads a library. With a LibTorch that
-/// links the system BLAS (Debian's: libblas.so.3, OpenBLAS) these are the
-/// functions its at::mm calls. Null where no BLAS is loaded but one LibTorch
-/// keeps to itself (wheels with MKL linked in): ATen then.
+/// sgemm_/dgemm_ as ATen's own library (libtorch_cpu) resolves them: dlsym
+/// on its handle searches it and the libraries it depends on, so this finds
+/// MKL where the wheel links it in (pip's x86 torch, which exports it) and the
+/// system BLAS where LibTorch links one (libblas.so.3), whether LibTorch was
+/// loaded globally (dloss-run) or RTLD_LOCAL (a Python extension). Never
+/// loads a library. Null when neither exports the symbol: ATen then.
 template <typename T> FortranGemm<T> processGemm() {
-  static const FortranGemm<T> gemm = [] {
+  static const FortranGemm<T> gemm = []() -> FortranGemm<T> {
     const char *name = sizeof(T) == sizeof(float) ? "sgemm_" : "dgemm_";
-    void *found = dlsym(RTLD_DEFAULT, name);
-    if (!found)
-      if (void *blas = dlopen("libblas.so.3", RTLD_LAZY | RTLD_NOLOAD))
-        found = dlsym(blas, name); // the handle stays open: we call into it
-    return reinterpret_cast<FortranGemm<T>>(found);
+    Dl_info info{};
+    if (!dladdr(reinterpret_cast<void *>(&at::_ops::mm::call), &info) ||
+        !info.dli_fname)
+      return nullptr;
+    // The handle stays open: we call into the library it names.
+    void *aten = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    return aten ? reinterpret_cast<FortranGemm<T>>(dlsym(aten, name))
+                : nullptr;
   }();
   return gemm;
 }

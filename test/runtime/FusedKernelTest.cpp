@@ -498,11 +498,12 @@ TEST(FusedTileTest, SoftmaxGradientTileMatchesTheFormula) {
 
 // The CPU tiles' GEMM on row-major blocks of larger matrices (row strides
 // above the widths), every transposition, alpha and beta, and empty sizes:
-// through the process's BLAS (Debian's LibTorch brings it) and through
-// ATen (the fallback) it gives at::mm's product.
+// through the BLAS ATen's library resolves (pip's x86 torch exports MKL's
+// sgemm_) and through ATen (the fallback) it gives at::mm's product.
 template <typename T> void checkTileGemm(at::ScalarType type, double tol) {
   ASSERT_TRUE(dloss::fused::tileGemmCallsBlas())
-      << "LibTorch links the system BLAS here: tileGemm should find sgemm_";
+      << "libtorch_cpu resolves sgemm_ here (MKL in pip's x86 torch): "
+         "tileGemm should find it";
   at::manual_seed(41);
   for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{5, 7, 3},
                          {33, 17, 65},
