@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Python rows of the CLIP benchmark: dloss.ClipLoss against OpenCLIP-style
 eager Python on the same ranks, and the Python layer's overhead over the C++
 JIT it wraps.

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """CLIP loss benchmark: eager LibTorch (OpenCLIP math) vs dloss unfused vs dloss fused.
 
 On N local Gloo ranks (processes on loopback), features [B_local, d] fp32, for

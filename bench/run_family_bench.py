@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Every example loss, fused vs unfused, and the fused CLIP step against the sgemm peak.
 
 On N local Gloo ranks (dloss-run --world N, processes on loopback), fp32, for

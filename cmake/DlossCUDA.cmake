@@ -1,7 +1,9 @@
-# Optional CUDA and NCCL from /usr/local/cuda: found -> DLOSS_HAVE_CUDA / DLOSS_HAVE_NCCL; missing -> skipped with a message.
+# Optional CUDA parts, built when torch has CUDA and nvcc is found: found -> DLOSS_HAVE_CUDA / DLOSS_HAVE_NCCL; missing -> skipped with a message.
 
 find_program(DLOSS_NVCC nvcc PATHS /usr/local/cuda/bin ENV CUDA_HOME PATH_SUFFIXES bin)
-if(DLOSS_NVCC)
+# A CPU-only torch has no CUDA stream, cuBLAS or NCCL to share: the CUDA parts
+# would run beside torch rather than with it, so they build only for a CUDA torch.
+if(DLOSS_NVCC AND DLOSS_TORCH_CUDA_VERSION)
   set(_dloss_cuda_default ON)
 else()
   set(_dloss_cuda_default OFF)

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Runs an example loss on N local ranks with dloss-run --check.
 
 Makes the per-rank inputs (uneven batches allowed) with numpy, runs

@@ -2,6 +2,7 @@
 #include "frontend/Jit.h"
 
 #include "driver/Compile.h"
+#include "runtime/plan/PlanCache.h"
 #include "runtime/support/Error.h"
 
 #include "mlir/IR/BuiltinOps.h"
@@ -10,6 +11,7 @@
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/SourceMgr.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -20,6 +22,8 @@ namespace dloss::jit {
 namespace {
 
 std::mutex cacheMutex;
+/// Plans this process compiled (not found in memory or on disk).
+std::atomic<int64_t> compiled{0};
 /// Plans by (IR text, gradient mode, fused).
 using CacheKey = std::tuple<std::string, std::string, bool>;
 std::map<CacheKey, std::shared_ptr<const PlanFile>> &cache() {
@@ -40,6 +44,15 @@ std::shared_ptr<const PlanFile> compilePlan(const std::string &mlirText,
     if (it != cache().end())
       return it->second;
   }
+  // Then the plan cache on disk (runtime/plan/PlanCache.h): a process that
+  // finds its plan there compiles nothing.
+  PlanRequest request{mlirText, name, gradMode, fuse};
+  std::optional<std::string> directory = planCacheDirectory();
+  if (directory)
+    if (auto plan = loadCachedPlan(*directory, request)) {
+      std::lock_guard<std::mutex> lock(cacheMutex);
+      return cache().emplace(key, plan).first->second;
+    }
 
   mlir::DialectRegistry registry;
   mlir::dloss::registerLossDialects(registry);
@@ -66,6 +79,9 @@ std::shared_ptr<const PlanFile> compilePlan(const std::string &mlirText,
 
   auto plan = PlanFile::fromBytes(
       std::vector<uint8_t>(bytes->begin(), bytes->end()), name);
+  ++compiled;
+  if (directory)
+    storeCachedPlan(*directory, request, *plan);
   std::lock_guard<std::mutex> lock(cacheMutex);
   cache().emplace(key, plan);
   return plan;
@@ -98,6 +114,8 @@ CompiledLoss compile(const Graph &graph, Options options) {
       plan, options.communicator ? options.communicator : defaultCommunicator(),
       options.entry.empty() ? graph.name() : options.entry);
 }
+
+int64_t plansCompiled() { return compiled.load(); }
 
 size_t cachedPlans() {
   std::lock_guard<std::mutex> lock(cacheMutex);

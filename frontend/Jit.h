@@ -25,9 +25,11 @@ struct Options {
 
 /// Compiles dloss MLIR text to a plan: verify collectives, fuse (unless
 /// `fuse` is false), infer replication, derive @<loss>_grad, lower. Plans are
-/// cached by (text, grad mode, fuse): a plan does not depend on batch sizes,
-/// dtypes of dynamic inputs or the world size, which the runtime receives at
-/// each call (and checks in its preflight). A loss that does not compile raises
+/// cached by (text, grad mode, fuse) in memory and on disk
+/// (runtime/plan/PlanCache.h: $DLOSS_CACHE_DIR, default ~/.cache/dloss,
+/// `off` to disable): a plan does not depend on batch sizes, dtypes of
+/// dynamic inputs or the world size, which the runtime receives at each call
+/// (and checks in its preflight). A loss that does not compile raises
 /// dloss::Error carrying the compiler's messages with their locations.
 std::shared_ptr<const PlanFile> compilePlan(const std::string &mlirText,
                                             const std::string &gradMode = "",
@@ -43,7 +45,11 @@ CompiledLoss compile(const std::string &mlirText, Options options = {});
 /// communicator when WORLD_SIZE is unset.
 std::shared_ptr<Communicator> defaultCommunicator();
 
-/// Number of cached plans, and a way to drop them.
+/// Plans this process compiled (found neither in memory nor on disk).
+int64_t plansCompiled();
+
+/// Number of plans cached in memory, and a way to drop them (the disk cache
+/// stays).
 size_t cachedPlans();
 void clearPlanCache();
 

@@ -2,9 +2,10 @@
 // groups, stores and errors cross it; the logic stays in the runtime, the JIT
 // and the Python package (python/dloss/).
 //
-// Torch's own Tensor, ProcessGroup and Store objects cross because Debian's
-// pybind11 (2.10) shares its internals with libtorch_python: a group is
-// looked up by its C++ type and held by a new reference (intrusive_ptr).
+// Torch's own Tensor, ProcessGroup and Store objects cross because the module
+// is built with torch's bundled pybind11 and so shares its internals with
+// libtorch_python: a group is looked up by its C++ type and held by a new
+// reference (intrusive_ptr). `objects_cross` lets `import dloss` prove it.
 // Every call that may block releases the GIL, so Python's signal handlers and
 // other threads keep running while a rank waits for its peers.
 #include "frontend/Graph.h"
@@ -12,6 +13,7 @@
 #include "frontend/Losses.h"
 #include "runtime/autograd/CompiledLoss.h"
 #include "runtime/comm/ProcessGroupEngine.h"
+#include "runtime/plan/PlanCache.h"
 #include "runtime/plan/PlanFile.h"
 #include "runtime/plan/PlanText.h"
 #include "runtime/support/Error.h"
@@ -529,6 +531,31 @@ void bindJit(py::module_ &m) {
       py::arg("path"));
   m.def("cached_plans", &jit::cachedPlans);
   m.def("clear_plan_cache", &jit::clearPlanCache);
+  m.def(
+      "plan_cache_stats",
+      [] {
+        PlanCacheStats stats = planCacheStats();
+        py::dict d;
+        d["compiled"] = jit::plansCompiled();
+        d["disk_hits"] = stats.hits;
+        d["disk_misses"] = stats.misses;
+        d["corrupt"] = stats.corrupt;
+        d["stored"] = stats.stored;
+        std::optional<std::string> dir = planCacheDirectory();
+        d["directory"] = dir ? py::object(py::str(*dir)) : py::none();
+        return d;
+      },
+      "This process's plan cache counts: plans compiled, read from disk, "
+      "missing there, rejected as corrupt, and written; and the directory.");
+  m.def(
+      "plan_cache_key",
+      [](const std::string &text, const std::string &gradMode,
+         const std::string &name, bool fuse) {
+        return planCacheKey(PlanRequest{text, name, gradMode, fuse});
+      },
+      py::arg("text"), py::arg("grad_mode") = "", py::arg("name") = "<python>",
+      py::arg("fuse") = true,
+      "The plan cache key (the entry's file name without .plan) of a loss.");
 
   py::class_<CompiledLoss>(m, "CompiledLoss")
       .def(py::init([](std::shared_ptr<PlanFile> plan,
@@ -580,6 +607,18 @@ PYBIND11_MODULE(_C, m) {
       raise(e);
     }
   });
+  m.def(
+      "objects_cross",
+      [](const py::handle &group, const py::handle &store) {
+        auto pg = borrowTorch<c10d::ProcessGroup>(group, "ProcessGroup");
+        auto s = borrowTorch<c10d::Store>(store, "Store");
+        s->set("dloss/objects_cross", std::vector<uint8_t>{1});
+        return py::make_tuple(pg->getRank(), pg->getSize(),
+                              s->get("dloss/objects_cross").size());
+      },
+      py::arg("group"), py::arg("store"),
+      "(rank, size, 1) of a torch ProcessGroup and a Store seen from C++: "
+      "the import-time check that torch's objects cross into dloss.");
   bindCommunicator(m);
   bindGraph(m);
   bindLosses(m);

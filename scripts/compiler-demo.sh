@@ -8,6 +8,8 @@
 # The Python main job (training with `import dloss`) is scripts/demo.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The Python with torch (the active venv, else .venv) first on PATH.
+source scripts/python-env.sh
 
 bash scripts/setup.sh
 bash scripts/build.sh >/dev/null
@@ -20,9 +22,9 @@ echo "== dlossc --report: fused vs unfused at B_local=4096, 4 ranks, d=256 (summ
 "$BUILD/bin/dlossc" examples/clip.mlir --report --report-world 4 --report-batch 4096 --report-dim 256 | grep -E "^@"
 
 echo "== dloss-run: fused CLIP on 4 ranks, batches 256/192/320/128, d=128, --check"
-/usr/bin/python3 examples/run_example.py "$BUILD/bin/dloss-run" examples/clip.mlir \
+"$DLOSS_PYTHON" examples/run_example.py "$BUILD/bin/dloss-run" examples/clip.mlir \
   --sizes 256,192,320,128 --dim 128 --iters 10 --out "$BUILD/demo"
 
 echo "== fused vs unfused (--no-fuse) on the same inputs"
-/usr/bin/python3 test/e2e/fused_vs_unfused.py "$BUILD/bin/dloss-run" "$BUILD/bin/dlossc" \
+"$DLOSS_PYTHON" test/e2e/fused_vs_unfused.py "$BUILD/bin/dloss-run" "$BUILD/bin/dlossc" \
   examples/clip.mlir --sizes 256,192,320,128 --dim 128 --out "$BUILD/demo-fused" | tail -1

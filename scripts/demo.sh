@@ -13,6 +13,8 @@
 # scripts/compiler-demo.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The Python with torch (the active venv, else .venv) first on PATH.
+source scripts/python-env.sh
 
 bash scripts/setup.sh
 bash scripts/build.sh >/dev/null
@@ -21,9 +23,9 @@ OUT=${DLOSS_DEMO_OUT:-$BUILD/demo-python}
 export PYTHONPATH="$BUILD/python" OMP_NUM_THREADS=1
 
 echo "== CLIP: DDP + dloss.ClipLoss on 4 ranks, uneven batches; then OpenCLIP-style hand-written gathering"
-/usr/bin/python3 examples/python/launch.py --nproc 4 examples/python/train_clip.py --out "$OUT"
+"$DLOSS_PYTHON" examples/python/launch.py --nproc 4 examples/python/train_clip.py --out "$OUT"
 
 echo "== ArcFace: DDP backbone + dloss.ArcFaceLoss (W outside DDP) on 4 ranks; then PML's ArcFace per rank"
-/usr/bin/python3 examples/python/launch.py --nproc 4 examples/python/train_arcface.py --out "$OUT"
+"$DLOSS_PYTHON" examples/python/launch.py --nproc 4 examples/python/train_arcface.py --out "$OUT"
 
 echo "== done: loss curves in $OUT; compiler-level output: bash scripts/compiler-demo.sh"

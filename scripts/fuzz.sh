@@ -11,6 +11,8 @@
 # The corpus it grows there is kept and reused by the next run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The Python with torch (the active venv, else .venv) first on PATH.
+source scripts/python-env.sh
 ROOT=$(pwd)
 
 SECONDS_TO_FUZZ=${1:-60}

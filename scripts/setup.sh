@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs every Debian package dloss needs to build and test; does nothing when all are present.
+# Installs every Debian package dloss needs to build and test, and the Python
+# environment it builds against (the active venv, else .venv: torch 2.13.0 and
+# the test's Python packages); does nothing when all are present.
 set -euo pipefail
 
 PACKAGES=(
@@ -7,14 +9,13 @@ PACKAGES=(
   cmake ninja-build g++ git clang-format
   # Compiler: LLVM/MLIR 22 (lit and FileCheck live in /usr/lib/llvm-22/bin).
   llvm-22-dev libmlir-22-dev mlir-22-tools llvm-22-tools
-  # Runtime: LibTorch 1.13 CPU, Gloo, a fast BLAS for ATen, FlatBuffers for the plan.
-  libtorch-dev libgloo-dev libopenblas0-pthread libflatbuffers-dev flatbuffers-compiler
+  # Runtime: torch comes from pip (below). Gloo's headers, which torch's wheel
+  # does not ship (cmake/DlossTorch.cmake); FlatBuffers for the plan.
+  libgloo-dev libflatbuffers-dev flatbuffers-compiler
   # Tests and benchmarks.
   libgtest-dev libgmock-dev libbenchmark-dev
-  # Python-side reference checks (Debian's torch for /usr/bin/python3).
-  python3-torch python3-numpy
-  # The Python package: pybind11 (its internals match libtorch_python), the demo's plot.
-  pybind11-dev python3-dev python3-matplotlib
+  # The Python environment (venv) and the extension's headers.
+  python3-venv python3-dev
   # Fuzzing (scripts/fuzz.sh): clang and its libFuzzer/ASan runtimes.
   clang-14 libclang-rt-14-dev
 )
@@ -27,14 +28,32 @@ for p in "${PACKAGES[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: all ${#PACKAGES[@]} packages already installed"
-  exit 0
+  echo "setup: all ${#PACKAGES[@]} Debian packages already installed"
+else
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "setup: installing ${missing[*]}"
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# The Python side: torch (the CPU build CI tests against; any torch 2.x that
+# is already installed in an active venv is kept), numpy for the tests and
+# matplotlib for the demo's plots.
+source "$(dirname "$0")/python-env.sh"
+if [ ! -x "$DLOSS_PYTHON" ]; then
+  echo "setup: making the Python environment $DLOSS_VENV"
+  python3 -m venv "$DLOSS_VENV"
+fi
+PYTHON_PACKAGES=(numpy matplotlib)
+if ! "$DLOSS_PYTHON" -c 'import torch' 2>/dev/null; then
+  PYTHON_PACKAGES=("torch==${DLOSS_TORCH_VERSION:-2.13.0}" "${PYTHON_PACKAGES[@]}")
+fi
+if "$DLOSS_PYTHON" -c 'import torch, numpy, matplotlib' 2>/dev/null; then
+  echo "setup: $DLOSS_PYTHON has torch $("$DLOSS_PYTHON" -c 'import torch; print(torch.__version__)'), numpy and matplotlib"
+else
+  echo "setup: pip install ${PYTHON_PACKAGES[*]} into $DLOSS_VENV"
+  "$DLOSS_PYTHON" -m pip install --progress-bar off -q "${PYTHON_PACKAGES[@]}"
+fi
 echo "setup: done"

@@ -2,6 +2,8 @@
 # The whole test suite on a fresh machine: install packages, build, run every test (lit + GoogleTest) under ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The Python with torch (the active venv, else .venv) first on PATH.
+source scripts/python-env.sh
 
 bash scripts/setup.sh
 bash scripts/build.sh

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Starts a training script on N local processes, as torchrun does.
 
     python3 launch.py --nproc 4 train_clip.py [ARGS...]

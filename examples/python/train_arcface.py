@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Trains a small classifier with DDP and dloss.ArcFaceLoss, its W outside DDP.
 
     python3 launch.py --nproc 4 train_arcface.py

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Trains a small two-tower CLIP model with DDP and dloss.ClipLoss.
 
     python3 launch.py --nproc 4 train_clip.py

@@ -12,6 +12,10 @@ returns the global loss on every rank, and is exact for uneven batches. See
 README.md and docs/Migration.md.
 """
 
+from ._check import check_torch_objects_cross as _check_torch_objects_cross
+
+_check_torch_objects_cross()
+
 from .collectives import all_gather, gather_all_tensors
 from .compile import CompiledLoss, compile
 from .errors import Error

@@ -157,8 +157,9 @@ def compile(source, grad_mode=None, fuse=True, entry=None, group=None):
     when the source defines several. group: the torch.distributed group
     (default: the default group).
 
-    Compiled plans are cached by source, so compiling the same loss again is
-    free. A loss that does not compile raises dloss.Error with the
+    Compiled plans are cached by source and options, in memory and on disk
+    ($DLOSS_CACHE_DIR, default ~/.cache/dloss; ``off`` turns it off), so
+    compiling the same loss again, in this process or the next, is free. A loss that does not compile raises dloss.Error with the
     compiler's messages and their locations.
     """
     if grad_mode not in (None, "ddp", "global"):

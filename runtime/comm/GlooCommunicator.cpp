@@ -22,7 +22,7 @@ using namespace comm;
 namespace {
 
 //===----------------------------------------------------------------------===//
-// Version-sensitive c10d calls (LibTorch 1.13 and 2.x)
+// Version-sensitive c10d calls (torch 2.x)
 //===----------------------------------------------------------------------===//
 
 namespace compat {
@@ -43,7 +43,9 @@ makeDevice(const std::string &masterAddr) {
   }
 }
 
-c10::intrusive_ptr<c10d::ProcessGroupGloo>
+// torch 2.x: ProcessGroupGloo is a Backend, moving CPU tensors for a
+// ProcessGroup that holds it (as init_process_group("gloo") builds it).
+c10::intrusive_ptr<c10d::ProcessGroup>
 makeProcessGroup(const c10::intrusive_ptr<c10d::Store> &store, int rank,
                  int worldSize,
                  std::shared_ptr<::gloo::transport::Device> device,
@@ -55,8 +57,13 @@ makeProcessGroup(const c10::intrusive_ptr<c10d::Store> &store, int rank,
   groupOptions->threads = 1;
   // A prefix keeps Gloo's keys apart from the rendezvous keys.
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("dloss/gloo", store);
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, worldSize,
-                                                     groupOptions);
+  auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
+      prefixed, rank, worldSize, groupOptions);
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(prefixed, rank, worldSize);
+  group->setBackend(c10::DeviceType::CPU,
+                    c10d::ProcessGroup::BackendType::GLOO, backend);
+  group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  return group;
 }
 
 } // namespace compat
@@ -76,7 +83,7 @@ std::unique_ptr<Communicator> connectGloo(const RendezvousOptions &options) {
   // Each rank records when its part of the mesh is up, so that a rank whose
   // mesh does not come up can name the peers that never got there (a rank
   // that died right after the rendezvous blocks everyone's mesh).
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
   try {
     group = compat::makeProcessGroup(store, options.rank, options.worldSize,
                                      compat::makeDevice(options.masterAddr),

@@ -5,8 +5,9 @@
 // NCCL engine live in StoreRendezvous.cpp and PeerStates.cpp, the contract
 // every engine keeps (checks, numbering, flight record) in
 // ContractCommunicator.cpp, and connectGloo's setup in GlooCommunicator.cpp.
-// The calls used here (allgather, allreduce, broadcast, send, recv,
-// Work::wait, getBackendName) read the same in LibTorch 1.13 and 2.x.
+// A torch 2.x ProcessGroup holds one Backend per device type (the default
+// group of init_process_group() is "cpu:gloo,cuda:nccl"), so the engine that
+// moves a tensor is decided by the tensor's device, never by the group's name.
 #include "runtime/comm/ContractCommunicator.h"
 #include "runtime/comm/RingBuffers.h"
 #include "runtime/comm/ProcessGroupEngine.h"
@@ -58,8 +59,21 @@ constexpr EngineWording kNcclGroupWording{
     /*reduceTypeHint=*/
     "Convert to float, double, half or an integer type first"};
 
-bool isNccl(const c10::intrusive_ptr<c10d::ProcessGroup> &group) {
-  return group->getBackendName() == "nccl";
+// The name of the backend that moves `device`'s tensors, or "" when the
+// group has none for that device type.
+std::string backendFor(c10d::ProcessGroup &group, c10::DeviceType device) {
+  if (!group.hasBackendForDeviceType(device))
+    return "";
+  return group.getBackend(device)->getBackendName();
+}
+
+// The wording of the group's CPU engine when it has one (Gloo), else of its
+// GPU one: messages name the engine the group mostly moves.
+const EngineWording &wordingOf(c10d::ProcessGroup &group) {
+  return backendFor(group, c10::DeviceType::CPU).empty() &&
+                 backendFor(group, c10::DeviceType::CUDA) == "nccl"
+             ? kNcclGroupWording
+             : kGlooWording;
 }
 
 bool looksLikeTimeout(const std::string &message) {
@@ -129,8 +143,8 @@ public:
             options,
             store ? std::make_unique<PeerStates>(std::move(store), options)
                   : nullptr,
-            isNccl(group) ? kNcclGroupWording : kGlooWording),
-        gpu(isNccl(group)), group(std::move(group)) {}
+            wordingOf(*group)),
+        group(std::move(group)) {}
   // Closing the Gloo pairs first (before PeerStates' destructor keeps a
   // failed rank 0's store up) makes peers still blocked on this rank fail
   // now rather than at their deadline.
@@ -204,8 +218,11 @@ private:
   /// The summed/maxed/minned tensor; Mean is left to the caller to divide.
   at::Tensor reduce(Call &call, const at::Tensor &input, Reduction op);
 
-  /// The group moves CUDA tensors (NCCL) rather than CPU ones (Gloo).
-  bool gpu;
+  /// Whether `tensor` travels through Gloo (which reduces no bfloat16).
+  bool onGloo(const at::Tensor &tensor) const {
+    return backendFor(*group, tensor.device().type()) == "gloo";
+  }
+
   c10::intrusive_ptr<c10d::ProcessGroup> group;
 };
 
@@ -265,16 +282,23 @@ auto ProcessGroupCommunicator::communicate(Call &call, Body &&body)
 
 void ProcessGroupCommunicator::checkDevice(const Call &call,
                                    const at::Tensor &tensor) const {
-  if (gpu ? !tensor.device().is_cuda() : !tensor.device().is_cpu())
-    throw fail(call,
-               call.name + " got a tensor on " + tensor.device().str() + " " +
-                   where() + ", but the process group's " +
-                   group->getBackendName() + " backend moves " +
-                   (gpu ? "CUDA" : "CPU") + " tensors",
-               gpu ? "Move the tensor to this rank's GPU, or use a Gloo "
-                     "group for CPU tensors"
-                   : "Move the tensor to the CPU, or use an NCCL group for "
-                     "GPU tensors");
+  if (!backendFor(*group, tensor.device().type()).empty())
+    return;
+  std::string cpu = backendFor(*group, c10::DeviceType::CPU);
+  std::string cuda = backendFor(*group, c10::DeviceType::CUDA);
+  std::string moves = !cpu.empty() && !cuda.empty()
+                          ? "CPU tensors (" + cpu + ") and CUDA tensors (" + cuda + ")"
+                      : !cpu.empty() ? "CPU tensors (" + cpu + ")"
+                      : !cuda.empty() ? "CUDA tensors (" + cuda + ")"
+                                      : "no tensors (it has no backend)";
+  bool gpu = cpu.empty() && !cuda.empty();
+  throw fail(call,
+             call.name + " got a tensor on " + tensor.device().str() + " " +
+                 where() + ", but the process group moves only " + moves,
+             gpu ? "Move the tensor to this rank's GPU, or use a Gloo "
+                   "group for CPU tensors"
+                 : "Move the tensor to the CPU, or use a group with an NCCL "
+                   "backend for GPU tensors");
 }
 
 at::Tensor
@@ -318,7 +342,7 @@ at::Tensor ProcessGroupCommunicator::reduce(Call &call, const at::Tensor &input,
   // The copy is what Gloo reduces in place: the caller's tensor stays as
   // is. Gloo has no bfloat16 arithmetic: such tensors are summed in float32
   // (exact for the inputs, one rounding at the end).
-  bool widen = !gpu && input.scalar_type() == at::kBFloat16;
+  bool widen = onGloo(input) && input.scalar_type() == at::kBFloat16;
   at::Tensor result = widen ? input.to(at::kFloat).contiguous()
                             : input.clone(at::MemoryFormat::Contiguous);
   communicate(call, [&] {

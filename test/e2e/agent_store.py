@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """dloss-run's ranks under a launcher that hosts the rendezvous store, as
 torchrun's agent does with its default (static) rendezvous: the agent's
 TCPStore listens on MASTER_PORT and every rank gets

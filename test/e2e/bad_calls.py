@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Bad calls of dloss-run on real processes: every rank must fail the same way.
 
 Runs `dloss-run examples/clip.mlir --world 4 --timeout 20` with one wrong

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """dloss-run when processes die: a rank killed mid-run, the launcher stopped or killed.
 
 Runs `dloss-run examples/clip.mlir --world 4 --timeout 20 --iters 1000000`

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Fused and unfused plans of one loss give the same loss and gradients.
 
 Runs `dloss-run EXAMPLE --world N` twice on the same per-rank inputs (made by

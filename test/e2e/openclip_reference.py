@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """dloss-run's CLIP loss against PyTorch's own distributed CLIP loss.
 
 The reference is what a user gets from plain torch.distributed with OpenCLIP's

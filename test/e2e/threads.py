@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """dloss-run's intra-op threads per rank: --threads, else OMP_NUM_THREADS,
 else the machine's cores divided by the local ranks (at least 1). Runs
 examples/clip.mlir on 2 ranks in each case and reads every rank's

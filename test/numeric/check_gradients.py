@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Checks dloss-derived gradients against torch.autograd, on simulated ranks.
 
 For every loss (`dloss.loss`) in an .mlir file:

@@ -1,0 +1,89 @@
+# The user's torch: the one the active Python imports (torch.utils.cmake_prefix_path),
+# its bundled pybind11 and libtorch_python, and the Gloo headers c10d's Gloo header needs.
+#
+# Sets Python3_EXECUTABLE (the Python with torch), DLOSS_TORCH_VERSION,
+# DLOSS_TORCH_CUDA_VERSION (empty for a CPU-only torch),
+# DLOSS_TORCH_PYTHON_LIBRARY, DLOSS_TORCH_PYBIND11_INCLUDE_DIR and
+# DLOSS_GLOO_INCLUDE_DIR, and promotes torch's imported targets to global.
+
+# The Python that has torch: an explicit -DPython3_EXECUTABLE, else the
+# active environment's python3 (a venv's, when one is active).
+if(NOT Python3_EXECUTABLE)
+  find_program(_dloss_python NAMES python3 python NO_CACHE)
+  set(Python3_EXECUTABLE "${_dloss_python}" CACHE FILEPATH "The Python whose torch dloss builds against")
+endif()
+find_package(Python3 COMPONENTS Interpreter Development.Module REQUIRED)
+
+execute_process(
+  COMMAND "${Python3_EXECUTABLE}" -c
+          "import torch, torch.utils; print(torch.utils.cmake_prefix_path); print(torch.__version__); print(torch.version.cuda or '')"
+  OUTPUT_VARIABLE _dloss_torch_info ERROR_VARIABLE _dloss_torch_error
+  RESULT_VARIABLE _dloss_torch_rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT _dloss_torch_rc EQUAL 0)
+  message(FATAL_ERROR "dloss: ${Python3_EXECUTABLE} cannot import torch:\n${_dloss_torch_error}\n"
+    "Activate the environment that has torch 2.x (pip install torch), or pass "
+    "-DPython3_EXECUTABLE=/path/to/python; scripts/setup.sh makes one in .venv")
+endif()
+string(REPLACE "\n" ";" _dloss_torch_info "${_dloss_torch_info}")
+list(GET _dloss_torch_info 0 _dloss_torch_prefix)
+list(GET _dloss_torch_info 1 DLOSS_TORCH_VERSION)
+list(LENGTH _dloss_torch_info _dloss_torch_fields)
+set(DLOSS_TORCH_CUDA_VERSION "")
+if(_dloss_torch_fields GREATER 2)
+  list(GET _dloss_torch_info 2 DLOSS_TORCH_CUDA_VERSION)
+endif()
+if(DLOSS_TORCH_VERSION VERSION_LESS 2.0)
+  message(FATAL_ERROR "dloss: torch ${DLOSS_TORCH_VERSION} from ${Python3_EXECUTABLE} is too old: dloss needs torch 2.x")
+endif()
+list(PREPEND CMAKE_PREFIX_PATH "${_dloss_torch_prefix}")
+
+# TorchConfig looks for CUDA itself when torch has it (cu wheels); its
+# find_package(CUDA) noise is torch's, not ours.
+find_package(Torch REQUIRED)
+message(STATUS "dloss: torch ${DLOSS_TORCH_VERSION} from ${Python3_EXECUTABLE} (${Torch_DIR})")
+
+# Imported targets are visible only in the directory that found them and below,
+# yet every directory linking dloss_runtime (tests, tools, the JIT) must resolve
+# torch's targets through its link interface. Promote the ones found here.
+get_directory_property(_dloss_torch_targets IMPORTED_TARGETS)
+foreach(_target IN LISTS _dloss_torch_targets)
+  get_target_property(_global ${_target} IMPORTED_GLOBAL)
+  if(NOT _global)
+    set_target_properties(${_target} PROPERTIES IMPORTED_GLOBAL TRUE)
+  endif()
+endforeach()
+
+# torch's own pybind11 (include/pybind11 in the wheel): its internals are the
+# ones libtorch_python registered Tensor, ProcessGroup and Store with.
+find_path(DLOSS_TORCH_PYBIND11_INCLUDE_DIR pybind11/pybind11.h
+  HINTS ${TORCH_INCLUDE_DIRS} NO_DEFAULT_PATH)
+find_library(DLOSS_TORCH_PYTHON_LIBRARY torch_python
+  HINTS "${TORCH_INSTALL_PREFIX}/lib" NO_DEFAULT_PATH)
+if(NOT DLOSS_TORCH_PYBIND11_INCLUDE_DIR OR NOT DLOSS_TORCH_PYTHON_LIBRARY)
+  message(FATAL_ERROR "dloss: torch in ${TORCH_INSTALL_PREFIX} ships no pybind11 headers "
+    "or no libtorch_python; dloss needs a torch installed from a wheel (pip install torch)")
+endif()
+
+# c10d's ProcessGroupGloo.hpp includes Gloo's headers, which torch's wheels do
+# not ship. Only pointers to Gloo's types cross that header (checked for torch
+# 2.11-2.14: devices, contexts and the store are shared_ptr/unique_ptr members),
+# so any Gloo's declarations compile against it; the library that runs is
+# always torch's own. The Gloo tests (ProcessGroupCommunicator, the e2e runs)
+# are what proves a given pair works.
+find_path(DLOSS_GLOO_INCLUDE_DIR gloo/config.h HINTS ${TORCH_INCLUDE_DIRS})
+if(NOT DLOSS_GLOO_INCLUDE_DIR)
+  message(FATAL_ERROR "dloss: Gloo's headers (gloo/config.h) were not found: torch's wheel "
+    "ships none; install them (Debian: libgloo-dev, as scripts/setup.sh does) or pass "
+    "-DDLOSS_GLOO_INCLUDE_DIR=<dir holding gloo/>")
+endif()
+foreach(_dir IN LISTS TORCH_INCLUDE_DIRS)
+  if(DLOSS_GLOO_INCLUDE_DIR STREQUAL _dir)
+    set(_dloss_gloo_from_torch TRUE)
+  endif()
+endforeach()
+if(_dloss_gloo_from_torch)
+  message(STATUS "dloss: Gloo headers from torch (${DLOSS_GLOO_INCLUDE_DIR})")
+else()
+  message(STATUS "dloss: Gloo headers from ${DLOSS_GLOO_INCLUDE_DIR}, not torch's (its wheel ships "
+    "none): only their declarations are used, torch's own Gloo runs")
+endif()

@@ -1,0 +1,12 @@
+# Sourced by the scripts: puts the Python environment dloss builds against
+# first on PATH. That is the active virtual environment when there is one
+# ($VIRTUAL_ENV), else .venv in the repository root (made by scripts/setup.sh).
+# DLOSS_PYTHON names its interpreter.
+if [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/python" ]; then
+  DLOSS_VENV=$VIRTUAL_ENV
+else
+  DLOSS_VENV=${DLOSS_VENV:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv}
+fi
+export DLOSS_VENV
+export DLOSS_PYTHON=$DLOSS_VENV/bin/python
+export PATH=$DLOSS_VENV/bin:$PATH
