@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 source scripts/python-env.sh
 
 bash scripts/setup.sh
-bash scripts/build.sh >/dev/null
+# The build prints its progress ([n/N] per file): a first build takes minutes.
+bash scripts/build.sh
 BUILD=${DLOSS_BUILD_DIR:-build}
 
 echo "== dlossc: the derived backward of examples/clip.mlir, fused (excerpt)"

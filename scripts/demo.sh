@@ -17,7 +17,8 @@ cd "$(dirname "$0")/.."
 source scripts/python-env.sh
 
 bash scripts/setup.sh
-bash scripts/build.sh >/dev/null
+# The build prints its progress ([n/N] per file): a first build takes minutes.
+bash scripts/build.sh
 BUILD=$(cd "${DLOSS_BUILD_DIR:-build}" && pwd)
 OUT=${DLOSS_DEMO_OUT:-$BUILD/demo-python}
 export PYTHONPATH="$BUILD/python" OMP_NUM_THREADS=1
