@@ -8,6 +8,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
+#include <csignal>
+#include <signal.h>
 #include <thread>
 
 namespace dloss::comm {
@@ -90,14 +92,27 @@ Error rendezvousError(const RendezvousOptions &options, std::string problem,
   return Error(std::move(info));
 }
 
+// A peer that dies mid-transfer must fail this rank's call with an error that
+// names it, not kill the rank: torch 2.x's Gloo pairs and TCPStore write to
+// sockets that may raise SIGPIPE (seen here: a rank killed by signal 13 when
+// its peer exited). Every process that connects through dloss therefore
+// ignores SIGPIPE, as Python does from startup, unless the program installed
+// a handler of its own.
+static void ignoreBrokenPipes() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 &&
+      current.sa_handler == SIG_DFL)
+    std::signal(SIGPIPE, SIG_IGN);
+}
+
 // Rank 0 hosts the server unless a launcher does (agentStore). waitWorkers
 // stays off: TCPStore's own join wait cannot say which ranks are missing and
 // destroys the store when it gives up; the arrival protocol in rendezvous()
-// waits for every rank instead. These options read the same in LibTorch 1.13
-// and 2.x.
+// waits for every rank instead.
 c10::intrusive_ptr<c10d::Store> openStore(const RendezvousOptions &options,
                                           const std::string &otherHolders,
                                           const std::string &scope) {
+  ignoreBrokenPipes();
   c10d::TCPStoreOptions storeOptions;
   storeOptions.port = static_cast<std::uint16_t>(options.masterPort);
   storeOptions.isServer = options.rank == 0 && !options.agentStore;
