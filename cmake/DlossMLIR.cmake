@@ -14,6 +14,43 @@ if(NOT LLVM_VERSION_MAJOR EQUAL 22)
 endif()
 message(STATUS "dloss: MLIR ${LLVM_PACKAGE_VERSION} from ${MLIR_DIR}")
 
+# LLVM linked statically. Debian's MLIR targets name LLVM's shared library
+# (LLVM_LINK_LLVM_DYLIB), which would make every library and tool of dloss
+# need libLLVM.so.22 at run time. Its static component libraries ship in the
+# same packages, so every MLIR target is pointed at those instead; the
+# libraries that contain MLIR then hide its symbols (--exclude-libs), and an
+# installed dloss (the wheel) runs where no LLVM is installed.
+option(DLOSS_STATIC_LLVM "Link LLVM's static libraries instead of libLLVM.so" ON)
+if(DLOSS_STATIC_LLVM)
+  llvm_map_components_to_libnames(_dloss_llvm_static Support Demangle Remarks BitstreamReader)
+  get_directory_property(_dloss_imported IMPORTED_TARGETS)
+  foreach(_target IN LISTS _dloss_imported)
+    if(NOT _target MATCHES "^MLIR")
+      continue()
+    endif()
+    get_target_property(_links ${_target} INTERFACE_LINK_LIBRARIES)
+    if(_links)
+      list(FIND _links LLVM _at)
+      if(_at GREATER -1)
+        list(REMOVE_ITEM _links LLVM)
+        list(APPEND _links ${_dloss_llvm_static})
+        set_target_properties(${_target} PROPERTIES INTERFACE_LINK_LIBRARIES "${_links}")
+      endif()
+    endif()
+    set_target_properties(${_target} PROPERTIES IMPORTED_GLOBAL TRUE)
+  endforeach()
+  foreach(_target IN LISTS _dloss_llvm_static)
+    set_target_properties(${_target} PROPERTIES IMPORTED_GLOBAL TRUE)
+  endforeach()
+  # add_llvm_executable/add_mlir_library link LLVM components through
+  # LLVM_LINK_COMPONENTS: the same static libraries.
+  set(LLVM_LINK_LLVM_DYLIB OFF)
+  # LLVMSupport names z3, zlib and zstd for parts dloss never calls: only
+  # what a binary uses stays in its NEEDED list.
+  add_link_options("LINKER:--as-needed")
+  message(STATUS "dloss: LLVM linked statically (${_dloss_llvm_static})")
+endif()
+
 set(LLVM_RUNTIME_OUTPUT_INTDIR ${CMAKE_BINARY_DIR}/bin)
 set(LLVM_LIBRARY_OUTPUT_INTDIR ${CMAKE_BINARY_DIR}/lib)
 set(MLIR_BINARY_DIR ${CMAKE_BINARY_DIR})

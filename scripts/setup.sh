@@ -9,6 +9,8 @@ PACKAGES=(
   cmake ninja-build g++ git clang-format
   # Compiler: LLVM/MLIR 22 (lit and FileCheck live in /usr/lib/llvm-22/bin).
   llvm-22-dev libmlir-22-dev mlir-22-tools llvm-22-tools
+  # LLVM linked statically (cmake/DlossMLIR.cmake) names zstd and zlib.
+  libzstd-dev zlib1g-dev
   # Runtime: torch comes from pip (below). Gloo's headers, which torch's wheel
   # does not ship (cmake/DlossTorch.cmake); FlatBuffers for the plan.
   libgloo-dev libflatbuffers-dev flatbuffers-compiler
@@ -39,19 +41,19 @@ else
 fi
 
 # The Python side: torch (the CPU build CI tests against; any torch 2.x that
-# is already installed in an active venv is kept), numpy for the tests and
-# matplotlib for the demo's plots.
+# is already installed in an active venv is kept), numpy for the tests,
+# matplotlib for the demo's plots, scikit-build-core for `pip install .`.
 source "$(dirname "$0")/python-env.sh"
 if [ ! -x "$DLOSS_PYTHON" ]; then
   echo "setup: making the Python environment $DLOSS_VENV"
   python3 -m venv "$DLOSS_VENV"
 fi
-PYTHON_PACKAGES=(numpy matplotlib)
+PYTHON_PACKAGES=(numpy matplotlib scikit-build-core)
 if ! "$DLOSS_PYTHON" -c 'import torch' 2>/dev/null; then
   PYTHON_PACKAGES=("torch==${DLOSS_TORCH_VERSION:-2.13.0}" "${PYTHON_PACKAGES[@]}")
 fi
-if "$DLOSS_PYTHON" -c 'import torch, numpy, matplotlib' 2>/dev/null; then
-  echo "setup: $DLOSS_PYTHON has torch $("$DLOSS_PYTHON" -c 'import torch; print(torch.__version__)'), numpy and matplotlib"
+if "$DLOSS_PYTHON" -c 'import torch, numpy, matplotlib, scikit_build_core' 2>/dev/null; then
+  echo "setup: $DLOSS_PYTHON has torch $("$DLOSS_PYTHON" -c 'import torch; print(torch.__version__)'), numpy, matplotlib and scikit-build-core"
 else
   echo "setup: pip install ${PYTHON_PACKAGES[*]} into $DLOSS_VENV"
   "$DLOSS_PYTHON" -m pip install --progress-bar off -q "${PYTHON_PACKAGES[@]}"
