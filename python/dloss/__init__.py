@@ -28,10 +28,14 @@ from .sync import assert_grads_synced
 from .trace import (Input, Loss, Replicated, all_gather, all_reduce,
                     global_size, loss, rank, shard_offset, world_size)
 
+# For CMake's CMAKE_PREFIX_PATH, as torch.utils.cmake_prefix_path: then
+# find_package(dloss) finds the installed package (None in the build tree).
+from ._paths import CMAKE_DIR as cmake_prefix_path
+
 __all__ = [
     "ArcFaceLoss", "ClipLoss", "CombinedMarginLoss", "CompiledLoss",
     "CosFaceLoss", "Error", "Graph", "Input", "Loss", "PartialFC",
     "Replicated", "SigLipLoss", "all_gather", "all_reduce",
-    "assert_grads_synced", "compile", "gather_all_tensors", "global_size",
+    "assert_grads_synced", "cmake_prefix_path", "compile", "gather_all_tensors", "global_size",
     "init", "loss", "rank", "set_timeout", "shard_offset", "world_size",
 ]

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# pip's path, as a user takes it: build the wheel (pip wheel, scikit-build-core,
+# against the build's torch), install it into a fresh venv that holds only
+# torch, then from a folder outside the source tree: 2 Gloo ranks of
+# dloss.ClipLoss against one process, a C++ consumer through
+# find_package(dloss) and dloss.cmake_prefix_path, the console scripts, and
+# ldd: nothing resolves to LLVM, MLIR, the build or the source tree.
+# Driven by ctest (test/install/CMakeLists.txt, wheel-install).
+#
+# usage: wheel_test.sh SOURCE_DIR WORK_DIR PYTHON -- CMAKE_ARGS...
+set -euo pipefail
+
+source=$(realpath "$1") work=$2 python=$3
+shift 3
+[[ ${1:-} == -- ]] && shift
+consumer_args=("$@")
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+step() { echo "== $* ($(date +%T))"; }
+
+rm -rf "$work"
+mkdir -p "$work"
+work=$(realpath "$work")
+unset LD_LIBRARY_PATH PYTHONPATH CMAKE_PREFIX_PATH VIRTUAL_ENV
+
+torch_version=$("$python" -c 'import torch; print(torch.__version__.split("+")[0])')
+
+step "pip wheel --no-build-isolation $source (torch $torch_version; the build prints [n/N])"
+"$python" -m pip wheel -v --no-build-isolation --no-deps -w "$work/dist" \
+  -C build-dir="$work/wheel-build" "$source" 2>&1 |
+  tee "$work/wheel.log" | grep -E '^\[[0-9]+/[0-9]+\]|Created wheel|error' || true
+shopt -s nullglob
+wheels=("$work"/dist/dloss-*.whl)
+[[ ${#wheels[@]} -eq 1 ]] || { tail -40 "$work/wheel.log"; fail "no wheel was built"; }
+echo "wheel: $(basename "${wheels[0]}"), $(du -m "${wheels[0]}" | cut -f1) MB"
+
+step "a fresh venv with only torch==$torch_version, then the wheel"
+"$python" -m venv "$work/venv"
+venv_python=$work/venv/bin/python
+"$venv_python" -m pip install --progress-bar off -q "torch==$torch_version" numpy 2>&1 |
+  grep -v "^WARNING: Location" || true
+"$venv_python" -m pip install --progress-bar off -q --no-deps "${wheels[0]}"
+site=$("$venv_python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
+package=$site/dloss
+[[ -d $package ]] || fail "the wheel installed no dloss package in $site"
+
+step "ldd: every library and tool of the install"
+mapfile -t binaries < <(find "$package" -type f \( -name '*.so*' -o -perm -u+x \) |
+  while read -r f; do head -c 4 "$f" | grep -q ELF && echo "$f"; done)
+[[ ${#binaries[@]} -ge 6 ]] || fail "expected the extension, 2 libraries and 3 tools, found: ${binaries[*]}"
+for binary in "${binaries[@]}"; do
+  deps=$(ldd "$binary")
+  echo "$(basename "$binary"): $(grep -c '=>' <<< "$deps") libraries"
+  if grep -q "not found" <<< "$deps"; then
+    fail "$binary has unresolved libraries:
+$(grep 'not found' <<< "$deps")"
+  fi
+  if grep -E 'libLLVM|libMLIR|libclang' <<< "$deps"; then
+    fail "$binary needs LLVM or MLIR at run time"
+  fi
+  # The test's own venv (torch's libraries) may lie under the source tree.
+  if grep -v -F "$work/venv/" <<< "$deps" | grep -F -e "$source/" -e "$work/wheel-build"; then
+    fail "$binary resolves a library in the source or build tree"
+  fi
+done
+
+outside=$work/outside
+mkdir -p "$outside"
+step "2 Gloo ranks of dloss.ClipLoss against one process, from $outside"
+(cd "$outside" && OMP_NUM_THREADS=1 DLOSS_CACHE_DIR="$work/plan-cache" \
+  "$venv_python" "$source/test/install/check_wheel.py") | tee "$work/python.log"
+grep -qx PASS "$work/python.log" || fail "the 2-rank check did not print PASS"
+grep -q "dloss imported from $package/" "$work/python.log" ||
+  fail "dloss was not imported from the installed wheel"
+
+step "the console scripts"
+"$work/venv/bin/dlossc" "$source/examples/clip.mlir" -o "$outside/clip.plan" ||
+  fail "dlossc failed"
+[[ -s $outside/clip.plan ]] || fail "dlossc wrote no plan"
+"$work/venv/bin/dloss-run" --help > "$work/dloss-run-help.log" 2>&1 ||
+  { cat "$work/dloss-run-help.log"; fail "dloss-run --help failed"; }
+"$work/venv/bin/dloss-opt" "$source/examples/clip.mlir" > /dev/null ||
+  fail "dloss-opt failed"
+
+step "C++ consumer through find_package(dloss) with dloss.cmake_prefix_path"
+prefix_path=$("$venv_python" -c 'import dloss, torch.utils; print(dloss.cmake_prefix_path + ";" + torch.utils.cmake_prefix_path)')
+cp -r "$source/test/install/consumer" "$work/consumer"
+cmake -S "$work/consumer" -B "$work/consumer-build" -DCMAKE_PREFIX_PATH="$prefix_path" \
+  -DCMAKE_BUILD_TYPE=Release "${consumer_args[@]}" > "$work/consumer-configure.log" 2>&1 ||
+  { cat "$work/consumer-configure.log"; fail "configuring the consumer failed"; }
+grep -q "dloss_DIR:PATH=$package/lib/cmake/dloss" "$work/consumer-build/CMakeCache.txt" ||
+  fail "find_package(dloss) did not find the wheel's package"
+cmake --build "$work/consumer-build" > "$work/consumer-build.log" 2>&1 ||
+  { cat "$work/consumer-build.log"; fail "building the consumer failed"; }
+(cd "$outside" && DLOSS_CACHE_DIR="$work/plan-cache" "$work/consumer-build/consumer") |
+  tee "$work/consumer.log"
+grep -qx PASS "$work/consumer.log" || fail "the consumer did not print PASS"
+echo "PASS"
