@@ -5,6 +5,8 @@ gradient is the sum of every rank's cotangent for its block, checked
 against the analytic value); and tensors that disagree beyond the first
 dimension, in dtype or in being 0-d raising dloss.Error on every rank."""
 
+import subprocess
+import sys
 import unittest
 
 import torch
@@ -161,3 +163,27 @@ class MismatchTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class DeviceTest(unittest.TestCase):
+    """torch 2.x groups hold a backend per device type: a tensor on a device
+    the group has no backend for is refused, naming the group's backends."""
+
+    def test_device_without_backend_is_refused(self):
+        out = subprocess.run(
+            [sys.executable, "-c", (
+                "import torch, torch.distributed as dist, dloss\n"
+                "dist.init_process_group('gloo', store=dist.HashStore(), "
+                "rank=0, world_size=1)\n"
+                "try:\n"
+                "    dloss.all_gather(torch.ones(2, device='meta'))\n"
+                "except dloss.Error as e:\n"
+                "    print('ERROR', e)\n"
+                "print('OK', dloss.all_gather(torch.ones(2)).tolist())\n")],
+            capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("allGather got a tensor on meta", out.stdout)
+        self.assertIn("the process group moves only CPU tensors (gloo)",
+                      out.stdout)
+        # The refusal leaves the group usable.
+        self.assertIn("OK [1.0, 1.0]", out.stdout)
