@@ -36,6 +36,9 @@ if(DLOSS_TORCH_VERSION VERSION_LESS 2.0)
   message(FATAL_ERROR "dloss: torch ${DLOSS_TORCH_VERSION} from ${Python3_EXECUTABLE} is too old: dloss needs torch 2.x")
 endif()
 list(PREPEND CMAKE_PREFIX_PATH "${_dloss_torch_prefix}")
+if(DLOSS_TORCH_CUDA_VERSION)
+  include(DlossCudaToolkitView)
+endif()
 
 # TorchConfig looks for CUDA itself when torch has it (cu wheels); its
 # find_package(CUDA) noise is torch's, not ours.

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The CUDA build (compiled, never run here): the runtime, dloss-run and the
+# runtime tests, CUDA tiles and NCCL engine included, against the CUDA torch
+# (torch 2.14.1, CUDA 13) and the cuBLAS and NCCL of its nvidia wheels, so that
+# every DLOSS_TORCH_HAS_CUDA branch compiles and links as users build it.
+# Runs where that torch lies on this machine's disk (pip takes it from there in
+# about a minute); elsewhere it says in one line that it skipped and why: its
+# download (several GB) would be too slow. scripts/test.sh calls it.
+#
+#   bash scripts/cuda-build.sh      # env: DLOSS_CUDA_TORCH (2.14.1), DLOSS_CUDA_VENV, DLOSS_CUDA_BUILD_DIR
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+VERSION=${DLOSS_CUDA_TORCH:-2.14.1}
+VENV=${DLOSS_CUDA_VENV:-$ROOT/.venv-cuda}
+BUILD_DIR=${DLOSS_CUDA_BUILD_DIR:-$ROOT/build-cuda}
+
+skip() { echo "cuda-build: SKIPPED: $*"; exit 0; }
+
+# pip's local sources (find-links folders and file:// indexes) that hold the wheel.
+local_wheel() {
+  python3 -m pip config list 2>/dev/null | grep -oE "(file://)?/[^' ,]+" | sed 's|^file://||' |
+    while read -r dir; do
+      { ls "$dir" "$dir/torch" 2>/dev/null; cat "$dir/torch/index.html" 2>/dev/null; } |
+        grep -q "torch-$VERSION-" && echo "$dir"
+    done | head -1
+}
+if ! "$VENV/bin/python" -c "import torch; assert torch.__version__.startswith('$VERSION') and torch.version.cuda" 2>/dev/null; then
+  where=$(local_wheel || true)
+  [ -n "$where" ] || skip "torch $VERSION (CUDA) is not on this machine's disk, and pip would download several GB"
+  command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || skip "no nvcc on this machine"
+  echo "cuda-build: making $VENV with torch $VERSION from $where (about 5.5 GB)"
+  python3 -m venv "$VENV"
+  "$VENV/bin/python" -m pip install --progress-bar off -q "torch==$VERSION" numpy 2>&1 |
+    grep -v "^WARNING: Location" || true
+fi
+"$VENV/bin/python" -c "import torch; print('cuda-build: torch', torch.__version__, 'CUDA', torch.version.cuda)"
+
+mkdir -p "$BUILD_DIR"
+# The compiler is not needed (and stays out: the GPU machines have no LLVM).
+cmake -G Ninja -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release \
+  -DPython3_EXECUTABLE="$VENV/bin/python" -DDLOSS_BUILD_COMPILER=OFF \
+  -DDLOSS_ENABLE_CUDA=ON > "$BUILD_DIR/configure.log" 2>&1 ||
+  { cat "$BUILD_DIR/configure.log"; echo "cuda-build: FAILED to configure"; exit 1; }
+grep "dloss:" "$BUILD_DIR/configure.log"
+for want in "LibTorch has CUDA" "NCCL communicator from"; do
+  grep -q "$want" "$BUILD_DIR/configure.log" ||
+    { echo "cuda-build: FAILED: the configure step did not say '$want'"; exit 1; }
+done
+cmake --build "$BUILD_DIR" -j "$(nproc)"
+
+# Linked against torch's own CUDA libraries, not a second copy.
+deps=$(ldd "$BUILD_DIR/runtime/libdloss_runtime.so")
+for lib in libtorch_cuda libc10_cuda libcublas.so libnccl.so; do
+  line=$(grep -F "$lib" <<< "$deps" | head -1)
+  [ -n "$line" ] || { echo "cuda-build: FAILED: libdloss_runtime.so does not link $lib"; exit 1; }
+  if [[ $line != *"$VENV/"* && $line != *"$BUILD_DIR/cuda-toolkit/"* ]]; then
+    echo "cuda-build: FAILED: $lib resolves outside torch's wheels: $line"; exit 1
+  fi
+done
+for test in dloss-fused-cuda-tests dloss-nccl-communicator-tests; do
+  [ -x "$BUILD_DIR/test/runtime/$test" ] || { echo "cuda-build: FAILED: $test was not built"; exit 1; }
+done
+echo "cuda-build: PASS: the runtime, dloss-run and the CUDA tests compile and link against torch $VERSION's CUDA libraries (nothing runs without a GPU)"
