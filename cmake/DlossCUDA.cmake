@@ -1,4 +1,7 @@
-# Optional CUDA parts, built when torch has CUDA and nvcc is found: found -> DLOSS_HAVE_CUDA / DLOSS_HAVE_NCCL; missing -> skipped with a message.
+# Optional CUDA parts (the fused ops' GPU tiles), built when torch has CUDA and
+# nvcc is found: found -> DLOSS_HAVE_CUDA; missing -> skipped with a message.
+# NCCL is not dloss's: CUDA tensors move through torch's c10d ProcessGroupNCCL
+# (USE_C10D_NCCL, from torch_cuda's compile definitions).
 
 find_program(DLOSS_NVCC nvcc PATHS /usr/local/cuda/bin ENV CUDA_HOME PATH_SUFFIXES bin)
 # A CPU-only torch has no CUDA stream, cuBLAS or NCCL to share: the CUDA parts
@@ -8,10 +11,9 @@ if(DLOSS_NVCC AND DLOSS_TORCH_CUDA_VERSION)
 else()
   set(_dloss_cuda_default OFF)
 endif()
-option(DLOSS_ENABLE_CUDA "Build the CUDA parts (kernels, NCCL communicator)." ${_dloss_cuda_default})
+option(DLOSS_ENABLE_CUDA "Build the CUDA parts (the fused ops' GPU tiles)." ${_dloss_cuda_default})
 
 set(DLOSS_HAVE_CUDA OFF)
-set(DLOSS_HAVE_NCCL OFF)
 if(DLOSS_ENABLE_CUDA)
   if(NOT DLOSS_NVCC)
     message(STATUS "dloss: DLOSS_ENABLE_CUDA=ON but no nvcc was found: skipping the CUDA parts")
@@ -31,12 +33,7 @@ if(DLOSS_ENABLE_CUDA)
     endif()
     if(CUDAToolkit_FOUND)
       set(DLOSS_HAVE_CUDA ON)
-      find_path(DLOSS_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
-      find_library(DLOSS_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
-      if(DLOSS_NCCL_INCLUDE_DIR AND DLOSS_NCCL_LIBRARY)
-        set(DLOSS_HAVE_NCCL ON)
-      endif()
-      message(STATUS "dloss: CUDA ${CUDAToolkit_VERSION} (architectures ${CMAKE_CUDA_ARCHITECTURES}), NCCL: ${DLOSS_HAVE_NCCL}")
+      message(STATUS "dloss: CUDA ${CUDAToolkit_VERSION} (architectures ${CMAKE_CUDA_ARCHITECTURES})")
     else()
       message(STATUS "dloss: the CUDA toolkit could not be used: skipping the CUDA parts")
     endif()

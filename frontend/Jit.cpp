@@ -93,7 +93,7 @@ std::shared_ptr<Communicator> defaultCommunicator() {
   std::lock_guard<std::mutex> lock(mutex);
   if (!communicator) {
     if (std::getenv("WORLD_SIZE"))
-      communicator = connectGloo(RendezvousOptions::fromEnvironment());
+      communicator = connectProcessGroup(RendezvousOptions::fromEnvironment());
     else
       communicator = makeSingleProcessCommunicator();
   }

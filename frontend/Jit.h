@@ -40,9 +40,11 @@ std::shared_ptr<const PlanFile> compilePlan(const std::string &mlirText,
 CompiledLoss compile(const Graph &graph, Options options = {});
 CompiledLoss compile(const std::string &mlirText, Options options = {});
 
-/// This process's Gloo communicator, connected once from the torchrun
-/// variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE); a single-process
-/// communicator when WORLD_SIZE is unset.
+/// This process's communicator, connected once from the torchrun variables
+/// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) over the c10d group of
+/// connectProcessGroup (Gloo for CPU tensors; NCCL for CUDA ones where torch
+/// has it and a GPU is visible: set the current device first); a
+/// single-process communicator when WORLD_SIZE is unset.
 std::shared_ptr<Communicator> defaultCommunicator();
 
 /// Plans this process compiled (found neither in memory nor on disk).

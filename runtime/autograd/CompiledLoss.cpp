@@ -53,7 +53,7 @@ CompiledLoss::CompiledLoss(std::shared_ptr<const PlanFile> planFile,
     : plan(std::move(planFile)), comm(std::move(communicator)) {
   if (!plan || !comm)
     throw Error("CompiledLoss needs a plan and a communicator",
-                "Pass dloss::PlanFile::load(...) and dloss::connectGloo(...)");
+                "Pass dloss::PlanFile::load(...) and dloss::connectProcessGroup(...)");
   std::vector<std::string> losses;
   for (const plan::Function *f : *plan->plan().functions())
     if (isLossFunction(*f) && (entry.empty() || f->name()->str() == entry))

@@ -45,10 +45,12 @@ private:
 /// Collectives across the ranks of one job. Every call is collective: all
 /// ranks make the same calls in the same order (the compiler's
 /// dloss-verify-collectives and the runtime's preflight see to it). Tensors
-/// are CPU tensors for the Gloo engine. Failures (a peer gone, a deadline
-/// passed) raise dloss::Error naming the operation and the ranks involved.
+/// live where the engine moves them (a c10d group: CPU tensors through its
+/// Gloo backend, CUDA ones through its NCCL backend). Failures (a peer gone,
+/// a deadline passed) raise dloss::Error naming the operation and the ranks
+/// involved.
 ///
-/// The runtime's engines (Gloo, NCCL, single process) implement it through
+/// The runtime's engines (a c10d group, a single process) implement it through
 /// ContractCommunicator (comm/ContractCommunicator.h), which checks every
 /// call's arguments, numbers it and records it for the flight recorder once,
 /// with the same messages for every engine, and leaves only the transfer to
@@ -168,9 +170,14 @@ struct RendezvousOptions {
 /// dloss::Error when no port can be bound.
 int reserveLoopbackPort();
 
-/// The Gloo engine (c10d ProcessGroupGloo over a c10d TCPStore; rank 0 hosts
-/// the store). Returns once every rank has joined, or raises dloss::Error at
-/// the deadline naming the ranks that never arrived.
+/// The c10d group of a job that has none yet (dloss-run, the C++ JIT), as
+/// init_process_group() builds it: over a c10d TCPStore (rank 0 hosts it,
+/// or the launcher), Gloo moves CPU tensors and, where torch has NCCL and
+/// this process sees a GPU, c10d's ProcessGroupNCCL moves CUDA tensors on
+/// each tensor's device (set the current device to LOCAL_RANK's first). The
+/// communicator runs on it through the c10d engine (ProcessGroupEngine.h).
+/// Returns once every rank has joined, or raises dloss::Error at the
+/// deadline naming the ranks that never arrived.
 ///
 /// Every collective is numbered; before entering one, a rank records its
 /// number in the store (key dloss/seq/<rank>). When a collective fails (its
@@ -178,32 +185,10 @@ int reserveLoopbackPort();
 /// collective, its number, the call site, and each peer's state read from
 /// the store: which ranks never arrived (their number is behind), which
 /// failed and why. The rank's last 64 collectives are written as JSON to
-/// RendezvousOptions::flightDir and the error gives the path.
-std::unique_ptr<Communicator> connectGloo(const RendezvousOptions &options);
-
-#ifdef DLOSS_HAVE_NCCL
-/// The NCCL engine for CUDA tensors on `device` (one GPU per rank, usually
-/// LOCAL_RANK): its own ncclComm_t, bootstrapped by rank 0 sharing the
-/// ncclUniqueId through a c10d TCPStore at MASTER_ADDR:MASTER_PORT (a port
-/// of its own: a Gloo communicator of the same job needs another). Rendezvous,
-/// deadlines, the dloss/seq/<rank> bookkeeping, errors and flight records
-/// are every engine's; on a deadline or a NCCL error the communicator is
-/// aborted (ncclCommAbort) and every later call fails fast.
-///
-/// Streams: NCCL runs on a communication stream of its own, ordered after
-/// the compute stream's earlier work and before its later work by CUDA
-/// events; collectives return once done (the host polls against the
-/// deadline). Point to point differs from Gloo: NCCL matches transfers per
-/// peer in issue order, not by tag, and a pending receive blocks its stream.
-/// So send() and recv() only post; the first wait() on a posted transfer, or
-/// the next collective, launches every posted transfer as one NCCL group,
-/// each peer's in tag order. A transfer and its counterpart must therefore
-/// be posted between the same launch points on both ranks (post the step's
-/// receives and sends, then wait), and wait() returns once the whole group
-/// is done. Only built when CMake finds NCCL (DLOSS_HAVE_NCCL).
-std::unique_ptr<Communicator> connectNccl(const RendezvousOptions &options,
-                                          int device);
-#endif
+/// RendezvousOptions::flightDir and the error gives the path. A CUDA
+/// collective past its deadline aborts the group's NCCL communicators.
+std::unique_ptr<Communicator>
+connectProcessGroup(const RendezvousOptions &options);
 
 /// The communicator of a single process (world size 1): every collective is
 /// the identity. Used for single-device reference runs.

@@ -6,7 +6,7 @@
 // messages for every engine), number the call, record it in the flight
 // recorder and in the store (PeerStates, when the engine has one), and only
 // then call the engine's transfer (the protected transfer* methods). An
-// engine (GlooCommunicator.cpp, NcclCommunicator.cpp,
+// engine (ProcessGroupCommunicator.cpp,
 // SingleProcessCommunicator.cpp) is only a transport: it moves the data and
 // turns its own failures into diagnose() or breakOn().
 //

@@ -1,13 +1,37 @@
 // The c10d engine: Communicator over any c10d ProcessGroup (the one
-// connectGloo builds, or the user's torch.distributed group).
-// Every c10d collective call of the project lives in this file; the store
-// (TCPStore), the rendezvous and the failure diagnosis it shares with the
-// NCCL engine live in StoreRendezvous.cpp and PeerStates.cpp, the contract
+// connectProcessGroup builds, or the user's torch.distributed group). It is
+// dloss's only transport: every c10d collective call of the project lives
+// in this file. The store (TCPStore), the rendezvous and the failure
+// diagnosis live in StoreRendezvous.cpp and PeerStates.cpp, the contract
 // every engine keeps (checks, numbering, flight record) in
-// ContractCommunicator.cpp, and connectGloo's setup in GlooCommunicator.cpp.
+// ContractCommunicator.cpp, and the group's setup in ConnectProcessGroup.cpp.
 // A torch 2.x ProcessGroup holds one Backend per device type (the default
 // group of init_process_group() is "cpu:gloo,cuda:nccl"), so the engine that
 // moves a tensor is decided by the tensor's device, never by the group's name.
+//
+// What differs on the GPU (NCCL), where c10d's Work completes on the device:
+// - Waiting: the host polls Work::isCompleted() against the deadline, then
+//   Work::wait() orders the current stream after the transfer. At the
+//   deadline the group's NCCL backend is aborted (Backend::abort), which ends
+//   the kernels still waiting for a peer, and the error says so.
+// - Point to point: NCCL matches transfers per peer in issue order, not by
+//   tag, and a pending receive blocks its stream. So send() and recv() of
+//   CUDA tensors only post; the first wait() on one of them, or the next
+//   collective, issues every posted transfer as one coalesced batch
+//   (ProcessGroup::startCoalescing / endCoalescing, as
+//   torch.distributed.batch_isend_irecv does), each peer's in tag order, so
+//   that both ends of a pair issue matching transfers in the same order. The
+//   engine's own exchanges (ringShift, reduceScatter's ring) coalesce each
+//   step's receive and send the same way.
+// - Starting: ProcessGroupNCCL creates its communicators at the group's
+//   first CUDA call, and that blocks the host until every rank joins, with
+//   no deadline of dloss's. So on a group of connectProcessGroup's, every
+//   rank first meets the others in a one-element Gloo allreduce under the
+//   deadline (meetBeforeNccl): a rank that never comes is named as at any
+//   collective, and NCCL starts only once all are there. A user's group is
+//   the user's to start (init_process_group(device_id=...) starts it eagerly).
+// - The small exchanges (sizes, fingerprints, ringShift headers) travel as
+//   CPU tensors when the group has a CPU backend, else as CUDA tensors.
 #include "runtime/comm/ContractCommunicator.h"
 #include "runtime/comm/RingBuffers.h"
 #include "runtime/comm/ProcessGroupEngine.h"
@@ -18,6 +42,8 @@
 #include <cstdlib>
 #include <numeric>
 #include <optional>
+#include <thread>
+#include <tuple>
 
 namespace dloss {
 
@@ -37,6 +63,10 @@ constexpr int kReduceScatterTag = kReservedTagBase + 2;
 // that Gloo's deadline (the same timeout, inside the worker thread) fires
 // first and reports more precisely; it only guards against a stuck thread.
 constexpr std::chrono::milliseconds kWaitMargin{2000};
+// Polling a GPU transfer: spin (yielding) this long, then sleep between
+// queries.
+constexpr std::chrono::microseconds kSpinPeriod{2000};
+constexpr std::chrono::microseconds kPollSleep{100};
 
 constexpr EngineWording kGlooWording{
     /*name=*/"Gloo",
@@ -132,60 +162,115 @@ c10d::ReduceOp toC10d(Reduction op) {
 // ProcessGroupCommunicator
 //===----------------------------------------------------------------------===//
 
+/// A send or recv. A CPU one is issued at once; a CUDA one waits in the
+/// communicator's posted list until its batch is issued (launchPosted).
+struct Transfer {
+  bool isSend;
+  int peer;
+  int tag;
+  at::Tensor wire;
+  c10::intrusive_ptr<c10d::Work> work; // Null for an empty tensor.
+};
+
 class ProcessGroupCommunicator final : public ContractCommunicator {
 public:
   /// Without a store, peers' states are not recorded (failures still name
   /// the collective and its number).
   ProcessGroupCommunicator(RendezvousOptions options,
                            c10::intrusive_ptr<c10d::Store> store,
-                           c10::intrusive_ptr<c10d::ProcessGroup> group)
+                           c10::intrusive_ptr<c10d::ProcessGroup> group,
+                           bool ownGroup)
       : ContractCommunicator(
             options,
             store ? std::make_unique<PeerStates>(std::move(store), options)
                   : nullptr,
             wordingOf(*group)),
-        group(std::move(group)) {}
+        group(std::move(group)), ownGroup(ownGroup) {}
   // Closing the Gloo pairs first (before PeerStates' destructor keeps a
   // failed rank 0's store up) makes peers still blocked on this rank fail
-  // now rather than at their deadline.
-  ~ProcessGroupCommunicator() override { group.reset(); }
+  // now rather than at their deadline. The NCCL backend of a group built
+  // for this communicator is shut down (aborted after a failure).
+  ~ProcessGroupCommunicator() override {
+    posted.clear();
+    if (ownGroup && broken.empty() &&
+        group->hasBackendForDeviceType(c10::DeviceType::CUDA)) {
+      try {
+        group->getBackend(c10::DeviceType::CUDA)->shutdown();
+      } catch (...) { // A destructor reports nothing; the process goes on.
+      }
+    }
+    group.reset();
+  }
 
   /// A Gloo allreduce of one element: returns once every rank has finished
   /// building its process group.
   void barrier(Call &call);
 
-  /// Runs `body`, turning any c10d or Gloo failure into a dloss::Error. After
-  /// a failure the group's state is unknown (a peer may be gone, a
-  /// collective half done), so every later call fails fast. A collective
-  /// (begun with begin()) is marked completed or failed in the flight
-  /// recorder, and its failure names the peers' states.
+  /// Runs `body`, turning any c10d, Gloo or NCCL failure into a
+  /// dloss::Error. Posted CUDA transfers are issued first. After a failure
+  /// the group's state is unknown (a peer may be gone, a collective half
+  /// done), so every later call fails fast. A collective (begun with
+  /// begin()) is marked completed or failed in the flight recorder, and its
+  /// failure names the peers' states.
   template <typename Body>
   auto communicate(Call &call, Body &&body) -> decltype(body());
 
-  /// Waits for a collective's `work`; throws what the work threw.
-  void awaitCollective(const c10::intrusive_ptr<c10d::Work> &work) const {
-    work->wait(options.timeout + kWaitMargin);
+  /// Waits for a collective's `work`, which moved `moved`; throws what the
+  /// work threw.
+  void awaitCollective(const c10::intrusive_ptr<c10d::Work> &work,
+                       const at::Tensor &moved) {
+    if (moved.is_cuda())
+      awaitOnGpu(work);
+    else
+      work->wait(options.timeout + kWaitMargin);
   }
-  /// Waits for a send or recv, whose only deadline is this one.
-  void awaitTransfer(const c10::intrusive_ptr<c10d::Work> &work) const {
-    work->wait(options.timeout);
+  /// Waits for a send or recv of `moved`, whose only deadline is this one.
+  void awaitTransfer(const c10::intrusive_ptr<c10d::Work> &work,
+                     const at::Tensor &moved) {
+    if (moved.is_cuda())
+      awaitOnGpu(work);
+    else
+      work->wait(options.timeout);
   }
+  /// Issues the posted CUDA transfers as one coalesced batch.
+  void launchPosted();
+  /// Before the group's first NCCL call: see the file's comment.
+  void meetBeforeNccl(const at::Tensor &moved) {
+    if (ncclStarted || !moved.is_cuda() || !ownGroup)
+      return;
+    at::Tensor token = at::ones({1}, at::kInt);
+    std::vector<at::Tensor> tensors{token};
+    awaitCollective(group->allreduce(tensors), token);
+    ncclStarted = true;
+  }
+
   /// One ring step's transfers; null where the tensor was empty.
   struct Swap {
     c10::intrusive_ptr<c10d::Work> in, out;
   };
   /// Posts the recv of `received` from `src` before the send of `data` to
-  /// `dst`, so no cycle of the ring waits on another. Every rank knows both
-  /// sizes, so both ends skip empty tensors.
+  /// `dst`, so no cycle of the ring waits on another (coalesced on the GPU,
+  /// where src == dst would otherwise block the stream). Every rank knows
+  /// both sizes, so both ends skip empty tensors.
   Swap postSwap(const at::Tensor &received, const at::Tensor &data, int src,
                 int dst, int tag) {
     std::vector<at::Tensor> recvWire{toWire(received)};
     std::vector<at::Tensor> sendWire{toWire(data)};
+    bool gpu = data.is_cuda();
+    if (gpu) {
+      meetBeforeNccl(data);
+      group->startCoalescing(c10::DeviceType::CUDA);
+    }
     Swap swap;
     if (received.numel() > 0)
       swap.in = group->recv(recvWire, src, tag);
     if (data.numel() > 0)
       swap.out = group->send(sendWire, dst, tag);
+    if (gpu) {
+      auto batch = group->endCoalescing(c10::DeviceType::CUDA);
+      swap.in = swap.in ? batch : nullptr;
+      swap.out = swap.out ? batch : nullptr;
+    }
     return swap;
   }
 
@@ -215,6 +300,8 @@ private:
     return glooHasType(type) || type == at::kBFloat16;
   }
   void checkDevice(const Call &call, const at::Tensor &tensor) const override;
+  /// Issues a CPU transfer now; posts a CUDA one for launchPosted().
+  void post(Call &call, const std::shared_ptr<Transfer> &transfer);
   /// The summed/maxed/minned tensor; Mean is left to the caller to divide.
   at::Tensor reduce(Call &call, const at::Tensor &input, Reduction op);
 
@@ -222,8 +309,35 @@ private:
   bool onGloo(const at::Tensor &tensor) const {
     return backendFor(*group, tensor.device().type()) == "gloo";
   }
+  /// Where the small exchanges' tensors live: the CPU when the group moves
+  /// CPU tensors, else the current CUDA device (a user's NCCL-only group).
+  at::TensorOptions smallExchange(at::ScalarType type) const {
+    at::TensorOptions result = at::TensorOptions().dtype(type);
+    return group->hasBackendForDeviceType(c10::DeviceType::CPU)
+               ? result.device(at::kCPU)
+               : result.device(at::kCUDA);
+  }
+  /// Polls `work` against the deadline; see the file's comment.
+  void awaitOnGpu(const c10::intrusive_ptr<c10d::Work> &work);
+  /// Aborts the group's NCCL backend (once): its kernels that wait for a
+  /// peer end. After a deadline on any group (a collective is half done,
+  /// the group is unusable), and after any failure on a group of
+  /// connectProcessGroup's.
+  void abortGpu() {
+    if (gpuAborted || !group->hasBackendForDeviceType(c10::DeviceType::CUDA))
+      return;
+    gpuAborted = true;
+    group->getBackend(c10::DeviceType::CUDA)->abort();
+  }
 
   c10::intrusive_ptr<c10d::ProcessGroup> group;
+  bool ownGroup;
+  /// Whether a deadline aborted the group's NCCL backend.
+  bool gpuAborted = false;
+  /// Whether the ranks met before NCCL's start (meetBeforeNccl).
+  bool ncclStarted = false;
+  /// CUDA transfers posted and not issued yet.
+  std::vector<std::shared_ptr<Transfer>> posted;
 };
 
 // A send or recv in flight. It refers to its communicator, which must outlive
@@ -231,21 +345,21 @@ private:
 class ProcessGroupRequest final : public Communicator::Request {
 public:
   ProcessGroupRequest(ProcessGroupCommunicator *owner, Call call,
-              c10::intrusive_ptr<c10d::Work> work, at::Tensor wire,
-              at::Tensor target)
-      : owner(owner), call(std::move(call)), work(std::move(work)),
-        wire(std::move(wire)), target(std::move(target)) {}
+                      std::shared_ptr<Transfer> transfer, at::Tensor target)
+      : owner(owner), call(std::move(call)), transfer(std::move(transfer)),
+        target(std::move(target)) {}
 
   void wait() override {
     if (done)
       return;
     owner->communicate(call, [&] {
-      if (work)
-        owner->awaitTransfer(work);
+      if (transfer->work)
+        owner->awaitTransfer(transfer->work, transfer->wire);
       // A recv into a non-contiguous or non-Gloo-dtype tensor went through
       // a staging buffer.
-      if (target.defined() && wire.defined() && !wire.is_same(target))
-        target.copy_(fromWire(wire, target.scalar_type(), target.sizes()));
+      if (target.defined() && !transfer->wire.is_same(target))
+        target.copy_(fromWire(transfer->wire, target.scalar_type(),
+                              target.sizes()));
     });
     done = true;
   }
@@ -253,9 +367,8 @@ public:
 private:
   ProcessGroupCommunicator *owner;
   Call call;
-  c10::intrusive_ptr<c10d::Work> work; // Null for empty tensors.
-  at::Tensor wire;
-  at::Tensor target;
+  std::shared_ptr<Transfer> transfer;
+  at::Tensor target; // A recv's destination; undefined for a send.
   bool done = false;
 };
 
@@ -265,9 +378,12 @@ auto ProcessGroupCommunicator::communicate(Call &call, Body &&body)
   refuseIfBroken(call);
   std::string detail;
   try {
+    launchPosted();
     return runAndComplete(call, body);
   } catch (const Error &e) {
     // Our own checks after data moved (a malformed ringShift header).
+    if (ownGroup)
+      abortGpu();
     breakOn(call, e);
     throw;
   } catch (const std::exception &e) {
@@ -277,7 +393,56 @@ auto ProcessGroupCommunicator::communicate(Call &call, Body &&body)
   }
   if (!call.transfer.empty())
     detail = call.transfer + ": " + detail;
+  if (ownGroup)
+    abortGpu();
   throw diagnose(call, detail, looksLikeTimeout(detail));
+}
+
+void ProcessGroupCommunicator::awaitOnGpu(
+    const c10::intrusive_ptr<c10d::Work> &work) {
+  Clock::time_point start = Clock::now();
+  Clock::time_point until = start + options.timeout;
+  while (!work->isCompleted()) { // Also true once NCCL reported an error.
+    Clock::time_point now = Clock::now();
+    if (now >= until) {
+      abortGpu();
+      throw std::runtime_error(
+          "timed out: the GPU had not completed it at the deadline of " +
+          seconds(options.timeout) +
+          ", and the group's NCCL communicators were aborted");
+    }
+    if (now - start < kSpinPeriod)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(kPollSleep);
+  }
+  work->wait(); // Rethrows NCCL's error; orders the current stream after it.
+}
+
+void ProcessGroupCommunicator::launchPosted() {
+  if (posted.empty())
+    return;
+  std::vector<std::shared_ptr<Transfer>> batch;
+  batch.swap(posted);
+  meetBeforeNccl(batch.front()->wire);
+  std::stable_sort(batch.begin(), batch.end(),
+                   [](const std::shared_ptr<Transfer> &a,
+                      const std::shared_ptr<Transfer> &b) {
+                     return std::tie(a->peer, a->isSend, a->tag) <
+                            std::tie(b->peer, b->isSend, b->tag);
+                   });
+  group->startCoalescing(c10::DeviceType::CUDA);
+  for (const auto &transfer : batch) {
+    std::vector<at::Tensor> tensors{transfer->wire};
+    if (transfer->isSend)
+      group->send(tensors, transfer->peer, transfer->tag);
+    else
+      group->recv(tensors, transfer->peer, transfer->tag);
+  }
+  c10::intrusive_ptr<c10d::Work> work =
+      group->endCoalescing(c10::DeviceType::CUDA);
+  for (const auto &transfer : batch)
+    transfer->work = work;
 }
 
 void ProcessGroupCommunicator::checkDevice(const Call &call,
@@ -324,11 +489,12 @@ ProcessGroupCommunicator::transferAllGather(Call &call, const at::Tensor &input,
   at::Tensor padded = at::zeros(paddedShape, input.options());
   padded.narrow(dim, 0, input.size(dim)).copy_(input);
   return communicate(call, [&] {
+    meetBeforeNccl(padded);
     std::vector<at::Tensor> inputs{toWire(padded)};
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int r = 0; r < options.worldSize; ++r)
       outputs[0].push_back(at::empty_like(inputs[0]));
-    awaitCollective(group->allgather(outputs, inputs));
+    awaitCollective(group->allgather(outputs, inputs), padded);
     std::vector<at::Tensor> pieces;
     for (int r = 0; r < options.worldSize; ++r)
       pieces.push_back(fromWire(outputs[0][r], input.scalar_type(), paddedShape)
@@ -346,10 +512,11 @@ at::Tensor ProcessGroupCommunicator::reduce(Call &call, const at::Tensor &input,
   at::Tensor result = widen ? input.to(at::kFloat).contiguous()
                             : input.clone(at::MemoryFormat::Contiguous);
   communicate(call, [&] {
+    meetBeforeNccl(result);
     std::vector<at::Tensor> tensors{result};
     c10d::AllreduceOptions reduceOptions;
     reduceOptions.reduceOp = toC10d(op);
-    awaitCollective(group->allreduce(tensors, reduceOptions));
+    awaitCollective(group->allreduce(tensors, reduceOptions), result);
   });
   return widen ? result.to(at::kBFloat16) : result;
 }
@@ -429,7 +596,7 @@ ProcessGroupCommunicator::transferReduceScatter(Call &call, const at::Tensor &in
       Swap swap =
           postSwap(recvData, sendData, previous, next, kReduceScatterTag);
       if (swap.in)
-        awaitTransfer(swap.in);
+        awaitTransfer(swap.in, input);
       at::Tensor own = block(recvBlock);
       switch (op) {
       case Reduction::Sum:
@@ -444,7 +611,7 @@ ProcessGroupCommunicator::transferReduceScatter(Call &call, const at::Tensor &in
         break;
       }
       if (swap.out)
-        awaitTransfer(swap.out);
+        awaitTransfer(swap.out, input);
       if (sendBuffer.defined())
         spare.push_back(sendBuffer);
       sendData = recvData;
@@ -461,10 +628,11 @@ at::Tensor ProcessGroupCommunicator::transferBroadcast(Call &call,
                                                int root) {
   at::Tensor result = input.clone(at::MemoryFormat::Contiguous);
   communicate(call, [&] {
+    meetBeforeNccl(result);
     std::vector<at::Tensor> tensors{toWire(result)};
     c10d::BroadcastOptions broadcastOptions;
     broadcastOptions.rootRank = root;
-    awaitCollective(group->broadcast(tensors, broadcastOptions));
+    awaitCollective(group->broadcast(tensors, broadcastOptions), result);
   });
   return result;
 }
@@ -479,29 +647,27 @@ at::Tensor ProcessGroupCommunicator::transferRingShift(Call &call,
   }
 
   at::Tensor data = input.contiguous();
-  at::Tensor sendHeader = at::empty({kHeaderLength}, at::kLong);
-  writeShiftHeader(data, sendHeader.data_ptr<int64_t>());
-  at::Tensor recvHeader = at::empty({kHeaderLength}, at::kLong);
+  at::Tensor header = at::empty({kHeaderLength}, at::kLong);
+  writeShiftHeader(data, header.data_ptr<int64_t>());
+  at::Tensor sendHeader = header.to(smallExchange(at::kLong));
+  at::Tensor recvHeader = at::empty({kHeaderLength}, smallExchange(at::kLong));
 
   return communicate(call, [&] {
     // Every rank posts its receive before waiting on its send, so no cycle
     // of the ring waits on another (any shift, N = 2 included).
-    std::vector<at::Tensor> recvHeaders{recvHeader};
-    std::vector<at::Tensor> sendHeaders{sendHeader};
-    auto headerIn = group->recv(recvHeaders, src, kRingShiftHeaderTag);
-    auto headerOut = group->send(sendHeaders, dst, kRingShiftHeaderTag);
-    awaitTransfer(headerIn);
-
-    at::Tensor received =
-        fromShiftHeader(call, recvHeader.data_ptr<int64_t>(), src, data);
+    Swap headers =
+        postSwap(recvHeader, sendHeader, src, dst, kRingShiftHeaderTag);
+    awaitTransfer(headers.in, recvHeader);
+    at::Tensor received = fromShiftHeader(
+        call, recvHeader.cpu().data_ptr<int64_t>(), src, data);
 
     // Both ends know both sizes now.
     Swap swap = postSwap(received, data, src, dst, kRingShiftDataTag);
     if (swap.in)
-      awaitTransfer(swap.in);
-    awaitTransfer(headerOut);
+      awaitTransfer(swap.in, data);
+    awaitTransfer(headers.out, sendHeader);
     if (swap.out)
-      awaitTransfer(swap.out);
+      awaitTransfer(swap.out, data);
     return received;
   });
 }
@@ -513,67 +679,73 @@ ProcessGroupCommunicator::transferAllGatherInts(Call &call,
     complete(call);
     return {};
   }
-  at::Tensor local =
+  at::Tensor host =
       at::empty({static_cast<int64_t>(values.size())}, at::kLong);
-  std::copy(values.begin(), values.end(), local.data_ptr<int64_t>());
+  std::copy(values.begin(), values.end(), host.data_ptr<int64_t>());
+  at::Tensor local = host.to(smallExchange(at::kLong));
   return communicate(call, [&] {
     std::vector<at::Tensor> inputs{local};
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int r = 0; r < options.worldSize; ++r)
       outputs[0].push_back(at::empty_like(local));
-    awaitCollective(group->allgather(outputs, inputs));
+    awaitCollective(group->allgather(outputs, inputs), local);
     std::vector<int64_t> gathered;
     gathered.reserve(values.size() * options.worldSize);
-    for (const at::Tensor &piece : outputs[0])
-      gathered.insert(gathered.end(), piece.data_ptr<int64_t>(),
-                      piece.data_ptr<int64_t>() + piece.numel());
+    for (const at::Tensor &piece : outputs[0]) {
+      at::Tensor values = piece.cpu();
+      gathered.insert(gathered.end(), values.data_ptr<int64_t>(),
+                      values.data_ptr<int64_t>() + values.numel());
+    }
     return gathered;
   });
 }
 
 std::unique_ptr<Communicator::Request>
-ProcessGroupCommunicator::transferSend(Call &call, const at::Tensor &tensor, int peer,
-                               int tag) {
-  // The request keeps `wire` alive until Gloo has read it.
-  at::Tensor wire = toWire(tensor.contiguous());
-  if (wire.numel() == 0)
-    return std::make_unique<ProcessGroupRequest>(
-        this, call, c10::intrusive_ptr<c10d::Work>(), wire, at::Tensor());
-  auto work = communicate(call, [&] {
-    std::vector<at::Tensor> tensors{wire};
-    return group->send(tensors, peer, tag);
-  });
-  return std::make_unique<ProcessGroupRequest>(this, call, std::move(work), wire,
-                                       at::Tensor());
+ProcessGroupCommunicator::transferSend(Call &call, const at::Tensor &tensor,
+                                       int peer, int tag) {
+  // The transfer keeps `wire` alive until the engine has read it.
+  auto transfer = std::make_shared<Transfer>(
+      Transfer{true, peer, tag, toWire(tensor.contiguous()), {}});
+  post(call, transfer);
+  return std::make_unique<ProcessGroupRequest>(this, call, transfer,
+                                               at::Tensor());
 }
 
 std::unique_ptr<Communicator::Request>
-ProcessGroupCommunicator::transferRecv(Call &call, at::Tensor &tensor, int peer,
-                               int tag) {
-  // Receive in place when Gloo can; otherwise stage and copy in wait().
-  at::Tensor wire;
-  if (tensor.is_contiguous() && glooHasType(tensor.scalar_type()))
-    wire = tensor;
-  else
-    wire = toWire(at::empty(tensor.sizes(), tensor.options()));
-  if (wire.numel() == 0)
-    return std::make_unique<ProcessGroupRequest>(this, call,
-                                         c10::intrusive_ptr<c10d::Work>(),
-                                         at::Tensor(), at::Tensor());
-  auto work = communicate(call, [&] {
-    std::vector<at::Tensor> tensors{wire};
-    return group->recv(tensors, peer, tag);
+ProcessGroupCommunicator::transferRecv(Call &call, at::Tensor &tensor,
+                                       int peer, int tag) {
+  // Receive in place when the wire can; otherwise stage and copy in wait().
+  at::Tensor wire = tensor.is_contiguous() && glooHasType(tensor.scalar_type())
+                        ? tensor
+                        : toWire(at::empty(tensor.sizes(), tensor.options()));
+  auto transfer =
+      std::make_shared<Transfer>(Transfer{false, peer, tag, wire, {}});
+  post(call, transfer);
+  return std::make_unique<ProcessGroupRequest>(this, call, transfer, tensor);
+}
+
+void ProcessGroupCommunicator::post(Call &call,
+                                    const std::shared_ptr<Transfer> &transfer) {
+  if (transfer->wire.numel() == 0) // Both ends know; nothing moves.
+    return;
+  if (transfer->wire.is_cuda()) { // Issued with its batch (launchPosted).
+    posted.push_back(transfer);
+    return;
+  }
+  transfer->work = communicate(call, [&] {
+    std::vector<at::Tensor> tensors{transfer->wire};
+    return transfer->isSend
+               ? group->send(tensors, transfer->peer, transfer->tag)
+               : group->recv(tensors, transfer->peer, transfer->tag);
   });
-  return std::make_unique<ProcessGroupRequest>(this, call, std::move(work), wire,
-                                       tensor);
 }
 
 void ProcessGroupCommunicator::barrier(Call &call) {
-  at::Tensor token = at::ones({1}, at::kInt);
+  at::Tensor token = at::ones({1}, smallExchange(at::kInt));
   begin(call, &token);
   communicate(call, [&] {
     std::vector<at::Tensor> tensors{token};
-    awaitCollective(group->allreduce(tensors));
+    awaitCollective(group->allreduce(tensors), token);
   });
 }
 
@@ -583,15 +755,15 @@ std::unique_ptr<Communicator>
 makeProcessGroupCommunicator(RendezvousOptions options,
                              c10::intrusive_ptr<c10d::Store> store,
                              c10::intrusive_ptr<c10d::ProcessGroup> group,
-                             bool checkConnection) {
+                             bool ownGroup) {
   if (!group)
     throw Error("no process group to run on",
                 "Initialise torch.distributed (or call dloss.init()) first");
   options.rank = group->getRank();
   options.worldSize = group->getSize();
   auto communicator = std::make_unique<ProcessGroupCommunicator>(
-      std::move(options), std::move(store), std::move(group));
-  if (checkConnection) {
+      std::move(options), std::move(store), std::move(group), ownGroup);
+  if (ownGroup) {
     Call check{"the connection check after the rendezvous", ""};
     communicator->barrier(check);
   }

@@ -110,8 +110,7 @@ static void ignoreBrokenPipes() {
 // destroys the store when it gives up; the arrival protocol in rendezvous()
 // waits for every rank instead.
 c10::intrusive_ptr<c10d::Store> openStore(const RendezvousOptions &options,
-                                          const std::string &otherHolders,
-                                          const std::string &scope) {
+                                          const std::string &otherHolders) {
   ignoreBrokenPipes();
   c10d::TCPStoreOptions storeOptions;
   storeOptions.port = static_cast<std::uint16_t>(options.masterPort);
@@ -158,8 +157,7 @@ c10::intrusive_ptr<c10d::Store> openStore(const RendezvousOptions &options,
   // The launcher's store outlives this attempt and is shared with whatever
   // else the ranks open on it: dloss's keys go under a prefix of their own.
   return c10::make_intrusive<c10d::PrefixStore>(
-      "dloss/attempt_" + std::to_string(options.restartCount) + "/" + scope,
-      store);
+      "dloss/attempt_" + std::to_string(options.restartCount), store);
 }
 
 void guardStore(const RendezvousOptions &options,

@@ -1,9 +1,9 @@
 // Connecting ranks through the rendezvous store: the c10d TCPStore (rank 0
 // hosts it), the arrival protocol, connection marks.
 //
-// Internal to the runtime's engines (Gloo, NCCL): the store is where the
-// ranks meet, where an engine's own bootstrap data travels (the NCCL unique
-// id) and where each rank keeps its latest collective (PeerStates).
+// Internal to the runtime's c10d engine: the store is where the ranks meet,
+// where the group's backends bootstrap (under prefixes of their own) and
+// where each rank keeps its latest collective (PeerStates).
 #ifndef DLOSS_RUNTIME_COMM_STORERENDEZVOUS_H
 #define DLOSS_RUNTIME_COMM_STORERENDEZVOUS_H
 
@@ -26,7 +26,7 @@ std::string storeAddress(const RendezvousOptions &options);
 std::vector<uint8_t> toBytes(const std::string &text);
 std::string fromBytes(const std::vector<uint8_t> &bytes);
 
-/// Throws when `options` cannot describe a job; `function` ("connectGloo")
+/// Throws when `options` cannot describe a job; `function` ("connectProcessGroup")
 /// starts the message.
 void checkOptions(const RendezvousOptions &options,
                   const std::string &function);
@@ -38,11 +38,10 @@ Error rendezvousError(const RendezvousOptions &options, std::string problem,
 /// Opens the TCPStore (rank 0 hosts it, or a launcher: agentStore) or
 /// throws saying why; `otherHolders` names what else may hold the port ("an
 /// earlier job"). On a launcher's store, the keys live under
-/// "dloss/attempt_<restartCount>/<scope>" ("gloo", "nccl"), so that two
-/// engines and two attempts never read each other's.
+/// "dloss/attempt_<restartCount>", so that two attempts never read each
+/// other's.
 c10::intrusive_ptr<c10d::Store> openStore(const RendezvousOptions &options,
-                                          const std::string &otherHolders,
-                                          const std::string &scope);
+                                          const std::string &otherHolders);
 
 /// Runs `body` (the rendezvous and the engine's own exchanges through the
 /// store), turning a lost store into an error that says so.
@@ -50,7 +49,7 @@ void guardStore(const RendezvousOptions &options,
                 const std::function<void()> &body);
 
 /// Waits until every rank has announced itself in the store, or fails on
-/// every rank alike, naming the ranks that never came. `name` ("NCCL
+/// every rank alike, naming the ranks that never came. `name` ("the
 /// rendezvous") starts the message.
 void rendezvous(c10d::Store &store, const RendezvousOptions &options,
                 Clock::time_point deadline, const std::string &name);

@@ -364,7 +364,7 @@ TEST(JitTest, TwoRankTrainingMatchesOneProcess) {
   int port = freePort();
   auto outcomes = runChildren({0, 1}, [&](int rank) {
     auto comm = std::shared_ptr<Communicator>(
-        connectGloo(loopbackOptions(port, rank, 2, kCollectiveTimeout)));
+        connectProcessGroup(loopbackOptions(port, rank, 2, kCollectiveTimeout)));
     CompiledLoss distributed = jit::compile(losses::clip({4}), {comm});
     std::vector<at::Tensor> got = train(distributed, *comm, rows, false);
 

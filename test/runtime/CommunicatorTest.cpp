@@ -500,7 +500,7 @@ TEST(GlooCommunicatorTest, RendezvousNamesTheMissingRank) {
   auto outcomes = runChildren({0, 1}, [&](int rank) {
     Clock::time_point joined = Clock::now();
     try {
-      dloss::connectGloo(loopbackOptions(port, rank, 3, timeout));
+      dloss::connectProcessGroup(loopbackOptions(port, rank, 3, timeout));
     } catch (const dloss::Error &e) {
       double elapsed = secondsSince(joined);
       std::fprintf(stderr, "[rank %d] rendezvous failed after %.2f s: %s\n",
@@ -528,7 +528,7 @@ TEST(GlooCommunicatorTest, RendezvousNamesAMissingRankZero) {
   auto outcomes = runChildren({1}, [&](int rank) {
     Clock::time_point joined = Clock::now();
     try {
-      dloss::connectGloo(loopbackOptions(port, rank, 2, timeout));
+      dloss::connectProcessGroup(loopbackOptions(port, rank, 2, timeout));
     } catch (const dloss::Error &e) {
       double elapsed = secondsSince(joined);
       std::fprintf(stderr, "[rank %d] rendezvous failed after %.2f s: %s\n",
@@ -592,7 +592,7 @@ TEST(GlooCommunicatorTest, RanksMeetInALaunchersStore) {
           loopbackOptions(port, rank, 2, timeout);
       options.agentStore = true;
       options.restartCount = attempt;
-      auto comm = dloss::connectGloo(options);
+      auto comm = dloss::connectProcessGroup(options);
       at::Tensor sum = comm->allReduce(at::full({3}, rank + 1.0 + attempt),
                                        Reduction::Sum);
       CHILD_CHECK(sum.eq(3.0 + 2 * attempt).all().item<bool>(),
@@ -612,7 +612,7 @@ TEST(GlooCommunicatorTest, AMissingLaunchersStoreIsNamed) {
     dloss::RendezvousOptions options = loopbackOptions(port, rank, 2, timeout);
     options.agentStore = true;
     try {
-      dloss::connectGloo(options);
+      dloss::connectProcessGroup(options);
     } catch (const dloss::Error &e) {
       std::string message = e.what();
       CHILD_CHECK(message.find("launcher's rendezvous store") !=
@@ -638,7 +638,7 @@ void expectCollectiveFailure(
     double minSeconds, double maxSeconds, std::optional<int> rank2Signal) {
   int port = freePort();
   auto outcomes = runChildren({0, 1, 2}, [&](int rank) {
-    auto comm = dloss::connectGloo(loopbackOptions(port, rank, 3, timeout));
+    auto comm = dloss::connectProcessGroup(loopbackOptions(port, rank, 3, timeout));
     // One collective that works, so the mesh is surely up.
     comm->allReduce(at::ones({4}), Reduction::Sum);
     if (rank == 2) {

@@ -184,7 +184,7 @@ inline void runGloo(int worldSize,
   for (int r = 0; r < worldSize; ++r)
     ranks.push_back(r);
   auto outcomes = runChildren(ranks, [&](int rank) {
-    auto communicator = dloss::connectGloo(
+    auto communicator = dloss::connectProcessGroup(
         loopbackOptions(port, rank, worldSize, kCollectiveTimeout));
     CHILD_CHECK(communicator->rank() == rank, "rank() is wrong");
     CHILD_CHECK(communicator->worldSize() == worldSize, "worldSize() is wrong");

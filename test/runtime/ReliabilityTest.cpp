@@ -232,7 +232,7 @@ TEST(ReliabilityTest, SkippedCallTimesOutNamingTheAbsentRank) {
   auto plan = buildPlan({lossGrad("loss_grad")});
   int port = freePort();
   auto outcomes = runChildren({0, 1, 2}, [&](int rank) {
-    auto comm = dloss::connectGloo(scenario.options(port, rank, 3, deadline));
+    auto comm = dloss::connectProcessGroup(scenario.options(port, rank, 3, deadline));
     Executor executor(plan, *comm, ExecutorOptions{});
     executor.run("loss_grad", inputsOf(rank));
     if (rank == 1) {
@@ -278,7 +278,7 @@ TEST(ReliabilityTest,
   auto plan = buildPlan({lossGrad("loss_grad")});
   int port = freePort();
   auto outcomes = runChildren({0, 1, 2}, [&](int rank) {
-    auto comm = dloss::connectGloo(
+    auto comm = dloss::connectProcessGroup(
         scenario.options(port, rank, 3, std::chrono::seconds(30)));
     Executor executor(plan, *comm, ExecutorOptions{});
     executor.run("loss_grad", inputsOf(rank));
@@ -305,7 +305,7 @@ TEST(ReliabilityTest, LossesCalledInADifferentOrderFailInThePreflight) {
   auto b = buildPlan({lossGrad("b_grad")}, 0xbbbb);
   int port = freePort();
   auto outcomes = runChildren({0, 1, 2}, [&](int rank) {
-    auto comm = dloss::connectGloo(
+    auto comm = dloss::connectProcessGroup(
         scenario.options(port, rank, 3, std::chrono::seconds(30)));
     Executor lossA(a, *comm, ExecutorOptions{});
     Executor lossB(b, *comm, ExecutorOptions{});
@@ -347,7 +347,7 @@ TEST(ReliabilityTest, RankKilledInTheBackwardFailsItsPeersQuickly) {
   auto plan = buildPlan({lossGrad("loss_grad")});
   int port = freePort();
   auto outcomes = runChildren({0, 1, 2}, [&](int rank) {
-    std::unique_ptr<Communicator> comm = dloss::connectGloo(
+    std::unique_ptr<Communicator> comm = dloss::connectProcessGroup(
         scenario.options(port, rank, 3, std::chrono::seconds(30)));
     if (rank == 2)
       comm = std::make_unique<DyingCommunicator>(std::move(comm));
@@ -381,7 +381,7 @@ TEST(ReliabilityTest, NonFiniteInputsFailThePreflightInCheckMode) {
   auto plan = buildPlan({lossGrad("loss_grad")});
   int port = freePort();
   auto outcomes = runChildren({0, 1, 2}, [&](int rank) {
-    auto comm = dloss::connectGloo(
+    auto comm = dloss::connectProcessGroup(
         scenario.options(port, rank, 3, std::chrono::seconds(30)));
     std::vector<at::Tensor> inputs = inputsOf(rank);
     if (rank == 2)
@@ -415,7 +415,7 @@ TEST(ReliabilityTest, CheckModeComparesReplicatedGradientsInGlobalMode) {
                          lossGrad("ddp_grad", "ddp", /*localDw=*/true)});
   int port = freePort();
   auto outcomes = runChildren({0, 1, 2}, [&](int rank) {
-    auto comm = dloss::connectGloo(
+    auto comm = dloss::connectProcessGroup(
         scenario.options(port, rank, 3, std::chrono::seconds(30)));
     Executor executor(plan, *comm, ExecutorOptions{true});
     std::vector<at::Tensor> good = executor.run("good_grad", inputsOf(rank));
@@ -452,7 +452,7 @@ TEST(ReliabilityTest, PreflightNamesARankOutOfStep) {
   auto plan = buildPlan({lossGrad("loss_grad")});
   int port = freePort();
   auto outcomes = runChildren({0, 1, 2}, [&](int rank) {
-    std::unique_ptr<Communicator> comm = dloss::connectGloo(
+    std::unique_ptr<Communicator> comm = dloss::connectProcessGroup(
         scenario.options(port, rank, 3, std::chrono::seconds(30)));
     if (rank == 1)
       comm = std::make_unique<OffByOneCommunicator>(std::move(comm));
@@ -482,7 +482,7 @@ TEST(ReliabilityTest, RankThatNeverStartsFailsTheRendezvous) {
   auto outcomes = runChildren({0, 1, 3}, [&](int rank) {
     std::string message = expectError(
         scenario, rank,
-        [&] { dloss::connectGloo(scenario.options(port, rank, 4, deadline)); },
+        [&] { dloss::connectProcessGroup(scenario.options(port, rank, 4, deadline)); },
         3.0 + 3.0, 2.5);
     CHILD_EXPECT_CONTAINS(message, "dloss error [rank " + std::to_string(rank) +
                                        "]: the rendezvous of 4 ranks");

@@ -49,7 +49,7 @@ int runRank(const Options &o, const std::string &planPath) {
     }
     // Meet the peers first: from here on, a problem of this rank reaches
     // every rank through the preflight.
-    comm = connectGloo(rendezvous);
+    comm = connectProcessGroup(rendezvous);
     Executor executor(plan, *comm, executorOptions);
     const std::string gradName = entry.grad->name()->str();
     InputFailure failure;

@@ -1,8 +1,10 @@
-// connectGloo: the Gloo engine's setup. It meets the other ranks through
-// the rendezvous store, builds a c10d ProcessGroupGloo and hands it to the
-// c10d engine (ProcessGroupCommunicator.cpp), which every collective goes
-// through. Setup goes through namespace `compat`, the place to adapt when
-// c10d changes.
+// connectProcessGroup: the c10d group of dloss-run and the C++ JIT. It meets
+// the other ranks through the rendezvous store and builds the group
+// init_process_group() builds by default: Gloo for CPU tensors and, where
+// torch has NCCL and this process sees a GPU, NCCL for CUDA tensors (its
+// communicators start lazily, at the first CUDA collective). The c10d engine
+// (ProcessGroupCommunicator.cpp) runs every collective on it. Setup goes
+// through namespace `compat`, the place to adapt when c10d changes.
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO // ProcessGroupGloo.hpp is empty without it.
 #endif
@@ -12,8 +14,15 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+// USE_C10D_NCCL comes with torch_cuda's compile definitions (a CUDA torch).
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <ATen/Context.h>
 
 #include <cstdlib>
+#include <optional>
 
 namespace dloss {
 
@@ -43,19 +52,21 @@ makeDevice(const std::string &masterAddr) {
   }
 }
 
-// torch 2.x: ProcessGroupGloo is a Backend, moving CPU tensors for a
-// ProcessGroup that holds it (as init_process_group("gloo") builds it).
+// torch 2.x: a ProcessGroup holds one Backend per device type, as
+// init_process_group() builds it: ProcessGroupGloo moves CPU tensors and,
+// with `ncclTimeout` set, ProcessGroupNCCL moves CUDA ones.
 c10::intrusive_ptr<c10d::ProcessGroup>
 makeProcessGroup(const c10::intrusive_ptr<c10d::Store> &store, int rank,
                  int worldSize,
                  std::shared_ptr<::gloo::transport::Device> device,
-                 std::chrono::milliseconds timeout) {
+                 std::chrono::milliseconds timeout,
+                 std::optional<std::chrono::milliseconds> ncclTimeout) {
   auto groupOptions = c10d::ProcessGroupGloo::Options::create(timeout);
   groupOptions->devices.push_back(std::move(device));
   // One worker thread: calls are synchronous, so a second thread would only
   // idle, and the machines running many ranks are short of cores.
   groupOptions->threads = 1;
-  // A prefix keeps Gloo's keys apart from the rendezvous keys.
+  // Prefixes keep each backend's keys apart from the rendezvous keys.
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("dloss/gloo", store);
   auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
       prefixed, rank, worldSize, groupOptions);
@@ -63,7 +74,34 @@ makeProcessGroup(const c10::intrusive_ptr<c10d::Store> &store, int rank,
   group->setBackend(c10::DeviceType::CPU,
                     c10d::ProcessGroup::BackendType::GLOO, backend);
   group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+#ifdef USE_C10D_NCCL
+  if (ncclTimeout) {
+    auto ncclOptions = c10d::ProcessGroupNCCL::Options::create();
+    ncclOptions->timeout = *ncclTimeout;
+    auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+        c10::make_intrusive<c10d::PrefixStore>("dloss/nccl", store), rank,
+        worldSize, ncclOptions);
+    group->setBackend(c10::DeviceType::CUDA,
+                      c10d::ProcessGroup::BackendType::NCCL, nccl);
+  }
+#else
+  (void)ncclTimeout;
+#endif
   return group;
+}
+
+// The NCCL backend's own timeout, when the group gets one: later than the
+// communicator's deadline, so that dloss's deadline fires first, aborts the
+// group (ProcessGroup::abort) and names the ranks that never arrived, before
+// NCCL's watchdog tears the process down.
+std::optional<std::chrono::milliseconds>
+ncclTimeoutFor(std::chrono::milliseconds deadline) {
+#ifdef USE_C10D_NCCL
+  if (at::globalContext().hasCUDA())
+    return deadline + std::chrono::seconds(30);
+#endif
+  (void)deadline;
+  return std::nullopt;
 }
 
 } // namespace compat
@@ -73,10 +111,10 @@ const char *const kMeshPrefix = "dloss/mesh/";
 
 } // namespace
 
-std::unique_ptr<Communicator> connectGloo(const RendezvousOptions &options) {
-  checkOptions(options, "connectGloo");
+std::unique_ptr<Communicator> connectProcessGroup(const RendezvousOptions &options) {
+  checkOptions(options, "connectProcessGroup");
   Clock::time_point deadline = Clock::now() + options.timeout;
-  c10::intrusive_ptr<c10d::Store> store = openStore(options, "an earlier job", "gloo");
+  c10::intrusive_ptr<c10d::Store> store = openStore(options, "an earlier job");
   guardStore(options,
              [&] { rendezvous(*store, options, deadline, "rendezvous"); });
 
@@ -87,7 +125,8 @@ std::unique_ptr<Communicator> connectGloo(const RendezvousOptions &options) {
   try {
     group = compat::makeProcessGroup(store, options.rank, options.worldSize,
                                      compat::makeDevice(options.masterAddr),
-                                     options.timeout);
+                                     options.timeout,
+                                     compat::ncclTimeoutFor(options.timeout));
     setMark(*store, kMeshPrefix, options.rank, "connected");
   } catch (const std::exception &e) {
     std::string peers =
@@ -103,7 +142,7 @@ std::unique_ptr<Communicator> connectGloo(const RendezvousOptions &options) {
   }
 
   return makeProcessGroupCommunicator(options, store, std::move(group),
-                                      /*checkConnection=*/true);
+                                      /*ownGroup=*/true);
 }
 
 } // namespace dloss

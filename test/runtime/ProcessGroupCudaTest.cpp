@@ -1,5 +1,10 @@
-// The NCCL communicator on real GPUs: world size 1 on any GPU machine, 2-4
-// ranks (one GPU each) where several GPUs are visible.
+// The c10d engine on real GPUs, over the group connectProcessGroup builds
+// ("cpu:gloo,cuda:nccl", as init_process_group() makes it): CUDA tensors
+// through c10d's ProcessGroupNCCL, world size 1 on any GPU machine, 2-4 ranks
+// (one GPU each) where several GPUs are visible. These are the scenarios of
+// the retired home-made NCCL engine; the CPU side of the same engine (Gloo)
+// is CommunicatorTest.cpp's and ReliabilityTest.cpp's, and a tensor on a
+// device the group has no backend for is test_collectives.py's.
 //
 // Every test skips, saying why, where no CUDA device is visible. NCCL refuses
 // two ranks on one GPU, so a machine with one GPU runs only the world-size-1
@@ -14,6 +19,7 @@
 
 #include "test/runtime/MultiProcess.h"
 
+#include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
 
 #include <gtest/gtest.h>
@@ -21,6 +27,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <thread>
 
 namespace {
 
@@ -29,10 +36,6 @@ using dloss::test::ChildOutcome;
 using dloss::test::freePort;
 using dloss::test::loopbackOptions;
 using dloss::test::runChildren;
-
-// A child's exit code meaning "LibTorch here has no CUDA": the checks that
-// need no CUDA tensor passed, the others could not run (Debian's LibTorch).
-constexpr int kNoTorchCuda = 77;
 
 struct DeviceProbe {
   int count = 0;
@@ -93,32 +96,24 @@ const DeviceProbe &probeDevices() {
                    << probe_.reason;                                           \
   } while (false)
 
-// Runs `body` on `worldSize` forked ranks, rank r on cuda:r; skips when a
-// child reports that LibTorch has no CUDA.
-void runNccl(int worldSize, std::chrono::milliseconds timeout,
-             const std::function<void(dloss::Communicator &, int)> &body,
-             bool needTorchCuda = true) {
+// Runs `body` on `worldSize` forked ranks, rank r on cuda:r (its current
+// device, as a training script sets LOCAL_RANK's).
+void runOnGpus(int worldSize, std::chrono::milliseconds timeout,
+               const std::function<void(dloss::Communicator &, int)> &body) {
   int port = freePort();
   std::vector<int> ranks(worldSize);
   std::iota(ranks.begin(), ranks.end(), 0);
   auto outcomes = runChildren(ranks, [&](int rank) {
-    auto comm = dloss::connectNccl(
-        loopbackOptions(port, rank, worldSize, timeout), rank);
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(rank));
+    auto comm = dloss::connectProcessGroup(
+        loopbackOptions(port, rank, worldSize, timeout));
     CHILD_CHECK(comm->rank() == rank, "rank() is wrong");
     CHILD_CHECK(comm->worldSize() == worldSize, "worldSize() is wrong");
     CHILD_CHECK(comm->collectivesStarted() == 1,
                 "the connection check is collective #1, got "
                     << comm->collectivesStarted());
-    if (needTorchCuda && !at::hasCUDA()) {
-      std::fflush(stderr);
-      ::_exit(kNoTorchCuda);
-    }
     body(*comm, rank);
   });
-  for (const ChildOutcome &outcome : outcomes)
-    if (outcome.exitCode && *outcome.exitCode == kNoTorchCuda)
-      GTEST_SKIP() << "this LibTorch has no CUDA: CUDA tensors cannot be made "
-                      "(the connection and the checks without tensors passed)";
   dloss::test::expectAllSucceeded(outcomes,
                                   "world size " + std::to_string(worldSize));
 }
@@ -151,48 +146,30 @@ bool contains(const std::string &text, const std::string &part) {
 // World size 1
 //===----------------------------------------------------------------------===//
 
-// Runs everywhere: without a GPU (or with a device index past the last one)
-// connectNccl raises a dloss::Error that says so, before any rendezvous.
-TEST(NcclCommunicator, RefusesAMissingDevice) {
-  int device = std::max(probeDevices().count, 0);
-  auto outcomes = runChildren({0}, [&](int) {
-    std::string error = errorOf([&] {
-      dloss::connectNccl(
-          loopbackOptions(freePort(), 0, 1, dloss::test::kCollectiveTimeout),
-          device);
-    });
-    CHILD_CHECK(contains(error, "connectNccl: no usable CUDA device") ||
-                    contains(error, "connectNccl: device " +
-                                        std::to_string(device) +
-                                        " is not one of the"),
-                "no clear error for a missing device: " << error);
-  });
-  dloss::test::expectAllSucceeded(outcomes, "connectNccl on a missing device");
+// The group moves CPU tensors through Gloo and CUDA ones through NCCL,
+// chosen per call by the tensor's device.
+TEST(ProcessGroupCuda, WorldOneMovesBothDevices) {
+  SKIP_WITHOUT_GPUS(1);
+  runOnGpus(1, dloss::test::kCollectiveTimeout,
+            [](dloss::Communicator &comm, int device) {
+              auto ints = comm.allGatherInts({3, -4, 1LL << 40});
+              CHILD_CHECK((ints == std::vector<int64_t>{3, -4, 1LL << 40}),
+                          "allGatherInts at world size 1 changed the values");
+              at::Tensor cpu = at::arange(4, at::kFloat);
+              CHILD_CHECK(same(comm.allReduce(cpu, dloss::Reduction::Sum), cpu),
+                          "allReduce of a CPU tensor (Gloo)");
+              at::Tensor gpu = onDevice(cpu, device);
+              at::Tensor reduced = comm.allReduce(gpu, dloss::Reduction::Sum);
+              CHILD_CHECK(reduced.is_cuda() && same(reduced, cpu),
+                          "allReduce of a CUDA tensor (NCCL)");
+              CHILD_CHECK(comm.collectivesStarted() == 4,
+                          "collectives counted: " << comm.collectivesStarted());
+            });
 }
 
-TEST(NcclCommunicator, WorldOneWithoutTensors) {
+TEST(ProcessGroupCuda, WorldOneCollectives) {
   SKIP_WITHOUT_GPUS(1);
-  runNccl(
-      1, dloss::test::kCollectiveTimeout,
-      [](dloss::Communicator &comm, int) {
-        auto ints = comm.allGatherInts({3, -4, 1LL << 40});
-        CHILD_CHECK((ints == std::vector<int64_t>{3, -4, 1LL << 40}),
-                    "allGatherInts at world size 1 changed the values");
-        CHILD_CHECK(comm.collectivesStarted() == 2,
-                    "allGatherInts not counted");
-        std::string error = errorOf(
-            [&] { comm.allReduce(at::ones({2}), dloss::Reduction::Sum); });
-        CHILD_CHECK(contains(error,
-                             "the NCCL communicator takes CUDA tensors; "
-                             "use the Gloo communicator for CPU tensors"),
-                    "a CPU tensor was not refused clearly: " << error);
-      },
-      /*needTorchCuda=*/false);
-}
-
-TEST(NcclCommunicator, WorldOneCollectives) {
-  SKIP_WITHOUT_GPUS(1);
-  runNccl(
+  runOnGpus(
       1, dloss::test::kCollectiveTimeout,
       [](dloss::Communicator &comm, int device) {
         at::Tensor x =
@@ -219,7 +196,7 @@ TEST(NcclCommunicator, WorldOneCollectives) {
             same(comm.reduceScatter(x, dloss::Reduction::Sum, 1, {4}), x),
             "reduceScatter axis 1");
         CHILD_CHECK(same(comm.broadcast(x, 0), x), "broadcast");
-        // Through NCCL's send/recv to itself, header first.
+        // Shift 0 modulo the world size: every rank keeps its own.
         CHILD_CHECK(same(comm.ringShift(x, 1), x), "ringShift");
         CHILD_CHECK(same(comm.ringShift(x.t(), -3), x.t()),
                     "ringShift of a non-contiguous tensor");
@@ -241,7 +218,7 @@ TEST(NcclCommunicator, WorldOneCollectives) {
 
         std::string error =
             errorOf([&] { comm.allReduce(x.gt(1), dloss::Reduction::Sum); });
-        CHILD_CHECK(contains(error, "not supported by NCCL"),
+        CHILD_CHECK(contains(error, "Sum of a Bool tensor is not supported"),
                     "a bool reduction was not refused: " << error);
         error = errorOf([&] { comm.send(x, 0, 0); });
         CHILD_CHECK(contains(error, "not another rank"),
@@ -260,10 +237,10 @@ TEST(NcclCommunicator, WorldOneCollectives) {
 
 int multiWorld() { return std::min(probeDevices().count, 4); }
 
-TEST(NcclCommunicator, UnevenCollectives) {
+TEST(ProcessGroupCuda, UnevenCollectives) {
   SKIP_WITHOUT_GPUS(2);
   int n = multiWorld();
-  runNccl(
+  runOnGpus(
       n, dloss::test::kCollectiveTimeout,
       [n](dloss::Communicator &comm, int r) {
         // Rank r holds r + 1 rows (the last one none when n > 2) of value 100 r
@@ -338,10 +315,10 @@ TEST(NcclCommunicator, UnevenCollectives) {
       });
 }
 
-TEST(NcclCommunicator, PointToPointRing) {
+TEST(ProcessGroupCuda, PointToPointRing) {
   SKIP_WITHOUT_GPUS(2);
   int n = multiWorld();
-  runNccl(
+  runOnGpus(
       n, dloss::test::kCollectiveTimeout,
       [n](dloss::Communicator &comm, int r) {
         int next = (r + 1) % n, prev = (r + n - 1) % n;
@@ -374,31 +351,57 @@ TEST(NcclCommunicator, PointToPointRing) {
       });
 }
 
-TEST(NcclCommunicator, DeadlineNamesTheRankThatNeverArrived) {
+// Rank 1 skips the next CUDA allReduce and stays alive past the deadline;
+// rank 0's allReduce (collective #`number`) must fail at the deadline naming
+// rank 1 and saying `detail`, and leave the communicator failing fast.
+void skipOnRankOne(dloss::Communicator &comm, int r,
+                   std::chrono::milliseconds timeout, int number,
+                   const std::string &detail) {
+  at::Tensor x = onDevice(at::ones({8}), r);
+  if (r == 1) {
+    std::this_thread::sleep_for(timeout + std::chrono::seconds(3));
+    return;
+  }
+  auto start = dloss::test::Clock::now();
+  std::string error =
+      errorOf([&] { comm.allReduce(x, dloss::Reduction::Sum); });
+  auto elapsed = dloss::test::Clock::now() - start;
+  std::string what =
+      "collective #" + std::to_string(number) + " allReduce timed out";
+  CHILD_CHECK(contains(error, what), "no timeout error: " << error);
+  CHILD_CHECK(contains(error, "rank 1 never arrived"),
+              "the missing rank is not named: " << error);
+  CHILD_CHECK(contains(error, detail), "no '" << detail << "': " << error);
+  CHILD_CHECK(elapsed < timeout + std::chrono::seconds(5),
+              "the deadline took too long");
+  error = errorOf([&] { comm.allReduce(x, dloss::Reduction::Sum); });
+  CHILD_CHECK(contains(error, "unusable after an earlier failure"),
+              "a later call did not fail fast: " << error);
+}
+
+// Rank 1 never reaches the group's first CUDA collective: the ranks meet
+// under the deadline before NCCL starts (NCCL's start would block the host
+// with no deadline), so rank 0 names rank 1 instead of hanging.
+TEST(ProcessGroupCuda, DeadlineBeforeNcclStartsNamesTheRank) {
   SKIP_WITHOUT_GPUS(2);
-  // Long enough for NCCL's initialisation, which shares the deadline.
+  auto timeout = std::chrono::milliseconds(5000);
+  runOnGpus(2, timeout, [timeout](dloss::Communicator &comm, int r) {
+    skipOnRankOne(comm, r, timeout, 2, "deadline");
+  });
+}
+
+// Rank 1 skips a CUDA collective once NCCL runs: rank 0's kernel waits on
+// the GPU, the host polls it against the deadline, aborts the group's NCCL
+// communicators (which ends the kernel) and names rank 1.
+TEST(ProcessGroupCuda, DeadlineInNcclAbortsTheGroup) {
+  SKIP_WITHOUT_GPUS(2);
+  // Long enough for NCCL's start in the first, completed, collective.
   auto timeout = std::chrono::milliseconds(10000);
-  runNccl(2, timeout, [timeout](dloss::Communicator &comm, int r) {
+  runOnGpus(2, timeout, [timeout](dloss::Communicator &comm, int r) {
     at::Tensor x = onDevice(at::ones({8}), r);
-    if (r == 1) {
-      // Skips the collective; stays alive past rank 0's deadline.
-      std::this_thread::sleep_for(timeout + std::chrono::seconds(3));
-      return;
-    }
-    auto start = dloss::test::Clock::now();
-    std::string error =
-        errorOf([&] { comm.allReduce(x, dloss::Reduction::Sum); });
-    auto elapsed = dloss::test::Clock::now() - start;
-    CHILD_CHECK(contains(error, "collective #2 allReduce timed out"),
-                "no timeout error: " << error);
-    CHILD_CHECK(contains(error, "rank 1 never arrived"),
-                "the missing rank is not named: " << error);
-    CHILD_CHECK(contains(error, "aborted"), "no abort mentioned: " << error);
-    CHILD_CHECK(elapsed < timeout + std::chrono::seconds(5),
-                "the deadline took too long");
-    error = errorOf([&] { comm.allReduce(x, dloss::Reduction::Sum); });
-    CHILD_CHECK(contains(error, "unusable after an earlier failure"),
-                "a later call did not fail fast: " << error);
+    CHILD_CHECK(same(comm.allReduce(x, dloss::Reduction::Sum), x * 2),
+                "the first CUDA allReduce");
+    skipOnRankOne(comm, r, timeout, 3, "NCCL communicators were aborted");
   });
 }
 
