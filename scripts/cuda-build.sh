@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The CUDA build (compiled, never run here): the runtime, dloss-run and the
-# runtime tests, CUDA tiles and the c10d group's NCCL backend included, against
+# The CUDA build (its GPU parts compiled, never run here): the runtime,
+# dloss-run and the runtime tests, CUDA tiles and the c10d group's NCCL backend included, against
 # the CUDA torch (torch 2.14.1, CUDA 13) and the cuBLAS of its nvidia wheels, so
-# that every DLOSS_TORCH_HAS_CUDA branch compiles and links as users build it.
+# that every DLOSS_TORCH_HAS_CUDA branch compiles and links as users build it;
+# then the runtime's tests run against that torch on the CPU (a second torch).
 # Runs where that torch lies on this machine's disk (pip takes it from there in
 # about a minute); elsewhere it says in one line that it skipped and why: its
 # download (several GB) would be too slow. scripts/test.sh calls it.
@@ -66,4 +67,12 @@ grep -qF "c10d::ProcessGroupNCCL::ProcessGroupNCCL" <<< "$symbols" ||
 for test in dloss-fused-cuda-tests dloss-process-group-cuda-tests; do
   [ -x "$BUILD_DIR/test/runtime/$test" ] || { echo "cuda-build: FAILED: $test was not built"; exit 1; }
 done
-echo "cuda-build: PASS: the runtime, dloss-run and the CUDA tests compile and link against torch $VERSION's CUDA libraries (nothing runs without a GPU)"
+echo "cuda-build: the runtime, dloss-run and the CUDA tests compile and link against torch $VERSION's CUDA libraries"
+
+# A second torch end to end: the runtime's tests (collectives, reliability,
+# kernels, executor) run against this torch on the CPU; the gpu-labelled ones
+# skip, saying why, where no GPU is visible.
+ctest --test-dir "$BUILD_DIR" -j "$(nproc)" --timeout 300 --output-on-failure > "$BUILD_DIR/ctest.log" 2>&1 ||
+  { tail -40 "$BUILD_DIR/ctest.log"; echo "cuda-build: FAILED: the runtime's tests against torch $VERSION"; exit 1; }
+grep "tests passed" "$BUILD_DIR/ctest.log"
+echo "cuda-build: PASS: built against torch $VERSION's CUDA libraries; its runtime tests pass on the CPU ($(grep -c '(Skipped)' "$BUILD_DIR/ctest.log") GPU tests skipped: no GPU here)"
