@@ -1,205 +1,142 @@
-// dloss::Graph: builds the dloss MLIR of a loss op by op, checking each op as
-// it is added.
+// dloss::Graph: records a loss op by op. Each method packs its operands into
+// one dloss_graph_call, in the order compiler/GraphBuilder.cpp reads them,
+// and
+// - appends it to the graph's recording, one line per op: the source its
+//   plan is cached under (jit::compilePlan(const Graph &)), so that a
+//   machine without the compiler library runs a graph compiled elsewhere;
+// - where the compiler library loads (CompilerLibrary.h), hands it to the
+//   library, which builds and checks the op's MLIR at once, so a mistake is
+//   reported at the user's line.
+// This file holds no MLIR.
 #include "frontend/Graph.h"
 
-#include "dialect/DlossOps.h"
-#include "driver/Compile.h"
+#include "frontend/CompilerLibrary.h"
 #include "runtime/support/Error.h"
 
-#include "mlir/Dialect/Arith/IR/Arith.h"
-#include "mlir/Dialect/Func/IR/FuncOps.h"
-#include "mlir/IR/Builders.h"
-#include "mlir/IR/BuiltinOps.h"
-#include "mlir/IR/Diagnostics.h"
-#include "mlir/IR/MLIRContext.h"
-#include "mlir/IR/Verifier.h"
-
-#include <sstream>
+#include <cstdio>
+#include <initializer_list>
 
 namespace dloss {
 
-namespace d = mlir::dloss;
-
-/// Collects the diagnostics MLIR reports while one op is built or checked.
-class DiagnosticCapture {
-public:
-  explicit DiagnosticCapture(mlir::MLIRContext *context)
-      : handler(context, [this](mlir::Diagnostic &diag) {
-          std::string text;
-          llvm::raw_string_ostream os(text);
-          os << diag;
-          for (mlir::Diagnostic &note : diag.getNotes())
-            os << " (" << note << ")";
-          messages.push_back(text);
-          return mlir::success();
-        }) {}
-
-  std::string text() const {
-    std::string all;
-    for (const std::string &m : messages)
-      all += (all.empty() ? "" : "; ") + m;
-    return all.empty() ? "the op is not valid" : all;
-  }
-
-private:
-  std::vector<std::string> messages;
-  mlir::ScopedDiagnosticHandler handler;
-};
-
 struct Graph::Impl {
-  explicit Impl(std::string lossName)
-      : name(std::move(lossName)), builder(&context) {
-    mlir::DialectRegistry registry;
-    d::registerLossDialects(registry);
-    context.appendDialectRegistry(registry);
-    context.loadAllAvailableDialects();
-    module = mlir::ModuleOp::create(builder.getUnknownLoc());
-    builder.setInsertionPointToEnd(module->getBody());
-    func = mlir::func::FuncOp::create(builder,
-                                      location(SourceLoc{name.c_str(), 0}),
-                                      name, builder.getFunctionType({}, {}));
-    body = func.addEntryBlock();
-    builder.setInsertionPointToEnd(body);
-  }
-
-  mlir::Location location(SourceLoc at) {
-    return mlir::FileLineColLoc::get(&context, at.file, at.line, 0);
-  }
-
-  mlir::Type elementType(DType dtype) {
-    switch (dtype) {
-    case DType::F16:
-      return builder.getF16Type();
-    case DType::BF16:
-      return builder.getBF16Type();
-    case DType::F32:
-      return builder.getF32Type();
-    case DType::F64:
-      return builder.getF64Type();
-    case DType::I32:
-      return builder.getI32Type();
-    case DType::I64:
-      return builder.getI64Type();
+  explicit Impl(std::string lossName) : name(std::move(lossName)) {
+    try {
+      library = &compilerLibrary();
+      handle = library->graphCreate(name.c_str());
+    } catch (const Error &e) {
+      missingLibrary = std::make_unique<Error>(e);
     }
-    return builder.getF32Type();
+    recording = "dloss-graph 1 " + name + "\n";
   }
+  ~Impl() {
+    if (handle)
+      library->graphDestroy(handle);
+  }
+  Impl(const Impl &) = delete;
+  Impl &operator=(const Impl &) = delete;
 
-  [[noreturn]] void fail(llvm::StringRef op, SourceLoc at,
-                         const std::string &what,
-                         const std::string &hint = "") {
-    std::ostringstream where;
-    where << at.file << ":" << at.line;
-    throw Error(what, hint.empty() ? "fix the operands of this op" : hint)
-        .withOp(op.str())
-        .withLocation(where.str());
-  }
-
-  mlir::Value tensor(Tensor t, llvm::StringRef op, SourceLoc at) {
-    if (!t.defined() || &t.graph()->impl() != this || t.id() < 0 ||
-        t.id() >= static_cast<int>(tensors.size()))
-      fail(op, at, "an operand is not a tensor of graph '" + name + "'",
-           "build every operand with this graph's methods");
-    if (finished)
-      fail(op, at, "graph '" + name + "' is finished (setLoss was called)",
-           "build the whole loss before setLoss");
-    return tensors[t.id()];
-  }
-
-  mlir::Value size(Size s, llvm::StringRef op, SourceLoc at) {
-    if (!s.defined() || s.id() < 0 || s.id() >= static_cast<int>(sizes.size()))
-      fail(
-          op, at, "a size operand is not a size of graph '" + name + "'",
-          "build sizes with dim(), shardOffset(), globalSize() or worldSize()");
-    return sizes[s.id()];
-  }
-
-  /// Builds op `OpTy` with `args` (after the result type), inferring the
-  /// result type when the op can, then verifies it. Any problem raises
-  /// dloss::Error naming the op and the C++ line, instead of MLIR's
-  /// fatal error on a builder that cannot infer.
-  template <typename OpTy, typename... Args>
-  mlir::Value make(SourceLoc at, mlir::Type resultType, Args &&...args) {
-    mlir::Location loc = location(at);
-    DiagnosticCapture capture(&context);
-    mlir::OperationState state(loc, OpTy::getOperationName());
-    OpTy::build(builder, state, resultType ? resultType : builder.getNoneType(),
-                std::forward<Args>(args)...);
-    if constexpr (OpTy::template hasTrait<
-                      mlir::InferTypeOpInterface::Trait>()) {
-      llvm::SmallVector<mlir::Type> types;
-      if (mlir::failed(OpTy::inferReturnTypes(
-              &context, loc, state.operands,
-              state.attributes.getDictionary(&context),
-              state.getRawProperties(), state.regions, types)))
-        fail(OpTy::getOperationName(), at, capture.text());
-      state.types.assign(types.begin(), types.end());
-    }
-    mlir::Operation *op = builder.create(state);
-    if (mlir::failed(mlir::verify(op))) {
-      std::string text = capture.text();
-      op->erase();
-      fail(OpTy::getOperationName(), at, text);
-    }
-    return op->getResult(0);
-  }
-
-  Tensor addTensor(Graph *graph, mlir::Value v) {
-    tensors.push_back(v);
-    return Tensor(graph, static_cast<int>(tensors.size()) - 1);
-  }
-  Size addSize(Graph *graph, mlir::Value v) {
-    sizes.push_back(v);
-    return Size(graph, static_cast<int>(sizes.size()) - 1);
+  /// The library, for what only it can do (MLIR text, shapes); throws why it
+  /// could not be loaded.
+  const CompilerLibrary &needLibrary() const {
+    if (!handle)
+      throw *missingLibrary;
+    return *library;
   }
 
   std::string name;
-  mlir::MLIRContext context;
-  mlir::OpBuilder builder;
-  mlir::OwningOpRef<mlir::ModuleOp> module;
-  mlir::func::FuncOp func;
-  mlir::Block *body = nullptr;
-  std::vector<mlir::Value> tensors, sizes;
+  const CompilerLibrary *library = nullptr;
+  dloss_graph *handle = nullptr;         // Null without the library.
+  std::unique_ptr<Error> missingLibrary; // Why there is none.
+  std::string recording;
+  int32_t tensorCount = 0, sizeCount = 0;
   std::vector<std::string> inputNames;
-  std::vector<InputOptions> inputOptions;
   bool finished = false;
 };
 
 namespace {
-d::ReduceKind reduceKind(Reduction r) {
-  switch (r) {
-  case Reduction::Sum:
-    return d::ReduceKind::sum;
-  case Reduction::Mean:
-    return d::ReduceKind::mean;
-  case Reduction::Max:
-    return d::ReduceKind::max;
-  case Reduction::Min:
-    return d::ReduceKind::min;
-  }
-  return d::ReduceKind::sum;
-}
-d::GatherGrad gatherGrad(GatherGrad g) {
-  switch (g) {
-  case GatherGrad::Exact:
-    return d::GatherGrad::exact;
-  case GatherGrad::Local:
-    return d::GatherGrad::local;
-  case GatherGrad::None:
-    return d::GatherGrad::none;
-  }
-  return d::GatherGrad::exact;
-}
+
+/// One method's operands, by kind, in the order GraphBuilder.cpp reads them.
+struct Call {
+  const char *method;
+  std::vector<int32_t> tensors, sizes;
+  std::vector<int64_t> ints;
+  std::vector<double> reals;
+  std::string text;
+};
+
 } // namespace
 
-std::vector<int64_t> Tensor::shape() const {
-  if (!owner)
-    return {};
-  auto type = llvm::cast<mlir::RankedTensorType>(
-      owner->impl().tensors[index].getType());
-  std::vector<int64_t> result;
-  for (int64_t d : type.getShape())
-    result.push_back(mlir::ShapedType::isDynamic(d) ? -1 : d);
-  return result;
+enum class Result { Tensor, Size, None };
+
+/// The call as one line of the recording: every operand, the text
+/// length-prefixed, reals exactly (hexadecimal), and the user's line (it
+/// becomes the ops' locations, which run-time errors name).
+static std::string recordOf(const Call &call, SourceLoc at) {
+  std::string line = call.method;
+  auto list = [&](const char *tag, const auto &values) {
+    line += std::string(" ") + tag;
+    for (const auto &v : values)
+      line += " " + std::to_string(v);
+  };
+  list("t", call.tensors);
+  list("s", call.sizes);
+  list("i", call.ints);
+  line += " r";
+  for (double v : call.reals) {
+    char buffer[64];
+    std::snprintf(buffer, sizeof(buffer), " %a", v);
+    line += buffer;
+  }
+  line += " x " + std::to_string(call.text.size()) + ":" + call.text;
+  std::string file = at.file ? at.file : "";
+  line += " @ " + std::to_string(file.size()) + ":" + file + ":" +
+          std::to_string(at.line) + "\n";
+  return line;
+}
+
+/// Adds the op; its result's id, or a dloss::Error naming the op and the
+/// user's line.
+static int32_t addOp(Graph &graph, const Call &call, SourceLoc at,
+                     Result result) {
+  Graph::Impl &impl = graph.impl();
+  int32_t expected = result == Result::Tensor ? impl.tensorCount
+                     : result == Result::Size ? impl.sizeCount
+                                              : 0;
+  auto accept = [&] {
+    impl.recording += recordOf(call, at);
+    if (result == Result::Tensor)
+      ++impl.tensorCount;
+    else if (result == Result::Size)
+      ++impl.sizeCount;
+    return expected;
+  };
+  if (!impl.handle) // Recorded only: checked when compiled elsewhere.
+    return accept();
+  dloss_graph_call c{call.method,
+                     call.tensors.data(),
+                     static_cast<int32_t>(call.tensors.size()),
+                     call.sizes.data(),
+                     static_cast<int32_t>(call.sizes.size()),
+                     call.ints.data(),
+                     static_cast<int32_t>(call.ints.size()),
+                     call.reals.data(),
+                     static_cast<int32_t>(call.reals.size()),
+                     call.text.c_str(),
+                     at.file,
+                     at.line};
+  dloss_graph_error error{};
+  int32_t id = impl.library->graphAdd(impl.handle, &c, &error);
+  if (id < 0)
+    throw Error(error.message, error.hint)
+        .withOp(error.op)
+        .withLocation(error.location);
+  if (id != expected)
+    throw Error("the compiler library numbered '" + std::string(call.method) +
+                    "' " + std::to_string(id) + ", not " +
+                    std::to_string(expected),
+                "Install libdloss_compiler from the same dloss build as "
+                "libdloss_jit");
+  return accept();
 }
 
 Graph::Graph(std::string lossName)
@@ -209,335 +146,213 @@ Graph::Graph(Graph &&) noexcept = default;
 Graph &Graph::operator=(Graph &&) noexcept = default;
 
 const std::string &Graph::name() const { return state->name; }
+const std::string &Graph::recording() const { return state->recording; }
 std::vector<std::string> Graph::inputNames() const { return state->inputNames; }
+
+std::vector<int64_t> Tensor::shape() const {
+  if (!owner)
+    return {};
+  Graph::Impl &impl = owner->impl();
+  const CompilerLibrary &library = impl.needLibrary();
+  int32_t rank = library.graphShape(impl.handle, index, nullptr, 0);
+  if (rank < 0)
+    return {};
+  std::vector<int64_t> dims(rank);
+  library.graphShape(impl.handle, index, dims.data(), rank);
+  return dims;
+}
+
+// A tensor or size of this graph as its id; -1 (refused by the builder with
+// the graph's name) for one of another graph or an empty one.
+#define DLOSS_T(x) ((x).graph() == this ? (x).id() : -1)
+#define DLOSS_S(x) (sizeOf(x))
+#define DLOSS_TENSOR_OP(...)                                                   \
+  Tensor(this, addOp(*this, Call{__VA_ARGS__}, at, Result::Tensor))
+#define DLOSS_SIZE_OP(...)                                                     \
+  Size(this, addOp(*this, Call{__VA_ARGS__}, at, Result::Size))
+
+namespace {
+int32_t sizeOf(Size s) { return s.defined() ? s.id() : -1; }
+} // namespace
 
 Tensor Graph::input(const std::string &name, DType dtype,
                     std::vector<int64_t> shape, InputOptions options,
                     SourceLoc at) {
-  Impl &s = *state;
-  if (s.finished)
-    s.fail("input", at,
-           "graph '" + s.name + "' is finished (setLoss was called)",
-           "declare every input before setLoss");
-  for (const std::string &existing : s.inputNames)
-    if (existing == name)
-      s.fail("input", at,
-             "graph '" + s.name + "' already has an input called '" + name +
-                 "'",
-             "give every input its own name");
-  llvm::SmallVector<int64_t> dims;
-  for (int64_t d : shape) {
-    if (d < -1)
-      s.fail("input", at, "input '" + name + "' has size " + std::to_string(d),
-             "use -1 for a size known only at run time");
-    dims.push_back(d < 0 ? mlir::ShapedType::kDynamic : d);
-  }
-  mlir::Type elem = s.elementType(dtype);
-  if (options.grad && !llvm::isa<mlir::FloatType>(elem))
-    s.fail("input", at,
-           "input '" + name + "' asks for a gradient but is an integer tensor",
-           "only floating-point inputs have gradients");
-  mlir::Value arg = s.body->addArgument(mlir::RankedTensorType::get(dims, elem),
-                                        s.location(at));
-  s.inputNames.push_back(name);
-  s.inputOptions.push_back(options);
-  return s.addTensor(this, arg);
+  std::vector<int64_t> ints{static_cast<int64_t>(dtype), options.grad,
+                            options.replicated};
+  ints.insert(ints.end(), shape.begin(), shape.end());
+  Tensor result = DLOSS_TENSOR_OP("input", {}, {}, ints, {}, name);
+  state->inputNames.push_back(name);
+  return result;
 }
-
-#define DLOSS_TENSOR(x) state->tensor(x, op, at)
-#define DLOSS_SIZE(x) state->size(x, op, at)
 
 Tensor Graph::allGather(Tensor x, int64_t axis, GatherGrad grad, SourceLoc at) {
-  llvm::StringRef op = d::AllGatherOp::getOperationName();
-  return state->addTensor(this,
-                          state->make<d::AllGatherOp>(at, {}, DLOSS_TENSOR(x),
-                                                      axis, gatherGrad(grad)));
+  return DLOSS_TENSOR_OP("allGather", {DLOSS_T(x)}, {},
+                         {axis, static_cast<int64_t>(grad)});
 }
 Tensor Graph::allReduce(Tensor x, Reduction kind, SourceLoc at) {
-  llvm::StringRef op = d::AllReduceOp::getOperationName();
-  mlir::Value v = DLOSS_TENSOR(x);
-  return state->addTensor(
-      this, state->make<d::AllReduceOp>(at, v.getType(), reduceKind(kind), v));
+  return DLOSS_TENSOR_OP("allReduce", {DLOSS_T(x)}, {},
+                         {static_cast<int64_t>(kind)});
 }
 Tensor Graph::reduceScatter(Tensor x, Reduction kind, int64_t axis,
                             std::optional<Size> size, SourceLoc at) {
-  llvm::StringRef op = d::ReduceScatterOp::getOperationName();
-  mlir::Value n = size ? DLOSS_SIZE(*size) : mlir::Value();
-  return state->addTensor(
-      this, state->make<d::ReduceScatterOp>(at, {}, reduceKind(kind),
-                                            DLOSS_TENSOR(x), axis, n));
+  return DLOSS_TENSOR_OP("reduceScatter", {DLOSS_T(x)},
+                         {size ? DLOSS_S(*size) : -1},
+                         {static_cast<int64_t>(kind), axis});
 }
 Tensor Graph::broadcast(Tensor x, int64_t root, SourceLoc at) {
-  llvm::StringRef op = d::BroadcastOp::getOperationName();
-  mlir::Value v = DLOSS_TENSOR(x);
-  return state->addTensor(
-      this, state->make<d::BroadcastOp>(at, v.getType(), v, root));
+  return DLOSS_TENSOR_OP("broadcast", {DLOSS_T(x)}, {}, {root});
 }
 Tensor Graph::ringShift(Tensor x, int64_t shift, SourceLoc at) {
-  llvm::StringRef op = d::RingShiftOp::getOperationName();
-  mlir::Value v = DLOSS_TENSOR(x);
-  return state->addTensor(
-      this, state->make<d::RingShiftOp>(at, v.getType(), v, shift));
+  return DLOSS_TENSOR_OP("ringShift", {DLOSS_T(x)}, {}, {shift});
 }
 
-Size Graph::rank(SourceLoc at) {
-  return state->addSize(
-      this, state->make<d::RankOp>(at, state->builder.getIndexType()));
-}
-Size Graph::worldSize(SourceLoc at) {
-  return state->addSize(
-      this, state->make<d::WorldSizeOp>(at, state->builder.getIndexType()));
-}
+Size Graph::rank(SourceLoc at) { return DLOSS_SIZE_OP("rank"); }
+Size Graph::worldSize(SourceLoc at) { return DLOSS_SIZE_OP("worldSize"); }
 Size Graph::dim(Tensor x, int64_t axis, SourceLoc at) {
-  llvm::StringRef op = d::DimOp::getOperationName();
-  return state->addSize(this,
-                        state->make<d::DimOp>(at, state->builder.getIndexType(),
-                                              DLOSS_TENSOR(x), axis));
+  return DLOSS_SIZE_OP("dim", {DLOSS_T(x)}, {}, {axis});
 }
 Size Graph::shardOffset(Tensor x, int64_t axis, SourceLoc at) {
-  llvm::StringRef op = d::ShardOffsetOp::getOperationName();
-  return state->addSize(
-      this, state->make<d::ShardOffsetOp>(at, state->builder.getIndexType(),
-                                          DLOSS_TENSOR(x), axis));
+  return DLOSS_SIZE_OP("shardOffset", {DLOSS_T(x)}, {}, {axis});
 }
 Size Graph::globalSize(Tensor x, int64_t axis, SourceLoc at) {
-  llvm::StringRef op = d::GlobalSizeOp::getOperationName();
-  return state->addSize(
-      this, state->make<d::GlobalSizeOp>(at, state->builder.getIndexType(),
-                                         DLOSS_TENSOR(x), axis));
+  return DLOSS_SIZE_OP("globalSize", {DLOSS_T(x)}, {}, {axis});
 }
-
 Size Graph::size(int64_t value, SourceLoc at) {
-  Impl &s = *state;
-  return s.addSize(
-      this, s.make<mlir::arith::ConstantOp>(at, s.builder.getIndexType(),
-                                            s.builder.getIndexAttr(value)));
+  return DLOSS_SIZE_OP("size", {}, {}, {value});
 }
-
-#define DLOSS_SIZE_ARITH(METHOD, OP)                                           \
-  Size Graph::METHOD(Size a, Size b, SourceLoc at) {                           \
-    llvm::StringRef op = OP::getOperationName();                               \
-    return state->addSize(this,                                                \
-                          state->make<OP>(at, state->builder.getIndexType(),   \
-                                          DLOSS_SIZE(a), DLOSS_SIZE(b)));      \
-  }
-DLOSS_SIZE_ARITH(addSizes, mlir::arith::AddIOp)
-DLOSS_SIZE_ARITH(subSizes, mlir::arith::SubIOp)
-DLOSS_SIZE_ARITH(mulSizes, mlir::arith::MulIOp)
-#undef DLOSS_SIZE_ARITH
+Size Graph::addSizes(Size a, Size b, SourceLoc at) {
+  return DLOSS_SIZE_OP("addSizes", {}, {DLOSS_S(a), DLOSS_S(b)});
+}
+Size Graph::subSizes(Size a, Size b, SourceLoc at) {
+  return DLOSS_SIZE_OP("subSizes", {}, {DLOSS_S(a), DLOSS_S(b)});
+}
+Size Graph::mulSizes(Size a, Size b, SourceLoc at) {
+  return DLOSS_SIZE_OP("mulSizes", {}, {DLOSS_S(a), DLOSS_S(b)});
+}
 
 Tensor Graph::constant(double value, DType dtype, SourceLoc at) {
-  Impl &s = *state;
-  mlir::Type elem = s.elementType(dtype);
-  auto type = mlir::RankedTensorType::get({}, elem);
-  mlir::Attribute element =
-      llvm::isa<mlir::FloatType>(elem)
-          ? mlir::Attribute(s.builder.getFloatAttr(elem, value))
-          : mlir::Attribute(
-                s.builder.getIntegerAttr(elem, static_cast<int64_t>(value)));
-  auto dense = mlir::DenseElementsAttr::get(type, llvm::ArrayRef(element));
-  return s.addTensor(this, s.make<mlir::arith::ConstantOp>(at, type, dense));
+  return DLOSS_TENSOR_OP("constant", {}, {}, {static_cast<int64_t>(dtype)},
+                         {value});
 }
-
+Tensor Graph::constantLike(Tensor like, double value, SourceLoc at) {
+  return DLOSS_TENSOR_OP("constantLike", {DLOSS_T(like)}, {}, {}, {value});
+}
 Tensor Graph::matmul(Tensor a, Tensor b, bool transposeA, bool transposeB,
                      SourceLoc at) {
-  llvm::StringRef op = d::MatmulOp::getOperationName();
-  return state->addTensor(
-      this, state->make<d::MatmulOp>(at, {}, DLOSS_TENSOR(a), DLOSS_TENSOR(b),
-                                     transposeA, transposeB));
+  return DLOSS_TENSOR_OP("matmul", {DLOSS_T(a), DLOSS_T(b)}, {},
+                         {transposeA, transposeB});
 }
 
-#define DLOSS_BINARY(METHOD, OP)                                               \
+#define DLOSS_BINARY(METHOD)                                                   \
   Tensor Graph::METHOD(Tensor a, Tensor b, SourceLoc at) {                     \
-    llvm::StringRef op = OP::getOperationName();                               \
-    return state->addTensor(                                                   \
-        this, state->make<OP>(at, {}, DLOSS_TENSOR(a), DLOSS_TENSOR(b)));      \
+    return DLOSS_TENSOR_OP(#METHOD, {DLOSS_T(a), DLOSS_T(b)});                 \
   }
-DLOSS_BINARY(add, d::AddOp)
-DLOSS_BINARY(sub, d::SubOp)
-DLOSS_BINARY(mul, d::MulOp)
-DLOSS_BINARY(div, d::DivOp)
-DLOSS_BINARY(eq, d::EqOp)
+DLOSS_BINARY(add)
+DLOSS_BINARY(sub)
+DLOSS_BINARY(mul)
+DLOSS_BINARY(div)
+DLOSS_BINARY(eq)
 #undef DLOSS_BINARY
 
 Tensor Graph::select(Tensor cond, Tensor a, Tensor b, SourceLoc at) {
-  llvm::StringRef op = d::SelectOp::getOperationName();
-  return state->addTensor(
-      this, state->make<d::SelectOp>(at, {}, DLOSS_TENSOR(cond),
-                                     DLOSS_TENSOR(a), DLOSS_TENSOR(b)));
+  return DLOSS_TENSOR_OP("select", {DLOSS_T(cond), DLOSS_T(a), DLOSS_T(b)});
 }
 
-#define DLOSS_UNARY(METHOD, OP)                                                \
+#define DLOSS_UNARY(METHOD)                                                    \
   Tensor Graph::METHOD(Tensor x, SourceLoc at) {                               \
-    llvm::StringRef op = OP::getOperationName();                               \
-    mlir::Value v = DLOSS_TENSOR(x);                                           \
-    return state->addTensor(this, state->make<OP>(at, v.getType(), v));        \
+    return DLOSS_TENSOR_OP(#METHOD, {DLOSS_T(x)});                             \
   }
-DLOSS_UNARY(neg, d::NegOp)
-DLOSS_UNARY(exp, d::ExpOp)
-DLOSS_UNARY(log, d::LogOp)
-DLOSS_UNARY(softplus, d::SoftplusOp)
-DLOSS_UNARY(logSigmoid, d::LogSigmoidOp)
-DLOSS_UNARY(sigmoid, d::SigmoidOp)
-DLOSS_UNARY(cos, d::CosOp)
-DLOSS_UNARY(sin, d::SinOp)
-DLOSS_UNARY(acos, d::AcosOp)
-DLOSS_UNARY(sqrt, d::SqrtOp)
-DLOSS_UNARY(zerosLike, d::ZerosLikeOp)
+DLOSS_UNARY(neg)
+DLOSS_UNARY(exp)
+DLOSS_UNARY(log)
+DLOSS_UNARY(softplus)
+DLOSS_UNARY(logSigmoid)
+DLOSS_UNARY(sigmoid)
+DLOSS_UNARY(cos)
+DLOSS_UNARY(sin)
+DLOSS_UNARY(acos)
+DLOSS_UNARY(sqrt)
+DLOSS_UNARY(zerosLike)
 #undef DLOSS_UNARY
 
 Tensor Graph::clamp(Tensor x, std::optional<double> min,
                     std::optional<double> max, SourceLoc at) {
-  llvm::StringRef op = d::ClampOp::getOperationName();
-  mlir::Value v = DLOSS_TENSOR(x);
-  mlir::FloatAttr lo =
-      min ? state->builder.getF64FloatAttr(*min) : mlir::FloatAttr();
-  mlir::FloatAttr hi =
-      max ? state->builder.getF64FloatAttr(*max) : mlir::FloatAttr();
-  return state->addTensor(this,
-                          state->make<d::ClampOp>(at, v.getType(), v, lo, hi));
+  return DLOSS_TENSOR_OP("clamp", {DLOSS_T(x)}, {},
+                         {min.has_value(), max.has_value()},
+                         {min.value_or(0.0), max.value_or(0.0)});
 }
-
 Tensor Graph::cast(Tensor x, DType dtype, SourceLoc at) {
-  llvm::StringRef op = d::CastOp::getOperationName();
-  mlir::Value v = DLOSS_TENSOR(x);
-  auto type = llvm::cast<mlir::RankedTensorType>(v.getType())
-                  .clone(state->elementType(dtype));
-  return state->addTensor(this, state->make<d::CastOp>(at, type, v));
+  return DLOSS_TENSOR_OP("cast", {DLOSS_T(x)}, {},
+                         {static_cast<int64_t>(dtype)});
 }
-
 Tensor Graph::toTensor(Size n, DType dtype, SourceLoc at) {
-  llvm::StringRef op = d::CastOp::getOperationName();
-  auto type = mlir::RankedTensorType::get({}, state->elementType(dtype));
-  return state->addTensor(this,
-                          state->make<d::CastOp>(at, type, DLOSS_SIZE(n)));
+  return DLOSS_TENSOR_OP("toTensor", {}, {DLOSS_S(n)},
+                         {static_cast<int64_t>(dtype)});
 }
-
 Tensor Graph::l2Normalize(Tensor x, int64_t axis, double eps, SourceLoc at) {
-  llvm::StringRef op = d::L2NormalizeOp::getOperationName();
-  mlir::Value v = DLOSS_TENSOR(x);
-  return state->addTensor(
-      this, state->make<d::L2NormalizeOp>(at, v.getType(), v, axis,
-                                          llvm::APFloat(eps)));
+  return DLOSS_TENSOR_OP("l2Normalize", {DLOSS_T(x)}, {}, {axis}, {eps});
 }
-
 Tensor Graph::reduce(Tensor x, Reduction kind, std::vector<int64_t> axes,
                      SourceLoc at) {
-  llvm::StringRef op = d::ReduceOp::getOperationName();
-  return state->addTensor(
-      this, state->make<d::ReduceOp>(at, {}, reduceKind(kind), DLOSS_TENSOR(x),
-                                     llvm::ArrayRef<int64_t>(axes)));
+  std::vector<int64_t> ints{static_cast<int64_t>(kind)};
+  ints.insert(ints.end(), axes.begin(), axes.end());
+  return DLOSS_TENSOR_OP("reduce", {DLOSS_T(x)}, {}, ints);
 }
-
 Tensor Graph::logsumexp(Tensor x, int64_t axis, SourceLoc at) {
-  llvm::StringRef op = d::LogSumExpOp::getOperationName();
-  return state->addTensor(
-      this, state->make<d::LogSumExpOp>(at, {}, DLOSS_TENSOR(x), axis));
+  return DLOSS_TENSOR_OP("logsumexp", {DLOSS_T(x)}, {}, {axis});
 }
-
 Tensor Graph::takeAlong(Tensor x, Tensor indices, int64_t axis, SourceLoc at) {
-  llvm::StringRef op = d::TakeAlongOp::getOperationName();
-  return state->addTensor(
-      this, state->make<d::TakeAlongOp>(at, {}, DLOSS_TENSOR(x),
-                                        DLOSS_TENSOR(indices), axis));
+  return DLOSS_TENSOR_OP("takeAlong", {DLOSS_T(x), DLOSS_T(indices)}, {},
+                         {axis});
 }
-
 Tensor Graph::putAlong(Tensor x, Tensor indices, Tensor values, int64_t axis,
                        SourceLoc at) {
-  llvm::StringRef op = d::PutAlongOp::getOperationName();
-  return state->addTensor(
-      this,
-      state->make<d::PutAlongOp>(at, {}, DLOSS_TENSOR(x), DLOSS_TENSOR(indices),
-                                 DLOSS_TENSOR(values), axis));
+  return DLOSS_TENSOR_OP("putAlong",
+                         {DLOSS_T(x), DLOSS_T(indices), DLOSS_T(values)}, {},
+                         {axis});
 }
-
 Tensor Graph::arange(Size start, Size count, DType dtype, SourceLoc at) {
-  llvm::StringRef op = d::ArangeOp::getOperationName();
-  auto type = mlir::RankedTensorType::get({mlir::ShapedType::kDynamic},
-                                          state->elementType(dtype));
-  return state->addTensor(
-      this,
-      state->make<d::ArangeOp>(at, type, DLOSS_SIZE(start), DLOSS_SIZE(count)));
+  return DLOSS_TENSOR_OP("arange", {}, {DLOSS_S(start), DLOSS_S(count)},
+                         {static_cast<int64_t>(dtype)});
 }
-
 Tensor Graph::crossEntropy(Tensor logits, Tensor targets, int64_t axis,
                            SourceLoc at) {
-  llvm::StringRef op = d::CrossEntropyOp::getOperationName();
-  return state->addTensor(
-      this, state->make<d::CrossEntropyOp>(at, {}, DLOSS_TENSOR(logits),
-                                           DLOSS_TENSOR(targets), axis));
+  return DLOSS_TENSOR_OP("crossEntropy", {DLOSS_T(logits), DLOSS_T(targets)},
+                         {}, {axis});
 }
-
 Tensor Graph::expand(Tensor x, std::vector<int64_t> axes, Tensor like,
                      SourceLoc at) {
-  llvm::StringRef op = d::ExpandOp::getOperationName();
-  return state->addTensor(
-      this, state->make<d::ExpandOp>(at, {}, DLOSS_TENSOR(x),
-                                     llvm::ArrayRef<int64_t>(axes),
-                                     DLOSS_TENSOR(like)));
+  return DLOSS_TENSOR_OP("expand", {DLOSS_T(x), DLOSS_T(like)}, {}, axes);
 }
-
 Tensor Graph::slice(Tensor x, int64_t axis, Size offset, Size size,
                     SourceLoc at) {
-  llvm::StringRef op = d::SliceOp::getOperationName();
-  return state->addTensor(
-      this, state->make<d::SliceOp>(at, {}, DLOSS_TENSOR(x), axis,
-                                    DLOSS_SIZE(offset), DLOSS_SIZE(size)));
+  return DLOSS_TENSOR_OP("slice", {DLOSS_T(x)},
+                         {DLOSS_S(offset), DLOSS_S(size)}, {axis});
 }
-
 Tensor Graph::pad(Tensor x, int64_t axis, Size low, Size high, SourceLoc at) {
-  llvm::StringRef op = d::PadOp::getOperationName();
-  return state->addTensor(this, state->make<d::PadOp>(at, {}, DLOSS_TENSOR(x),
-                                                      axis, DLOSS_SIZE(low),
-                                                      DLOSS_SIZE(high)));
+  return DLOSS_TENSOR_OP("pad", {DLOSS_T(x)}, {DLOSS_S(low), DLOSS_S(high)},
+                         {axis});
 }
 
 void Graph::setLoss(Tensor loss, GradMode mode, SourceLoc at) {
-  Impl &s = *state;
-  llvm::StringRef op = "setLoss";
-  mlir::Value v = DLOSS_TENSOR(loss);
-  mlir::func::ReturnOp::create(s.builder, s.location(at), mlir::ValueRange{v});
-  s.func.setFunctionType(
-      s.builder.getFunctionType(s.body->getArgumentTypes(), {v.getType()}));
-  s.func->setAttr(d::DlossDialect::kLossAttrName, s.builder.getUnitAttr());
-  s.func->setAttr(
-      d::DlossDialect::kGradModeAttrName,
-      s.builder.getStringAttr(mode == GradMode::Global ? "global" : "ddp"));
-  for (unsigned i = 0; i < s.inputNames.size(); ++i) {
-    s.func.setArgAttr(i, d::DlossDialect::kNameAttrName,
-                      s.builder.getStringAttr(s.inputNames[i]));
-    if (s.inputOptions[i].grad)
-      s.func.setArgAttr(i, d::DlossDialect::kGradAttrName,
-                        s.builder.getUnitAttr());
-    if (s.inputOptions[i].replicated)
-      s.func.setArgAttr(i, d::DlossDialect::kReplicatedAttrName,
-                        s.builder.getUnitAttr());
-  }
-  s.finished = true;
-  DiagnosticCapture capture(&s.context);
-  if (mlir::failed(mlir::verify(*s.module))) {
-    std::string text = capture.text();
-    s.finished = false;
-    s.body->back().erase();
-    s.fail("setLoss", at, text,
-           "the loss must be a 0-d floating-point tensor, e.g. the result of "
-           "reduce(...) followed by allReduce(..., Reduction::Sum)");
-  }
+  addOp(*this,
+        Call{"setLoss", {DLOSS_T(loss)}, {}, {static_cast<int64_t>(mode)}}, at,
+        Result::None);
+  state->finished = true;
 }
 
 std::string Graph::toMlir() const {
   if (!state->finished)
     throw Error("graph '" + state->name + "' has no loss yet",
                 "call setLoss(loss) before compiling or printing it");
-  std::string text;
-  llvm::raw_string_ostream os(text);
-  state->module->print(os,
-                       mlir::OpPrintingFlags().enableDebugInfo(true, false));
-  return text;
+  return state->needLibrary().graphMlir(state->handle);
 }
 
-#undef DLOSS_TENSOR
-#undef DLOSS_SIZE
+#undef DLOSS_T
+#undef DLOSS_S
+#undef DLOSS_TENSOR_OP
+#undef DLOSS_SIZE_OP
 
 // Operators.
 static Graph &graphOf(Tensor a) {
@@ -546,18 +361,7 @@ static Graph &graphOf(Tensor a) {
                 "build tensors with a dloss::Graph");
   return *a.graph();
 }
-static Tensor scalarLike(Tensor a, double v) {
-  auto type = llvm::cast<mlir::RankedTensorType>(
-      graphOf(a).impl().tensors.at(a.id()).getType());
-  mlir::Type elem = type.getElementType();
-  DType dtype = elem.isF16()         ? DType::F16
-                : elem.isBF16()      ? DType::BF16
-                : elem.isF64()       ? DType::F64
-                : elem.isInteger(32) ? DType::I32
-                : elem.isInteger(64) ? DType::I64
-                                     : DType::F32;
-  return graphOf(a).constant(v, dtype);
-}
+static Tensor scalarLike(Tensor a, double v) { return graphOf(a).constantLike(a, v); }
 Tensor operator+(Tensor a, Tensor b) { return graphOf(a).add(a, b); }
 Tensor operator-(Tensor a, Tensor b) { return graphOf(a).sub(a, b); }
 Tensor operator*(Tensor a, Tensor b) { return graphOf(a).mul(a, b); }

@@ -3,7 +3,7 @@
 #ifndef DLOSS_FRONTEND_GRAPH_H
 #define DLOSS_FRONTEND_GRAPH_H
 
-#include "runtime/comm/Reduction.h"
+#include "frontend/GraphTypes.h"
 
 #include <cstdint>
 #include <memory>
@@ -12,21 +12,6 @@
 #include <vector>
 
 namespace dloss {
-
-enum class DType { F16, BF16, F32, F64, I32, I64 };
-enum class GatherGrad { Exact, Local, None };
-enum class GradMode { Ddp, Global };
-
-/// Where in the user's C++ an op was built: errors (at build time and at
-/// run time) point there. Filled in at the call site by default arguments.
-struct SourceLoc {
-  const char *file = "";
-  int line = 0;
-  static SourceLoc current(const char *file = __builtin_FILE(),
-                           int line = __builtin_LINE()) {
-    return {file, line};
-  }
-};
 
 class Graph;
 
@@ -62,17 +47,13 @@ private:
   int index = -1;
 };
 
-struct InputOptions {
-  /// Differentiate the loss with respect to this input.
-  bool grad = false;
-  /// The same value on every rank (a loss parameter: a logit scale, ArcFace's
-  /// W).
-  bool replicated = false;
-};
-
 /// Records the program one rank runs (SPMD), op by op, checking each op's
-/// operands as it is added: a mistake raises dloss::Error naming the op, the
-/// C++ line that built it and what to do. The ops are the dloss dialect's
+/// operands as it is added (through the compiler library,
+/// compiler/dloss_compiler.h): a mistake raises dloss::Error naming the op,
+/// the C++ line that built it and what to do. Without the compiler library
+/// the ops are only recorded: a plan compiled elsewhere for the same
+/// recording runs, and toMlir() and Tensor::shape() raise why there is no
+/// compiler. The ops are the dloss dialect's
 /// (docs/DlossDialect.md).
 class Graph {
 public:
@@ -115,6 +96,9 @@ public:
   // Compute.
   Tensor constant(double value, DType dtype = DType::F32,
                   SourceLoc at = SourceLoc::current());
+  /// A 0-d constant of `like`'s element type (what `x * 2.0` multiplies by).
+  Tensor constantLike(Tensor like, double value,
+                      SourceLoc at = SourceLoc::current());
   Tensor matmul(Tensor a, Tensor b, bool transposeA = false,
                 bool transposeB = false, SourceLoc at = SourceLoc::current());
   Tensor add(Tensor a, Tensor b, SourceLoc at = SourceLoc::current());
@@ -169,12 +153,19 @@ public:
   void setLoss(Tensor loss, GradMode mode = GradMode::Ddp,
                SourceLoc at = SourceLoc::current());
 
-  /// The verified program as dloss MLIR text (what dlossc reads).
+  /// The verified program as dloss MLIR text (what dlossc reads). Needs the
+  /// compiler library.
   std::string toMlir() const;
+  /// Every op as recorded, one line each (with the user's file:line): the
+  /// source the graph's plan is cached under, so that a machine without the
+  /// compiler library runs a graph compiled elsewhere
+  /// (jit::compilePlan(const Graph &)).
+  const std::string &recording() const;
   const std::string &name() const;
   std::vector<std::string> inputNames() const;
 
-  /// Implementation details (MLIR), private to frontend/.
+  /// Implementation details (the compiler library's graph), private to
+  /// frontend/.
   struct Impl;
   Impl &impl() const { return *state; }
 

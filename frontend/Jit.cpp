@@ -1,20 +1,15 @@
 // The LibTorch JIT: dloss MLIR (or a Graph) -> cached plan -> CompiledLoss.
 #include "frontend/Jit.h"
 
-#include "driver/Compile.h"
+#include "frontend/CompilerLibrary.h"
 #include "runtime/plan/PlanCache.h"
 #include "runtime/support/Error.h"
-
-#include "mlir/IR/BuiltinOps.h"
-#include "mlir/IR/Diagnostics.h"
-#include "mlir/IR/MLIRContext.h"
-#include "llvm/Support/MemoryBuffer.h"
-#include "llvm/Support/SourceMgr.h"
 
 #include <atomic>
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
 
@@ -31,13 +26,13 @@ std::map<CacheKey, std::shared_ptr<const PlanFile>> &cache() {
   return plans;
 }
 
-} // namespace
-
-std::shared_ptr<const PlanFile> compilePlan(const std::string &mlirText,
-                                            const std::string &gradMode,
-                                            const std::string &name,
-                                            bool fuse) {
-  CacheKey key{mlirText, gradMode, fuse};
+/// The plan of `request` (its source: MLIR text or a graph's recording),
+/// from memory, the disk cache, or compiled from `mlirText()`.
+std::shared_ptr<const PlanFile>
+planFor(const PlanRequest &request,
+        const std::function<std::string()> &mlirText) {
+  const std::string &name = request.name;
+  CacheKey key{request.source, request.gradMode, request.fuse};
   {
     std::lock_guard<std::mutex> lock(cacheMutex);
     auto it = cache().find(key);
@@ -46,7 +41,6 @@ std::shared_ptr<const PlanFile> compilePlan(const std::string &mlirText,
   }
   // Then the plan cache on disk (runtime/plan/PlanCache.h): a process that
   // finds its plan there compiles nothing.
-  PlanRequest request{mlirText, name, gradMode, fuse};
   std::optional<std::string> directory = planCacheDirectory();
   if (directory)
     if (auto plan = loadCachedPlan(*directory, request)) {
@@ -54,37 +48,61 @@ std::shared_ptr<const PlanFile> compilePlan(const std::string &mlirText,
       return cache().emplace(key, plan).first->second;
     }
 
-  mlir::DialectRegistry registry;
-  mlir::dloss::registerLossDialects(registry);
-  mlir::MLIRContext context(registry);
-  context.loadAllAvailableDialects();
-  llvm::SourceMgr sourceMgr;
-  sourceMgr.AddNewSourceBuffer(
-      llvm::MemoryBuffer::getMemBufferCopy(mlirText, name), llvm::SMLoc());
-  std::string messages;
-  llvm::raw_string_ostream os(messages);
-  mlir::SourceMgrDiagnosticHandler diagnostics(sourceMgr, &context, os);
-
-  mlir::OwningOpRef<mlir::ModuleOp> module =
-      mlir::dloss::parseLoss(sourceMgr, &context);
-  bool ok = static_cast<bool>(module);
-  if (ok && !gradMode.empty())
-    ok = mlir::succeeded(mlir::dloss::overrideGradMode(*module, gradMode));
-  mlir::FailureOr<std::string> bytes = mlir::failure();
-  if (ok)
-    bytes = mlir::dloss::compileToPlan(*module, name, fuse);
-  if (mlir::failed(bytes))
-    throw Error("the loss '" + name + "' did not compile:\n" + messages,
+  // Not cached: compile with the compiler library (loaded on first use). A
+  // machine without it can only run plans compiled elsewhere.
+  const CompilerLibrary *library = nullptr;
+  try {
+    library = &compilerLibrary();
+  } catch (const Error &e) {
+    throw Error("the plan of '" + name + "' is not in the plan cache (key " +
+                    planCacheKey(request) +
+                    (directory ? " in " + *directory
+                               : std::string(", the cache is off")) +
+                    ") and this machine cannot compile it: " + e.problem(),
+                "Compile it once (same source and options) where dloss has "
+                "its compiler library and share the cache directory "
+                "(DLOSS_CACHE_DIR), or point DLOSS_COMPILER_LIBRARY at the "
+                "libdloss_compiler.so of this dloss build");
+  }
+  std::string text = mlirText();
+  dloss_compile_request compileRequest{text.data(), text.size(), name.c_str(),
+                                       request.gradMode.c_str(),
+                                       request.fuse ? 1 : 0,
+                                       /*general_only=*/0};
+  std::unique_ptr<dloss_compile_result, decltype(library->resultFree)> result(
+      library->compile(&compileRequest), library->resultFree);
+  if (!library->ok(result.get()))
+    throw Error("the loss '" + name + "' did not compile:\n" +
+                    library->messages(result.get()),
                 "fix the loss at the location the compiler names");
+  size_t size = 0;
+  const uint8_t *bytes = library->plan(result.get(), &size);
 
-  auto plan = PlanFile::fromBytes(
-      std::vector<uint8_t>(bytes->begin(), bytes->end()), name);
+  auto plan = PlanFile::fromBytes(std::vector<uint8_t>(bytes, bytes + size),
+                                  name);
   ++compiled;
   if (directory)
     storeCachedPlan(*directory, request, *plan);
   std::lock_guard<std::mutex> lock(cacheMutex);
   cache().emplace(key, plan);
   return plan;
+}
+
+} // namespace
+
+std::shared_ptr<const PlanFile> compilePlan(const std::string &mlirText,
+                                            const std::string &gradMode,
+                                            const std::string &name,
+                                            bool fuse) {
+  return planFor(PlanRequest{mlirText, name, gradMode, fuse},
+                 [&] { return mlirText; });
+}
+
+std::shared_ptr<const PlanFile> compilePlan(const Graph &graph,
+                                            const std::string &gradMode,
+                                            bool fuse) {
+  return planFor(PlanRequest{graph.recording(), graph.name(), gradMode, fuse},
+                 [&] { return graph.toMlir(); });
 }
 
 std::shared_ptr<Communicator> defaultCommunicator() {
@@ -108,8 +126,7 @@ CompiledLoss compile(const std::string &mlirText, Options options) {
 }
 
 CompiledLoss compile(const Graph &graph, Options options) {
-  auto plan =
-      compilePlan(graph.toMlir(), options.gradMode, graph.name(), options.fuse);
+  auto plan = compilePlan(graph, options.gradMode, options.fuse);
   return CompiledLoss(
       plan, options.communicator ? options.communicator : defaultCommunicator(),
       options.entry.empty() ? graph.name() : options.entry);

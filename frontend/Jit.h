@@ -30,10 +30,19 @@ struct Options {
 /// `off` to disable): a plan does not depend on batch sizes, dtypes of
 /// dynamic inputs or the world size, which the runtime receives at each call
 /// (and checks in its preflight). A loss that does not compile raises
-/// dloss::Error carrying the compiler's messages with their locations.
+/// dloss::Error carrying the compiler's messages with their locations. The
+/// compiler is libdloss_compiler, loaded on first use (CompilerLibrary.h).
 std::shared_ptr<const PlanFile> compilePlan(const std::string &mlirText,
                                             const std::string &gradMode = "",
                                             const std::string &name = "<jit>",
+                                            bool fuse = true);
+/// The plan of `graph`, cached under the graph's recording (every op with
+/// its user's line, Graph::recording()) rather than its MLIR text, so that a
+/// machine without the compiler library runs a graph compiled elsewhere.
+/// Without the compiler library, a plan not in the cache is a dloss::Error
+/// naming its cache key and directory.
+std::shared_ptr<const PlanFile> compilePlan(const Graph &graph,
+                                            const std::string &gradMode = "",
                                             bool fuse = true);
 
 /// A callable loss: `loss = compiled({image, text, scale}); loss.backward();`

@@ -524,6 +524,17 @@ void bindJit(py::module_ &m) {
       py::arg("text"), py::arg("grad_mode") = "", py::arg("name") = "<python>",
       py::arg("fuse") = true, GilRelease());
   m.def(
+      "compile_graph_plan",
+      [](const Graph &graph, const std::string &gradMode, bool fuse) {
+        return std::const_pointer_cast<PlanFile>(
+            jit::compilePlan(graph, gradMode, fuse));
+      },
+      py::arg("graph"), py::arg("grad_mode") = "", py::arg("fuse") = true,
+      GilRelease(),
+      "The plan of a Graph, cached under its recording (one line per op), so "
+      "that it runs where the compiler library is missing once compiled "
+      "elsewhere.");
+  m.def(
       "load_plan",
       [](const std::string &path) {
         return std::const_pointer_cast<PlanFile>(PlanFile::load(path));

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The CUDA build (its GPU parts compiled, never run here): the runtime,
-# dloss-run and the runtime tests, CUDA tiles and the c10d group's NCCL backend included, against
+# The CUDA build (its GPU parts compiled, never run here): the runtime, the
+# JIT, the Python extension (no compiler: DLOSS_BUILD_COMPILER=OFF), dloss-run
+# and the runtime tests, CUDA tiles and the c10d group's NCCL backend included, against
 # the CUDA torch (torch 2.14.1, CUDA 13) and the cuBLAS of its nvidia wheels, so
 # that every DLOSS_TORCH_HAS_CUDA branch compiles and links as users build it;
 # then the runtime's tests run against that torch on the CPU (a second torch).
@@ -69,10 +70,45 @@ for test in dloss-fused-cuda-tests dloss-process-group-cuda-tests; do
 done
 echo "cuda-build: the runtime, dloss-run and the CUDA tests compile and link against torch $VERSION's CUDA libraries"
 
+# The JIT and the extension hold no compiler, so they build here too: against
+# this torch, `import dloss` passes its self-check (a ProcessGroup crosses),
+# and a drop-in runs from a plan compiled elsewhere, as on the GPU machines
+# (no LLVM): first with the main build's libdloss_compiler.so, then with none,
+# from the plan cache alone.
+for built in "$BUILD_DIR/frontend/libdloss_jit.so" "$BUILD_DIR"/python/dloss/_C*.so; do
+  [ -f "$built" ] || { echo "cuda-build: FAILED: $built was not built"; exit 1; }
+done
+PYTHONPATH="$BUILD_DIR/python" "$VENV/bin/python" -c \
+  "import dloss, torch; print('cuda-build: import dloss works on torch', torch.__version__)"
+COMPILER_LIB=${DLOSS_CUDA_COMPILER_LIBRARY:-$ROOT/${DLOSS_BUILD_DIR:-build}/frontend/libdloss_compiler.so}
+if [ -f "$COMPILER_LIB" ]; then
+  cache=$(mktemp -d)
+  drop_in() {
+    DLOSS_CACHE_DIR=$cache DLOSS_COMPILER_LIBRARY=$1 PYTHONPATH="$BUILD_DIR/python" \
+      "$VENV/bin/python" -c '
+import torch, torch.nn.functional as F, dloss
+from dloss import _C
+dloss.init()
+g = torch.Generator().manual_seed(0)
+x = F.normalize(torch.randn(8, 4, generator=g), dim=1)
+y = F.normalize(torch.randn(8, 4, generator=g), dim=1)
+loss = dloss.ClipLoss()(x, y, torch.tensor(10.0))
+print("compiled=%d loss=%.9g" % (_C.plan_cache_stats()["compiled"], float(loss)))'
+  }
+  first=$(drop_in "$COMPILER_LIB" | tail -1)
+  second=$(drop_in /nonexistent/libdloss_compiler.so | tail -1)
+  [[ $first == compiled=1* && $second == compiled=0* && ${first#* } == "${second#* }" ]] ||
+    { echo "cuda-build: FAILED: a plan compiled elsewhere did not run without the compiler ('$first' then '$second')"; exit 1; }
+  echo "cuda-build: dloss.ClipLoss ran from a cached plan without the compiler library (${second#* })"
+  rm -rf "$cache"
+else
+  echo "cuda-build: no $COMPILER_LIB (the main build's): the run from a plan compiled elsewhere is skipped"
+fi
+
 # A second torch end to end: the runtime's tests (collectives, reliability,
 # kernels, executor) run against this torch on the CPU; the gpu-labelled ones
 # skip, saying why, where no GPU is visible.
 ctest --test-dir "$BUILD_DIR" -j "$(nproc)" --timeout 300 --output-on-failure > "$BUILD_DIR/ctest.log" 2>&1 ||
   { tail -40 "$BUILD_DIR/ctest.log"; echo "cuda-build: FAILED: the runtime's tests against torch $VERSION"; exit 1; }
 grep "tests passed" "$BUILD_DIR/ctest.log"
-echo "cuda-build: PASS: built against torch $VERSION's CUDA libraries; its runtime tests pass on the CPU ($(grep -c '(Skipped)' "$BUILD_DIR/ctest.log") GPU tests skipped: no GPU here)"
+echo "cuda-build: PASS: built against torch $VERSION's CUDA libraries; import dloss and its runtime tests pass on the CPU ($(grep -c '(Skipped)' "$BUILD_DIR/ctest.log") GPU tests skipped: no GPU here)"

@@ -12,11 +12,7 @@ from .group import communicator
 
 
 def _source_text(source):
-    """(MLIR text, name) of a compile() source."""
-    if isinstance(source, Graph):
-        return source.to_mlir(), source.name
-    if isinstance(source, _C.Graph):
-        return source.to_mlir(), source.name
+    """(MLIR text, name) of a compile() source other than a graph."""
     if isinstance(source, os.PathLike):
         source = os.fspath(source)
     if not isinstance(source, str):
@@ -169,8 +165,12 @@ def compile(source, grad_mode=None, fuse=True, entry=None, group=None):
         from .trace import Loss
         return Loss(source, grad_mode=grad_mode or "ddp", fuse=fuse,
                     group=group, name=entry)
+    if isinstance(source, (Graph, _C.Graph)):
+        # Cached under the graph's recording, not its MLIR text: a machine
+        # without the compiler library runs a graph compiled elsewhere.
+        graph = source._g if isinstance(source, Graph) else source
+        plan = _C.compile_graph_plan(graph, grad_mode or "", bool(fuse))
+        return CompiledLoss(plan, entry or source.name, group)
     text, name = _source_text(source)
-    if entry is None and isinstance(source, (Graph, _C.Graph)):
-        entry = source.name
     plan = _C.compile_plan(text, grad_mode or "", name, bool(fuse))
     return CompiledLoss(plan, entry or "", group)

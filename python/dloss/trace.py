@@ -544,13 +544,13 @@ class Loss:
                                  constants, self.grad_mode)
             compiled = compile_source(graph, fuse=self.fuse,
                                       group=self.group)
-            compiled.mlir = graph.to_mlir()
+            compiled.graph = graph
             self._compiled[key] = compiled
         return compiled
 
     def to_mlir(self, *args, **kwargs):
         """The dloss MLIR recorded for these arguments."""
-        return self.compiled(*args, **kwargs).mlir
+        return self.compiled(*args, **kwargs).graph.to_mlir()
 
     def plan_text(self, *args, **kwargs):
         """The compiled plan for these arguments, as text."""

@@ -16,7 +16,7 @@ namespace dloss {
 /// What a plan is compiled from. Everything that can change the plan's bytes
 /// is here, so equal requests share an entry and different ones never do.
 struct PlanRequest {
-  std::string source;   ///< The loss's MLIR text.
+  std::string source;   ///< MLIR text, or a Graph's recording.
   std::string name;     ///< The source's name in locations ("<jit>", a path).
   std::string gradMode; ///< "", "ddp" or "global".
   bool fuse = true;

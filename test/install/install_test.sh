@@ -26,7 +26,8 @@ step "cmake --install $build --prefix $prefix"
 cmake --install "$build" --prefix "$prefix" > "$work/install.log" ||
   { cat "$work/install.log"; fail "cmake --install failed"; }
 
-for file in lib/libdloss_runtime.so lib/libdloss_jit.so \
+for file in lib/libdloss_runtime.so lib/libdloss_jit.so lib/libdloss_compiler.so \
+    include/dloss/compiler/dloss_compiler.h \
     lib/cmake/dloss/dlossConfig.cmake lib/cmake/dloss/dlossConfigVersion.cmake \
     lib/cmake/dloss/dlossTargets.cmake \
     include/dloss/runtime/autograd/CompiledLoss.h \

@@ -47,7 +47,8 @@ package=$site/dloss
 step "ldd: every library and tool of the install"
 mapfile -t binaries < <(find "$package" -type f \( -name '*.so*' -o -perm -u+x \) |
   while read -r f; do head -c 4 "$f" | grep -q ELF && echo "$f"; done)
-[[ ${#binaries[@]} -ge 6 ]] || fail "expected the extension, 2 libraries and 3 tools, found: ${binaries[*]}"
+[[ ${#binaries[@]} -ge 7 ]] || fail "expected the extension, 3 libraries and 3 tools, found: ${binaries[*]}"
+[[ -f $package/lib/libdloss_compiler.so ]] || fail "the wheel has no lib/libdloss_compiler.so"
 for binary in "${binaries[@]}"; do
   deps=$(ldd "$binary")
   echo "$(basename "$binary"): $(grep -c '=>' <<< "$deps") libraries"

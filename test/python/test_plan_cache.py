@@ -1,7 +1,9 @@
 """The plan cache on disk: a second process compiles nothing (counted, not
 timed); a truncated or corrupt entry is detected, reported, recompiled and
 replaced, never executed; other options get other keys; DLOSS_CACHE_DIR=off
-turns it off. Each case runs real processes, as users run jobs."""
+turns it off; a process without the compiler library (DLOSS_COMPILER_LIBRARY
+naming none) runs the cached plans and names the key of one that is not
+cached. Each case runs real processes, as users run jobs."""
 
 import json
 import os
@@ -34,13 +36,41 @@ print("STATS " + json.dumps(stats))
 """
 
 
-def run(cache_dir, grad_mode="ddp"):
+# The same for a drop-in (a dloss.Graph built in C++, cached under its
+# recording): OpenCLIP's ClipLoss signature, one rank.
+DROP_IN = r"""
+import json, torch, torch.nn.functional as F
+import dloss
+from dloss import _C
+dloss.init()
+g = torch.Generator().manual_seed(0)
+image = F.normalize(torch.randn(4, 3, generator=g), dim=1).requires_grad_()
+text = F.normalize(torch.randn(4, 3, generator=g), dim=1).requires_grad_()
+loss = dloss.ClipLoss()(image, text, torch.tensor(10.0))
+loss.backward()
+stats = _C.plan_cache_stats()
+stats["loss"] = float(loss)
+stats["grad"] = float(image.grad.abs().sum())
+print("STATS " + json.dumps(stats))
+"""
+
+# A machine without the compiler library, as far as the loader can tell.
+NO_COMPILER = "/nonexistent/libdloss_compiler.so"
+
+
+def start(cache_dir, grad_mode="ddp", compiler=None, program=PROGRAM):
     env = dict(os.environ, DLOSS_CACHE_DIR=cache_dir)
     for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
         env.pop(name, None)
-    done = subprocess.run(
-        [sys.executable, "-c", PROGRAM, CLIP_MLIR, grad_mode],
+    if compiler:
+        env["DLOSS_COMPILER_LIBRARY"] = compiler
+    return subprocess.run(
+        [sys.executable, "-c", program, CLIP_MLIR, grad_mode],
         env=env, capture_output=True, text=True, timeout=300)
+
+
+def run(cache_dir, grad_mode="ddp", compiler=None, program=PROGRAM):
+    done = start(cache_dir, grad_mode, compiler, program)
     if done.returncode != 0:
         raise AssertionError(f"the process failed:\n{done.stdout}\n{done.stderr}")
     line = [l for l in done.stdout.splitlines() if l.startswith("STATS ")][-1]
@@ -133,6 +163,38 @@ class PlanCacheTest(unittest.TestCase):
         stats, stderr = run(os.path.join(blocker, "cache"))
         self.assertEqual((stats["compiled"], stats["stored"]), (1, 0))
         self.assertIn("cannot write the plan cache", stderr)
+
+    def test_a_machine_without_the_compiler_runs_cached_plans(self):
+        reference, _ = run(self.dir)
+        stats, _ = run(self.dir, compiler=NO_COMPILER)
+        self.assertEqual((stats["compiled"], stats["disk_hits"]), (0, 1))
+        self.assertEqual(stats["loss"], reference["loss"])
+        self.assertEqual(stats["grad"], reference["grad"])
+
+    def test_a_machine_without_the_compiler_runs_cached_drop_ins(self):
+        reference, _ = run(self.dir, program=DROP_IN)
+        self.assertEqual(reference["compiled"], 1)
+        stats, _ = run(self.dir, compiler=NO_COMPILER, program=DROP_IN)
+        self.assertEqual((stats["compiled"], stats["disk_hits"]), (0, 1))
+        self.assertEqual(stats["loss"], reference["loss"])
+        self.assertEqual(stats["grad"], reference["grad"])
+        # Without the cache, the same drop-in says what it would need.
+        done = start(tempfile.mkdtemp(prefix="dloss-empty-cache-"),
+                     compiler=NO_COMPILER, program=DROP_IN)
+        self.assertNotEqual(done.returncode, 0)
+        self.assertIn("is not in the plan cache (key ", done.stderr)
+
+    def test_without_the_compiler_an_uncached_plan_names_its_key(self):
+        from dloss import _C
+        run(self.dir, "ddp")
+        done = start(self.dir, "global", compiler=NO_COMPILER)
+        self.assertNotEqual(done.returncode, 0)
+        key = _C.plan_cache_key(open(CLIP_MLIR).read(), "global", name=CLIP_MLIR)
+        self.assertIn("is not in the plan cache (key %s in %s)" % (key, self.dir),
+                      done.stderr)
+        self.assertIn("this machine cannot compile it", done.stderr)
+        self.assertIn(NO_COMPILER, done.stderr)
+        self.assertIn("DLOSS_CACHE_DIR", done.stderr)
 
 
 if __name__ == "__main__":
