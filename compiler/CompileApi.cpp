@@ -126,7 +126,11 @@ size_t dloss_compile_diagnostic_count(const dloss_compile_result *result) {
 
 dloss_diagnostic dloss_compile_diagnostic(const dloss_compile_result *result,
                                           size_t index) {
-  const dloss_compile_result::Entry &entry = result->entries.at(index);
+  // Built without exceptions: an index past the end gets an empty note
+  // rather than an abort.
+  if (index >= result->entries.size())
+    return dloss_diagnostic{DLOSS_SEVERITY_NOTE, "", 0, 0, ""};
+  const dloss_compile_result::Entry &entry = result->entries[index];
   return dloss_diagnostic{entry.severity, entry.file.c_str(), entry.line,
                           entry.column, entry.message.c_str()};
 }

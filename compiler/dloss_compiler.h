@@ -69,7 +69,7 @@ typedef struct dloss_diagnostic {
 
 typedef struct dloss_compile_result dloss_compile_result;
 
-/* Never null (null only when memory runs out). */
+/* Never null; free it with dloss_compile_result_free. */
 DLOSS_COMPILER_API dloss_compile_result *
 dloss_compile(const dloss_compile_request *request);
 DLOSS_COMPILER_API void dloss_compile_result_free(dloss_compile_result *);
@@ -79,6 +79,8 @@ DLOSS_COMPILER_API const uint8_t *
 dloss_compile_plan(const dloss_compile_result *, size_t *size);
 DLOSS_COMPILER_API size_t
 dloss_compile_diagnostic_count(const dloss_compile_result *);
+/* Diagnostic `index` (< dloss_compile_diagnostic_count); an empty note
+ * past the end. */
 DLOSS_COMPILER_API dloss_diagnostic
 dloss_compile_diagnostic(const dloss_compile_result *, size_t index);
 /* Every diagnostic as MLIR prints them ("clip.mlir:3:8: error: ..." with the
