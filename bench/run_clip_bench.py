@@ -107,8 +107,6 @@ def bench_dloss(dloss_run, fuse, b_local, inputs, a, env, tmp):
            "--iters", str(a.iters), "--timeout", str(a.timeout), "--out", out] + inputs
     if not fuse:
         cmd.append("--no-fuse")
-    if a.dlossc:
-        cmd += ["--dlossc", a.dlossc]
     ok, text = run(cmd, env)
     if not ok:
         return None, text
@@ -301,7 +299,6 @@ def main():
     p.add_argument("--build", default=os.path.join(ROOT, "build"), help="build dir with bin/")
     p.add_argument("--eager", default="", help="dloss-bench-eager-clip (default BUILD/bin/...)")
     p.add_argument("--dloss-run", default="", help="dloss-run (default BUILD/bin/dloss-run)")
-    p.add_argument("--dlossc", default="", help="passed to dloss-run --dlossc")
     p.add_argument("--b-local", default="1024,4096,16384", help="rows per rank, comma-separated")
     p.add_argument("--impls", default="eager,unfused,fused",
                    help="which rows to run, of eager, unfused, fused")

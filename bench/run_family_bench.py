@@ -206,8 +206,7 @@ def fused_ops(dlossc, example, extra, env):
 
 def bench_plan(a, dloss_run, example, extra, inputs, out, env):
     cmd = [dloss_run, example, "--world", str(a.world), "--iters", str(a.repeat),
-           "--threads", str(a.threads), "--timeout", str(a.timeout), "--out", out,
-           "--dlossc", a.dlossc] + extra + inputs
+           "--threads", str(a.threads), "--timeout", str(a.timeout), "--out", out] + extra + inputs
     ok, text = run(cmd, env)
     if not ok:
         return None, first_error(text)
@@ -238,10 +237,11 @@ def bench_peak(a, exe, tile, env, tmp):
 
 
 def snapshot(tools, build, dir):
-    """Copies the tools and the runtime library they load into `dir` (under the
+    """Copies the tools and the dloss libraries they load (the runtime, the JIT and
+    the compiler library the JIT loads from beside itself) into `dir` (under the
     build lock when there is one), so that a rebuild in the shared tree cannot
-    replace them halfway through a long run. Returns the copies' paths and the
-    LD_LIBRARY_PATH that makes them load the copied library (RUNPATH yields to it)."""
+    replace them halfway through a long run. Returns the copies' paths; with `dir`
+    on LD_LIBRARY_PATH they load the copied libraries (RUNPATH yields to it)."""
     os.makedirs(dir, exist_ok=True)
     lock = "/tmp/dloss-build.lock"
     fd = os.open(lock, os.O_RDONLY) if os.path.exists(lock) else None
@@ -254,11 +254,13 @@ def snapshot(tools, build, dir):
         for t in tools:
             copies.append(os.path.join(dir, os.path.basename(t)))
             shutil.copy2(t, copies[-1])
-        shutil.copy2(os.path.join(build, "runtime", "libdloss_runtime.so"), dir)
+        for library in ("runtime/libdloss_runtime.so", "frontend/libdloss_jit.so",
+                        "frontend/libdloss_compiler.so"):
+            shutil.copy2(os.path.join(build, library), dir)
     finally:
         if fd is not None:
             os.close(fd)
-    print(f"snapshot: the tools and libdloss_runtime.so copied to {dir}", flush=True)
+    print(f"snapshot: the tools and dloss's libraries copied to {dir}", flush=True)
     return copies
 
 

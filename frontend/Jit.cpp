@@ -19,8 +19,8 @@ namespace {
 std::mutex cacheMutex;
 /// Plans this process compiled (not found in memory or on disk).
 std::atomic<int64_t> compiled{0};
-/// Plans by (IR text, gradient mode, fused).
-using CacheKey = std::tuple<std::string, std::string, bool>;
+/// Plans by (source, name, gradient mode, fused, general fusion only).
+using CacheKey = std::tuple<std::string, std::string, std::string, bool, bool>;
 std::map<CacheKey, std::shared_ptr<const PlanFile>> &cache() {
   static std::map<CacheKey, std::shared_ptr<const PlanFile>> plans;
   return plans;
@@ -32,7 +32,8 @@ std::shared_ptr<const PlanFile>
 planFor(const PlanRequest &request,
         const std::function<std::string()> &mlirText) {
   const std::string &name = request.name;
-  CacheKey key{request.source, request.gradMode, request.fuse};
+  CacheKey key{request.source, request.name, request.gradMode, request.fuse,
+               request.generalOnly};
   {
     std::lock_guard<std::mutex> lock(cacheMutex);
     auto it = cache().find(key);
@@ -68,7 +69,7 @@ planFor(const PlanRequest &request,
   dloss_compile_request compileRequest{text.data(), text.size(), name.c_str(),
                                        request.gradMode.c_str(),
                                        request.fuse ? 1 : 0,
-                                       /*general_only=*/0};
+                                       request.generalOnly ? 1 : 0};
   std::unique_ptr<dloss_compile_result, decltype(library->resultFree)> result(
       library->compile(&compileRequest), library->resultFree);
   if (!library->ok(result.get()))
@@ -93,8 +94,8 @@ planFor(const PlanRequest &request,
 std::shared_ptr<const PlanFile> compilePlan(const std::string &mlirText,
                                             const std::string &gradMode,
                                             const std::string &name,
-                                            bool fuse) {
-  return planFor(PlanRequest{mlirText, name, gradMode, fuse},
+                                            bool fuse, bool generalOnly) {
+  return planFor(PlanRequest{mlirText, name, gradMode, fuse, generalOnly},
                  [&] { return mlirText; });
 }
 

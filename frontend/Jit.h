@@ -24,8 +24,9 @@ struct Options {
 };
 
 /// Compiles dloss MLIR text to a plan: verify collectives, fuse (unless
-/// `fuse` is false), infer replication, derive @<loss>_grad, lower. Plans are
-/// cached by (text, grad mode, fuse) in memory and on disk
+/// `fuse` is false; with `generalOnly`, CLIP, SigLIP and PartialFC as the
+/// general dloss.fused_similarity too), infer replication, derive @<loss>_grad, lower. Plans are
+/// cached by (text, name, grad mode, fusion options) in memory and on disk
 /// (runtime/plan/PlanCache.h: $DLOSS_CACHE_DIR, default ~/.cache/dloss,
 /// `off` to disable): a plan does not depend on batch sizes, dtypes of
 /// dynamic inputs or the world size, which the runtime receives at each call
@@ -35,7 +36,8 @@ struct Options {
 std::shared_ptr<const PlanFile> compilePlan(const std::string &mlirText,
                                             const std::string &gradMode = "",
                                             const std::string &name = "<jit>",
-                                            bool fuse = true);
+                                            bool fuse = true,
+                                            bool generalOnly = false);
 /// The plan of `graph`, cached under the graph's recording (every op with
 /// its user's line, Graph::recording()) rather than its MLIR text, so that a
 /// machine without the compiler library runs a graph compiled elsewhere.

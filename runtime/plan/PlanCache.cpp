@@ -49,7 +49,9 @@ std::string requestText(const PlanRequest &request) {
                      std::to_string(kPlanVersion) + '\0' + "compiler=" +
                      kCompilerIdentity + '\0' + "name=" + request.name +
                      '\0' + "grad-mode=" + request.gradMode + '\0' +
-                     "fuse=" + (request.fuse ? "1" : "0") + '\0';
+                     "fuse=" + (request.fuse ? "1" : "0") + '\0' +
+                     "general-only=" + (request.generalOnly ? "1" : "0") +
+                     '\0';
   return text + request.source;
 }
 

@@ -20,6 +20,9 @@ struct PlanRequest {
   std::string name;     ///< The source's name in locations ("<jit>", a path).
   std::string gradMode; ///< "", "ddp" or "global".
   bool fuse = true;
+  /// CLIP, SigLIP and PartialFC fused as the general op too (dlossc
+  /// --general-fusion-only).
+  bool generalOnly = false;
 };
 
 /// The directory of cached plans: $DLOSS_CACHE_DIR, else

@@ -30,7 +30,7 @@ Extra options can live in the .mlir file as lines `// NUMERIC-ARGS: ...`
 (read before the command line, which overrides them).
 
 Through the real runtime (--runtime DLOSS_RUN): the derived side is then not
-the simulator but `dloss-run LOSS.mlir --world N` (dlossc's plan, N real
+the simulator but `dloss-run LOSS.mlir --world N` (the compiled plan, N real
 processes over Gloo). The same per-rank inputs are written as .npy files in
 the IR's element types (f32 arguments in float32, f64 in float64, integers
 as declared; the reference sees exactly those rounded values), every rank's
@@ -397,7 +397,7 @@ def run_runtime(opts, fwd, names, per_rank, grad_args, run_dir, corrupt, gen, to
         raise RuntimeFailure(f"dloss-run exited with status {proc.returncode}:\n"
                              f"    {shown}\n" + "".join(
                                  "    | " + line + "\n" for line in output.splitlines()),
-                             compile_failed="dlossc could not compile" in output)
+                             compile_failed="' did not compile:" in output)
     if corrupt is not None:
         # Self-test: noise of 10x the tolerance in the last rank's file.
         path = os.path.join(out_dir, f"rank{world - 1}", f"grad_{names[corrupt]}.npy")
@@ -469,7 +469,7 @@ def check_loss(path, fwd, grad_fn, arg_names, world, opts, gen, report, corrupt,
         except RuntimeFailure as e:
             report.failures.append(f"{tag}: {e}")
             print(f"{tag}: dloss-run FAILED" +
-                  (" (dlossc could not compile the loss)" if e.compile_failed else ""))
+                  (" (the loss did not compile)" if e.compile_failed else ""))
             return "compile-failed" if e.compile_failed else None
         corrupt = None  # already done, in the file
     else:

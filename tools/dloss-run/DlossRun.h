@@ -25,12 +25,11 @@ struct Options {
   int iters = 5;
   bool check = false;
   double tolerance = 1e-5;
-  std::string dlossc;
-  std::string gradMode;   // passed to dlossc --grad-mode
+  std::string gradMode;   // a .mlir loss's gradient contract ("": its own)
   int timeoutSeconds = 0; // 0: the runtime's default (DLOSS_TIMEOUT_S or 300)
   bool runtimeChecks = false; // else DLOSS_CHECK decides
-  bool noFuse = false;        // passed to dlossc --no-fuse
-  bool generalOnly = false;   // passed to dlossc --general-fusion-only
+  bool noFuse = false;        // compile without fusion (dlossc --no-fuse)
+  bool generalOnly = false;   // as dlossc --general-fusion-only
   int threads = 0; // intra-op threads per rank; 0: intraOpThreads() decides
 };
 
@@ -65,7 +64,8 @@ std::string rankDir(const Options &o, int rank);
 // Compile.cpp
 //===----------------------------------------------------------------------===//
 
-/// Compiles the .mlir loss with dlossc into OUT/loss.plan; returns its path.
+/// Compiles the .mlir loss into OUT/loss.plan, through the plan cache and the
+/// compiler library (jit::compilePlan); returns its path.
 std::string compile(const Options &o);
 
 //===----------------------------------------------------------------------===//

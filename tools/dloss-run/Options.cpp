@@ -18,8 +18,7 @@ const char *kUsage =
     "                 [--check] [--tolerance T] [--timeout S] [--grad-mode "
     "ddp|global]\n"
     "                 [--runtime-checks] [--no-fuse] [--general-fusion-only]\n"
-    "                 [--threads T] [--dlossc "
-    "PATH]\n"
+    "                 [--threads T]\n"
     "\n"
     "  --world N     start N local ranks (processes, Gloo on loopback); "
     "without it,\n"
@@ -47,22 +46,23 @@ const char *kUsage =
     "inputs\n"
     "                are rejected, global-mode replicated gradients must "
     "agree\n"
-    "  --grad-mode   compile a .mlir loss with this gradient contract "
-    "(dlossc)\n"
+    "  --grad-mode   compile a .mlir loss with this gradient contract\n"
     "  --no-fuse     compile a .mlir loss without fusing gather + similarity "
     "into\n"
-    "                ring-tiled kernels (dlossc --no-fuse): the plan "
+    "                ring-tiled kernels: the plan "
     "materialises\n"
     "                the B_local x B_global matrices\n"
     "  --general-fusion-only  fuse CLIP, SigLIP and PartialFC into the "
     "general\n"
-    "                dloss.fused_similarity too (dlossc "
-    "--general-fusion-only)\n"
+    "                dloss.fused_similarity too\n"
     "  --threads T   intra-op threads per rank (default: OMP_NUM_THREADS, "
     "else the\n"
     "                cores divided by the ranks on this machine, at least 1)\n"
-    "  --dlossc PATH the compiler for a .mlir loss (default: dlossc beside "
-    "dloss-run)\n"
+    "\n"
+    "A .mlir loss is compiled with libdloss_compiler (beside libdloss_jit, or\n"
+    "DLOSS_COMPILER_LIBRARY) and its plan cached in DLOSS_CACHE_DIR (default\n"
+    "~/.cache/dloss; 'off' disables): a plan found there compiles nothing, even\n"
+    "where the compiler library is missing. DIR/loss.plan is the plan run.\n"
     "\n"
     "A rank whose collective fails writes its flight record (its last 64\n"
     "collectives) to DIR/rank<r>/dloss-flight-rank<r>.json, or to "
@@ -130,8 +130,6 @@ Options parseOptions(int argc, char **argv) {
       o.noFuse = true;
     } else if (a == "--general-fusion-only") {
       o.generalOnly = true;
-    } else if (a == "--dlossc") {
-      o.dlossc = value(i);
     } else if (!a.empty() && a[0] == '-') {
       usageError("unknown option '" + a + "'");
     } else if (o.loss.empty()) {

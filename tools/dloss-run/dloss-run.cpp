@@ -5,7 +5,7 @@
 //             [--runtime-checks] [--no-fuse]
 //
 // With --world N it is its own launcher (Launcher.cpp): it compiles the loss
-// once (dlossc, Compile.cpp), starts N processes of itself with the torchrun
+// once (Compile.cpp: the plan cache, else libdloss_compiler), starts N processes of itself with the torchrun
 // variables set (Gloo on loopback), waits for them, and with --check
 // compares their gradients with the same loss run on one process over the
 // concatenated global batch (ReferenceCheck.cpp). With RANK/WORLD_SIZE
