@@ -3,7 +3,8 @@
 # against the build's torch), install it into a fresh venv that holds only
 # torch, then from a folder outside the source tree: 2 Gloo ranks of
 # dloss.ClipLoss against one process, a C++ consumer through
-# find_package(dloss) and dloss.cmake_prefix_path, the console scripts, and
+# find_package(dloss) and dloss.cmake_prefix_path, the console scripts (dloss-run
+# compiling a loss with the wheel's compiler library), and
 # ldd: nothing resolves to LLVM, MLIR, the build or the source tree.
 # Driven by ctest (test/install/CMakeLists.txt, wheel-install).
 #
@@ -82,6 +83,16 @@ step "the console scripts"
   { cat "$work/dloss-run-help.log"; fail "dloss-run --help failed"; }
 "$work/venv/bin/dloss-opt" "$source/examples/clip.mlir" > /dev/null ||
   fail "dloss-opt failed"
+# dloss-run compiles a .mlir loss with the wheel's compiler library (an empty
+# cache: nothing to find there) and checks 2 uneven ranks against one process.
+(cd "$outside" && OMP_NUM_THREADS=1 DLOSS_CACHE_DIR="$work/dloss-run-cache" \
+  "$venv_python" "$source/examples/run_example.py" "$work/venv/bin/dloss-run" \
+  "$source/examples/clip.mlir" --sizes 3,2 --out "$outside/dloss-run") |
+  tee "$work/dloss-run.log"
+grep -q "tolerance 1e-05: PASS" "$work/dloss-run.log" ||
+  fail "dloss-run did not compile and check clip.mlir"
+compgen -G "$work/dloss-run-cache/*.plan" > /dev/null ||
+  fail "dloss-run cached no plan in DLOSS_CACHE_DIR"
 
 step "C++ consumer through find_package(dloss) with dloss.cmake_prefix_path"
 prefix_path=$("$venv_python" -c 'import dloss, torch.utils; print(dloss.cmake_prefix_path + ";" + torch.utils.cmake_prefix_path)')
