@@ -58,4 +58,25 @@ else
   echo "setup: pip install ${PYTHON_PACKAGES[*]} into $DLOSS_VENV"
   "$DLOSS_PYTHON" -m pip install --progress-bar off -q "${PYTHON_PACKAGES[@]}"
 fi
+# The real packages the drop-in tests compare with (test/requirements*.txt).
+REQUIREMENTS=$(cd "$(dirname "$0")/../test" && pwd)
+if "$DLOSS_PYTHON" - "$REQUIREMENTS" <<'PY' 2>/dev/null
+import importlib.metadata as m, pathlib, sys
+pins = []
+for name in ("requirements.txt", "requirements-no-deps.txt"):
+    name = pathlib.Path(sys.argv[1], name)
+    for line in pathlib.Path(name).read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            pins.append(line.split("=="))
+assert all(m.version(p) == v for p, v in pins)
+PY
+then
+  echo "setup: $DLOSS_PYTHON has the test requirements (test/requirements*.txt)"
+else
+  echo "setup: pip install the test requirements (test/requirements*.txt)"
+  "$DLOSS_PYTHON" -m pip install --progress-bar off -q -r "$REQUIREMENTS/requirements.txt"
+  "$DLOSS_PYTHON" -m pip install --progress-bar off -q --no-deps \
+    -r "$REQUIREMENTS/requirements-no-deps.txt"
+fi
 echo "setup: done"
