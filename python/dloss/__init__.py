@@ -21,8 +21,9 @@ from .compile import CompiledLoss, compile
 from .errors import Error
 from .graph import Graph
 from .group import init, set_timeout
-from .losses import (ArcFaceLoss, ClipLoss, CombinedMarginLoss, CosFaceLoss,
-                     PartialFC, SigLipLoss)
+from .losses import (ArcFaceLoss, ClipLoss, CoCaLoss, CombinedMarginLoss,
+                     CosFaceLoss, DistillClipLoss, PartialFC, SigLipLoss)
+from .metric_learning import DistributedLossWrapper, NTXentLoss, SupConLoss
 from .sync import assert_grads_synced
 # After .collectives: inside a @dloss.loss function all_gather records the op.
 from .trace import (Input, Loss, Replicated, all_gather, all_reduce,
@@ -33,9 +34,10 @@ from .trace import (Input, Loss, Replicated, all_gather, all_reduce,
 from ._paths import CMAKE_DIR as cmake_prefix_path
 
 __all__ = [
-    "ArcFaceLoss", "ClipLoss", "CombinedMarginLoss", "CompiledLoss",
-    "CosFaceLoss", "Error", "Graph", "Input", "Loss", "PartialFC",
-    "Replicated", "SigLipLoss", "all_gather", "all_reduce",
+    "ArcFaceLoss", "ClipLoss", "CoCaLoss", "CombinedMarginLoss",
+    "CompiledLoss", "DistillClipLoss",
+    "CosFaceLoss", "DistributedLossWrapper", "Error", "Graph", "Input", "Loss", "NTXentLoss", "PartialFC",
+    "Replicated", "SigLipLoss", "SupConLoss", "all_gather", "all_reduce",
     "assert_grads_synced", "cmake_prefix_path", "compile", "gather_all_tensors", "global_size",
     "init", "loss", "rank", "set_timeout", "shard_offset", "world_size",
 ]

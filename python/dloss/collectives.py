@@ -1,5 +1,5 @@
 """dloss.all_gather and TorchMetrics' gather_all_tensors, with exact
-autograd and uneven first dimensions."""
+autograd and uneven shapes."""
 
 import zlib
 
@@ -26,11 +26,11 @@ def _dtype_name(code):
     return "another dtype"
 
 
-def _exchange_shapes(comm, x, location, op):
-    """Every rank's first dimension (1 for a 0-d tensor), after checking on
+def _exchange_shapes(comm, x, location, op, pad=False):
+    """Every rank's shape (a list; [] for a 0-d tensor), after checking on
     every rank that all ranks' tensors agree in all else: number of dims,
-    the dims after the first, dtype. A disagreement raises the same
-    dloss.Error on every rank."""
+    dtype and, unless `pad`, the dims after the first. A disagreement raises
+    the same dloss.Error on every rank."""
     if x.dim() > _MAX_DIMS:
         problem = "%s takes tensors of at most %d dims, got %d" % (
             op, _MAX_DIMS, x.dim())
@@ -65,17 +65,25 @@ def _exchange_shapes(comm, x, location, op):
     for r, row in enumerate(rows):
         # Each rank compares every row with its own: when any two rows
         # differ, every rank finds a row unlike its own.
-        if row[0] != mine[0] or row[1] != mine[1] or \
-                row[3:2 + row[0]] != mine[3:2 + mine[0]]:
+        if row[0] != mine[0] or row[1] != mine[1] or (
+                not pad and row[3:2 + row[0]] != mine[3:2 + mine[0]]):
+            if pad:
+                problem = ("the ranks' tensors disagree in their number of "
+                           "dimensions or dtype")
+                hint = ("Every dimension may differ between ranks; the "
+                        "number of dimensions and the dtype must agree")
+            else:
+                problem = ("the ranks' tensors disagree beyond the first "
+                           "dimension")
+                hint = ("Only the first dimension (the batch) may differ "
+                        "between ranks; the number of dimensions, every "
+                        "other dimension and the dtype must agree")
             raise make_error(
-                "the ranks' tensors disagree beyond the first dimension: "
-                "rank %d has %s, rank %d has %s" %
-                (comm.rank, describe(mine, row), r, describe(row, mine)),
-                "Only the first dimension (the batch) may differ between "
-                "ranks; the number of dimensions, every other dimension "
-                "and the dtype must agree",
+                "%s: rank %d has %s, rank %d has %s" %
+                (problem, comm.rank, describe(mine, row), r,
+                 describe(row, mine)), hint,
                 rank=comm.rank, op=op, location=location)
-    return [row[2] if row[0] > 0 else 1 for row in rows]
+    return [list(row[2:2 + row[0]]) for row in rows]
 
 
 class _AllGather(torch.autograd.Function):
@@ -95,17 +103,31 @@ class _AllGather(torch.autograd.Function):
         return out, None, None, None
 
 
-def _gather(x, group, op):
+def _gather(x, group, op, pad=False):
+    """The gathered tensor (every rank's rows, in rank order), every rank's
+    shape and whether the tensors are 0-d. With `pad`, the dims after the
+    first may differ: each rank's tensor travels zero-padded to the largest
+    of each, and the caller slices the padding off."""
     if not isinstance(x, torch.Tensor):
         raise make_error("%s takes a tensor, got %s" %
                          (op, type(x).__name__), "Pass a torch.Tensor")
     location = caller_location(3)
     comm = communicator(group)
-    sizes = _exchange_shapes(comm, x, location, op)
+    shapes = _exchange_shapes(comm, x, location, op, pad)
     scalar = x.dim() == 0  # then every rank's is (checked above)
     if scalar:
         x = x.reshape(1)
-    return _AllGather.apply(x, comm, sizes, location), sizes, scalar
+    elif pad:
+        widest = [max(dims) for dims in zip(*(s[1:] for s in shapes))]
+        # F.pad takes (before, after) pairs from the last dim backwards;
+        # its backward slices the padding off, so autograd stays exact.
+        pairs = []
+        for have, want in zip(reversed(x.shape[1:]), reversed(widest)):
+            pairs += [0, want - have]
+        if any(pairs):
+            x = torch.nn.functional.pad(x, pairs)
+    sizes = [s[0] if s else 1 for s in shapes]
+    return _AllGather.apply(x, comm, sizes, location), shapes, scalar
 
 
 def all_gather(x, group=None):
@@ -127,13 +149,17 @@ def all_gather(x, group=None):
 
 def gather_all_tensors(result, group=None):
     """TorchMetrics' ``gather_all_tensors``: a list with every rank's
-    `result`, one tensor per rank, whose first dimensions may differ. No
-    barrier, no padding visible to the caller; 0-d tensors come back as
-    0-d tensors. Autograd is exact (see dloss.all_gather), where TorchMetrics
-    keeps the gradient only in the local slot.
+    `result`, one tensor per rank, in rank order. As in TorchMetrics, every
+    dimension may differ between ranks (the number of dimensions and the
+    dtype must agree), and 0-d tensors come back as 0-d tensors. No barrier;
+    the shapes travel in one small collective. Autograd is exact (see
+    dloss.all_gather), where TorchMetrics keeps the gradient only in the
+    local slot; every rank must run backward through the result.
     """
-    gathered, sizes, scalar = _gather(result, group, "gather_all_tensors")
-    pieces = list(torch.split(gathered, sizes))
+    gathered, shapes, scalar = _gather(result, group, "gather_all_tensors",
+                                       pad=True)
     if scalar:
-        pieces = [p.reshape(()) for p in pieces]
-    return pieces
+        return [p.reshape(()) for p in torch.split(gathered, 1)]
+    pieces = torch.split(gathered, [s[0] for s in shapes])
+    return [p[(slice(None),) + tuple(slice(d) for d in s[1:])]
+            if list(p.shape) != s else p for p, s in zip(pieces, shapes)]

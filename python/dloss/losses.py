@@ -1,7 +1,8 @@
-"""Drop-in distributed losses: OpenCLIP's ClipLoss and SigLipLoss,
-pytorch-metric-learning's ArcFaceLoss and CosFaceLoss, insightface's
-PartialFC. Same constructors, same forward signatures, same conventions;
-every difference in value or units is listed in docs/Migration.md.
+"""Drop-in distributed losses: OpenCLIP's ClipLoss, SigLipLoss,
+DistillClipLoss and CoCaLoss, pytorch-metric-learning's ArcFaceLoss and
+CosFaceLoss, insightface's PartialFC. Same constructors, same forward
+signatures, same conventions; every difference in value or units is listed
+in docs/Migration.md.
 
 Common contract: each returns the global loss (the loss of the concatenated
 global batch, the same value on every rank) with autograd; per-rank batches
@@ -15,6 +16,7 @@ DDP.
 import logging
 import math
 import numbers
+import sys
 
 import torch
 
@@ -119,7 +121,8 @@ class ClipLoss(_GraphLoss):
         super().__init__(group, fuse)
         if use_horovod:
             raise make_error(
-                "dloss.ClipLoss runs on torch.distributed, not Horovod",
+                "dloss.%s runs on torch.distributed, not Horovod" %
+                type(self).__name__,
                 "Initialise torch.distributed (or call dloss.init()) and "
                 "drop use_horovod")
         self.local_loss, self.gather_with_grad = local_loss, gather_with_grad
@@ -130,7 +133,7 @@ class ClipLoss(_GraphLoss):
             inexact.append("local_loss=%s, gather_with_grad=%s would give "
                            "inexact gradients in OpenCLIP" %
                            (local_loss, gather_with_grad))
-        _say_exact("ClipLoss", inexact)
+        _say_exact(type(self).__name__, inexact)
 
     def _make_graph(self, dtype):
         return _C.clip_graph(-1, dtype, _C.GradMode.ddp)
@@ -157,22 +160,51 @@ class SigLipLoss(_GraphLoss):
     batch. `logit_scale` is already exponentiated and `logit_bias` added, as
     in OpenCLIP. OpenCLIP's per-rank value divides its rank's share by the
     local batch; with even batches their mean over ranks is dloss's value.
-    ``cache_labels``, ``rank``, ``world_size``, ``dist_impl`` and ``bidir``
-    are accepted and not needed (any exchange OpenCLIP offers gives the same
-    exact gradient; dloss uses a fused ring).
+
+    OpenCLIP 3.3's arguments ``cache_labels``, ``rank``, ``world_size`` and
+    ``dist_impl`` (``'bidir'``, the default, ``'shift'``, ``'reduce'`` or
+    ``'gather'``; another value raises dloss.Error, as OpenCLIP asserts) are
+    accepted and not needed: every exchange OpenCLIP offers gives the same
+    exact gradient, and dloss runs one fused ring. ``chunk_size`` (None or a
+    positive int; OpenCLIP 3.3.0 itself has no such argument) is accepted
+    for scripts that bound the memory of the logits with it: dloss never
+    builds the logits matrix (its fused tiles bound the memory), so it
+    changes nothing.
+    ``bidir`` and ``use_horovod`` (OpenCLIP 2.x's arguments, which 3.3 no
+    longer has) are accepted by keyword for older scripts; Horovod raises.
+
+    Extra keyword arguments: ``group`` and ``fuse``, as in dloss.ClipLoss.
     """
 
+    _DIST_IMPLS = ("bidir", "shift", "reduce", "gather")
+
     def __init__(self, cache_labels=False, rank=0, world_size=1,
-                 dist_impl=None, bidir=True, use_horovod=False, group=None,
-                 fuse=True):
+                 dist_impl=None, chunk_size=None, bidir=True,
+                 use_horovod=False, group=None, fuse=True):
         super().__init__(group, fuse)
         if use_horovod:
             raise make_error(
                 "dloss.SigLipLoss runs on torch.distributed, not Horovod",
                 "Initialise torch.distributed and drop use_horovod")
+        if dist_impl is not None and dist_impl not in self._DIST_IMPLS:
+            raise make_error(
+                "dloss.SigLipLoss: unknown dist_impl %r (OpenCLIP takes %s)"
+                % (dist_impl, ", ".join(map(repr, self._DIST_IMPLS))),
+                "Drop dist_impl: dloss's fused ring replaces every exchange")
+        if chunk_size is not None and (
+                isinstance(chunk_size, bool) or
+                not isinstance(chunk_size, numbers.Integral) or
+                chunk_size <= 0):
+            raise make_error(
+                "dloss.SigLipLoss: chunk_size must be None or a positive "
+                "int, got %r" % (chunk_size,),
+                "Drop chunk_size: dloss never builds the logits matrix, its "
+                "fused tiles bound the memory")
         self.cache_labels, self.rank, self.world_size = (cache_labels, rank,
                                                          world_size)
-        self.dist_impl, self.bidir = dist_impl, bidir
+        # As OpenCLIP keeps them (None means its default, 'bidir').
+        self.dist_impl = dist_impl or "bidir"
+        self.chunk_size, self.bidir = chunk_size, bidir
 
     def _make_graph(self, dtype):
         return _C.siglip_graph(-1, dtype, _C.GradMode.ddp)
@@ -188,21 +220,226 @@ class SigLipLoss(_GraphLoss):
         return {"contrastive_loss": loss} if output_dict else loss
 
 
+def _here():
+    """(file, line) of the line in this file that adds a graph op. The
+    OpenCLIP graphs built here are located in dloss's source, the same for
+    every caller, so each is compiled and cached once."""
+    return "dloss/losses.py", sys._getframe(1).f_lineno
+
+
+def _distill_graph(dtype, teacher_grad):
+    """OpenCLIP's DistillClipLoss distillation term over the global batch:
+    for each image row i (and each text row), the cross-entropy
+    ``-sum_j softmax(t_i)_j log_softmax(s_i)_j`` of the student logits s
+    (``scale * x_i . y_j``, j over the gathered batch) against the teacher
+    logits t (the same with the teacher's features and scale), averaged
+    over the global batch and over the two directions. `teacher_grad`:
+    whether the teacher's features and scale are differentiated."""
+    g = _C.Graph("openclip_distill")
+    image = g.input("image", dtype, [-1, -1], True, False, *_here())
+    text = g.input("text", dtype, [-1, -1], True, False, *_here())
+    scale = g.input("scale", dtype, [], True, True, *_here())
+    t_image = g.input("dist_image", dtype, [-1, -1], teacher_grad, False,
+                      *_here())
+    t_text = g.input("dist_text", dtype, [-1, -1], teacher_grad, False,
+                     *_here())
+    t_scale = g.input("dist_scale", dtype, [], teacher_grad, True, *_here())
+
+    def logits(rows, cols, s):
+        gathered = g.all_gather(cols, 0, _C.GatherGrad.exact, *_here())
+        return g.matmul(rows, gathered, False, True, *_here()) * s
+
+    def log_softmax(z):
+        return z - g.expand(g.logsumexp(z, 1, *_here()), [1], z, *_here())
+
+    def rows_sum(teacher, student):
+        # sum over this rank's rows of sum_j softmax(t)_ij log_softmax(s)_ij
+        p = g.unary("exp", log_softmax(teacher), *_here())
+        per_row = g.reduce(p * log_softmax(student), "sum", [1], *_here())
+        return g.reduce(per_row, "sum", [0], *_here())
+
+    local = (rows_sum(logits(t_image, t_text, t_scale),
+                      logits(image, text, scale)) +
+             rows_sum(logits(t_text, t_image, t_scale),
+                      logits(text, image, scale)))
+    total = g.all_reduce(local, "sum", *_here())
+    count = g.to_tensor(g.global_size(image, 0, *_here()), dtype, *_here())
+    g.set_loss(-total / (count * 2.0), _C.GradMode.ddp, *_here())
+    return g
+
+
+def _caption_graph(dtype):
+    """CoCa's caption loss over the global batch: the token cross-entropy
+    summed over every rank's non-pad tokens, divided by their global count
+    (``keep`` is 1 for a token that counts, 0 for a pad; a pad's label is
+    any valid class)."""
+    g = _C.Graph("openclip_caption")
+    logits = g.input("logits", dtype, [-1, -1], True, False, *_here())
+    labels = g.input("labels", _C.DType.i64, [-1], False, False, *_here())
+    keep = g.input("keep", dtype, [-1], False, False, *_here())
+    per_token = g.cross_entropy(logits, labels, 1, *_here()) * keep
+    total = g.all_reduce(g.reduce(per_token, "sum", [0], *_here()), "sum",
+                         *_here())
+    count = g.all_reduce(g.reduce(keep, "sum", [0], *_here()), "sum",
+                         *_here())
+    g.set_loss(total / count, _C.GradMode.ddp, *_here())
+    return g
+
+
+class DistillClipLoss(ClipLoss):
+    """OpenCLIP's ``DistillClipLoss``: ClipLoss's contrastive loss of the
+    student plus the distillation loss, the cross-entropy of the student's
+    logits against the softmax of the teacher's (``dist_*``), both over the
+    global batch in both directions.
+
+    Same constructor as dloss.ClipLoss (OpenCLIP's ClipLoss arguments, none
+    of which is needed, plus ``group`` and ``fuse``). forward takes
+    OpenCLIP's arguments and returns ``(contrastive_loss, distill_loss)``,
+    or the dict ``{"contrastive_loss", "distill_loss"}`` with output_dict.
+    Each is the global loss (the same value on every rank; with even batches
+    the mean over ranks of OpenCLIP's per-rank values), with its own exact
+    gradient: features follow the ddp contract (OpenCLIP's ``local_loss=True,
+    gather_with_grad=True`` gradients), logit scales get this rank's share.
+    The teacher's features and scale are differentiated when they require
+    grad, as in OpenCLIP (which does not detach them); they are cast to the
+    student's dtype. The contrastive term is ClipLoss's fused kernel; the
+    distillation term compares two similarity matrices element-wise and
+    runs unfused (it holds the B_local x B_global logits, as OpenCLIP
+    does).
+    """
+
+    def _distill_loss(self, dtype, teacher_grad):
+        key = ("distill", dtype, teacher_grad)
+        fn = self._compiled.get(key)
+        if fn is None:
+            fn = compile_loss(_distill_graph(to_dtype(dtype), teacher_grad),
+                              fuse=self._fuse, group=self._group)
+            self._compiled[key] = fn
+        return fn
+
+    def forward(self, image_features, text_features, logit_scale,
+                dist_image_features, dist_text_features, dist_logit_scale,
+                output_dict=False):
+        """Returns ``(contrastive_loss, distill_loss)`` (0-d tensors), or
+        ``{"contrastive_loss": ..., "distill_loss": ...}``."""
+        dtype = image_features.dtype
+        scale = _scalar(logit_scale, image_features, "logit_scale")
+        teacher = [t.to(dtype) if isinstance(t, torch.Tensor) else t
+                   for t in (dist_image_features, dist_text_features)]
+        t_scale = _scalar(dist_logit_scale, image_features,
+                          "dist_logit_scale")
+        teacher_grad = any(isinstance(t, torch.Tensor) and t.requires_grad
+                           for t in teacher + [t_scale])
+        contrastive = self._loss(dtype)(image_features, text_features, scale)
+        distill = self._distill_loss(dtype, teacher_grad)(
+            image_features, text_features, scale, teacher[0], teacher[1],
+            t_scale)
+        if output_dict:
+            return {"contrastive_loss": contrastive, "distill_loss": distill}
+        return contrastive, distill
+
+
+class CoCaLoss(ClipLoss):
+    """OpenCLIP's ``CoCaLoss``: ``clip_loss_weight`` times ClipLoss's
+    contrastive loss, and ``caption_loss_weight`` times the captioning
+    cross-entropy of the text decoder's ``logits`` ([batch, tokens, vocab])
+    against ``labels`` ([batch, tokens]), tokens equal to ``pad_id``
+    ignored.
+
+    Same constructor as OpenCLIP's (``caption_loss_weight,
+    clip_loss_weight, pad_id=0``, then ClipLoss's arguments, none of which
+    is needed), plus ``group`` and ``fuse``. Both terms are global losses,
+    the same value on every rank. The caption term is the mean over the
+    global batch's non-pad tokens (the loss of the concatenated batch, as
+    one process computes it), where OpenCLIP's rank averages its own
+    tokens: the two agree (the mean over ranks of OpenCLIP's values, and
+    its per-rank gradients) when every rank holds the same number of
+    non-pad tokens; otherwise OpenCLIP's DDP-averaged gradient weighs the
+    tokens of a rank with fewer of them more, and dloss's is the
+    single-process one. Logits get the ddp contract's gradient
+    (N * dF/dlogits_r). The caption term needs no gather: its two global
+    sums (loss and token count) are one all-reduce each; it is not fused.
+    With ``clip_loss_weight`` 0 the contrastive term is OpenCLIP's int64
+    zero and nothing is gathered.
+    """
+
+    def __init__(self, caption_loss_weight, clip_loss_weight, pad_id=0,
+                 local_loss=False, gather_with_grad=False, cache_labels=False,
+                 rank=0, world_size=1, use_horovod=False, group=None,
+                 fuse=True):
+        super().__init__(local_loss=local_loss,
+                         gather_with_grad=gather_with_grad,
+                         cache_labels=cache_labels, rank=rank,
+                         world_size=world_size, use_horovod=use_horovod,
+                         group=group, fuse=fuse)
+        self.clip_loss_weight = clip_loss_weight
+        self.caption_loss_weight = caption_loss_weight
+        self.pad_id = pad_id
+
+    def _caption_loss(self, dtype):
+        key = ("caption", dtype)
+        fn = self._compiled.get(key)
+        if fn is None:
+            fn = compile_loss(_caption_graph(to_dtype(dtype)),
+                              fuse=self._fuse, group=self._group)
+            self._compiled[key] = fn
+        return fn
+
+    def forward(self, image_features, text_features, logits, labels,
+                logit_scale, output_dict=False):
+        """Returns ``(clip_loss, caption_loss)``, each already weighted, or
+        ``{"contrastive_loss": ..., "caption_loss": ...}``."""
+        if self.clip_loss_weight:
+            clip_loss = self.clip_loss_weight * super().forward(
+                image_features, text_features, logit_scale)
+        else:
+            clip_loss = torch.tensor(0, device=logits.device)
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or \
+                not isinstance(labels, torch.Tensor) or \
+                tuple(labels.shape) != tuple(logits.shape[:2]):
+            raise make_error(
+                "dloss.CoCaLoss takes caption logits of shape [batch, "
+                "tokens, vocab] and labels of shape [batch, tokens]; got %s "
+                "and %s" % tuple(
+                    list(v.shape) if isinstance(v, torch.Tensor)
+                    else type(v).__name__ for v in (logits, labels)),
+                "Pass the text decoder's logits and the token ids, as to "
+                "OpenCLIP's CoCaLoss")
+        rows = logits.reshape(-1, logits.shape[-1])
+        tokens = labels.reshape(-1).long()
+        keep = tokens != self.pad_id
+        # A pad's label may be outside the vocabulary (-100): any valid
+        # class will do, its term is multiplied by 0.
+        tokens = torch.where(keep, tokens, torch.zeros_like(tokens))
+        caption_loss = self.caption_loss_weight * self._caption_loss(
+            rows.dtype)(rows, tokens, keep.to(rows.dtype))
+        if output_dict:
+            return {"contrastive_loss": clip_loss,
+                    "caption_loss": caption_loss}
+        return clip_loss, caption_loss
+
+
 class _MarginLoss(_GraphLoss):
     """pytorch-metric-learning's LargeMarginSoftmaxLoss family."""
 
     _kind = ""
 
     def __init__(self, num_classes, embedding_size, margin, scale,
-                 weight_init_func=None, group=None, fuse=True, **kwargs):
+                 weight_init_func=None, group=None, fuse=True, distance=None,
+                 reducer=None, embedding_regularizer=None,
+                 embedding_reg_weight=1, weight_regularizer=None,
+                 weight_reg_weight=1, collect_stats=None):
         super().__init__(group, fuse)
-        unsupported = sorted(k for k, v in kwargs.items() if v is not None)
-        if unsupported:
-            raise make_error(
-                "dloss.%s does not support %s" %
-                (type(self).__name__, ", ".join(unsupported)),
-                "Drop the argument(s); regularizers and reducers are applied "
-                "outside the loss with dloss")
+        # PML's keywords (distance, reducer, regularizers, collect_stats):
+        # accepted when they hold PML's defaults, an error otherwise.
+        from .metric_learning import check_pml_options
+        check_pml_options(type(self).__name__, dict(
+            distance=distance, reducer=reducer,
+            embedding_regularizer=embedding_regularizer,
+            embedding_reg_weight=embedding_reg_weight,
+            weight_regularizer=weight_regularizer,
+            weight_reg_weight=weight_reg_weight,
+            collect_stats=collect_stats))
         self.num_classes = int(num_classes)
         self.embedding_size = int(embedding_size)
         self.scale = float(scale)
@@ -219,10 +456,14 @@ class _MarginLoss(_GraphLoss):
                                self._radians(), dtype, _C.GradMode.global_,
                                False, self._kind == "arcface")
 
-    def forward(self, embeddings, labels, indices_tuple=None, ref_emb=None,
-                ref_labels=None):
+    def forward(self, embeddings, labels=None, indices_tuple=None,
+                ref_emb=None, ref_labels=None):
         """The mean over the global batch of the margin softmax loss.
-        `labels` are class ids (any integer dtype)."""
+        `labels` are class ids (any integer dtype), required as in PML."""
+        if labels is None:
+            raise make_error(
+                "dloss.%s needs labels" % type(self).__name__,
+                "Pass (embeddings, labels): class ids of this rank's rows")
         if indices_tuple is not None or ref_emb is not None or \
                 ref_labels is not None:
             raise make_error(

@@ -1,8 +1,7 @@
-"""What the drop-in loss tests compare dloss with: the originals' math in
-eager torch (OpenCLIP's and PML's losses on one process, an all_gather with
-gradients for uneven batches as torch.distributed.nn and OpenCLIP's
-gather_with_grad do), and the helpers the tests share (shard offsets,
-relative error, measured-error lines)."""
+"""What some drop-in loss tests compare dloss with: the originals' math in
+eager torch (OpenCLIP's ClipLoss and PML's losses on one process; the
+OpenCLIP drop-in tests use the real classes, upstream.py), and the helpers
+the tests share (shard offsets, relative error, measured-error lines)."""
 
 import contextlib
 import os
@@ -10,7 +9,6 @@ import sys
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 
@@ -78,28 +76,6 @@ def rel(a, b, whole=None):
         return 0.0
     scale = (b if whole is None else whole).abs().max().item()
     return (a - b).abs().max().item() / (scale if scale > 0 else 1.0)
-
-
-class GatherWithGrad(torch.autograd.Function):
-    """torch.distributed.nn's all_gather, for uneven first dimensions: the
-    backward sums every rank's cotangent and keeps this rank's block (what
-    OpenCLIP's gather_with_grad=True does)."""
-
-    @staticmethod
-    def forward(ctx, x, sizes):
-        ctx.sizes = sizes
-        padded = x.new_zeros((max(sizes),) + tuple(x.shape[1:]))
-        padded[:x.shape[0]] = x
-        blocks = [torch.empty_like(padded) for _ in sizes]
-        dist.all_gather(blocks, padded)
-        return torch.cat([b[:n] for b, n in zip(blocks, sizes)])
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad)
-        start = offsets(ctx.sizes)[dist.get_rank()]
-        return grad[start:start + ctx.sizes[dist.get_rank()]], None
 
 
 def clip_loss(image, text, scale):

@@ -1,11 +1,15 @@
-"""dloss.ArcFaceLoss and dloss.CosFaceLoss against pytorch-metric-learning
-2.x's math (written here in eager torch as PML computes it) on one process
-and on 2 and 4 Gloo ranks with uneven batches: the global loss on every
-rank, embeddings gradients N * dF/dx_r (ddp contract), W's gradient the
-global dF/dW on every rank, ArcFace's target angles past pi - m, PML's
-state_dict, and W trained without DDP staying identical on every rank and
-equal to the single-process run."""
+"""dloss.ArcFaceLoss and dloss.CosFaceLoss against the real
+pytorch-metric-learning ArcFaceLoss and CosFaceLoss (the pinned version,
+test/upstream.py) run on one process over the global batch, with dloss on
+1, 2 and 4 Gloo ranks with uneven batches: the global loss on every rank,
+embeddings gradients N * dF/dx_r (ddp contract), W's gradient the global
+dF/dW on every rank, ArcFace's target angles past pi - m, W loaded from the
+real PML module's state_dict, and W trained without DDP staying identical
+on every rank and equal to PML's single-process run. On one process also:
+state dicts both ways, PML's attributes, and PML's constructor keywords
+(defaults accepted, anything else refused)."""
 
+import inspect
 import math
 import unittest
 
@@ -13,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 import multiproc
-from loss_reference import (FUSE_MODES, TOL, fusion, offsets, pml_loss, rel,
-                            report)
+import upstream
+from loss_reference import FUSE_MODES, TOL, fusion, offsets, rel, report
 
 EMB, CLASSES = 16, 10
 # (kind, constructor keywords): PML's defaults and one other setting each.
@@ -51,29 +55,41 @@ def past_pi_minus_m(kind, kwargs, emb, labels, W):
     return int((torch.acos(cos) > math.pi - m).sum())
 
 
+def pml_module(kind, kwargs, W):
+    """The real PML loss (kind, kwargs) holding the weights W, in W's
+    dtype (PML's own W is float32 until its first call)."""
+    losses = upstream.pml().losses
+    cls = losses.ArcFaceLoss if kind == "arcface" else losses.CosFaceLoss
+    module = cls(CLASSES, EMB, **kwargs).to(W.dtype)
+    module.load_state_dict({"W": W.clone()})
+    return module
+
+
 def single_process(kind, kwargs, emb, labels, W):
+    """PML's value and gradients (embeddings, W) on one process."""
+    module = pml_module(kind, kwargs, W)
     emb = emb.clone().requires_grad_()
-    W = W.clone().requires_grad_()
-    loss = pml_loss(kind, emb, labels, W, **kwargs)
+    loss = module(emb, labels)
     loss.backward()
-    return loss.detach(), emb.grad, W.grad
+    return loss.detach(), emb.grad, module.W.grad
 
 
 def make_loss(dloss, kind, kwargs, W, fuse=True):
+    """The dloss loss with W loaded from the real PML module's state
+    dict."""
     cls = dloss.ArcFaceLoss if kind == "arcface" else dloss.CosFaceLoss
     loss_fn = cls(CLASSES, EMB, fuse=bool(fuse), **kwargs).to(W.dtype)
-    loss_fn.load_state_dict({"W": W.clone()})  # a PML state dict
+    loss_fn.load_state_dict(pml_module(kind, kwargs, W).state_dict())
     return loss_fn
 
 
 def train(loss_fn_or_kind, kwargs, W, sizes, dtype, seed, rank=None):
     """STEPS of SGD (momentum) on W alone, each on new embeddings: with
-    dloss (no DDP) on this rank's rows, or with PML's math on all rows."""
+    dloss (no DDP) on this rank's rows, or with the real PML module on all
+    rows."""
     if isinstance(loss_fn_or_kind, str):
-        W = torch.nn.Parameter(W.clone())
-        params = [W]
-    else:
-        params = list(loss_fn_or_kind.parameters())
+        loss_fn_or_kind = pml_module(loss_fn_or_kind, kwargs, W)
+    params = list(loss_fn_or_kind.parameters())
     opt = torch.optim.SGD(params, lr=LR, momentum=0.9)
     for step in range(STEPS):
         g = torch.Generator().manual_seed(1000 * seed + step)
@@ -81,7 +97,7 @@ def train(loss_fn_or_kind, kwargs, W, sizes, dtype, seed, rank=None):
         labels = torch.randint(0, CLASSES, (sum(sizes),), generator=g)
         opt.zero_grad()
         if rank is None:
-            loss = pml_loss(loss_fn_or_kind, emb, labels, W, **kwargs)
+            loss = loss_fn_or_kind(emb, labels)
         else:
             lo, n = offsets(sizes)[rank], sizes[rank]
             loss = loss_fn_or_kind(emb[lo:lo + n], labels[lo:lo + n])
@@ -141,6 +157,105 @@ class MarginLossTest(unittest.TestCase):
         with self.assertRaises(RuntimeError):
             arc.load_state_dict({"W": torch.randn(CLASSES, EMB)})
 
+    def test_against_pml_module(self):
+        """State dicts both ways with the real PML modules (their own random
+        W), equal values and gradients, PML's attributes and signatures."""
+        import dloss
+        dloss.init()
+        losses = upstream.pml().losses
+        g = torch.Generator().manual_seed(7)
+        emb = torch.randn(9, EMB, generator=g, dtype=torch.float64)
+        labels = torch.randint(0, CLASSES, (9,), generator=g)
+        for kind, kwargs in LOSSES:
+            pml_cls = losses.ArcFaceLoss if kind == "arcface" else \
+                losses.CosFaceLoss
+            cls = dloss.ArcFaceLoss if kind == "arcface" else \
+                dloss.CosFaceLoss
+            with self.subTest(kind=kind, kwargs=kwargs):
+                pml = pml_cls(CLASSES, EMB, **kwargs).double()
+                ours = cls(CLASSES, EMB, **kwargs).double()
+                for attr in ("num_classes", "margin", "scale"):
+                    self.assertEqual(float(getattr(ours, attr)),
+                                     float(getattr(pml, attr)), attr)
+                self.assertEqual(list(ours.state_dict()),
+                                 list(pml.state_dict()))
+                # PML -> dloss, then dloss (new W) -> PML.
+                ours.load_state_dict(pml.state_dict())
+                for direction in ("pml->dloss", "dloss->pml"):
+                    if direction == "dloss->pml":
+                        with torch.no_grad():
+                            ours.W.normal_(generator=g)
+                        pml.load_state_dict(ours.state_dict())
+                    ours.zero_grad()
+                    pml.zero_grad()
+                    x1 = emb.clone().requires_grad_()
+                    x2 = emb.clone().requires_grad_()
+                    want = pml(x1, labels)
+                    want.backward()
+                    got = ours(x2, labels)
+                    got.backward()
+                    err = max(rel(got.detach(), want.detach()),
+                              rel(x2.grad, x1.grad),
+                              rel(ours.W.grad, pml.W.grad))
+                    self.assertLess(err, TOL[torch.float64], direction)
+                    key = "%s one-process %s float64" % (kind, direction)
+                    self.worst[key] = max(self.worst.get(key, 0.0), err)
+        # The signatures: PML's parameters, in PML's order, with PML's
+        # defaults (dloss adds group and fuse, keyword-only in use).
+        for name in ("ArcFaceLoss", "CosFaceLoss"):
+            mine = inspect.signature(getattr(dloss, name).__init__)
+            theirs = inspect.signature(getattr(losses, name).__init__)
+            for p in theirs.parameters.values():
+                if p.kind is p.VAR_POSITIONAL:
+                    continue  # CosFace's *args: num_classes, embedding_size
+                if p.kind is p.VAR_KEYWORD:
+                    self.assertIn("kwargs", mine.parameters)
+                    continue
+                self.assertEqual(mine.parameters[p.name].default, p.default,
+                                 "%s %s" % (name, p.name))
+            self.assertEqual(
+                list(inspect.signature(getattr(dloss, name).forward)
+                     .parameters.items())[1:],
+                list(inspect.signature(getattr(losses, name).forward)
+                     .parameters.items())[1:])
+
+    def test_pml_keywords(self):
+        """PML's keywords through **kwargs: its defaults are accepted, any
+        setting that changes the loss is a dloss.Error."""
+        import dloss
+        from pytorch_metric_learning import distances, reducers, regularizers
+        upstream.pml()
+        dloss.init()
+        for cls in (dloss.ArcFaceLoss, dloss.CosFaceLoss):
+            cls(CLASSES, EMB, distance=distances.CosineSimilarity(),
+                reducer=reducers.MeanReducer(), embedding_regularizer=None,
+                embedding_reg_weight=1, weight_regularizer=None,
+                weight_reg_weight=1, collect_stats=False,
+                weight_init_func=torch.nn.init.normal_)
+            for bad in (dict(distance=distances.LpDistance()),
+                        dict(reducer=reducers.AvgNonZeroReducer()),
+                        dict(weight_regularizer=regularizers.LpRegularizer()),
+                        dict(embedding_regularizer=(
+                            regularizers.LpRegularizer())),
+                        dict(collect_stats=True)):
+                with self.subTest(cls=cls.__name__, bad=list(bad)):
+                    with self.assertRaises(dloss.Error) as ctx:
+                        cls(CLASSES, EMB, **bad)
+                    self.assertIn(list(bad)[0], str(ctx.exception))
+            # A keyword PML does not know: a TypeError, as PML raises.
+            from pytorch_metric_learning import losses as pml_losses
+            for fn in (cls, getattr(pml_losses, cls.__name__)):
+                with self.assertRaisesRegex(TypeError, "not_pml"):
+                    fn(num_classes=CLASSES, embedding_size=EMB, not_pml=1)
+            loss_fn = cls(CLASSES, EMB)
+            emb, labels = torch.randn(4, EMB), torch.tensor([0, 1, 2, 3])
+            for extra in (dict(indices_tuple=(labels, labels, labels)),
+                          dict(ref_emb=emb), dict(ref_labels=labels)):
+                with self.assertRaises(dloss.Error):
+                    loss_fn(emb, labels, **extra)
+            with self.assertRaises(dloss.Error):
+                loss_fn(emb)
+
     def check_world(self, world):
         cases = _cases(world)
         per_rank = multiproc.run(world, _margin_rank, cases, timeout=300)
@@ -160,7 +275,8 @@ class MarginLossTest(unittest.TestCase):
                     self.assertTrue(torch.equal(g["loss"], got[0]["loss"]))
                     self.assertLess(rel(g["loss"], value), tol)
                     lo, n = offsets(sizes)[rank], sizes[rank]
-                    err = max(rel(g["x"] / world, gx[lo:lo + n], gx),
+                    err = max(rel(g["loss"], value),
+                              rel(g["x"] / world, gx[lo:lo + n], gx),
                               rel(g["W"], gW))
                     worst = max(worst, err)
                     self.assertLess(err, tol)
