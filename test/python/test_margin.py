@@ -1,7 +1,7 @@
 """dloss.ArcFaceLoss and dloss.CosFaceLoss against the real
 pytorch-metric-learning ArcFaceLoss and CosFaceLoss (the pinned version,
 test/upstream.py) run on one process over the global batch, with dloss on
-1, 2 and 4 Gloo ranks with uneven batches: the global loss on every rank,
+1, 2, 3 and 4 Gloo ranks with uneven batches: the global loss on every rank,
 embeddings gradients N * dF/dx_r (ddp contract), W's gradient the global
 dF/dW on every rank, ArcFace's target angles past pi - m, W loaded from the
 real PML module's state_dict, and W trained without DDP staying identical
@@ -28,7 +28,8 @@ LOSSES = [
     ("cosface", {}),
     ("cosface", {"margin": 0.2, "scale": 16.0}),
 ]
-SIZES = {1: [[7]], 2: [[5, 2]], 4: [[5, 3, 6, 2], [3, 0, 4, 2]]}
+SIZES = {1: [[7]], 2: [[5, 2]], 3: [[1, 4, 2]],
+         4: [[5, 3, 6, 2], [3, 0, 4, 2]]}
 STEPS, LR = 3, 0.5
 
 
@@ -297,6 +298,9 @@ class MarginLossTest(unittest.TestCase):
 
     def test_world_2(self):
         self.check_world(2)
+
+    def test_world_3(self):
+        self.check_world(3)
 
     def test_world_4(self):
         self.check_world(4)

@@ -40,7 +40,7 @@ SIZES = {1: [7], 2: [5, 3], 3: [4, 0, 5], 4: [3, 5, 0, 2]}
 # positive pair: zero).
 LABELS = ("mixed", "one class", "distinct")
 # Even batches for PML's own DistributedLossWrapper (it needs equal sizes).
-EVEN = {2: [4, 4], 4: [3, 3, 3, 3]}
+EVEN = {2: [4, 4], 3: [3, 3, 3], 4: [3, 3, 3, 3]}
 WRAPPED = [("NTXentLoss", {"temperature": 0.2}), ("SupConLoss", {}),
            ("ArcFaceLoss", {"margin": 20.0, "scale": 16.0}),
            ("CosFaceLoss", {})]
@@ -231,6 +231,9 @@ class PMLTest(unittest.TestCase):
 
     def test_wrapper_world_2(self):
         self.check_wrapper(2)
+
+    def test_wrapper_world_3(self):
+        self.check_wrapper(3)
 
     def test_wrapper_world_4(self):
         self.check_wrapper(4)
