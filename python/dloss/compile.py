@@ -6,7 +6,7 @@ import os
 import torch
 
 from . import _C
-from .errors import Error, make_error
+from .errors import Error, caller_location, is_dloss_location, make_error
 from .graph import Graph
 from .group import communicator
 
@@ -83,8 +83,10 @@ class CompiledLoss(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         """The global loss of this call's inputs (by position or by name, in
-        the loss's argument order: ``argument_names``)."""
+        the loss's argument order: ``argument_names``). An error names the
+        user's line that made the call (see _at_call_site)."""
         fn = self._callable()
+        site = caller_location(2)
         names = self.argument_names
         tensors, problem = self._bind(fn, names, args, kwargs)
         if problem is not None:
@@ -95,9 +97,25 @@ class CompiledLoss(torch.nn.Module):
             try:
                 fn([torch.empty(0)] * (len(names) + 1))
             except Error as preflight:
-                raise problem from preflight
-            raise problem
-        return fn(tensors)
+                raise self._at_call_site(problem, fn, site) from preflight
+            raise self._at_call_site(problem, fn, site)
+        try:
+            return fn(tensors)
+        except Error as e:
+            raise self._at_call_site(e, fn, site) from None
+
+    @staticmethod
+    def _at_call_site(error, fn, site):
+        """`error` located at the user's call of the loss, `site`, when it has
+        no location of the user's own: none (the preflight, the arguments)
+        or one in dloss's sources (a drop-in's graph is built by dloss, so
+        its ops' locations, "frontend/Losses.cpp:36", mean nothing to the
+        user). An error inside the user's own loss keeps its IR location."""
+        if not site or (error.location and
+                        not is_dloss_location(error.location)):
+            return error
+        return make_error(error.problem, error.hint, error.rank,
+                          error.op or "@" + fn.loss_name, site)
 
     @staticmethod
     def _bind(fn, names, args, kwargs):

@@ -36,17 +36,42 @@ def make_error(problem, hint="", rank=None, op="", location=""):
     return _C.make_error(problem, hint, rank, op, location)
 
 
-def caller_location(depth=2):
-    """``file:line`` of the user's code that called into dloss: the first
-    frame outside the dloss package, at least `depth` frames up."""
+def user_frame(depth=2):
+    """(file, line) of the innermost frame of the user's code, at least
+    `depth` frames up: the first outside the dloss package and outside torch
+    (a drop-in is called through torch.nn.Module.__call__); None when every
+    frame is theirs."""
     import os
     import sys
 
+    import torch
+
     package = os.path.dirname(os.path.abspath(__file__))
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
     frame = sys._getframe(depth)
-    while frame is not None and os.path.dirname(
-            os.path.abspath(frame.f_code.co_filename)) == package:
+    while frame is not None:
+        name = os.path.abspath(frame.f_code.co_filename)
+        if os.path.dirname(name) != package and \
+                not name.startswith(torch_dir):
+            return frame.f_code.co_filename, frame.f_lineno
         frame = frame.f_back
-    if frame is None:
-        return ""
-    return "%s:%d" % (frame.f_code.co_filename, frame.f_lineno)
+    return None
+
+
+def caller_location(depth=2):
+    """``file:line`` of the user's code that called into dloss (user_frame),
+    or "" when unknown."""
+    frame = user_frame(depth + 1)
+    return "%s:%d" % frame if frame else ""
+
+
+def is_dloss_location(location):
+    """Whether an IR location is in dloss's own sources (the graphs of its
+    drop-ins: "frontend/Losses.cpp:36", "dloss/losses.py:250", or a path in
+    the installed package) rather than in the user's loss."""
+    import os
+
+    path = location.split(":")[0]
+    package = os.path.dirname(os.path.abspath(__file__))
+    return path.startswith(("frontend/", "dloss/")) or (
+        os.path.isabs(path) and os.path.dirname(path) == package)

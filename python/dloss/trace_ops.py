@@ -13,13 +13,12 @@ import ast
 import functools
 import linecache
 import os
-import sys
 import threading
 
 import torch
 
 from . import _C
-from .errors import make_error
+from .errors import make_error, user_frame
 from .graph import to_dtype
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
@@ -33,14 +32,7 @@ _state = threading.local()
 
 def _user_location():
     """(file, line) of the innermost frame outside torch and dloss."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        name = os.path.abspath(frame.f_code.co_filename)
-        if not name.startswith(_TORCH_DIR) and \
-                os.path.dirname(name) != _PACKAGE_DIR:
-            return frame.f_code.co_filename, frame.f_lineno
-        frame = frame.f_back
-    return "<unknown>", 0
+    return user_frame(2) or ("<unknown>", 0)
 
 
 def _text(loc):

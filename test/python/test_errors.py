@@ -303,10 +303,18 @@ class ErrorsTest(unittest.TestCase):
                 self.assertEqual(status, "error", value)
                 self.assertIn(expected, value["message"])
                 self.assertTrue(value["runtime_error"])
-                self.assertEqual(value["message"], outcomes[0][1]["message"])
+                # The same problem on every rank; where (the op and line of
+                # each rank's own call) may differ.
+                self.assertEqual(value["problem"], outcomes[0][1]["problem"])
                 self.assertLess(seconds, within)
                 if hint:
                     self.assertIn(hint, value["hint"])
+                # Located at the user's call of the loss (this file's line
+                # in _bad_inputs), never in dloss's own sources.
+                path, line = value["location"].rsplit(":", 1)
+                self.assertEqual(os.path.abspath(path),
+                                 os.path.abspath(__file__), value["message"])
+                self.assertIn(" at %s]" % value["location"], value["message"])
 
     def test_no_group(self):
         import dloss
@@ -339,7 +347,7 @@ class ErrorsTest(unittest.TestCase):
                 TIMES.append((name, [o[2] for o in outcomes]))
         same = self.assert_same_error_everywhere
         same(results["wrong dtype (f64 for f32)"],
-             "dloss error: preflight of @toy: rank 1 passed argument 0 (x) "
+             "]: preflight of @toy: rank 1 passed argument 0 (x) "
              "as f64 [3, 4], expected f32 [?, 4]",
              hint="Pass every rank inputs of the function's argument types")
         same(results["wrong dtype, drop-in (f64 embeddings)"],
