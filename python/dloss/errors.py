@@ -36,23 +36,24 @@ def make_error(problem, hint="", rank=None, op="", location=""):
     return _C.make_error(problem, hint, rank, op, location)
 
 
-def user_frame(depth=2):
+def user_frame(depth=2, skip=()):
     """(file, line) of the innermost frame of the user's code, at least
-    `depth` frames up: the first outside the dloss package and outside torch
-    (a drop-in is called through torch.nn.Module.__call__); None when every
-    frame is theirs."""
+    `depth` frames up: the first outside the dloss package, outside torch
+    (a drop-in is called through torch.nn.Module.__call__) and outside the
+    directories in `skip` (a framework between the user and dloss); None
+    when every frame is theirs."""
     import os
     import sys
 
     import torch
 
     package = os.path.dirname(os.path.abspath(__file__))
-    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    skip = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+            ) + tuple(skip)
     frame = sys._getframe(depth)
     while frame is not None:
         name = os.path.abspath(frame.f_code.co_filename)
-        if os.path.dirname(name) != package and \
-                not name.startswith(torch_dir):
+        if os.path.dirname(name) != package and not name.startswith(skip):
             return frame.f_code.co_filename, frame.f_lineno
         frame = frame.f_back
     return None

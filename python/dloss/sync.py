@@ -96,8 +96,31 @@ def assert_grads_synced(params_or_module, group=None):
     """
     location = caller_location(2)
     op = "dloss.assert_grads_synced"
-    comm = communicator(group)
     named = _named(params_or_module)
+    problems = differing(named, group, op, location)
+    if problems:
+        comm = communicator(group)
+        raise make_error(
+            problem(problems, len(named)),
+            "Wrap the module that owns them in DDP, or give them dloss's "
+            "global gradient (dloss losses do for their own parameters); "
+            "check for code that runs backward or edits .grad on some ranks "
+            "only", rank=comm.rank, op=op, location=location)
+
+
+def problem(problems, total):
+    """The sentence of the error for differing()'s result."""
+    return "gradients differ between ranks for %d of %d parameters: %s" % (
+        len(problems), total, "; ".join(text for _, text in problems))
+
+
+def differing(named, group, op, location):
+    """The collective behind assert_grads_synced, for wrappers that explain
+    more (dloss.lightning): [(name, "name differs: ranks ... vs ...")] for
+    each of the (name, tensor) pairs whose gradient differs between ranks,
+    the same list on every rank. Raises dloss.Error on every rank when the
+    ranks pass different numbers of parameters."""
+    comm = communicator(group)
     counts = comm.all_gather_ints([len(named)], op, location)
     if len(set(counts)) != 1:
         raise make_error(
@@ -126,12 +149,5 @@ def assert_grads_synced(params_or_module, group=None):
             what = "no gradient" if key[0] == 0 else (
                 "%d elements" % key[1] if len(sizes) > 1 else "one value")
             parts.append("%s (%s)" % (_ranks(ranks), what))
-        problems.append("%s differs: %s" % (name, " vs ".join(parts)))
-    if problems:
-        raise make_error(
-            "gradients differ between ranks for %d of %d parameters: %s" %
-            (len(problems), len(named), "; ".join(problems)),
-            "Wrap the module that owns them in DDP, or give them dloss's "
-            "global gradient (dloss losses do for their own parameters); "
-            "check for code that runs backward or edits .grad on some ranks "
-            "only", rank=comm.rank, op=op, location=location)
+        problems.append((name, "%s differs: %s" % (name, " vs ".join(parts))))
+    return problems
