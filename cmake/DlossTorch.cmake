@@ -40,9 +40,35 @@ if(DLOSS_TORCH_CUDA_VERSION)
   include(DlossCudaToolkitView)
 endif()
 
+# TorchConfig finds torch's own libraries with find_library(... PATHS
+# <torch>/lib), which searches the system's directories first: where Debian's
+# libtorch-dev is installed too, libtorch.so and libc10.so would resolve to
+# /usr/lib beside the wheel's headers and libtorch_cpu, two torches in one
+# process (measured: a double free in the first Gloo call). Point those
+# variables at the wheel's own files before TorchConfig runs, and check after.
+get_filename_component(_dloss_torch_lib "${_dloss_torch_prefix}/../../lib" ABSOLUTE)
+foreach(_dloss_pair "TORCH_LIBRARY;torch" "c10_LIBRARY;c10"
+                    "C10_CUDA_LIBRARY;c10_cuda" "CAFFE2_NVRTC_LIBRARY;caffe2_nvrtc")
+  list(GET _dloss_pair 0 _dloss_var)
+  list(GET _dloss_pair 1 _dloss_name)
+  set(_dloss_file "${_dloss_torch_lib}/${CMAKE_SHARED_LIBRARY_PREFIX}${_dloss_name}${CMAKE_SHARED_LIBRARY_SUFFIX}")
+  if(EXISTS "${_dloss_file}")
+    set(${_dloss_var} "${_dloss_file}" CACHE FILEPATH "torch's own ${_dloss_name} (cmake/DlossTorch.cmake)" FORCE)
+  endif()
+endforeach()
+
 # TorchConfig looks for CUDA itself when torch has it (cu wheels); its
 # find_package(CUDA) noise is torch's, not ours.
 find_package(Torch REQUIRED)
+foreach(_dloss_var TORCH_LIBRARY c10_LIBRARY)
+  string(FIND "${${_dloss_var}}" "${_dloss_torch_lib}/" _dloss_at)
+  if(${_dloss_var} AND NOT _dloss_at EQUAL 0)
+    message(FATAL_ERROR "dloss: ${_dloss_var} is ${${_dloss_var}}, outside the torch of "
+      "${Python3_EXECUTABLE} (${_dloss_torch_lib}): two torches would meet in one process. "
+      "Remove the other one (Debian: apt remove libtorch-dev) or the build directory's "
+      "CMakeCache.txt, and configure again")
+  endif()
+endforeach()
 message(STATUS "dloss: torch ${DLOSS_TORCH_VERSION} from ${Python3_EXECUTABLE} (${Torch_DIR})")
 
 # Imported targets are visible only in the directory that found them and below,
