@@ -630,6 +630,18 @@ PYBIND11_MODULE(_C, m) {
       py::arg("group"), py::arg("store"),
       "(rank, size, 1) of a torch ProcessGroup and a Store seen from C++: "
       "the import-time check that torch's objects cross into dloss.");
+  m.def(
+      "current_call_site",
+      []() -> py::object {
+        const CallSite *site = currentCallSite();
+        if (!site)
+          return py::none();
+        return py::make_tuple(site->function, site->op, site->location,
+                              site->phase);
+      },
+      "(function, op, location, phase) of the dloss plan step or phase this "
+      "thread is running, or None outside dloss: dloss.guard tells dloss's "
+      "own collectives from the user's and DDP's with it.");
   bindCommunicator(m);
   bindGraph(m);
   bindLosses(m);

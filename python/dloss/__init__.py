@@ -21,6 +21,7 @@ from .compile import CompiledLoss, compile
 from .errors import Error
 from .graph import Graph
 from .group import init, set_timeout
+from .guard import guard
 from .losses import (ArcFaceLoss, ClipLoss, CoCaLoss, CombinedMarginLoss,
                      CosFaceLoss, DistillClipLoss, PartialFC, SigLipLoss)
 from .metric_learning import DistributedLossWrapper, NTXentLoss, SupConLoss
@@ -33,11 +34,16 @@ from .trace import (Input, Loss, Replicated, all_gather, all_reduce,
 # find_package(dloss) finds the installed package (None in the build tree).
 from ._paths import CMAKE_DIR as cmake_prefix_path
 
+# DLOSS_GUARD=<seconds>: the script's default group guarded (dloss.guard).
+from .guard import install_from_environment as _install_guard
+
+_install_guard()
+
 __all__ = [
     "ArcFaceLoss", "ClipLoss", "CoCaLoss", "CombinedMarginLoss",
     "CompiledLoss", "DistillClipLoss",
     "CosFaceLoss", "DistributedLossWrapper", "Error", "Graph", "Input", "Loss", "NTXentLoss", "PartialFC",
     "Replicated", "SigLipLoss", "SupConLoss", "all_gather", "all_reduce",
     "assert_grads_synced", "cmake_prefix_path", "compile", "gather_all_tensors", "global_size",
-    "init", "loss", "rank", "set_timeout", "shard_offset", "world_size",
+    "guard", "init", "loss", "rank", "set_timeout", "shard_offset", "world_size",
 ]

@@ -20,6 +20,7 @@ reduces every gradient), so the record is only used to explain differing
 gradients, never reported on its own.
 """
 
+import inspect
 import os
 import sys
 import weakref
@@ -36,9 +37,11 @@ except ImportError as e:
 
 from .errors import caller_location, make_error, user_frame
 from .group import communicator
+from .guard import guard as _install_guard
+from .guard import site_hooks as _site_hooks
 from .sync import differing, problem
 
-__all__ = ["GradSyncCheck", "check_grads_synced", "watch"]
+__all__ = ["CollectiveGuard", "GradSyncCheck", "check_grads_synced", "watch"]
 
 _FIX = ("call the DDP-wrapped model (or fabric-wrapped module) so DDP "
         "all-reduces these gradients, or move that call into its forward()")
@@ -238,3 +241,84 @@ class GradSyncCheck(_pl.Callback):
                      "there")
         _check(ddp, pl_module, self.group, "dloss.lightning.GradSyncCheck",
                "optimizer step %d" % trainer.global_step, extra)
+
+
+class CollectiveGuard(_pl.Callback):
+    """dloss.guard for a Trainer: from the setup of fit (or validate, test,
+    predict) to its teardown, every collective on the default group (the
+    user's, Lightning's ``sync_dist`` and barriers, DDP's gradient
+    all-reduce, dloss's) is checked first, so that one run on some ranks
+    only fails on every rank within `timeout` seconds, naming each rank's
+    line, instead of hanging. Setup runs before the strategy wraps the model
+    in DDP, so DDP's collectives are seen too. Does nothing on one process.
+    """
+
+    def __init__(self, timeout=30.0):
+        super().__init__()
+        self.timeout = timeout
+        self._guard = None
+
+    def setup(self, trainer, pl_module, stage):
+        if self._guard is None and torch.distributed.is_available() and \
+                torch.distributed.is_initialized() and \
+                torch.distributed.get_world_size() > 1:
+            self._guard = _install_guard(timeout=self.timeout)
+
+    def teardown(self, trainer, pl_module, stage):
+        if self._guard is not None:
+            self._guard.close()
+            self._guard = None
+
+
+# Where each self.log(name, ..., sync_dist=True) was called, by (hook, name):
+# Lightning reduces the value later, from its own loop, where no frame of
+# the user's is left to name.
+_log_sites = {}
+
+
+def _remember_log_sites():
+    """Makes LightningModule.log remember where it was called with
+    sync_dist (once per process; dloss.guard calls it when Lightning is
+    loaded)."""
+    cls = _pl.LightningModule
+    original = cls.log
+    if getattr(original, "_dloss_log_sites", False):
+        return
+    signature = inspect.signature(original)
+
+    def log(self, *args, **kwargs):
+        try:
+            arguments = signature.bind(self, *args, **kwargs).arguments
+        except TypeError:
+            arguments = {}
+        if arguments.get("sync_dist"):
+            frame = sys._getframe(1)
+            _log_sites[(self._current_fx_name, arguments.get("name"))] = \
+                "%s:%d in %s" % (frame.f_code.co_filename, frame.f_lineno,
+                                 frame.f_code.co_name)
+        return original(self, *args, **kwargs)
+
+    log.__doc__ = original.__doc__
+    log.__wrapped__ = original
+    log._dloss_log_sites = True
+    cls.log = log
+
+
+def _sync_dist_site(frames):
+    """The site of a collective that Lightning runs to reduce a value
+    logged with sync_dist: the self.log call that asked for it."""
+    for frame in frames:
+        if not frame.f_code.co_filename.endswith(os.path.join(
+                "logger_connector", "result.py")):
+            continue
+        meta = getattr(frame.f_locals.get("self"), "meta", None)
+        if meta is None or not hasattr(meta, "fx"):
+            continue
+        where = _log_sites.get((meta.fx, meta.name),
+                               "a line of %s" % meta.fx)
+        return "%s, through self.log(%r, sync_dist=True), which Lightning " \
+            "reduces at the end of %s" % (where, meta.name, meta.fx)
+    return None
+
+
+_site_hooks.append(_sync_dist_site)
