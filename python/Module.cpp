@@ -152,7 +152,23 @@ void bindCommunicator(py::module_ &m) {
           },
           py::arg("values"), py::arg("op") = "", py::arg("location") = "",
           GilRelease())
-      .def("note_failure", &Communicator::noteFailure, py::arg("message"));
+      .def("note_failure", &Communicator::noteFailure, py::arg("message"))
+      .def("record_exit", &Communicator::recordExit, py::arg("reason"),
+           py::arg("raised"), GilRelease())
+      .def("keep_store_for_peers", &Communicator::keepStoreForPeers,
+           GilRelease())
+      .def(
+          "peer_exits",
+          [](Communicator &c) {
+            std::vector<std::tuple<int, int64_t, std::string, bool>> out;
+            for (const Communicator::PeerExit &e : c.peerExits())
+              out.emplace_back(e.rank, e.unixMs, e.reason, e.afterFailure);
+            return out;
+          },
+          GilRelease(),
+          "Every rank's exit record, earliest first: (rank, unix_ms, "
+          "reason, after_failure).")
+      .def("root_cause", &Communicator::rootCause, GilRelease());
 
   m.def(
       "process_group_communicator",

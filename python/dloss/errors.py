@@ -36,27 +36,53 @@ def make_error(problem, hint="", rank=None, op="", location=""):
     return _C.make_error(problem, hint, rank, op, location)
 
 
-def user_frame(depth=2, skip=()):
-    """(file, line) of the innermost frame of the user's code, at least
-    `depth` frames up: the first outside the dloss package, outside torch
-    (a drop-in is called through torch.nn.Module.__call__) and outside the
-    directories in `skip` (a framework between the user and dloss); None
-    when every frame is theirs."""
+def _is_users(skip=()):
+    """A test of a code object's file name: whether it is the user's code,
+    outside the dloss package, outside torch (a drop-in is called through
+    torch.nn.Module.__call__) and outside the directories in `skip` (a
+    framework between the user and dloss)."""
     import os
-    import sys
 
     import torch
 
     package = os.path.dirname(os.path.abspath(__file__))
     skip = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
             ) + tuple(skip)
+
+    def test(filename):
+        name = os.path.abspath(filename)
+        return os.path.dirname(name) != package and not name.startswith(skip)
+    return test
+
+
+def user_frame(depth=2, skip=()):
+    """(file, line) of the innermost frame of the user's code (_is_users),
+    at least `depth` frames up; None when every frame is theirs."""
+    import sys
+
+    users = _is_users(skip)
     frame = sys._getframe(depth)
     while frame is not None:
-        name = os.path.abspath(frame.f_code.co_filename)
-        if os.path.dirname(name) != package and not name.startswith(skip):
+        if users(frame.f_code.co_filename):
             return frame.f_code.co_filename, frame.f_lineno
         frame = frame.f_back
     return None
+
+
+def raised_at(traceback):
+    """``file:line in function`` of the innermost frame of the user's code
+    (_is_users) in an exception's `traceback`, where it was raised or, for
+    an exception from dloss or torch, the user's call into them; "" when
+    the traceback has no such frame."""
+    users = _is_users()
+    found = ""
+    while traceback is not None:
+        code = traceback.tb_frame.f_code
+        if users(code.co_filename):
+            found = "%s:%d in %s" % (code.co_filename, traceback.tb_lineno,
+                                     code.co_name)
+        traceback = traceback.tb_next
+    return found
 
 
 def caller_location(depth=2):

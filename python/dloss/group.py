@@ -6,9 +6,17 @@ collectives go through that group's backend (Gloo for CPU tensors, NCCL for
 CUDA tensors), and dloss's bookkeeping (collective numbers, deadlines, the
 failure diagnosis that names the ranks that never arrived) goes through the
 group's own store.
+
+A process that has used dloss records in each group's store why it exits
+(an uncaught exception: its type, message and the user's ``file:line``; or
+a plain end), so that its peers fail at once and name it as the root cause,
+and rank 0, which hosts the store, keeps it up on its way out while peers
+still read it. `peer_exits` and `root_cause` read those records.
 """
 
+import atexit
 import os
+import sys
 import threading
 from datetime import timedelta
 
@@ -23,6 +31,9 @@ _lock = threading.Lock()
 # sequence of numbered collectives.
 _communicators = {}
 _settings = {"timeout": None, "flight_dir": None}
+# Whether the exit hooks are installed, and whether this process has
+# recorded its exit.
+_exit = {"hooked": False, "recorded": False}
 
 
 def _default_timeout():
@@ -108,7 +119,94 @@ def communicator(group=None):
             group, _store_of(group), _default_timeout(), flight_dir,
             os.environ.get("MASTER_ADDR", ""), port)
         _communicators[id(group)] = (group, comm)
+        _hook_exit()
         return comm
+
+
+def peer_exits(group=None):
+    """Why ranks of `group` (default: the default group) exited, as they
+    recorded it on their way out: ``{rank: reason}``, earliest first, such
+    as ``{1: "exited after raising ValueError('bad batch') at
+    train.py:20 in step"}``. Only processes that had used dloss on the
+    group record (making the group's communicator, ``communicator(group)``,
+    is enough); a rank that was killed or ended with os._exit records
+    nothing. An exit that followed a failed dloss collective (a consequence,
+    not a cause) ends with " (after its dloss collective failed)". Empty
+    when the store cannot be read."""
+    exits = {}
+    for rank, _, reason, after_failure in communicator(group).peer_exits():
+        exits[rank] = reason + (" (after its dloss collective failed)"
+                                if after_failure else "")
+    return exits
+
+
+def root_cause(group=None):
+    """The first rank of `group` that left or failed on its own, not
+    because a peer did, as the ranks recorded it in the store: a clause
+    such as "rank 1 exited after raising ValueError('bad batch') at
+    train.py:20 in step", or None when no rank recorded such an exit or a
+    failure outside a collective. The rule dloss's own errors lead with
+    (they also name ranks that died without a word)."""
+    return communicator(group).root_cause() or None
+
+
+def _hook_exit():
+    """Installs, once, what records this process's exit: a sys.excepthook
+    (chained to the one before it) for an uncaught exception, and an atexit
+    handler for a plain end, which then lets rank 0 keep the store up while
+    its peers read it."""
+    if _exit["hooked"]:
+        return
+    _exit["hooked"] = True
+    previous = sys.excepthook
+
+    def excepthook(kind, value, traceback):
+        try:
+            _record_exit(_exit_reason(kind, value, traceback), raised=True)
+        finally:
+            previous(kind, value, traceback)
+
+    sys.excepthook = excepthook
+    # Registered after torch's own handlers, so it runs before them.
+    atexit.register(_at_exit)
+
+
+def _exit_reason(kind, value, traceback):
+    """"exited after raising ValueError('...') at train.py:20 in step"."""
+    from .errors import raised_at
+    module = getattr(kind, "__module__", "")
+    name = getattr(kind, "__qualname__", str(kind))
+    if module.split(".")[0] == "dloss":
+        name = "dloss." + name
+    elif module not in ("builtins", "__main__", ""):
+        name = module + "." + name
+    message = str(value)
+    if len(message) > 200:
+        message = message[:200] + "..."
+    where = raised_at(traceback)
+    return "exited after raising %s(%r)%s" % (name, message,
+                                              " at " + where if where else "")
+
+
+def _record_exit(reason, raised):
+    if _exit["recorded"]:
+        return
+    _exit["recorded"] = True
+    for _, comm in list(_communicators.values()):
+        try:
+            comm.record_exit(reason, raised)
+        except Exception:  # noqa: BLE001 - the process is on its way out
+            pass
+
+
+def _at_exit():
+    _record_exit("exited without an exception (its script ended, or called "
+                 "sys.exit)", raised=False)
+    for _, comm in list(_communicators.values()):
+        try:
+            comm.keep_store_for_peers()
+        except Exception:  # noqa: BLE001 - the process is on its way out
+            pass
 
 
 def init(backend=None, timeout=None):

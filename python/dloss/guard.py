@@ -29,6 +29,7 @@ import os
 import sys
 import threading
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -36,16 +37,14 @@ from torch.distributed import ProcessGroup
 
 from . import _C
 from .errors import make_error, user_frame
-from .group import _require_group, _store_of
+from .group import _require_group, _store_of, communicator, root_cause
 
 __all__ = ["Guard", "guard"]
 
 _DEFAULT_TIMEOUT = 30.0
-# A rank waiting for its peers' records polls the store, first at once, then
-# at growing intervals up to _LAST_PAUSE (seconds): that bounds how late it
-# sees its last peer arrive, an abort, or a peer's exit.
-_FIRST_PAUSE = 0.0001
-_LAST_PAUSE = 0.005
+# A record that an aborting rank wrote in place of a rank that never came:
+# the abort's text follows.
+_ABORT = "!abort "
 # One number per guard installed in this process: installs happen in the
 # same order on every rank, so a new guard's records never meet an old one's.
 _generations = itertools.count()
@@ -260,7 +259,12 @@ class _GuardedGroup(ProcessGroup):
         site = _user_site()
         store = self._store
         try:
-            store.set(keys[self._rank], call + "\n" + site)
+            # An abort may have filled this rank's record already.
+            record = call + "\n" + site
+            found = store.compare_set(keys[self._rank], "", record)
+            found = found.decode() if isinstance(found, bytes) else found
+            if found.startswith(_ABORT):
+                self._refuse(found[len(_ABORT):], "", site, stored=True)
             values = self._gather(seq, keys, call, site)
         except dist.DistStoreError as e:
             self._refuse(
@@ -275,46 +279,58 @@ class _GuardedGroup(ProcessGroup):
             store.delete_key(self._prefix + "%d/%d" % (seq - 1, self._rank))
         calls = [v.split("\n", 1) for v in values]
         if any(c[0] != calls[0][0] for c in calls):
-            self._abort(seq, "the ranks reached different collectives as "
+            self._abort(keys, "the ranks reached different collectives as "
                         "collective #%d on %s: %s" %
                         (seq, self._label, _by_rank(calls)),
                         _hint(calls), site)
 
     def _gather(self, seq, keys, call, site):
-        """Every rank's record of collective #seq, waiting for the missing
-        ones until the deadline or an abort."""
+        """Every rank's record of collective #seq: one blocking wait on the
+        store, until all are there (an abort fills the missing ones) or the
+        deadline."""
         store = self._store
-        deadline = time.monotonic() + self._timeout
-        abort_key = self._prefix + "abort"
-        pause = _FIRST_PAUSE
-        while True:
-            # Polled: a store.wait that times out logs a c10d warning.
-            if store.check(keys):
-                return [v.decode() for v in store.multi_get(keys)]
-            time.sleep(pause)
-            pause = min(pause * 2, _LAST_PAUSE)
-            if store.check([abort_key]):
-                self._refuse(store.get(abort_key).decode(), "", site,
-                             stored=True)
-            if time.monotonic() >= deadline:
-                present = [store.check([k]) for k in keys]
-                came = [None if v is None else v.decode().split("\n", 1)
-                        for v in _fill(store, keys, present)]
-                missing = [r for r, c in enumerate(came) if c is None]
-                self._abort(
-                    seq, "collective #%d on %s: %s never reached it within "
-                    "%g s, while %s" % (seq, self._label, _ranks(missing),
-                                        self._timeout, _by_rank(came)),
-                    _hint([c for c in came if c is not None], missing=True),
-                    site)
+        try:
+            store.wait(keys, timedelta(seconds=self._timeout))
+        except dist.DistStoreError as e:
+            if "timeout" not in str(e).lower() and \
+                    "timed out" not in str(e).lower():
+                raise
+            present = [store.check([k]) for k in keys]
+            came = [None if v is None else v.decode().split("\n", 1)
+                    for v in _fill(store, keys, present)]
+            aborted = [c for c in came if c is not None and
+                       c[0].startswith(_ABORT)]
+            if aborted:
+                self._refuse(aborted[0][0][len(_ABORT):] + "\n" + aborted[0][1],
+                             "", site, stored=True)
+            missing = [r for r, c in enumerate(came) if c is None]
+            # A rank that left recorded why (dloss.group's exit hooks).
+            cause = root_cause(self._inner)
+            cause = cause + " (the first rank that left or failed); " \
+                "because of it, " if cause else ""
+            self._abort(
+                keys, cause + "collective #%d on %s: %s never reached it "
+                "within %g s, "
+                "while %s" % (seq, self._label, _ranks(missing),
+                              self._timeout, _by_rank(came)),
+                _hint([c for c in came if c is not None], missing=True), site)
+        values = [v.decode() for v in store.multi_get(keys)]
+        for value in values:
+            if value.startswith(_ABORT):
+                self._refuse(value[len(_ABORT):], "", site, stored=True)
+        return values
 
-    def _abort(self, seq, problem, hint, site):
-        """Raises `problem` here, and makes it the error of every rank that
-        reaches this guard later (the first rank to abort wins)."""
+    def _abort(self, keys, problem, hint, site):
+        """Raises `problem` here and on every rank waiting for, or coming
+        later to, this collective: the first rank to abort writes its text
+        into the records of the ranks that never came, which ends the
+        others' waits."""
         text = problem + "\n" + hint
         stored = self._store.compare_set(self._prefix + "abort", "", text)
-        self._refuse(stored.decode() if isinstance(stored, bytes) else stored,
-                     "", site, stored=True)
+        stored = stored.decode() if isinstance(stored, bytes) else stored
+        for key in keys:
+            self._store.compare_set(key, "", _ABORT + stored)
+        self._refuse(stored, "", site, stored=True)
 
     def _refuse(self, problem, hint, site, stored=False):
         self._broken = problem + ("\n" + hint if not stored else "")
@@ -398,6 +414,7 @@ class Guard:
         label = "the default group" if self._is_default else \
             "group %s" % original.group_name
         self._original = original
+        communicator(original)  # its exit hooks record why a rank left
         self.group = _GuardedGroup(original, store, float(timeout), label)
         world = dist.distributed_c10d._world
         for table in _tables():

@@ -117,6 +117,36 @@ public:
   /// error, a rejected input) with `message`, so that peers left waiting for
   /// it can name it and say why. The default does nothing.
   virtual void noteFailure(const std::string &message) { (void)message; }
+
+  /// Why a rank's process left, as it recorded it on its way out.
+  struct PeerExit {
+    int rank = -1;
+    int64_t unixMs = 0;
+    /// "exited after raising ValueError('bad batch') at train.py:20 in
+    /// step".
+    std::string reason;
+    /// Whether its communicator had already failed: then the exit is a
+    /// consequence of a peer's failure, not a root cause.
+    bool afterFailure = false;
+  };
+  /// Records that this rank's process is exiting and why (`raised`: because
+  /// of an exception), so that peers left waiting fail at once and name it
+  /// as the root cause. The default does nothing.
+  virtual void recordExit(const std::string &reason, bool raised) {
+    (void)reason;
+    (void)raised;
+  }
+  /// On the way out of the process: a rank that hosts the store keeps it up
+  /// (a few seconds at most) while peers that fail because of this exit, or
+  /// of an earlier failure, still read it. Returns at once in a healthy job.
+  /// The default does nothing.
+  virtual void keepStoreForPeers() {}
+  /// Every exit recorded by the ranks (this one included), earliest first.
+  virtual std::vector<PeerExit> peerExits() { return {}; }
+  /// The first rank that left or failed on its own (not because a peer
+  /// did), as a clause ("rank 1 exited after raising ..."), from what the
+  /// ranks recorded; empty when none did. The default knows of none.
+  virtual std::string rootCause() { return ""; }
 };
 
 /// Communicator::beginExchange for the lifetime of the scope.

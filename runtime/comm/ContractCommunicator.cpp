@@ -238,6 +238,28 @@ void ContractCommunicator::noteFailure(const std::string &message) {
   peers->publish(started, "failed", "", CallSite{}, unixMillis(), message);
 }
 
+void ContractCommunicator::recordExit(const std::string &reason, bool raised) {
+  if (peers)
+    peers->recordExit(started, reason, raised, !broken.empty());
+}
+
+void ContractCommunicator::keepStoreForPeers() {
+  if (peers)
+    peers->keepStoreForPeers(started);
+}
+
+std::vector<Communicator::PeerExit> ContractCommunicator::peerExits() {
+  return peers ? peers->exits() : std::vector<PeerExit>{};
+}
+
+std::string ContractCommunicator::rootCause() {
+  return peers ? peers->rootCause(nullptr, peers->current(), false).text : "";
+}
+
+std::string ContractCommunicator::abandonReason(const Call &call) {
+  return peers && call.seq >= 0 ? peers->doomed(call) : "";
+}
+
 Error ContractCommunicator::diagnose(Call &call, const std::string &detail,
                                      bool timedOut) {
   broken = call.describe() + " failed: " + detail;
@@ -266,17 +288,29 @@ Error ContractCommunicator::diagnose(Call &call, const std::string &detail,
   std::string storeProblem;
   std::vector<PeerState> peerStates;
   std::string summary;
+  RootCause cause;
   if (peers) {
     peerStates = peers->failed(
         call, timedOut ? "timed out after " + seconds(options.timeout) : detail,
         timedOut ? std::chrono::milliseconds(0) : PeerStates::kReportGrace,
         storeProblem);
+    if (storeProblem.empty())
+      cause = peers->rootCause(&call, peerStates, timedOut);
     summary = storeProblem.empty()
-                  ? peers->summarize(call, peerStates, timedOut)
+                  ? peers->summarize(call, peerStates, timedOut,
+                                     cause.silent ? std::vector<int>{}
+                                                  : cause.ranks)
                   : "the peers' states are unknown: " + storeProblem;
   }
 
+  // The root cause leads: it is the same on every rank, while the rest
+  // (this rank's collective, the others' states) is the cascade.
   std::string problem =
+      cause.ranks.empty() ? ""
+                          : cause.text +
+                                " (the first rank that left or failed); "
+                                "because of it, ";
+  problem +=
       timedOut ? call.describe() + " timed out " + where() +
                      " after the deadline of " + seconds(options.timeout)
                : call.describe() + " failed " + where() + " (" + detail + ")";
@@ -285,7 +319,9 @@ Error ContractCommunicator::diagnose(Call &call, const std::string &detail,
   if (timedOut)
     problem += " (" + detail + ")";
   problem += wording.failureSuffix;
-  std::string hint = timedOut ? timeoutHint : wording.peerHint;
+  std::string hint = !cause.hint.empty() ? cause.hint
+                     : timedOut          ? timeoutHint
+                                         : wording.peerHint;
 
   // The record holds the whole message, and the message the record's path.
   std::string record;

@@ -60,6 +60,10 @@ public:
   int worldSize() const final { return options.worldSize; }
   int64_t collectivesStarted() const final { return started; }
   void noteFailure(const std::string &message) final;
+  void recordExit(const std::string &reason, bool raised) final;
+  void keepStoreForPeers() final;
+  std::vector<PeerExit> peerExits() final;
+  std::string rootCause() final;
 
   at::Tensor allGather(const at::Tensor &input, int64_t axis,
                        const std::vector<int64_t> &sizes) final;
@@ -158,6 +162,12 @@ protected:
   /// Our own check failed after data moved (a malformed ringShift header):
   /// the communicator is unusable.
   void breakOn(const Call &call, const Error &error);
+  /// While this rank waits in `call` (every kWatchPeriod or so): why it
+  /// should stop waiting, because a peer failed or left before reaching
+  /// it; "" to keep waiting.
+  std::string abandonReason(const Call &call);
+  /// How often a wait checks abandonReason.
+  static constexpr std::chrono::milliseconds kWatchPeriod{200};
   /// Marks the communicator unusable after `call` failed with `detail`, and
   /// returns its error: its number and site, the peers' states, and the
   /// path of the flight record.

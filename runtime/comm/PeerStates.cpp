@@ -1,5 +1,5 @@
-// Each rank's latest collective in the rendezvous store: recording it, reading
-// the peers', naming them in an error.
+// Each rank's latest collective and exit in the rendezvous store: recording
+// them, reading the peers', naming them (root cause first) in an error.
 #include "runtime/comm/PeerStates.h"
 
 #include "runtime/comm/StoreRendezvous.h"
@@ -22,6 +22,12 @@ const char *const kSeqPrefix = "dloss/seq/";
 // Set by a rank once it has read its peers' states after a failure, so that
 // rank 0 (the store's host) keeps the store up until then.
 const char *const kDonePrefix = "dloss/done/";
+// Why a rank's process exited ("<seq>\x1f<unixMs>\x1f<afterFailure>\x1f
+// <raised>\x1f<reason>\x1f"), written on its way out.
+const char *const kLeftPrefix = "dloss/left/";
+// Set by every failure and exit record: a rank waiting in a collective
+// reads the records only once it exists.
+const char *const kAlarmKey = "dloss/alarm";
 // How long a failed rank 0 keeps the store up for the peers' diagnosis.
 constexpr std::chrono::milliseconds kFailureLinger{3000};
 // Peers named one by one in an error; the rest are counted.
@@ -42,7 +48,7 @@ std::string encodeState(int64_t seq, const std::string &state,
   return out;
 }
 
-PeerState decodeState(int rank, const std::string &text) {
+std::vector<std::string> splitFields(const std::string &text) {
   std::vector<std::string> fields;
   std::string field;
   for (char c : text) {
@@ -53,6 +59,11 @@ PeerState decodeState(int rank, const std::string &text) {
       field += c;
     }
   }
+  return fields;
+}
+
+PeerState decodeState(int rank, const std::string &text) {
+  std::vector<std::string> fields = splitFields(text);
   PeerState peer;
   peer.rank = rank;
   if (fields.size() < 9)
@@ -95,6 +106,40 @@ void PeerStates::publish(int64_t seq, const std::string &state,
   } catch (const std::exception &) {
     usable = false;
   }
+  if (state == "failed" && !collective.empty())
+    raiseAlarm();
+}
+
+void PeerStates::raiseAlarm() {
+  if (!usable)
+    return;
+  try {
+    store->set(kAlarmKey, toBytes("1"));
+  } catch (const std::exception &) {
+    usable = false;
+  }
+}
+
+PeerState PeerStates::readPeer(int r) {
+  PeerState peer;
+  peer.rank = r;
+  std::string key = kSeqPrefix + std::to_string(r);
+  if (store->check({key}))
+    peer = decodeState(r, fromBytes(store->get(key)));
+  std::string left = kLeftPrefix + std::to_string(r);
+  if (store->check({left})) {
+    std::vector<std::string> fields = splitFields(fromBytes(store->get(left)));
+    if (fields.size() >= 5) {
+      peer.exited = true;
+      peer.exit.rank = r;
+      peer.exit.unixMs = std::strtoll(fields[1].c_str(), nullptr, 10);
+      peer.exit.afterFailure = fields[2] == "1";
+      peer.exit.reason = fields[4];
+      // The collectives it had started: whether it left before one.
+      peer.exitSeq = std::strtoll(fields[0].c_str(), nullptr, 10);
+    }
+  }
+  return peer;
 }
 
 std::vector<PeerState> PeerStates::read(std::chrono::milliseconds grace,
@@ -113,12 +158,9 @@ std::vector<PeerState> PeerStates::read(std::chrono::milliseconds grace,
       for (int r = 0; r < worldSize; ++r) {
         if (r == rank)
           continue;
-        std::string key = kSeqPrefix + std::to_string(r);
-        PeerState peer;
-        peer.rank = r;
-        if (store->check({key}))
-          peer = decodeState(r, fromBytes(store->get(key)));
-        allFailed &= peer.known && peer.state == "failed";
+        PeerState peer = readPeer(r);
+        // A rank that exited records nothing more.
+        allFailed &= peer.exited || (peer.known && peer.state == "failed");
         peers.push_back(std::move(peer));
       }
       if (allFailed || Clock::now() >= end)
@@ -153,7 +195,8 @@ std::vector<PeerState> PeerStates::failed(const Call &call,
 
 std::string PeerStates::summarize(const Call &call,
                                   const std::vector<PeerState> &peers,
-                                  bool timedOut) const {
+                                  bool timedOut,
+                                  const std::vector<int> &named) const {
   std::vector<std::string> clauses;
   std::vector<int> reached;
   int64_t now = unixMillis();
@@ -165,7 +208,14 @@ std::string PeerStates::summarize(const Call &call,
     return out.str();
   };
   for (const PeerState &peer : peers) {
+    if (std::find(named.begin(), named.end(), peer.rank) != named.end())
+      continue;
     std::string who = "rank " + std::to_string(peer.rank);
+    // Its collective failure says more than the exit that followed it.
+    if (peer.exited && !peer.exit.afterFailure) {
+      clauses.push_back(who + " " + peer.exit.reason);
+      continue;
+    }
     if (!peer.known) {
       clauses.push_back(who + " has recorded no collective");
       continue;
@@ -223,30 +273,167 @@ std::string PeerStates::describe(const PeerState &peer) {
          (peer.known ? peer.state + " #" + std::to_string(peer.seq) + " " +
                            peer.collective + siteText(peer.site) +
                            (peer.detail.empty() ? "" : ": " + peer.detail)
-                     : "no collective recorded");
+                     : "no collective recorded") +
+         (peer.exited ? "; then " + peer.exit.reason : "");
+}
+
+void PeerStates::recordExit(int64_t seq, const std::string &reason,
+                            bool raised, bool afterFailure) {
+  if (!usable)
+    return;
+  std::string record;
+  for (const std::string &field :
+       {std::to_string(seq), std::to_string(unixMillis()),
+        std::string(afterFailure ? "1" : "0"), std::string(raised ? "1" : "0"),
+        truncated(reason, 600)}) {
+    record += field;
+    record += kFieldSeparator;
+  }
+  try {
+    store->set(kLeftPrefix + std::to_string(rank), toBytes(record));
+  } catch (const std::exception &) {
+    usable = false;
+  }
+  raiseAlarm();
+}
+
+std::vector<PeerState> PeerStates::current() {
+  std::vector<PeerState> peers;
+  if (!usable)
+    return peers;
+  try {
+    for (int r = 0; r < worldSize; ++r)
+      if (r != rank)
+        peers.push_back(readPeer(r));
+  } catch (const std::exception &) {
+    usable = false;
+    peers.clear();
+  }
+  return peers;
+}
+
+std::string PeerStates::doomed(const Call &call) {
+  if (!usable)
+    return "";
+  try {
+    if (!store->check({kAlarmKey}))
+      return "";
+  } catch (const std::exception &) {
+    usable = false;
+    return "";
+  }
+  for (const PeerState &peer : current()) {
+    std::string who = "rank " + std::to_string(peer.rank);
+    if (peer.known && peer.state == "failed" && !peer.collective.empty())
+      return "stopped waiting: " + who + " failed in collective #" +
+             std::to_string(peer.seq) + " " + peer.collective;
+    // A rank that exited after entering this collective had finished it.
+    if (peer.exited && peer.exitSeq < call.seq)
+      return "stopped waiting: " + who + " exited before reaching it";
+  }
+  return "";
+}
+
+RootCause PeerStates::rootCause(const Call *call,
+                                const std::vector<PeerState> &peers,
+                                bool timedOut) const {
+  RootCause cause;
+  // A rank that left or failed on its own: the earliest by its clock.
+  const PeerState *first = nullptr;
+  int64_t firstMs = 0;
+  auto consider = [&](const PeerState &peer, int64_t unixMs) {
+    if (!first || unixMs < firstMs) {
+      first = &peer;
+      firstMs = unixMs;
+    }
+  };
+  for (const PeerState &peer : peers) {
+    if (peer.exited && !peer.exit.afterFailure)
+      consider(peer, peer.exit.unixMs);
+    else if (peer.known && peer.state == "failed" && peer.collective.empty())
+      consider(peer, peer.unixMs);
+  }
+  if (first) {
+    std::string who = "rank " + std::to_string(first->rank);
+    cause.ranks.push_back(first->rank);
+    bool outside = !(first->exited && !first->exit.afterFailure);
+    cause.text = outside ? who + " failed outside a collective after #" +
+                               std::to_string(first->seq) + ": " +
+                               truncated(first->detail, 300)
+                         : who + " " + first->exit.reason;
+    cause.hint = "Fix the error on " + who +
+                 " first (its own output has the whole traceback): the "
+                 "other ranks failed because of it";
+    return cause;
+  }
+  // Without a record: the ranks due in the failed collective that recorded
+  // neither a failure nor an exit while their peers did (a collective that
+  // timed out leaves ranks that are alive elsewhere: the summary names
+  // them).
+  if (!call || timedOut)
+    return cause;
+  for (const PeerState &peer : peers) {
+    bool recorded = peer.exited || (peer.known && peer.state == "failed");
+    if (!recorded && (!peer.known || peer.seq <= call->seq))
+      cause.ranks.push_back(peer.rank);
+  }
+  if (cause.ranks.empty())
+    return cause;
+  cause.silent = true;
+  cause.text = rankList(cause.ranks, ", ") +
+               " left without a word, recording no error or exit (killed, "
+               "crashed, or ended by os._exit)";
+  return cause;
+}
+
+std::vector<Communicator::PeerExit> PeerStates::exits() {
+  std::vector<Communicator::PeerExit> out;
+  if (!usable)
+    return out;
+  try {
+    for (int r = 0; r < worldSize; ++r) {
+      PeerState peer = readPeer(r);
+      if (peer.exited)
+        out.push_back(peer.exit);
+    }
+  } catch (const std::exception &) {
+    usable = false;
+    out.clear();
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Communicator::PeerExit &a,
+                      const Communicator::PeerExit &b) {
+                     return a.unixMs < b.unixMs;
+                   });
+  return out;
 }
 
 PeerStates::~PeerStates() {
-  if (!hostsStore || failedSeq < 0 || !usable)
+  if (failedSeq >= 0)
+    keepStoreForPeers(failedSeq - 1);
+}
+
+void PeerStates::keepStoreForPeers(int64_t started) {
+  if (!hostsStore || !usable || keptStore)
     return;
+  keptStore = true;
   // Rank 0 hosts the store: keep it up while peers that were in the failed
-  // collective (or later) still read their peers' states. A peer that has
-  // recorded its failure is reading (for at most kReportGrace); one that
-  // has not may yet fail, or may be dead, so it gets about that long too.
+  // collective (or, after a healthy rank 0 left, in one it never joined)
+  // still read their peers' states. A peer that has recorded its failure is
+  // reading (for at most kReportGrace); one that has not may yet fail (its
+  // wait checks the alarm), or may be dead, so it gets about that long too.
+  int64_t due = failedSeq >= 0 ? failedSeq : started + 1;
   Clock::time_point start = Clock::now();
   Clock::time_point end = start + kFailureLinger;
   auto silentEnd = start + kReportGrace + std::chrono::milliseconds(500);
   try {
     while (Clock::now() < end) {
       bool diagnosing = false, silent = false;
-      for (int r = 1; r < worldSize; ++r) {
-        if (store->check({kDonePrefix + std::to_string(r)}))
+      for (int r = 0; r < worldSize; ++r) {
+        if (r == rank || store->check({kDonePrefix + std::to_string(r)}))
           continue;
-        std::string key = kSeqPrefix + std::to_string(r);
-        if (!store->check({key}))
-          continue;
-        PeerState peer = decodeState(r, fromBytes(store->get(key)));
-        if (!peer.known || peer.seq < failedSeq)
+        PeerState peer = readPeer(r);
+        if (peer.exited || !peer.known || peer.seq < due)
           continue;
         diagnosing |= peer.state == "failed";
         silent |= peer.state != "failed";

@@ -3,9 +3,13 @@
 //
 // Before entering a collective a rank records its number under
 // dloss/seq/<rank> ("started"), and its failure when one fails ("failed");
-// a rank that hits a failure reads its peers' records to name them. Store
-// failures only turn the bookkeeping off: the collective itself reports a
-// dead peer.
+// a process that exits records why under dloss/left/<rank> (dloss/group.py
+// hooks Python's exit). Both also set dloss/alarm, which a rank waiting in a
+// collective checks now and then, so that it stops waiting for a peer that
+// will never come. A rank that hits a failure reads its peers' records to
+// name them, leading with the root cause: the first rank that left or
+// failed on its own. Store failures only turn the bookkeeping off: the
+// collective itself reports a dead peer.
 #ifndef DLOSS_RUNTIME_COMM_PEERSTATES_H
 #define DLOSS_RUNTIME_COMM_PEERSTATES_H
 
@@ -30,6 +34,23 @@ struct PeerState {
   CallSite site;
   int64_t unixMs = 0;
   std::string detail;
+  /// Its exit record (dloss/left/<rank>), when it recorded one.
+  bool exited = false;
+  Communicator::PeerExit exit;
+  /// The collectives it had started when it exited.
+  int64_t exitSeq = 0;
+};
+
+/// The first rank(s) that left or failed on their own, and what to do.
+struct RootCause {
+  std::vector<int> ranks; // Empty: unknown.
+  std::string text;       // "rank 1 exited after raising ..."
+  /// What to do; empty for ranks that went silent (the engine's hint
+  /// stands).
+  std::string hint;
+  /// Whether the ranks recorded nothing: the summary still gives their
+  /// latest collectives.
+  bool silent = false;
 };
 
 /// This rank's record in the store and its reading of the peers'. Not
@@ -61,15 +82,45 @@ public:
                                 std::chrono::milliseconds grace,
                                 std::string &storeProblem);
   /// One clause per peer for the error of `call`: which never arrived,
-  /// failed, are elsewhere or reached it.
+  /// failed, exited, are elsewhere or reached it; the ranks in `named` (the
+  /// root cause, said already) are left out.
   std::string summarize(const Call &call, const std::vector<PeerState> &peers,
-                        bool timedOut) const;
+                        bool timedOut,
+                        const std::vector<int> &named = {}) const;
   /// "rank 2: failed #7 allGather (...): <detail>", for the flight record.
   static std::string describe(const PeerState &peer);
+
+  /// Records that this process is exiting after `seq` collectives, and why;
+  /// `afterFailure`: its communicator had failed already.
+  void recordExit(int64_t seq, const std::string &reason, bool raised,
+                  bool afterFailure);
+  /// While a rank waits in `call`: why it should stop waiting (a peer
+  /// failed in a collective, or exited before reaching this one), or "".
+  /// One store query unless some rank has recorded a failure or an exit.
+  std::string doomed(const Call &call);
+  /// The first rank that left or failed on its own among `peers`; with a
+  /// `call` that failed for a closed connection, else the ranks that went
+  /// silent (dead without a word). The one rule every report uses.
+  RootCause rootCause(const Call *call, const std::vector<PeerState> &peers,
+                      bool timedOut) const;
+  /// Every rank's exit record, earliest first (empty when the store cannot
+  /// be read).
+  std::vector<Communicator::PeerExit> exits();
+  /// The peers' states as recorded now (no grace); empty on a store
+  /// failure.
+  std::vector<PeerState> current();
+  /// Rank 0 hosts the store: keeps it up, for kFailureLinger at most, while
+  /// peers that are failing (or will, waiting for a collective this rank,
+  /// which has started `started`, never joins) still read it. Once.
+  void keepStoreForPeers(int64_t started);
 
 private:
   std::vector<PeerState> read(std::chrono::milliseconds grace,
                               std::string &storeProblem);
+  /// Sets kAlarmKey: some rank failed in a collective or exited.
+  void raiseAlarm();
+  /// Peer `r`'s records; throws on a store failure.
+  PeerState readPeer(int r);
 
   c10::intrusive_ptr<c10d::Store> store;
   int rank;
@@ -81,6 +132,8 @@ private:
   int64_t failedSeq = -1;
   /// False once a store operation failed: the bookkeeping stops.
   bool usable = true;
+  /// Whether keepStoreForPeers has run.
+  bool keptStore = false;
 };
 
 } // namespace dloss::comm

@@ -222,14 +222,14 @@ public:
     if (moved.is_cuda())
       awaitOnGpu(work);
     else
-      work->wait(options.timeout + kWaitMargin);
+      awaitOnCpu(work, options.timeout + kWaitMargin);
   }
   /// Waits for a send or recv of `moved`, whose only deadline is this one.
   void awaitTransfer(const c10::intrusive_ptr<c10d::Work> &work,
                      const at::Tensor &moved) {
     if (moved.is_cuda())
       awaitOnGpu(work);
-    else
+    else // Gloo's send/recv works fail for good when a wait's timeout ends.
       work->wait(options.timeout);
   }
   /// Issues the posted CUDA transfers as one coalesced batch.
@@ -319,6 +319,21 @@ private:
   }
   /// Polls `work` against the deadline; see the file's comment.
   void awaitOnGpu(const c10::intrusive_ptr<c10d::Work> &work);
+  /// Waits for a Gloo collective's `work` (not a send or recv's) for `limit`
+  /// at most, in slices of kWatchPeriod
+  /// between which it checks whether a peer failed or left (abandonReason):
+  /// a peer that failed but lives on keeps its connections open, so Gloo
+  /// alone would wait for the deadline.
+  void awaitOnCpu(const c10::intrusive_ptr<c10d::Work> &work,
+                  std::chrono::milliseconds limit);
+  /// Throws when the call in flight should stop waiting.
+  void watchPeers() {
+    if (!inFlight)
+      return;
+    std::string reason = abandonReason(*inFlight);
+    if (!reason.empty())
+      throw std::runtime_error(reason);
+  }
   /// Aborts the group's NCCL backend (once): its kernels that wait for a
   /// peer end. After a deadline on any group (a collective is half done,
   /// the group is unusable), and after any failure on a group of
@@ -338,6 +353,8 @@ private:
   bool ncclStarted = false;
   /// CUDA transfers posted and not issued yet.
   std::vector<std::shared_ptr<Transfer>> posted;
+  /// The call being waited for (communicate()); null between calls.
+  const Call *inFlight = nullptr;
 };
 
 // A send or recv in flight. It refers to its communicator, which must outlive
@@ -377,6 +394,11 @@ auto ProcessGroupCommunicator::communicate(Call &call, Body &&body)
     -> decltype(body()) {
   refuseIfBroken(call);
   std::string detail;
+  inFlight = &call;
+  struct ClearInFlight {
+    const Call *&slot;
+    ~ClearInFlight() { slot = nullptr; }
+  } clearInFlight{inFlight};
   try {
     launchPosted();
     return runAndComplete(call, body);
@@ -402,8 +424,18 @@ void ProcessGroupCommunicator::awaitOnGpu(
     const c10::intrusive_ptr<c10d::Work> &work) {
   Clock::time_point start = Clock::now();
   Clock::time_point until = start + options.timeout;
+  Clock::time_point watch = start + kWatchPeriod;
   while (!work->isCompleted()) { // Also true once NCCL reported an error.
     Clock::time_point now = Clock::now();
+    if (now >= watch) {
+      watch = now + kWatchPeriod;
+      try {
+        watchPeers();
+      } catch (const std::exception &) {
+        abortGpu(); // Its kernels wait for a peer that will not come.
+        throw;
+      }
+    }
     if (now >= until) {
       abortGpu();
       throw std::runtime_error(
@@ -417,6 +449,30 @@ void ProcessGroupCommunicator::awaitOnGpu(
       std::this_thread::sleep_for(kPollSleep);
   }
   work->wait(); // Rethrows NCCL's error; orders the current stream after it.
+}
+
+void ProcessGroupCommunicator::awaitOnCpu(
+    const c10::intrusive_ptr<c10d::Work> &work,
+    std::chrono::milliseconds limit) {
+  Clock::time_point until = Clock::now() + limit;
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - Clock::now());
+    if (left <= kWatchPeriod) {
+      work->wait(std::max(left, std::chrono::milliseconds(1)));
+      return;
+    }
+    // c10d's Work::wait(timeout) throws when the slice ends before the
+    // work does, and leaves the work running.
+    try {
+      work->wait(kWatchPeriod);
+      return;
+    } catch (const std::exception &) {
+      if (work->isCompleted())
+        throw; // The transfer's own failure.
+    }
+    watchPeers();
+  }
 }
 
 void ProcessGroupCommunicator::launchPosted() {

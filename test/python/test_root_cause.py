@@ -1,0 +1,244 @@
+"""Errors name the root cause: when one rank leaves, every live rank's
+dloss.Error leads with that rank and why it left, not with the cascade of
+peers that failed after it.
+
+Four real processes on Gloo run a small training script around
+dloss.ClipLoss (written to a temporary directory as train.py and started
+the way torchrun starts it, so that an uncaught exception really ends the
+process through Python's own exit path). At step 3 one rank leaves:
+
+- rank 1 raises a ValueError before its loss call; the live ranks catch
+  the dloss.Error and stay;
+- the same, but rank 0 (which hosts the store) lets its dloss.Error end the
+  process: ranks 2 and 3 must still name rank 1, not rank 0 or the store;
+- rank 0 itself raises: its peers name it although it hosts the store;
+- rank 1 ends with os._exit: "left without a word";
+- rank 1 raises under dloss.guard (DLOSS_GUARD): the guard's error leads
+  with it too.
+
+Every live rank's error must name the root cause with its exception and
+the user's file:line, and carry the call site of the rank's own loss call.
+A healthy run must exit promptly. Each scenario's time to fail (in the
+failing loss call, per rank) is printed as a table at the end.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import multiproc
+
+WORLD = 4
+FAILING_STEP = 3
+
+SCRIPT = '''\
+import json, os, sys, time
+import torch
+import dloss
+
+out, scenario = sys.argv[1], sys.argv[2]
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dloss.init(backend="gloo", timeout=30)
+torch.set_num_threads(1)
+loss = dloss.ClipLoss()
+gen = torch.Generator().manual_seed(rank)
+leaver = 0 if scenario == "host-raises" else 1
+
+
+def report(kind, **fields):
+    path = os.path.join(out, "rank%d.json" % rank)
+    with open(path + ".tmp", "w") as f:
+        json.dump(dict(kind=kind, **fields), f)
+    os.rename(path + ".tmp", path)
+
+
+def check_batch(i):
+    if scenario != "healthy" and rank == leaver and i == FAILING_STEP:
+        if scenario == "silent":
+            os._exit(1)
+        raise ValueError("batch %d of rank %d is corrupt" % (i, rank))  # RAISE
+
+
+def step(i):
+    image = torch.randn(4, 8, generator=gen, requires_grad=True)
+    text = torch.randn(4, 8, generator=gen, requires_grad=True)
+    check_batch(i)
+    value = loss(image, text, 10.0)  # LOSS CALL
+    value.backward()
+
+
+for i in range(FAILING_STEP + 3):
+    start = time.monotonic()
+    try:
+        step(i)
+    except dloss.Error as e:
+        seconds = time.monotonic() - start
+        report("error", message=str(e), problem=e.problem,
+               location=e.location, seconds=seconds, step=i,
+               exits=dloss.group.peer_exits(), root=dloss.group.root_cause())
+        if scenario == "cascade" and rank == 0:
+            raise
+        # Stay until every live rank has reported.
+        until = time.monotonic() + 30
+        while time.monotonic() < until and len(
+                [n for n in os.listdir(out) if n.endswith(".json")]) < world - 1:
+            time.sleep(0.05)
+        sys.exit(3)
+report("ok")
+'''.replace("FAILING_STEP", str(FAILING_STEP))
+
+
+def _line(marker):
+    return next(n for n, text in enumerate(SCRIPT.splitlines(), 1)
+                if marker in text)
+
+
+# (scenario, {rank: seconds in the failing call}) for the table.
+TIMES = []
+
+
+def tearDownModule():
+    if not TIMES:
+        return
+    lines = ["time-to-fail (seconds in the failing loss call, per live rank):"]
+    for scenario, seconds in TIMES:
+        lines.append("  %-12s %s" % (scenario, ", ".join(
+            "rank %d %.2f s" % (r, s) for r, s in sorted(seconds.items()))))
+    sys.stderr.write("\n".join(lines) + "\n")
+
+
+def _run(scenario):
+    """Runs the script on WORLD ranks; returns (directory, script path,
+    {rank: exit code}, {rank: report}, seconds until every process ended)."""
+    directory = tempfile.mkdtemp(prefix="dloss-root-cause-")
+    script = os.path.join(directory, "train.py")
+    with open(script, "w") as f:
+        f.write(SCRIPT)
+    out = os.path.join(directory, "out")
+    os.mkdir(out)
+    port = multiproc.free_port()
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1",
+               DLOSS_FLIGHT_DIR=directory)
+    if scenario.endswith("-guarded"):
+        env["DLOSS_GUARD"] = "3"  # dloss.guard, with a 3 s deadline
+    start = time.monotonic()
+    procs = [subprocess.Popen(
+        [sys.executable, script, out, scenario],
+        env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for r in range(WORLD)]
+    codes, stderr = {}, {}
+    for r, p in enumerate(procs):
+        try:
+            _, stderr[r] = p.communicate(
+                timeout=max(1, 120 - (time.monotonic() - start)))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, stderr[r] = p.communicate()
+        codes[r] = p.returncode
+    ended = time.monotonic() - start
+    reports = {}
+    for r in range(WORLD):
+        path = os.path.join(out, "rank%d.json" % r)
+        if os.path.exists(path):
+            with open(path) as f:
+                reports[r] = json.load(f)
+    return script, codes, reports, ended, stderr
+
+
+class RootCauseTest(unittest.TestCase):
+
+    def _check(self, scenario, leaver, live, clause):
+        script, codes, reports, _, stderr = _run(scenario)
+        loss_call = "%s:%d" % (script, _line("# LOSS CALL"))
+        times = {}
+        for r in live:
+            self.assertIn(r, reports, "rank %d reported nothing (exit code "
+                          "%s): %s" % (r, codes[r], stderr[r][-3000:]))
+            report = reports[r]
+            self.assertEqual(report["kind"], "error", report)
+            self.assertEqual(report["step"], FAILING_STEP, report)
+            problem = report["problem"]
+            # The root cause leads, with what the leaver raised and where.
+            self.assertTrue(problem.startswith(
+                "rank %d %s" % (leaver, clause % {"script": script})),
+                "rank %d: %s" % (r, report["message"]))
+            self.assertIn("(the first rank that left or failed)", problem)
+            # The user's call site of this rank's own loss call.
+            self.assertEqual(report["location"], loss_call, report)
+            self.assertIn(loss_call, report["message"])
+            self.assertNotIn("could not be reached", problem)
+            self.assertNotIn("cannot be read", problem)
+            times[r] = report["seconds"]
+            report["script"] = script
+        TIMES.append((scenario, times))
+        return reports, codes, stderr
+
+    def raised(self, rank):
+        return ("exited after raising ValueError('batch %d of rank %d is "
+                "corrupt') at %%(script)s:%d in check_batch" %
+                (FAILING_STEP, rank, _line("# RAISE")))
+
+    def test_a_rank_raises(self):
+        """Rank 1 raises before its loss call and exits; ranks 0, 2 and 3
+        stay alive in their loss call and name it."""
+        reports, codes, _ = self._check("raises", 1, [0, 2, 3],
+                                        self.raised(1))
+        self.assertNotEqual(codes[1], 0)
+        for r in (0, 2, 3):
+            self.assertEqual(codes[r], 3)
+            # What the guard reads: the same records, the same rule.
+            reason = self.raised(1) % {"script": reports[r]["script"]}
+            self.assertEqual(reports[r]["exits"].get("1"), reason)
+            self.assertEqual(reports[r]["root"], "rank 1 " + reason)
+
+    def test_a_rank_raises_under_the_guard(self):
+        """The same under DLOSS_GUARD: the guard's check of the loss's first
+        collective finds rank 1 missing at its deadline and leads with why
+        it left."""
+        reports, _, _ = self._check("raises-guarded", 1, [0, 2, 3],
+                                    self.raised(1))
+        for r in (0, 2, 3):
+            self.assertIn("never reached it within 3 s",
+                          reports[r]["problem"])
+
+    def test_the_store_host_fails_in_cascade(self):
+        """Rank 1 raises; rank 0, which hosts the store, fails in dloss's
+        collective and lets the error end its process: ranks 2 and 3 still
+        name rank 1, not rank 0 or the store."""
+        reports, codes, stderr = self._check("cascade", 1, [0, 2, 3],
+                                             self.raised(1))
+        self.assertNotEqual(codes[0], 0)
+        # Rank 0's own traceback is printed: the hook chains Python's.
+        self.assertIn("dloss.errors.Error", stderr[0])
+        for r in (2, 3):
+            self.assertNotIn("rank 0 exited", reports[r]["problem"])
+
+    def test_the_store_host_raises(self):
+        """Rank 0 (the store's host) raises and exits: its peers name it,
+        because it keeps the store up while they read it."""
+        self._check("host-raises", 0, [1, 2, 3], self.raised(0))
+
+    def test_a_rank_dies_without_a_word(self):
+        """Rank 1 ends with os._exit (as a kill would): nothing recorded,
+        its peers say so."""
+        self._check("silent", 1, [0, 2, 3], "left without a word")
+
+    def test_a_healthy_run_exits_at_once(self):
+        """No failure: every rank finishes, exits 0, and nothing lingers."""
+        _, codes, reports, ended, stderr = _run("healthy")
+        for r in range(WORLD):
+            self.assertEqual(codes[r], 0, stderr[r][-3000:])
+            self.assertEqual(reports[r]["kind"], "ok")
+        sys.stderr.write("healthy run: all %d processes ended after %.1f s\n"
+                         % (WORLD, ended))
+        self.assertLess(ended, 60)
+
+
+if __name__ == "__main__":
+    unittest.main()
