@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from . import _C
-from .errors import make_error, user_frame
+from .errors import _is_users, make_error
 from .group import _require_group, _store_of, communicator, root_cause
 
 __all__ = ["Guard", "guard"]
@@ -91,25 +91,22 @@ def _frame_text(frame):
                             frame.f_code.co_name)
 
 
-def _user_site():
-    """``file:line in function`` of the user's innermost frame, and the
-    library function it called when that is not torch.distributed's API
-    itself (", through LightningModule.log")."""
-    found = user_frame(3, skip=_library_dirs())
-    if found is None:
-        return "an unknown line"
+def _user_site(start):
+    """``file:line in function`` of the user's innermost frame at or above
+    `start`, and the library function it called when that is not
+    torch.distributed's API itself (", through Trainer.fit")."""
+    users = _is_users(_library_dirs())
     inner = []  # the frames inside the user's, innermost first
-    frame = sys._getframe(2)
-    while frame is not None and (frame.f_code.co_filename,
-                                 frame.f_lineno) != found:
+    frame = start
+    while frame is not None and not users(frame.f_code.co_filename):
         inner.append(frame)
         frame = frame.f_back
-    if frame is None:
-        return "%s:%d" % found
     for hook in site_hooks:
         text = hook(inner)
         if text:
             return text
+    if frame is None:
+        return "an unknown line"
     text = _frame_text(frame)
     torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
     plumbing = tuple(os.path.join(torch_dir, *p) for p in (
@@ -124,6 +121,17 @@ def _user_site():
                                            callee.f_code.co_name)
         break
     return text
+
+
+def _python_caller(override):
+    """The frame that called the guarded method `override`, and whether it
+    is on this thread: a collective that C++ starts on a thread of its own
+    (the CUDA autograd engine's, for DDP's reducer) has no Python caller,
+    and the main thread's stack says where the user is."""
+    if override.f_back is not None:
+        return override.f_back, True
+    main = sys._current_frames().get(threading.main_thread().ident)
+    return main, False
 
 
 def _tensors(tensors):
@@ -223,19 +231,21 @@ class _GuardedGroup(ProcessGroup):
                                          input_splits, opts)
 
     # -- the check --------------------------------------------------------
-    def _origin(self):
+    def _origin(self, caller, on_this_thread):
         """Who makes the call, when not the user's own code: dloss's
-        runtime, or DDP's reducer (a collective the autograd engine starts
-        from Python's backward call). Part of what the ranks must agree
-        on."""
+        runtime, or DDP's reducer (a collective the autograd engine starts,
+        from Python's backward call or on a thread of its own). Part of
+        what the ranks must agree on."""
         dloss_site = _C.current_call_site()
         if dloss_site is not None:
             function, op, _, phase = dloss_site
             return " (dloss @%s, %s)" % (function, op or phase)
-        caller = sys._getframe(3).f_code.co_filename
-        if caller.endswith((os.path.join("torch", "autograd", "graph.py"),
-                            os.path.join("torch", "autograd",
-                                         "__init__.py"))):
+        if not on_this_thread or (caller is not None and
+                                  caller.f_code.co_filename.endswith((
+                                      os.path.join("torch", "autograd",
+                                                   "graph.py"),
+                                      os.path.join("torch", "autograd",
+                                                   "__init__.py")))):
             task = torch._C._current_graph_task_id()
             last, bucket = self._ddp_task
             bucket = bucket if last == task else 0
@@ -250,13 +260,16 @@ class _GuardedGroup(ProcessGroup):
         if self._broken is not None:
             # The ranks disagree on the order from here on: any collective
             # would pair with the wrong one or hang.
-            self._refuse(self._broken, "", _user_site(), stored=True)
+            self._refuse(self._broken, "",
+                         _user_site(_python_caller(sys._getframe(1))[0]),
+                         stored=True)
         seq = self._seq
         self._seq += 1
         base = self._prefix + "%d/" % seq
         keys = [base + str(r) for r in range(self._world)]
-        call += self._origin()
-        site = _user_site()
+        caller, on_this_thread = _python_caller(sys._getframe(1))
+        call += self._origin(caller, on_this_thread)
+        site = _user_site(caller)
         store = self._store
         try:
             # An abort may have filled this rank's record already.

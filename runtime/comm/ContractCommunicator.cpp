@@ -270,7 +270,9 @@ Error ContractCommunicator::diagnose(Call &call, const std::string &detail,
                   "earlier error or a hang, make sure every rank makes the "
                   "same collective calls in the same order") +
       wording.sameOrderDetail +
-      ", or raise DLOSS_TIMEOUT_S if the ranks are only slow";
+      " (DLOSS_GUARD=30 checks every collective on the group, the user's and "
+      "DDP's too, and names the one some ranks skip), or raise "
+      "DLOSS_TIMEOUT_S if the ranks are only slow";
   if (call.seq < 0) {
     // A send or recv: its peer is the only rank involved.
     if (timedOut)

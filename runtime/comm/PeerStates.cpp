@@ -235,9 +235,14 @@ std::string PeerStates::summarize(const Call &call,
     if (peer.seq < call.seq) {
       clauses.push_back(who + " never arrived (its latest collective is " +
                         latest + ", entered " + ago(peer.unixMs) + ")" +
-                        (timedOut ? ""
-                                  : " and has recorded no failure: it may "
-                                    "have died"));
+                        (timedOut
+                             ? " and has neither failed nor exited: it is "
+                               "still working, or waits in a collective "
+                               "that this rank never made (a "
+                               "torch.distributed call run on some ranks "
+                               "only, which dloss.guard names)"
+                             : " and has recorded no failure: it may "
+                               "have died"));
     } else if (peer.seq == call.seq && peer.collective == call.name) {
       if (timedOut)
         reached.push_back(peer.rank);

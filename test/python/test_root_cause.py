@@ -14,7 +14,9 @@ process through Python's own exit path). At step 3 one rank leaves:
 - rank 0 itself raises: its peers name it although it hosts the store;
 - rank 1 ends with os._exit: "left without a word";
 - rank 1 raises under dloss.guard (DLOSS_GUARD): the guard's error leads
-  with it too.
+  with it too;
+- rank 0 runs a stray all_reduce of its own where ranks 1-3 enter the loss
+  (issue #24's stray collective), with and without the guard.
 
 Every live rank's error must name the root cause with its exception and
 the user's file:line, and carry the call site of the rank's own loss call.
@@ -43,6 +45,8 @@ import dloss
 out, scenario = sys.argv[1], sys.argv[2]
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 dloss.init(backend="gloo", timeout=30)
+if scenario.startswith("stray"):
+    dloss.set_timeout(4)  # dloss's deadline, shorter than Gloo's 30 s
 torch.set_num_threads(1)
 loss = dloss.ClipLoss()
 gen = torch.Generator().manual_seed(rank)
@@ -57,7 +61,8 @@ def report(kind, **fields):
 
 
 def check_batch(i):
-    if scenario != "healthy" and rank == leaver and i == FAILING_STEP:
+    if not scenario.startswith(("healthy", "stray")) and rank == leaver \
+            and i == FAILING_STEP:
         if scenario == "silent":
             os._exit(1)
         raise ValueError("batch %d of rank %d is corrupt" % (i, rank))  # RAISE
@@ -67,6 +72,18 @@ def step(i):
     image = torch.randn(4, 8, generator=gen, requires_grad=True)
     text = torch.randn(4, 8, generator=gen, requires_grad=True)
     check_batch(i)
+    if scenario.startswith("stray") and rank == 0 and i == FAILING_STEP:
+        start = time.monotonic()
+        try:
+            torch.distributed.all_reduce(torch.ones(4))  # STRAY
+        except dloss.Error:
+            raise
+        except RuntimeError as e:  # torch's own error, not dloss's
+            report("torch-error", message=str(e),
+                   seconds=time.monotonic() - start)
+            sys.exit(4)
+        report("stray-returned")
+        sys.exit(5)
     value = loss(image, text, 10.0)  # LOSS CALL
     value.backward()
 
@@ -206,6 +223,48 @@ class RootCauseTest(unittest.TestCase):
         for r in (0, 2, 3):
             self.assertIn("never reached it within 3 s",
                           reports[r]["problem"])
+
+    def test_a_stray_collective_on_rank_0(self):
+        """Without the guard, rank 0 runs an all_reduce of its own where
+        ranks 1-3 enter dloss.ClipLoss: Gloo pairs them with nothing, so
+        ranks 1-3 fail at dloss's deadline (4 s), saying rank 0 never came,
+        neither failed nor exited and probably waits in a collective they
+        never made; rank 0 raises torch's error (never a silent result)."""
+        script, codes, reports, _, stderr = _run("stray")
+        loss_call = "%s:%d" % (script, _line("# LOSS CALL"))
+        times = {}
+        for r in (1, 2, 3):
+            report = reports[r]
+            self.assertEqual(report["kind"], "error", report)
+            self.assertEqual(report["location"], loss_call)
+            self.assertIn("timed out on rank %d of 4 after the deadline of "
+                          "4 s: rank 0 never arrived" % r, report["problem"])
+            self.assertIn("has neither failed nor exited: it is still "
+                          "working, or waits in a collective that this rank "
+                          "never made", report["problem"])
+            self.assertIn("DLOSS_GUARD=30", report["message"])
+            times[r] = report["seconds"]
+        self.assertEqual(reports[0]["kind"], "torch-error", stderr[0][-2000:])
+        self.assertEqual(codes[0], 4)
+        times[0] = reports[0]["seconds"]
+        TIMES.append(("stray", times))
+
+    def test_a_stray_collective_on_rank_0_under_the_guard(self):
+        """The same under DLOSS_GUARD: every rank refuses at once, naming
+        rank 0's all_reduce line and the loss call of ranks 1-3."""
+        script, codes, reports, _, stderr = _run("stray-guarded")
+        stray = "rank 0: all_reduce float32[4] SUM at %s:%d in step" % (
+            script, _line("# STRAY"))
+        loss = ("ranks 1, 2, 3: all_gather int64[1] (dloss @clip_grad, "
+                "preflight) at %s:%d in step" % (script, _line("# LOSS CALL")))
+        times = {}
+        for r in range(WORLD):
+            report = reports[r]
+            self.assertEqual(report["kind"], "error", report)
+            self.assertIn(stray, report["problem"])
+            self.assertIn(loss, report["problem"])
+            times[r] = report["seconds"]
+        TIMES.append(("stray-guarded", times))
 
     def test_the_store_host_fails_in_cascade(self):
         """Rank 1 raises; rank 0, which hosts the store, fails in dloss's

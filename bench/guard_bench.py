@@ -1,0 +1,104 @@
+"""dloss.guard's cost on 4 CPU ranks (Gloo on loopback, one thread each):
+per collective (an all_reduce of one float) and per DDP training step (a
+small MLP with dloss.ClipLoss, DDP's gradient all-reduce in 1 bucket or
+several), each guarded and unguarded in the same run, alternating, with the
+ratio guarded / unguarded. No target: the guard is a debugging mode; the
+numbers go to docs/Lightning.md.
+
+    python bench/guard_bench.py [--ranks 4] [--steps 40] [--collectives 400]
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _rank(rank, world, port, args, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    import dloss
+    dloss.init(backend="gloo")
+    torch.manual_seed(0)
+
+    def collectives():
+        t = torch.ones(1)
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(args.collectives):
+            dist.all_reduce(t)
+        return (time.perf_counter() - start) / args.collectives
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                torch.nn.Linear(256, 64))
+    loss_fn = dloss.ClipLoss()
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(128, 64, generator=g)
+    y = torch.randn(128, 64, generator=g)
+    scale = torch.tensor(10.0)
+
+    def steps(bucket_cap_mb):
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, bucket_cap_mb=bucket_cap_mb)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            opt.zero_grad()
+            loss_fn(ddp(x), y, scale).backward()
+            opt.step()
+        return (time.perf_counter() - start) / args.steps
+
+    out = {}
+    for repeat in range(2):
+        for guarded in (False, True):
+            guard = dloss.guard(timeout=60) if guarded else None
+            key = "guarded" if guarded else "plain"
+            out.setdefault(("collective", key), []).append(collectives())
+            out.setdefault(("step, 1 bucket", key), []).append(steps(25))
+            out.setdefault(("step, 4 buckets", key), []).append(steps(0.02))
+            if guard is not None:
+                guard.close()
+    queue.put((rank, out))
+    dist.barrier()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--collectives", type=int, default=400)
+    args = parser.parse_args()
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(r, args.ranks, port, args, queue))
+             for r in range(args.ranks)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join()
+    out = results[0]  # rank 0's view; every rank waits for the slowest
+    print("%d ranks, best of 2 alternating runs" % args.ranks)
+    print("| figure | unguarded (ms) | guarded (ms) | added (ms) | ratio |")
+    print("|---|---:|---:|---:|---:|")
+    for name in ("collective", "step, 1 bucket", "step, 4 buckets"):
+        plain = min(out[(name, "plain")]) * 1e3
+        guarded = min(out[(name, "guarded")]) * 1e3
+        print("| %s | %.3f | %.3f | %.3f | %.2f |" %
+              (name, plain, guarded, guarded - plain, guarded / plain))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
