@@ -13,6 +13,7 @@
 #include "frontend/Losses.h"
 #include "runtime/autograd/CompiledLoss.h"
 #include "runtime/comm/ProcessGroupEngine.h"
+#include "runtime/comm/Refusal.h"
 #include "runtime/plan/PlanCache.h"
 #include "runtime/plan/PlanFile.h"
 #include "runtime/plan/PlanText.h"
@@ -658,6 +659,17 @@ PYBIND11_MODULE(_C, m) {
       "(function, op, location, phase) of the dloss plan step or phase this "
       "thread is running, or None outside dloss: dloss.guard tells dloss's "
       "own collectives from the user's and DDP's with it.");
+  m.def(
+      "refuse_collective",
+      [](const std::string &problem, const std::string &hint,
+         std::optional<int> rank, const std::string &op,
+         const std::string &location) {
+        comm::refuseCollective(ErrorInfo{problem, hint, rank, op, location});
+      },
+      py::arg("problem"), py::arg("hint"), py::arg("rank"), py::arg("op"),
+      py::arg("location"),
+      "Leaves the error of a collective that dloss.guard refuses inside a "
+      "dloss call on this thread: dloss raises it as it is.");
   bindCommunicator(m);
   bindGraph(m);
   bindLosses(m);

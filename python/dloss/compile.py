@@ -9,7 +9,6 @@ from . import _C
 from .errors import Error, caller_location, is_dloss_location, make_error
 from .graph import Graph
 from .group import communicator
-from .guard import _take_refusal
 
 
 def _source_text(source):
@@ -103,11 +102,7 @@ class CompiledLoss(torch.nn.Module):
         try:
             return fn(tensors)
         except Error as e:
-            # dloss.guard refused one of this call's collectives: its error
-            # (every rank's call site) is the one to show, not the runtime's
-            # account of a failed collective.
-            refusal = _take_refusal()
-            raise (refusal or self._at_call_site(e, fn, site)) from None
+            raise self._at_call_site(e, fn, site) from None
 
     @staticmethod
     def _at_call_site(error, fn, site):

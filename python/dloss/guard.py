@@ -48,9 +48,6 @@ _ABORT = "!abort "
 # One number per guard installed in this process: installs happen in the
 # same order on every rank, so a new guard's records never meet an old one's.
 _generations = itertools.count()
-# The refusal raised inside a dloss collective on this thread: dloss's
-# runtime wraps it, compile.py raises it as it was.
-_local = threading.local()
 
 
 # Functions of the frames between the guard and the user's (innermost
@@ -349,11 +346,12 @@ class _GuardedGroup(ProcessGroup):
         self._broken = problem + ("\n" + hint if not stored else "")
         if stored:
             problem, _, hint = problem.partition("\n")
-        error = make_error(problem, hint, self._rank, "dloss.guard",
-                           site.split(" in ")[0])
+        location = site.split(" in ")[0]
         if _C.current_call_site() is not None:
-            _local.refusal = error
-        raise error
+            # Inside a dloss call: its runtime raises this error as it is.
+            _C.refuse_collective(problem, hint, self._rank, "dloss.guard",
+                                 location)
+        raise make_error(problem, hint, self._rank, "dloss.guard", location)
 
 
 def _fill(store, keys, present):
@@ -391,13 +389,6 @@ def _hint(calls, missing=False):
         text += (", or raise the deadline (dloss.guard(timeout=...)) if a "
                  "rank legitimately works this long alone")
     return text
-
-
-def _take_refusal():
-    """The guard's refusal of a dloss collective on this thread, once."""
-    error = getattr(_local, "refusal", None)
-    _local.refusal = None
-    return error
 
 
 class Guard:

@@ -35,6 +35,7 @@
 #include "runtime/comm/ContractCommunicator.h"
 #include "runtime/comm/RingBuffers.h"
 #include "runtime/comm/ProcessGroupEngine.h"
+#include "runtime/comm/Refusal.h"
 
 
 #include <algorithm>
@@ -409,6 +410,13 @@ auto ProcessGroupCommunicator::communicate(Call &call, Body &&body)
     breakOn(call, e);
     throw;
   } catch (const std::exception &e) {
+    if (std::optional<ErrorInfo> refusal = takeRefusal()) {
+      // A layer under the group (dloss.guard) refused to start it: nothing
+      // moved, and its error already names every rank's call.
+      Error error(std::move(*refusal));
+      breakOn(call, error);
+      throw error;
+    }
     detail = describeError(e);
   } catch (...) {
     detail = "unknown exception";
