@@ -448,10 +448,13 @@ class Guard:
 
 
 def _tables():
-    """torch's per-group tables that every collective and query reads."""
+    """torch's per-group tables that every collective and query reads (those
+    this torch has: pg_to_tag is a 2.x addition)."""
     world = dist.distributed_c10d._world
-    return (world.pg_map, world.pg_names, world.pg_group_ranks,
-            world.pg_backend_config, world.pg_to_tag)
+    names = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config",
+             "pg_to_tag")
+    return tuple(table for table in (getattr(world, n, None) for n in names)
+                 if table is not None)
 
 
 def guard(group=None, timeout=_DEFAULT_TIMEOUT):
