@@ -57,6 +57,9 @@ _generations = itertools.count()
 site_hooks = []
 
 
+_lightning_hooked = False
+
+
 def _hook_lightning():
     """Once Lightning is loaded: its sync_dist reductions run after the
     self.log that asked for them, so dloss.lightning remembers where that
@@ -68,12 +71,10 @@ def _hook_lightning():
         _remember_log_sites()
 
 
-_lightning_hooked = False
-
-
 def _library_dirs():
-    """Directories whose frames are not the user's: torch (always skipped
-    by user_frame) and Lightning's packages when loaded."""
+    """Directories whose frames are not the user's besides dloss's and
+    torch's (which errors._is_users always skips): Lightning's packages,
+    when loaded."""
     dirs = []
     for name in ("lightning", "pytorch_lightning", "lightning_fabric"):
         module = sys.modules.get(name)
@@ -275,7 +276,7 @@ class _GuardedGroup(ProcessGroup):
             found = found.decode() if isinstance(found, bytes) else found
             if found.startswith(_ABORT):
                 self._refuse(found[len(_ABORT):], "", site, stored=True)
-            values = self._gather(seq, keys, call, site)
+            values = self._gather(seq, keys, site)
         except dist.DistStoreError as e:
             self._refuse(
                 "collective #%d on %s: the group's store stopped answering "
@@ -294,7 +295,7 @@ class _GuardedGroup(ProcessGroup):
                         (seq, self._label, _by_rank(calls)),
                         _hint(calls), site)
 
-    def _gather(self, seq, keys, call, site):
+    def _gather(self, seq, keys, site):
         """Every rank's record of collective #seq: one blocking wait on the
         store, until all are there (an abort fills the missing ones) or the
         deadline."""
