@@ -661,15 +661,18 @@ PYBIND11_MODULE(_C, m) {
       "own collectives from the user's and DDP's with it.");
   m.def(
       "refuse_collective",
-      [](const std::string &problem, const std::string &hint,
-         std::optional<int> rank, const std::string &op,
-         const std::string &location) {
-        comm::refuseCollective(ErrorInfo{problem, hint, rank, op, location});
+      [](const py::object &error) {
+        comm::refuseCollective(ErrorInfo{
+            error.attr("problem").cast<std::string>(),
+            error.attr("hint").cast<std::string>(),
+            error.attr("rank").cast<std::optional<int>>(),
+            error.attr("op").cast<std::string>(),
+            error.attr("location").cast<std::string>()});
       },
-      py::arg("problem"), py::arg("hint"), py::arg("rank"), py::arg("op"),
-      py::arg("location"),
-      "Leaves the error of a collective that dloss.guard refuses inside a "
-      "dloss call on this thread: dloss raises it as it is.");
+      py::arg("error"),
+      "Leaves `error` (a dloss.Error), with which dloss.guard refuses a "
+      "collective inside a dloss call on this thread: dloss raises it as it "
+      "is.");
   bindCommunicator(m);
   bindGraph(m);
   bindLosses(m);

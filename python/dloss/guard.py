@@ -347,12 +347,12 @@ class _GuardedGroup(ProcessGroup):
         self._broken = problem + ("\n" + hint if not stored else "")
         if stored:
             problem, _, hint = problem.partition("\n")
-        location = site.split(" in ")[0]
+        error = make_error(problem, hint, self._rank, "dloss.guard",
+                           site.split(" in ")[0])
         if _C.current_call_site() is not None:
             # Inside a dloss call: its runtime raises this error as it is.
-            _C.refuse_collective(problem, hint, self._rank, "dloss.guard",
-                                 location)
-        raise make_error(problem, hint, self._rank, "dloss.guard", location)
+            _C.refuse_collective(error)
+        raise error
 
 
 def _fill(store, keys, present):
