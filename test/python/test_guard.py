@@ -1,7 +1,8 @@
 """dloss.guard on 4 Gloo ranks: agreeing collectives (the user's, DDP's,
 dloss's) run as without it; a shape mismatch, a rank that never comes, a
-stray all_reduce on rank 0 against dloss.ClipLoss on ranks 1-3, and one
-against DDP's gradient all-reduce fail on every rank with the same text,
+stray all_reduce on rank 0 against dloss.ClipLoss on ranks 1-3, a stray
+all_gather of the very shape of dloss's first exchange, and one against
+DDP's gradient all-reduce fail on every rank with the same text,
 naming each rank's line of this file; after a refusal every collective is
 refused at once. With the real Lightning, seed 002 (self.log(...,
 sync_dist=True) under is_global_zero in on_validation_epoch_end): under
@@ -108,7 +109,7 @@ def _missing_rank(rank, world):
     return _refused(lambda: dist.barrier())  # missing-rank
 
 
-def _stray_meets_clip(rank, world, guarded):
+def _stray_meets_clip(rank, world, guarded, stray="all_reduce"):
     import dloss
     if guarded:
         dloss.guard(timeout=DEADLINE)
@@ -117,8 +118,13 @@ def _stray_meets_clip(rank, world, guarded):
     loss_fn(a, b, scale)
 
     def step():
-        if rank == 0:
+        if rank == 0 and stray == "all_reduce":
             dist.all_reduce(torch.ones(4))  # stray-all-reduce
+        elif rank == 0:
+            # The very op and shape of dloss's first exchange, which Gloo
+            # would pair with it silently: who calls it tells them apart.
+            out = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+            dist.all_gather(out, torch.ones(1, dtype=torch.int64))  # stray-gather
         else:
             loss_fn(a, b, scale)  # clip-loss-call
     return _refused(step)
@@ -209,6 +215,15 @@ class GuardTest(unittest.TestCase):
             self.assertIn("[rank %d, op dloss.guard at %s]" % (
                 rank, _where("stray-all-reduce" if rank == 0 else
                              "clip-loss-call")), message)
+
+    def test_stray_all_gather_like_dloss_exchange(self):
+        results = multiproc.run(WORLD, _stray_meets_clip, True, "all_gather")
+        body = self._same_everywhere([m for m, _ in results])
+        self.assertIn("rank 0: all_gather int64[1] at %s in step;" %
+                      _where("stray-gather"), body)
+        self.assertIn("ranks 1, 2, 3: all_gather int64[1] (dloss @clip_grad, "
+                      "preflight) at %s in step" % _where("clip-loss-call"),
+                      body)
 
     def test_stray_all_reduce_meets_ddp_bucket(self):
         results = multiproc.run(WORLD, _stray_meets_ddp)
