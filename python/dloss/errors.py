@@ -1,5 +1,7 @@
 """dloss.Error: how every dloss failure reaches Python."""
 
+import functools
+
 from . import _C
 
 
@@ -36,6 +38,7 @@ def make_error(problem, hint="", rank=None, op="", location=""):
     return _C.make_error(problem, hint, rank, op, location)
 
 
+@functools.lru_cache(maxsize=16)
 def _is_users(skip=()):
     """A test of a code object's file name: whether it is the user's code,
     outside the dloss package, outside torch (a drop-in is called through
@@ -55,18 +58,39 @@ def _is_users(skip=()):
     return test
 
 
+def framework_dirs():
+    """Directories of the frameworks that stand between the user and dloss
+    and are loaded in this process (Lightning's packages), for `skip`."""
+    import os
+    import sys
+
+    dirs = []
+    for name in ("lightning", "pytorch_lightning", "lightning_fabric"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            dirs.append(os.path.dirname(os.path.abspath(module.__file__)) +
+                        os.sep)
+    return tuple(dirs)
+
+
+def split_stack(frame, skip=()):
+    """(the innermost frame of the user's code (_is_users) at or above
+    `frame`, or None; the frames inside it, innermost first)."""
+    users = _is_users(tuple(skip))
+    inner = []
+    while frame is not None and not users(frame.f_code.co_filename):
+        inner.append(frame)
+        frame = frame.f_back
+    return frame, inner
+
+
 def user_frame(depth=2, skip=()):
     """(file, line) of the innermost frame of the user's code (_is_users),
     at least `depth` frames up; None when every frame is theirs."""
     import sys
 
-    users = _is_users(skip)
-    frame = sys._getframe(depth)
-    while frame is not None:
-        if users(frame.f_code.co_filename):
-            return frame.f_code.co_filename, frame.f_lineno
-        frame = frame.f_back
-    return None
+    frame, _ = split_stack(sys._getframe(depth), skip)
+    return (frame.f_code.co_filename, frame.f_lineno) if frame else None
 
 
 def raised_at(traceback):

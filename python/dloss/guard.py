@@ -28,7 +28,6 @@ import itertools
 import os
 import sys
 import threading
-import time
 from datetime import timedelta
 
 import torch
@@ -36,7 +35,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from . import _C
-from .errors import _is_users, make_error
+from .errors import framework_dirs, make_error, split_stack
 from .group import _require_group, _store_of, communicator, root_cause
 
 __all__ = ["Guard", "guard"]
@@ -71,34 +70,24 @@ def _hook_lightning():
         _remember_log_sites()
 
 
-def _library_dirs():
-    """Directories whose frames are not the user's besides dloss's and
-    torch's (which errors._is_users always skips): Lightning's packages,
-    when loaded."""
-    dirs = []
-    for name in ("lightning", "pytorch_lightning", "lightning_fabric"):
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            dirs.append(os.path.dirname(os.path.abspath(module.__file__)) +
-                        os.sep)
-    return tuple(dirs)
-
-
 def _frame_text(frame):
     return "%s:%d in %s" % (frame.f_code.co_filename, frame.f_lineno,
                             frame.f_code.co_name)
+
+
+# torch's own plumbing between the user and a collective, never named as
+# what the user called: Module.__call__ (skipped), and the API's wrappers.
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_MODULE_CALL = os.path.join(_TORCH_DIR, "nn", "modules", "module.py")
+_API = (os.path.join(_TORCH_DIR, "distributed", "c10d_logger.py"),
+        os.path.join(_TORCH_DIR, "distributed", "distributed_c10d.py"))
 
 
 def _user_site(start):
     """``file:line in function`` of the user's innermost frame at or above
     `start`, and the library function it called when that is not
     torch.distributed's API itself (", through Trainer.fit")."""
-    users = _is_users(_library_dirs())
-    inner = []  # the frames inside the user's, innermost first
-    frame = start
-    while frame is not None and not users(frame.f_code.co_filename):
-        inner.append(frame)
-        frame = frame.f_back
+    frame, inner = split_stack(start, framework_dirs())
     for hook in site_hooks:
         text = hook(inner)
         if text:
@@ -106,15 +95,11 @@ def _user_site(start):
     if frame is None:
         return "an unknown line"
     text = _frame_text(frame)
-    torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
-    plumbing = tuple(os.path.join(torch_dir, *p) for p in (
-        ("nn", "modules", "module.py"), ("distributed", "c10d_logger.py"),
-        ("distributed", "distributed_c10d.py")))
     for callee in reversed(inner):
         path = os.path.abspath(callee.f_code.co_filename)
-        if path in plumbing[:1]:
+        if path == _MODULE_CALL:
             continue
-        if path not in plumbing:
+        if path not in _API:
             text += ", through " + getattr(callee.f_code, "co_qualname",
                                            callee.f_code.co_name)
         break

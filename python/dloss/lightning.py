@@ -35,7 +35,7 @@ except ImportError as e:
         "dloss.lightning needs Lightning (the `lightning` package): "
         "pip install lightning (%s)" % e) from e
 
-from .errors import caller_location, make_error, user_frame
+from .errors import caller_location, framework_dirs, make_error, user_frame
 from .group import communicator
 from .guard import guard as _install_guard
 from .guard import site_hooks as _site_hooks
@@ -67,8 +67,7 @@ def _unwrap(module):
 def _user_location():
     """``file:line`` of the innermost frame outside dloss, torch and
     Lightning: the line that called the submodule."""
-    frame = user_frame(2, skip=(os.path.dirname(os.path.abspath(
-        sys.modules["lightning"].__file__)) + os.sep,))
+    frame = user_frame(2, skip=framework_dirs())
     return "%s:%d" % frame if frame else "an unknown line"
 
 

@@ -2,7 +2,7 @@
 Python tests: torchrun's variables are set by hand (Debian's torchrun is
 broken), each rank initialises torch.distributed with dloss.init(), runs
 `fn(rank, world, *args)` and sends back what it returns (tensors included)
-or the exception it raised. A rank that neither returns nor raises within
+or the exception it raised (`outcome` turns a dloss.Error into its text). A rank that neither returns nor raises within
 `timeout` seconds fails the run: a test can never hang.
 """
 
@@ -121,3 +121,23 @@ def run(world, fn, *args, timeout=120, dloss_timeout=60.0, backend="gloo",
         if status == "error":
             raise RankFailure(r, value[0], value[1], value[2])
     return [value for _, value, _ in ordered]
+
+
+def outcome(fn):
+    """What a rank's call did: the text of the dloss.Error fn() raised, or
+    None when it returned (any other exception propagates)."""
+    import dloss
+    try:
+        fn()
+        return None
+    except dloss.Error as e:
+        return str(e)
+
+
+def line_of(path, marker):
+    """The line of the test file `path` that holds `# marker`: a test names
+    its own call sites by marker, never by number."""
+    with open(path) as f:
+        lines = [i + 1 for i, text in enumerate(f) if "# " + marker in text]
+    assert len(lines) == 1, marker
+    return lines[0]

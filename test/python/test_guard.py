@@ -25,16 +25,9 @@ WORLD = 4
 DEADLINE = 4.0
 
 
-def _line_of(marker):
-    """The line of this file that holds `marker` in a comment."""
-    with open(__file__) as f:
-        lines = [i + 1 for i, text in enumerate(f) if "# " + marker in text]
-    assert len(lines) == 1, marker
-    return lines[0]
-
 
 def _where(marker):
-    return "%s:%d" % (os.path.abspath(__file__), _line_of(marker))
+    return "%s:%d" % (os.path.abspath(__file__), multiproc.line_of(__file__, marker))
 
 
 def _body(message):

@@ -21,21 +21,6 @@ import multiproc
 WORLD = 2
 
 
-def _line_of(marker):
-    """The line of this file that holds `marker` in a comment."""
-    with open(__file__) as f:
-        lines = [i + 1 for i, text in enumerate(f) if "# " + marker in text]
-    assert len(lines) == 1, marker
-    return lines[0]
-
-
-def _outcome(fn):
-    import dloss
-    try:
-        fn()
-        return None
-    except dloss.Error as e:
-        return str(e)
 
 
 class Distill(torch.nn.Module):
@@ -101,13 +86,13 @@ def _trainer_runs():
         trainer.fit(Module(manual), data)
         return trainer.global_step
 
-    out = {"automatic": _outcome(lambda: fit(None)),
-           "manual_backward": _outcome(lambda: fit("lightning")),
-           "loss_backward": _outcome(lambda: fit("bypass")),
+    out = {"automatic": multiproc.outcome(lambda: fit(None)),
+           "manual_backward": multiproc.outcome(lambda: fit("lightning")),
+           "loss_backward": multiproc.outcome(lambda: fit("bypass")),
            # loss.backward() on step 1 only: seen by a check of every step,
            # and by none of a check of every other step.
-           "odd_every_1": _outcome(lambda: fit("bypass_odd")),
-           "odd_every_2": _outcome(lambda: fit("bypass_odd", 2))}
+           "odd_every_1": multiproc.outcome(lambda: fit("bypass_odd")),
+           "odd_every_2": multiproc.outcome(lambda: fit("bypass_odd", 2))}
     return out
 
 
@@ -135,14 +120,14 @@ def _fabric_runs(rank):
     model = setup()
     dloss.lightning.watch(model)
     step(model, True)
-    out["direct_watched"] = _outcome(
+    out["direct_watched"] = multiproc.outcome(
         lambda: dloss.lightning.check_grads_synced(model))
 
     model = setup()
     out["direct_steps"] = []
     for _ in range(2):
         step(model, True)
-        out["direct_steps"].append(_outcome(
+        out["direct_steps"].append(multiproc.outcome(
             lambda: dloss.lightning.check_grads_synced(model)))
 
     model = setup()
@@ -150,7 +135,7 @@ def _fabric_runs(rank):
     out["wrapped"] = []
     for _ in range(2):
         step(model, False)
-        out["wrapped"].append(_outcome(
+        out["wrapped"].append(multiproc.outcome(
             lambda: dloss.lightning.check_grads_synced(model)))
 
     # The wrapped model and a direct call in one step: DDP reduces every
@@ -158,25 +143,25 @@ def _fabric_runs(rank):
     model.zero_grad()
     loss = model(x).sum() + model.student(x).sum()
     fabric.backward(loss)
-    out["mixed"] = _outcome(lambda: dloss.lightning.check_grads_synced(model))
+    out["mixed"] = multiproc.outcome(lambda: dloss.lightning.check_grads_synced(model))
 
     # A gradient edited on one rank after a wrapped forward: differing, but
     # no submodule was called directly.
     step(model, False)
     if rank == 1:
         model.module.student[0].bias.grad[0] += 1
-    out["edited"] = _outcome(lambda: dloss.lightning.check_grads_synced(model))
+    out["edited"] = multiproc.outcome(lambda: dloss.lightning.check_grads_synced(model))
 
     # Accumulating without sync: differing gradients are expected.
     with fabric.no_backward_sync(model):
         step(model, False)
-        out["no_sync"] = _outcome(
+        out["no_sync"] = multiproc.outcome(
             lambda: dloss.lightning.check_grads_synced(model))
 
     # No DDP at all.
     plain = Distill()
     plain(x).sum().backward()
-    out["plain"] = _outcome(lambda: dloss.lightning.check_grads_synced(plain))
+    out["plain"] = multiproc.outcome(lambda: dloss.lightning.check_grads_synced(plain))
     return out
 
 
@@ -229,7 +214,7 @@ class LightningTest(unittest.TestCase):
         self.assertEqual(self.outcomes("odd_every_2"), [None] * WORLD)
 
     def test_fabric_direct_call(self):
-        line = _line_of("direct call")
+        line = multiproc.line_of(__file__, "direct call")
         where = "Submodule student of the DDP-wrapped model was called " \
             "directly at "
         self.check_raised(
@@ -247,7 +232,7 @@ class LightningTest(unittest.TestCase):
                           "dloss.lightning.watch(model)",
                           absent=("called directly at",))
         self.check_raised(second, "student.2.weight differs",
-                          "test_lightning.py:%d" % _line_of("direct call"))
+                          "test_lightning.py:%d" % multiproc.line_of(__file__, "direct call"))
 
     def test_fabric_passes(self):
         self.assertEqual(self.outcomes("wrapped"), [[None, None]] * WORLD)

@@ -28,14 +28,6 @@ def _nudge(t, ulps):
     return bits.view(torch.float32)
 
 
-def _outcome(fn):
-    import dloss
-    try:
-        fn()
-        return None
-    except dloss.Error as e:
-        return str(e)
-
 
 def _sync_rank(rank, world):
     import dloss
@@ -53,10 +45,10 @@ def _sync_rank(rank, world):
         loss.backward()
 
     backward()
-    out["ddp"] = _outcome(lambda: dloss.assert_grads_synced(ddp))
-    out["ddp_list"] = _outcome(
+    out["ddp"] = multiproc.outcome(lambda: dloss.assert_grads_synced(ddp))
+    out["ddp_list"] = multiproc.outcome(
         lambda: dloss.assert_grads_synced(list(ddp.parameters())))
-    out["ddp_dict"] = _outcome(
+    out["ddp_dict"] = multiproc.outcome(
         lambda: dloss.assert_grads_synced(dict(ddp.named_parameters())))
 
     # One ulp on one element of one gradient, on rank 1.
@@ -65,7 +57,7 @@ def _sync_rank(rank, world):
     if rank == 1:
         weight.grad = _nudge(weight.grad.reshape(-1), [1]).reshape(
             weight.shape)
-    out["one_ulp"] = _outcome(lambda: dloss.assert_grads_synced(ddp))
+    out["one_ulp"] = multiproc.outcome(lambda: dloss.assert_grads_synced(ddp))
 
     # +1, -1, -1, +1 ulps on four elements: the byte sum and the sum weighted
     # by position (1, 5, 9, 13 for these low bytes) both stay the same.
@@ -76,35 +68,35 @@ def _sync_rank(rank, world):
     if rank == 2:
         model[0].weight.grad = _nudge(flat, [1, -1, -1, 1]).reshape(
             model[0].weight.shape)
-    out["ulp_pattern"] = _outcome(lambda: dloss.assert_grads_synced(ddp))
+    out["ulp_pattern"] = multiproc.outcome(lambda: dloss.assert_grads_synced(ddp))
 
     # A temperature outside DDP, trained on each rank's own data.
     temperature = torch.nn.Parameter(torch.tensor(0.5))
     backward(temperature)
     params = list(ddp.named_parameters()) + [("temperature", temperature)]
-    out["outside_ddp"] = _outcome(lambda: dloss.assert_grads_synced(params))
+    out["outside_ddp"] = multiproc.outcome(lambda: dloss.assert_grads_synced(params))
 
     # No gradient on rank 0 only.
     backward()
     if rank == 0:
         model[0].bias.grad = None
-    out["missing"] = _outcome(lambda: dloss.assert_grads_synced(ddp))
+    out["missing"] = multiproc.outcome(lambda: dloss.assert_grads_synced(ddp))
 
     # Gradients that are views into DDP's buckets (at storage offsets).
     bucketed = torch.nn.parallel.DistributedDataParallel(
         _model(), gradient_as_bucket_view=True)
     bucketed(x).pow(2).sum().backward()
-    out["bucket_view"] = _outcome(lambda: dloss.assert_grads_synced(bucketed))
+    out["bucket_view"] = multiproc.outcome(lambda: dloss.assert_grads_synced(bucketed))
     if rank == 0:
         grad = bucketed.module[2].bias.grad
         assert grad.storage_offset() > 0
         grad.view(torch.int32)[-1] += 1  # in the bucket, in place
-    out["bucket_ulp"] = _outcome(lambda: dloss.assert_grads_synced(bucketed))
+    out["bucket_ulp"] = multiproc.outcome(lambda: dloss.assert_grads_synced(bucketed))
 
     # Different parameter lists.
     backward()
     mine = list(ddp.parameters())[:4 if rank == 2 else 3]
-    out["count"] = _outcome(lambda: dloss.assert_grads_synced(mine))
+    out["count"] = multiproc.outcome(lambda: dloss.assert_grads_synced(mine))
 
     # dloss's ArcFace W outside DDP gets the global gradient: in sync.
     arcface = dloss.ArcFaceLoss(7, 4)
@@ -115,7 +107,7 @@ def _sync_rank(rank, world):
     labels = torch.arange(x.shape[0]) % 7
     arcface(ddp(x), labels).backward()
     params = list(ddp.named_parameters()) + list(arcface.named_parameters())
-    out["arcface_w"] = _outcome(lambda: dloss.assert_grads_synced(params))
+    out["arcface_w"] = multiproc.outcome(lambda: dloss.assert_grads_synced(params))
     # ... and the check is still in step with the other ranks afterwards.
     out["after"] = dloss.all_gather(torch.tensor([rank])).tolist()
     return out
