@@ -6,7 +6,7 @@ set -euo pipefail
 
 PACKAGES=(
   # Build tools.
-  cmake ninja-build g++ git clang-format
+  cmake ninja-build g++ git
   # Compiler: LLVM/MLIR 22 (lit and FileCheck live in /usr/lib/llvm-22/bin).
   llvm-22-dev libmlir-22-dev mlir-22-tools llvm-22-tools
   # LLVM linked statically (cmake/DlossMLIR.cmake) names zstd and zlib.
