@@ -1,0 +1,173 @@
+// The preflight's index checks: which arguments index a statically sized
+// dimension (from the plan), and whether their values stay inside it.
+#include "runtime/exec/PreflightIndices.h"
+
+#include "runtime/exec/RankGroups.h"
+#include "runtime/fused/Epilogue.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace dloss::preflight {
+
+using exec::numArguments;
+
+namespace {
+
+/// The ops that index a dimension of operand `data` with operand `indices`
+/// along their `axis` attribute.
+struct IndexingOp {
+  const char *name;
+  uint32_t data;
+  uint32_t indices;
+};
+constexpr IndexingOp kIndexingOps[] = {
+    {"dloss.take_along", 0, 1},
+    {"dloss.put_along", 0, 1},
+    {"dloss.cross_entropy", 0, 1},
+};
+
+std::optional<int64_t> integerAttr(const plan::Step &step, const char *name) {
+  if (!step.attrs())
+    return std::nullopt;
+  for (const plan::Attr *attr : *step.attrs())
+    if (attr->name()->str() == name && attr->kind() == plan::AttrKind::integer)
+      return attr->i();
+  return std::nullopt;
+}
+
+const flatbuffers::Vector<int64_t> *integersAttr(const plan::Step &step,
+                                                 const char *name) {
+  if (!step.attrs())
+    return nullptr;
+  for (const plan::Attr *attr : *step.attrs())
+    if (attr->name()->str() == name && attr->kind() == plan::AttrKind::integers)
+      return attr->ints();
+  return nullptr;
+}
+
+/// The operands of dloss.fused_similarity (tiled over a local class
+/// matrix) that its program compares with the column index: targets, whose
+/// values must be class indices (runtime/fused/Epilogue.h's encoding: `eq`
+/// of a `col_id` and a `row k`, operand 2 + k). A target out of range
+/// would match no class and silently pick nothing.
+std::vector<uint32_t> classTargets(const plan::Step &step) {
+  std::vector<uint32_t> targets;
+  const auto *program = integersAttr(step, "program");
+  std::optional<int64_t> rowLeaves = integerAttr(step, "row_leaves");
+  if (!program || !rowLeaves || integerAttr(step, "gathered") ||
+      integerAttr(step, "sharded"))
+    return targets;
+  using Op = epilogue::Op;
+  auto opAt = [&](int64_t reg) {
+    return 4 * reg + 3 < static_cast<int64_t>(program->size())
+               ? static_cast<Op>(program->Get(4 * reg))
+               : Op::Sim;
+  };
+  for (uint32_t t = 0; 4 * t + 3 < program->size(); ++t) {
+    if (static_cast<Op>(program->Get(4 * t)) != Op::Eq)
+      continue;
+    int64_t a = program->Get(4 * t + 1), b = program->Get(4 * t + 2);
+    if (opAt(a) == Op::RowLeaf)
+      std::swap(a, b);
+    if (opAt(a) != Op::ColId || opAt(b) != Op::RowLeaf)
+      continue;
+    int64_t leaf = program->Get(4 * b + 1);
+    if (leaf >= 0 && leaf < *rowLeaves)
+      targets.push_back(2 + static_cast<uint32_t>(leaf));
+  }
+  return targets;
+}
+
+} // namespace
+
+std::vector<IndexUse> indexUses(const plan::Function &function) {
+  std::vector<IndexUse> uses;
+  int32_t numRegisters = function.num_registers();
+  if (numRegisters <= 0 || !function.steps())
+    return uses;
+  size_t numArgs =
+      std::min(numArguments(function), static_cast<size_t>(numRegisters));
+  std::vector<const plan::TypeInfo *> types(numRegisters, nullptr);
+  std::vector<bool> holdsArgument(numRegisters, false);
+  for (size_t i = 0; i < numArgs; ++i) {
+    types[i] = function.arguments()->Get(i)->type();
+    holdsArgument[i] = true;
+  }
+  auto valid = [numRegisters](int32_t reg) {
+    return reg >= 0 && reg < numRegisters;
+  };
+  for (const plan::Step *step : *function.steps()) {
+    std::string op = step->op()->str();
+    const IndexingOp *rule = nullptr;
+    for (const IndexingOp &candidate : kIndexingOps)
+      if (op == candidate.name)
+        rule = &candidate;
+    const auto *operands = step->operands();
+    // The general op's class targets index axis 0 of its class matrix.
+    std::vector<IndexingOp> rules;
+    if (rule)
+      rules.push_back(*rule);
+    if (op == "dloss.fused_similarity")
+      for (uint32_t target : classTargets(*step))
+        rules.push_back({"dloss.fused_similarity", 1, target});
+    for (const IndexingOp &each : rules) {
+      rule = &each;
+      if (!operands || operands->size() <= rule->indices ||
+          operands->size() <= rule->data)
+        continue;
+      int32_t data = operands->Get(rule->data);
+      int32_t indices = operands->Get(rule->indices);
+      std::optional<int64_t> axis = op == "dloss.fused_similarity"
+                                        ? std::optional<int64_t>(0)
+                                        : integerAttr(*step, "axis");
+      const plan::TypeInfo *type = valid(data) ? types[data] : nullptr;
+      if (valid(indices) && holdsArgument[indices] && axis && type &&
+          type->kind() == plan::RegisterKind::tensor && type->shape()) {
+        int64_t rank = type->shape()->size();
+        int64_t a = *axis < 0 ? *axis + rank : *axis;
+        if (a >= 0 && a < rank && type->shape()->Get(a) >= 0) {
+          int64_t size = type->shape()->Get(a);
+          auto same = std::find_if(uses.begin(), uses.end(), [&](auto &u) {
+            return u.argument == static_cast<size_t>(indices);
+          });
+          IndexUse use{static_cast<size_t>(indices), size, a, op,
+                       step->loc() ? step->loc()->str() : ""};
+          if (same == uses.end())
+            uses.push_back(std::move(use));
+          else if (size < same->size)
+            *same = std::move(use);
+        }
+      }
+    }
+    if (step->results()) {
+      const auto *resultTypes = step->result_types();
+      for (unsigned k = 0; k < step->results()->size(); ++k) {
+        int32_t reg = step->results()->Get(k);
+        if (!valid(reg))
+          continue;
+        types[reg] = resultTypes && k < resultTypes->size()
+                         ? resultTypes->Get(k)
+                         : nullptr;
+        holdsArgument[reg] = false;
+      }
+    }
+  }
+  std::sort(uses.begin(), uses.end(),
+            [](auto &a, auto &b) { return a.argument < b.argument; });
+  return uses;
+}
+
+std::optional<OutOfRange> firstOutOfRange(const IndexUse &use,
+                                          const at::Tensor &input) {
+  if (!at::isIntegralType(input.scalar_type(), /*includeBool=*/false) ||
+      input.numel() == 0)
+    return std::nullopt;
+  at::Tensor outside = at::logical_or(input < 0, input >= use.size);
+  if (!outside.any().item<bool>())
+    return std::nullopt;
+  int64_t flat = outside.reshape({-1}).nonzero()[0][0].item<int64_t>();
+  return OutOfRange{input.reshape({-1})[flat].item<int64_t>(), flat};
+}
+
+} // namespace dloss::preflight
