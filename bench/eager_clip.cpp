@@ -30,6 +30,8 @@
 // (LossMemory::steady), plus peak_rss_mb, the rank's total peak RSS. All are
 // measured as dloss-run measures them (CallTiming.h, LossMemory.h).
 #include "runtime/comm/Communicator.h"
+#include "runtime/comm/Engines.h"
+#include "runtime/comm/RendezvousOptions.h"
 #ifdef DLOSS_BENCH_JIT
 #include "frontend/Jit.h"
 #include "frontend/Losses.h"

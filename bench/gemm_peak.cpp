@@ -24,6 +24,8 @@
 // Without --world: one rank, from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT.
 // Prints one JSON line per rank (and writes FILE.rank<r>.json with --out).
 #include "runtime/comm/Communicator.h"
+#include "runtime/comm/Engines.h"
+#include "runtime/comm/RendezvousOptions.h"
 #include "runtime/fused/TileMath.h"
 #include "tools/dloss-run/CallTiming.h"
 

@@ -2,6 +2,8 @@
 #include "frontend/Jit.h"
 
 #include "frontend/CompilerLibrary.h"
+#include "runtime/comm/Engines.h"
+#include "runtime/comm/RendezvousOptions.h"
 #include "runtime/plan/PlanCache.h"
 #include "runtime/support/Error.h"
 

@@ -3,7 +3,7 @@
 #ifndef DLOSS_RUNTIME_COMM_CALL_H
 #define DLOSS_RUNTIME_COMM_CALL_H
 
-#include "runtime/comm/Communicator.h"
+#include "runtime/comm/CallSite.h"
 
 #include <chrono>
 #include <cstdint>

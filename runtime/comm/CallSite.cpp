@@ -1,6 +1,6 @@
 // The thread's current call site: what the executor is running while it
 // calls a collective.
-#include "runtime/comm/Communicator.h"
+#include "runtime/comm/CallSite.h"
 
 namespace dloss {
 

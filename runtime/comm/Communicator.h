@@ -7,40 +7,12 @@
 
 #include <ATen/ATen.h>
 
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace dloss {
-
-/// What the caller is doing while it calls a collective: the plan function,
-/// the step's IR op and location, or a phase outside the steps ("preflight").
-/// Communicators read it (currentCallSite()) to say where a collective
-/// failed and to label their flight record; the executor sets it with a
-/// CallSiteScope. Thread-local, so it passes through wrapping communicators.
-struct CallSite {
-  std::string function; ///< "clip_grad"; empty outside a plan function.
-  std::string op;       ///< "dloss.all_gather"; empty outside a step.
-  std::string location; ///< "clip.mlir:12:16"; empty when unknown.
-  std::string phase;    ///< "preflight", "check"; empty inside a step.
-};
-
-/// The call site of this thread's innermost CallSiteScope, or nullptr.
-const CallSite *currentCallSite();
-
-/// Makes `site` the current call site until the scope ends (scopes nest).
-class CallSiteScope {
-public:
-  explicit CallSiteScope(const CallSite &site);
-  ~CallSiteScope();
-  CallSiteScope(const CallSiteScope &) = delete;
-  CallSiteScope &operator=(const CallSiteScope &) = delete;
-
-private:
-  const CallSite *previous;
-};
 
 /// Collectives across the ranks of one job. Every call is collective: all
 /// ranks make the same calls in the same order (the compiler's
@@ -54,7 +26,8 @@ private:
 /// ContractCommunicator (comm/ContractCommunicator.h), which checks every
 /// call's arguments, numbers it and records it for the flight recorder once,
 /// with the same messages for every engine, and leaves only the transfer to
-/// the engine. Other implementations (tests' wrappers) may forward to one.
+/// the engine; Engines.h builds them. Other implementations (tests'
+/// wrappers) may forward to one.
 class Communicator {
 public:
   virtual ~Communicator() = default;
@@ -162,67 +135,6 @@ public:
 private:
   Communicator &comm;
 };
-
-/// How to reach the other ranks, as torchrun describes it.
-struct RendezvousOptions {
-  std::string masterAddr = "127.0.0.1";
-  int masterPort = 29500;
-  int rank = 0;
-  int worldSize = 1;
-  /// Deadline of every collective and of the rendezvous itself.
-  std::chrono::milliseconds timeout = std::chrono::seconds(300);
-  /// Where a failed collective writes this rank's flight record
-  /// (dloss-flight-rank<r>.json: its last 64 collectives); empty: the
-  /// current directory. "off" writes none.
-  std::string flightDir;
-  /// Whether a launcher, not rank 0, hosts the store at masterPort (as
-  /// torchrun's agent does with its default static rendezvous: it sets
-  /// TORCHELASTIC_USE_AGENT_STORE=True). Then every rank is a client, and
-  /// dloss keeps its keys under "dloss/attempt_<restartCount>/" so that a
-  /// restarted job never reads an earlier attempt's.
-  bool agentStore = false;
-  /// TORCHELASTIC_RESTART_COUNT: which attempt this is (agentStore only).
-  int restartCount = 0;
-
-  /// From MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (and DLOSS_TIMEOUT_S,
-  /// DLOSS_FLIGHT_DIR, TORCHELASTIC_USE_AGENT_STORE,
-  /// TORCHELASTIC_RESTART_COUNT);
-  /// a missing or malformed variable is a dloss::Error saying which.
-  static RendezvousOptions fromEnvironment();
-};
-
-/// A TCP port on 127.0.0.1 for a job's rendezvous store, reserved for the
-/// rest of this process's life: it stays bound (SO_REUSEADDR, close on
-/// exec, never listening), so the kernel gives it to no other bind(port 0),
-/// while the job's rank 0 may still bind and listen on it (the c10d store
-/// sets SO_REUSEADDR too). Picking a free port and closing it, as launchers
-/// often do, lets two jobs started at once draw the same one. Throws
-/// dloss::Error when no port can be bound.
-int reserveLoopbackPort();
-
-/// The c10d group of a job that has none yet (dloss-run, the C++ JIT), as
-/// init_process_group() builds it: over a c10d TCPStore (rank 0 hosts it,
-/// or the launcher), Gloo moves CPU tensors and, where torch has NCCL and
-/// this process sees a GPU, c10d's ProcessGroupNCCL moves CUDA tensors on
-/// each tensor's device (set the current device to LOCAL_RANK's first). The
-/// communicator runs on it through the c10d engine (ProcessGroupEngine.h).
-/// Returns once every rank has joined, or raises dloss::Error at the
-/// deadline naming the ranks that never arrived.
-///
-/// Every collective is numbered; before entering one, a rank records its
-/// number in the store (key dloss/seq/<rank>). When a collective fails (its
-/// deadline passed, a peer closed its connection), the error names the
-/// collective, its number, the call site, and each peer's state read from
-/// the store: which ranks never arrived (their number is behind), which
-/// failed and why. The rank's last 64 collectives are written as JSON to
-/// RendezvousOptions::flightDir and the error gives the path. A CUDA
-/// collective past its deadline aborts the group's NCCL communicators.
-std::unique_ptr<Communicator>
-connectProcessGroup(const RendezvousOptions &options);
-
-/// The communicator of a single process (world size 1): every collective is
-/// the identity. Used for single-device reference runs.
-std::unique_ptr<Communicator> makeSingleProcessCommunicator();
 
 } // namespace dloss
 

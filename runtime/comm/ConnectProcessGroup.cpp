@@ -9,7 +9,7 @@
 #define USE_C10D_GLOO // ProcessGroupGloo.hpp is empty without it.
 #endif
 
-#include "runtime/comm/ProcessGroupEngine.h"
+#include "runtime/comm/Engines.h"
 #include "runtime/comm/StoreRendezvous.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>

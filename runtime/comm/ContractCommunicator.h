@@ -18,6 +18,7 @@
 #include "runtime/comm/Communicator.h"
 #include "runtime/comm/FlightRecorder.h"
 #include "runtime/comm/PeerStates.h"
+#include "runtime/comm/RendezvousOptions.h"
 #include "runtime/support/Error.h"
 
 #include <cstdint>

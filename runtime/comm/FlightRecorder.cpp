@@ -2,8 +2,6 @@
 // fails (no c10d here).
 #include "runtime/comm/FlightRecorder.h"
 
-#include "runtime/comm/Communicator.h"
-
 #include <cerrno>
 #include <cstdio>
 #include <cstring>

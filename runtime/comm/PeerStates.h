@@ -14,6 +14,8 @@
 #define DLOSS_RUNTIME_COMM_PEERSTATES_H
 
 #include "runtime/comm/Call.h"
+#include "runtime/comm/Communicator.h"
+#include "runtime/comm/RendezvousOptions.h"
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 

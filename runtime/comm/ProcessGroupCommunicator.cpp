@@ -33,9 +33,9 @@
 // - The small exchanges (sizes, fingerprints, ringShift headers) travel as
 //   CPU tensors when the group has a CPU backend, else as CUDA tensors.
 #include "runtime/comm/ContractCommunicator.h"
-#include "runtime/comm/RingBuffers.h"
-#include "runtime/comm/ProcessGroupEngine.h"
+#include "runtime/comm/Engines.h"
 #include "runtime/comm/Refusal.h"
+#include "runtime/comm/RingBuffers.h"
 
 
 #include <algorithm>

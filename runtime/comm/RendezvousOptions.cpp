@@ -1,6 +1,6 @@
 // RendezvousOptions::fromEnvironment: reads torchrun's variables (no c10d
 // here); reserveLoopbackPort.
-#include "runtime/comm/Communicator.h"
+#include "runtime/comm/RendezvousOptions.h"
 #include "runtime/support/Error.h"
 
 #include <cerrno>

@@ -5,6 +5,7 @@
 // distributed run would, and the same numbering. It has no store and writes
 // no flight record: it has no peer to wait for.
 #include "runtime/comm/ContractCommunicator.h"
+#include "runtime/comm/Engines.h"
 
 namespace dloss {
 

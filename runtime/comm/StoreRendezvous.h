@@ -8,6 +8,7 @@
 #define DLOSS_RUNTIME_COMM_STORERENDEZVOUS_H
 
 #include "runtime/comm/Call.h"
+#include "runtime/comm/RendezvousOptions.h"
 #include "runtime/support/Error.h"
 
 #include <torch/csrc/distributed/c10d/Store.hpp>

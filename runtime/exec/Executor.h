@@ -2,6 +2,7 @@
 #ifndef DLOSS_RUNTIME_EXECUTOR_H
 #define DLOSS_RUNTIME_EXECUTOR_H
 
+#include "runtime/comm/CallSite.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/kernels/KernelTable.h"
 #include "runtime/plan/PlanFile.h"

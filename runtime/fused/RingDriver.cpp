@@ -2,6 +2,8 @@
 // visit, merges and forwards the carries.
 #include "runtime/fused/RingDriver.h"
 
+#include "runtime/comm/CallSite.h"
+
 namespace dloss::fused {
 
 namespace {

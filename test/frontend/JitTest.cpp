@@ -3,6 +3,7 @@
 #include "frontend/Jit.h"
 #include "frontend/Graph.h"
 #include "frontend/Losses.h"
+#include "runtime/comm/Engines.h"
 #include "runtime/plan/PlanText.h"
 #include "runtime/support/Error.h"
 #include "test/runtime/MultiProcess.h"

@@ -2,6 +2,8 @@
 // loopback (world sizes 1-4, uneven sizes, failures), the single-process
 // communicator, and RendezvousOptions::fromEnvironment.
 #include "runtime/comm/Communicator.h"
+#include "runtime/comm/Engines.h"
+#include "runtime/comm/RendezvousOptions.h"
 #include "runtime/support/Error.h"
 #include "test/runtime/MultiProcess.h"
 

@@ -2,6 +2,7 @@
 // errors, and uneven batches on in-process ranks (threads).
 #include "PlanTestUtil.h"
 
+#include "runtime/comm/Engines.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/plan/PlanFile.h"
 #include "runtime/support/Error.h"

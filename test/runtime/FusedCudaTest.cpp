@@ -25,6 +25,7 @@
 #ifdef DLOSS_TORCH_HAS_CUDA
 #include "PlanTestUtil.h"
 #include "runtime/comm/Communicator.h"
+#include "runtime/comm/Engines.h"
 #include "runtime/exec/Executor.h"
 #endif
 

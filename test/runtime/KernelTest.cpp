@@ -1,6 +1,7 @@
 // Each runtime kernel against a direct ATen or hand computation (world size 1).
 #include "PlanTestUtil.h"
 
+#include "runtime/comm/Engines.h"
 #include "runtime/support/Error.h"
 
 #include <gtest/gtest.h>

@@ -4,6 +4,8 @@
 #define DLOSS_TEST_RUNTIME_MULTIPROCESS_H
 
 #include "runtime/comm/Communicator.h"
+#include "runtime/comm/Engines.h"
+#include "runtime/comm/RendezvousOptions.h"
 
 #include <gtest/gtest.h>
 

@@ -2,6 +2,7 @@
 // MLIR.
 #include "PlanTestUtil.h"
 
+#include "runtime/comm/Engines.h"
 #include "runtime/kernels/DTypes.h"
 #include "runtime/kernels/KernelTable.h"
 

@@ -15,6 +15,7 @@
 // (MultiProcess.h), and CUDA cannot be used in a child forked after its
 // parent initialised it. Even the device count is probed in a child.
 #include "runtime/comm/Communicator.h"
+#include "runtime/comm/Engines.h"
 #include "runtime/support/Error.h"
 
 #include "test/runtime/MultiProcess.h"

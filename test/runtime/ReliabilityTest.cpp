@@ -5,8 +5,11 @@
 // surviving rank and the time to error printed ("time-to-error" lines).
 #include "PlanTestUtil.h"
 
+#include "runtime/comm/CallSite.h"
 #include "runtime/comm/Communicator.h"
+#include "runtime/comm/Engines.h"
 #include "runtime/comm/FlightRecorder.h"
+#include "runtime/comm/RendezvousOptions.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/support/Error.h"
 #include "test/runtime/ForwardingCommunicator.h"

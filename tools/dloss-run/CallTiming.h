@@ -5,6 +5,7 @@
 #ifndef DLOSS_TOOLS_DLOSS_RUN_CALLTIMING_H
 #define DLOSS_TOOLS_DLOSS_RUN_CALLTIMING_H
 
+#include "runtime/comm/CallSite.h"
 #include "runtime/comm/Communicator.h"
 
 #include <algorithm>

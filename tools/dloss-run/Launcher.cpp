@@ -7,6 +7,7 @@
 // outright. It signals only processes it started.
 #include "tools/dloss-run/DlossRun.h"
 
+#include "runtime/comm/RendezvousOptions.h"
 #include "runtime/support/Error.h"
 
 #include <algorithm>

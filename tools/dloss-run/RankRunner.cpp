@@ -7,6 +7,8 @@
 #include "tools/dloss-run/DlossRun.h"
 #include "tools/dloss-run/LossMemory.h"
 
+#include "runtime/comm/Engines.h"
+#include "runtime/comm/RendezvousOptions.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/io/Npy.h"
 #include "runtime/support/Error.h"

@@ -1,6 +1,7 @@
 // --check: the ranks' results against one process on the global batch.
 #include "tools/dloss-run/DlossRun.h"
 
+#include "runtime/comm/Engines.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/io/Npy.h"
 #include "runtime/support/Error.h"

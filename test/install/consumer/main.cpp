@@ -2,6 +2,7 @@
 // checked (loss and gradients) against ATen's autograd. Prints PASS.
 #include "frontend/Jit.h"
 #include "frontend/Losses.h"
+#include "runtime/comm/Engines.h"
 #include "runtime/support/Error.h"
 
 #include <ATen/ATen.h>
