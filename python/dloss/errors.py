@@ -48,13 +48,13 @@ def _is_users(skip=()):
 
     import torch
 
-    package = os.path.dirname(os.path.abspath(__file__))
-    skip = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
-            ) + tuple(skip)
+    # The package's folder, its private subpackages (dloss/_trace) included.
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    skip = (package, os.path.dirname(os.path.abspath(torch.__file__)) +
+            os.sep) + tuple(skip)
 
     def test(filename):
-        name = os.path.abspath(filename)
-        return os.path.dirname(name) != package and not name.startswith(skip)
+        return not os.path.abspath(filename).startswith(skip)
     return test
 
 
@@ -123,6 +123,6 @@ def is_dloss_location(location):
     import os
 
     path = location.split(":")[0]
-    package = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
     return path.startswith(("frontend/", "dloss/")) or (
-        os.path.isabs(path) and os.path.dirname(path) == package)
+        os.path.isabs(path) and path.startswith(package))

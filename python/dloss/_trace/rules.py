@@ -1,709 +1,28 @@
-"""What a @dloss.loss function's torch operations record: stand-in tensors
-and sizes, each operation adding its dloss ops to the graph being traced at
-the user's file:line (dloss/trace.py drives the recording).
+"""The op rules of a @dloss.loss trace: each torch operation, Tensor
+method and Python operator on stand-ins adds its dloss ops to the graph at
+the user's file:line (torch's type promotion and broadcasting), or is
+refused with what is supported."""
 
-A stand-in is a graph tensor (_Tensor) or a form kept apart until its use
-decides how to build it: a transpose (a matmul's flag), a 0-d scale of a
-matrix (pulled out of a matmul, as the fusion patterns want), an arange of
-sizes (an offset moves its start), a tensor with size-1 axes or a pending
-broadcast (built by dloss.expand next to a tensor of the full shape).
-"""
-
-import ast
 import functools
-import linecache
-import os
-import threading
 
 import torch
 
-from . import _C
-from .errors import make_error, user_frame
-from .graph import to_dtype
-
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-_state = threading.local()
-
-
-# ---------------------------------------------------------------------------
-# Where in the user's code: every op, value and error carries (file, line).
-# ---------------------------------------------------------------------------
-
-def _user_location():
-    """(file, line) of the innermost frame outside torch and dloss."""
-    return user_frame(2) or ("<unknown>", 0)
-
-
-def _text(loc):
-    return "%s:%d" % loc
-
-
-def _code(loc):
-    line = linecache.getline(loc[0], loc[1]).strip()
-    return "`%s`" % line if line else "this line"
-
-
-def _fail(problem, hint, loc, op=""):
-    raise make_error(problem, hint, op=op, location=_text(loc))
-
-
-def _trace():
-    tr = getattr(_state, "trace", None)
-    return tr
-
-
-# ---------------------------------------------------------------------------
-# The graph under construction.
-# ---------------------------------------------------------------------------
-
-class _Trace:
-    def __init__(self, name):
-        self.g = _C.Graph(name)
-        self.sizes = {}
-        # Index tensors computed from the inputs' sizes alone (labels):
-        # `hoisted` holds those built up front, `aranges` what this pass
-        # built (see _trace_graph).
-        self.hoisted, self.aranges = {}, []
-
-    def size(self, value, loc):
-        """A builder Size for an int or a _Size."""
-        if isinstance(value, _Size):
-            return value.value(loc)
-        key = ("const", int(value))
-        if key not in self.sizes:
-            self.sizes[key] = self.g.size(int(value), *loc)
-        return self.sizes[key]
-
-
-# ---------------------------------------------------------------------------
-# Sizes: dimensions and rank facts, known only when the loss runs.
-# ---------------------------------------------------------------------------
-
-class _Cond:
-    """A comparison of run-time values: using it as a Python bool is control
-    flow that could differ across ranks."""
-
-    def __init__(self, varying, loc):
-        self.varying, self.loc = varying, loc
-
-    def __bool__(self):
-        _control_flow_error(self.varying, _user_location())
-
-
-class _Size:
-    """A size known when the loss runs: a batch dimension, an offset, the
-    world size. Supports + - * with ints and sizes; in tensor arithmetic it
-    is a 0-d tensor."""
-
-    __hash__ = object.__hash__
-
-    def __init__(self, tr, kind, args, loc, varying=False, batch=False,
-                 rank=False):
-        self.tr, self.kind, self.args, self.loc = tr, kind, args, loc
-        self.varying = varying
-        self.batch = batch    # this rank's share of an axis split across ranks
-        self.rank = rank      # derived from dloss.rank()
-
-    def key(self):
-        parts = [self.kind]
-        for a in self.args:
-            if isinstance(a, _Size):
-                parts.append(a.key())
-            elif isinstance(a, _Tensor):
-                name = getattr(a, "input_name", None)
-                parts.append(("input", name) if name else ("tensor", id(a)))
-            else:
-                parts.append(a)
-        return tuple(parts)
-
-    def of_inputs(self):
-        """Computed from the inputs' sizes and the rank facts only."""
-        return all(a.of_inputs() if isinstance(a, _Size) else
-                   getattr(a, "input_name", None) is not None
-                   if isinstance(a, _Tensor) else True for a in self.args)
-
-    def rebased(self, tr, inputs):
-        """This size in another trace whose inputs are `inputs` (by name)."""
-        args = tuple(a.rebased(tr, inputs) if isinstance(a, _Size) else
-                     inputs[a.input_name] if isinstance(a, _Tensor) else a
-                     for a in self.args)
-        return _Size(tr, self.kind, args, self.loc, self.varying, self.batch,
-                     self.rank)
-
-    def value(self, loc=None):
-        """The builder's Size, made at its first use (`loc`)."""
-        key = self.key()
-        cached = self.tr.sizes.get(key)
-        if cached is not None:
-            return cached
-        loc = loc or self.loc
-        g, k, a = self.tr.g, self.kind, self.args
-        if k == "dim":
-            v = g.dim(a[0].node, a[1], *loc)
-        elif k == "global":
-            v = g.global_size(a[0].node, a[1], *loc)
-        elif k == "offset":
-            v = g.shard_offset(a[0].node, a[1], *loc)
-        elif k == "rank":
-            v = g.rank(*loc)
-        elif k == "world":
-            v = g.world_size(*loc)
-        else:  # add, sub, mul
-            v = g.size_arith(k, self.tr.size(a[0], loc),
-                             self.tr.size(a[1], loc), *loc)
-        self.tr.sizes[key] = v
-        return v
-
-    def has_dim(self):
-        if self.kind == "dim":
-            return True
-        return any(isinstance(a, _Size) and a.has_dim() for a in self.args)
-
-    def glob(self, loc=None):
-        """The sum over ranks of a batch size (its global counterpart),
-        built at `loc`."""
-        loc = loc or self.loc
-        if self.kind == "dim":
-            return _Size(self.tr, "global", self.args, loc)
-        if self.kind == "add":
-            return _size_op("add", self.args[0].glob(loc),
-                            self.args[1].glob(loc), loc)
-        raise AssertionError("no global size for " + self.kind)
-
-    # Arithmetic.
-    def __add__(self, other):
-        return _size_op("add", self, other, _user_location())
-
-    def __radd__(self, other):
-        return _size_op("add", other, self, _user_location())
-
-    def __sub__(self, other):
-        return _size_op("sub", self, other, _user_location())
-
-    def __rsub__(self, other):
-        return _size_op("sub", other, self, _user_location())
-
-    def __mul__(self, other):
-        return _size_op("mul", self, other, _user_location())
-
-    def __rmul__(self, other):
-        return _size_op("mul", other, self, _user_location())
-
-    def __truediv__(self, other):
-        return _binary("div", self, other, _user_location())
-
-    def __rtruediv__(self, other):
-        return _binary("div", other, self, _user_location())
-
-    def __neg__(self):
-        return _size_op("sub", 0, self, _user_location())
-
-    # Anything that needs the number itself is control flow.
-    def _compare(self, other):
-        varying = self.varying or getattr(other, "varying", False)
-        return _Cond(varying, _user_location())
-
-    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _compare
-
-    def __bool__(self):
-        _control_flow_error(self.varying, _user_location())
-
-    def __index__(self):
-        _fail("a size known only when the loss runs (a batch size, an "
-              "offset, the world size) is used as a Python number at "
-              "%s" % _code(_user_location()),
-              "Python loops and indexing over it would make each rank run a "
-              "different program. Use tensor operations (torch.arange(n), "
-              "sums) instead", _user_location())
-
-    __int__ = __index__
-
-    def __repr__(self):
-        return "<dloss size %s>" % self.kind
-
-
-def _size_op(kind, a, b, loc):
-    if isinstance(a, bool) or isinstance(b, bool) or not all(
-            isinstance(v, (int, _Size)) for v in (a, b)):
-        if isinstance(a, (_Value, float)) or isinstance(b, (_Value, float)):
-            return _binary(kind, a, b, loc)
-        return NotImplemented
-    if isinstance(a, int) and isinstance(b, int):
-        return {"add": a + b, "sub": a - b, "mul": a * b}[kind]
-    if kind == "mul":
-        for x, y in ((a, b), (b, a)):
-            if isinstance(x, _Size) and x.rank and \
-                    isinstance(y, _Size) and y.has_dim():
-                _fail("%s multiplies a batch size by the rank: that is this "
-                      "rank's first global row only when every rank holds "
-                      "the same number of rows" % _code(loc),
-                      "Use dloss.shard_offset(x), the sum of the lower "
-                      "ranks' sizes, which is right for uneven batches too",
-                      loc)
-        if _is_one(a):
-            return b
-        if _is_one(b):
-            return a
-    if kind == "add":
-        if isinstance(a, int) and a == 0:
-            return b
-        if isinstance(b, int) and b == 0:
-            return a
-    if kind == "sub" and isinstance(b, int) and b == 0:
-        return a
-    tr = a.tr if isinstance(a, _Size) else b.tr
-    sizes = [v for v in (a, b) if isinstance(v, _Size)]
-    batch = kind == "add" and all(isinstance(v, _Size) and v.batch
-                                  for v in (a, b))
-    return _Size(tr, kind, (a, b), loc,
-                 varying=any(v.varying for v in sizes), batch=batch,
-                 rank=any(v.rank for v in sizes))
-
-
-# ---------------------------------------------------------------------------
-# Stand-in tensors.
-# ---------------------------------------------------------------------------
-
-class _Shape(tuple):
-    """x.shape: ints where fixed, dloss sizes where known only at run time."""
-
-    def numel(self):
-        n = 1
-        for d in self:
-            n = n * d
-        return n
-
-
-def _is_one(d):
-    return isinstance(d, int) and not isinstance(d, bool) and d == 1
-
-
-class _Value:
-    """Anything that stands for a tensor while a loss is traced. Subclasses
-    set tr, dims, dtype, varying, note (where it started to vary), loc."""
-
-    __hash__ = object.__hash__
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        return _call_torch(func, args, kwargs or {})
-
-    # Facts about the tensor.
-    @property
-    def ndim(self):
-        return len(self.dims)
-
-    @property
-    def shape(self):
-        return _Shape(self.dims)
-
-    def size(self, dim=None):
-        if dim is None:
-            return _Shape(self.dims)
-        return self.dims[_axis(dim, self.ndim, _user_location())]
-
-    def dim(self):
-        return len(self.dims)
-
-    def numel(self):
-        return _Shape(self.dims).numel()
-
-    @property
-    def device(self):
-        return torch.device("cpu")
-
-    @property
-    def requires_grad(self):
-        return False
-
-    @property
-    def is_cuda(self):
-        return False
-
-    def __len__(self):
-        if self.ndim and isinstance(self.dims[0], int):
-            return self.dims[0]
-        _fail("len() of a tensor whose first dimension is known only when "
-              "the loss runs, at %s" % _code(_user_location()),
-              "Use x.shape[0], a size that works in tensor arithmetic",
-              _user_location())
-
-    def __iter__(self):
-        _fail("iterating over a tensor at %s" % _code(_user_location()),
-              "A Python loop over a tensor runs once per row, a number known "
-              "only when the loss runs; write it with tensor operations",
-              _user_location())
-
-    def __bool__(self):
-        _control_flow_error(self.varying, _user_location())
-
-    def item(self):
-        _fail("x.item() at %s: the value is known only when the loss runs" %
-              _code(_user_location()),
-              "Keep it a tensor (a 0-d tensor broadcasts in arithmetic)",
-              _user_location())
-
-    __float__ = __int__ = __index__ = item
-
-    def __repr__(self):
-        return "<dloss traced tensor %s %s>" % (
-            self.dtype, list(map(_dim_text, self.dims)))
-
-    # Operators.
-    def __add__(self, o):
-        return _binary("add", self, o, _user_location())
-
-    def __radd__(self, o):
-        return _binary("add", o, self, _user_location())
-
-    def __sub__(self, o):
-        return _binary("sub", self, o, _user_location())
-
-    def __rsub__(self, o):
-        return _binary("sub", o, self, _user_location())
-
-    def __mul__(self, o):
-        return _binary("mul", self, o, _user_location())
-
-    def __rmul__(self, o):
-        return _binary("mul", o, self, _user_location())
-
-    def __truediv__(self, o):
-        return _binary("div", self, o, _user_location())
-
-    def __rtruediv__(self, o):
-        return _binary("div", o, self, _user_location())
-
-    def __matmul__(self, o):
-        return _matmul(self, o, _user_location())
-
-    def __rmatmul__(self, o):
-        return _matmul(o, self, _user_location())
-
-    def __neg__(self):
-        return _unary("neg", self, _user_location())
-
-    def __pos__(self):
-        return self
-
-    def __pow__(self, p):
-        return _pow(self, p, _user_location())
-
-    def __eq__(self, o):
-        return _binary("eq", self, o, _user_location())
-
-    def __ne__(self, o):
-        return _binary("ne", self, o, _user_location())
-
-    def __and__(self, o):
-        return _binary("and", self, o, _user_location())
-
-    __rand__ = __and__
-
-    def __or__(self, o):
-        return _binary("or", self, o, _user_location())
-
-    __ror__ = __or__
-
-    def __invert__(self):
-        return _logical_not(self, _user_location())
-
-    def _order(self, o):
-        return _Order(self, o, _user_location())
-
-    __lt__ = __le__ = __gt__ = __ge__ = _order
-
-    def __getitem__(self, index):
-        return _getitem(self, index, _user_location())
-
-    @property
-    def T(self):
-        return _transpose(self, _user_location())
-
-    @property
-    def mT(self):
-        return _transpose(self, _user_location())
-
-    def __getattr__(self, name):
-        if name.startswith("_") or name in _INTERNAL:
-            raise AttributeError(name)
-        method = _METHODS.get(name)
-        if method is None:
-            _unsupported("Tensor." + name, _user_location())
-        return functools.partial(method, self)
-
-
-_INTERNAL = {"tr", "node", "dims", "dtype", "ir", "varying", "note", "loc",
-             "base", "made", "x", "s", "scale_first", "start", "count",
-             "positions", "fn", "args", "input_name"}
-
-
-def _dim_text(d):
-    return str(d) if isinstance(d, int) else "?"
-
-
-class _Order(_Value):
-    """x < y: dloss has no ordering op; only its use as a condition (control
-    flow) gets a specific message."""
-
-    def __init__(self, a, b, loc):
-        self.loc = loc
-        self.varying = any(isinstance(v, (_Value, _Size)) and v.varying
-                           for v in (a, b))
-
-    def __bool__(self):
-        _control_flow_error(self.varying, _user_location())
-
-    def __getattribute__(self, name):
-        if name in ("__bool__", "loc", "varying", "__class__"):
-            return object.__getattribute__(self, name)
-        _unsupported("comparison <, <=, >, >= (dloss compares with == "
-                     "only)", object.__getattribute__(self, "loc"))
-
-
-class _Tensor(_Value):
-    """A tensor of the graph: `t` is the builder's; `ir` its element type in
-    the IR (a bool mask is an indicator in another type)."""
-
-    def __init__(self, tr, t, dims, dtype, varying, note, loc, ir=None):
-        self.tr, self.node, self.dtype = tr, t, dtype
-        self.ir = ir or dtype
-        self.varying, self.note, self.loc = varying, note, loc
-        shape = t.shape
-        if len(shape) != len(dims):
-            raise AssertionError("dloss trace: rank %d vs %d at %s" % (
-                len(shape), len(dims), _text(loc)))
-        self.dims = tuple(s if s >= 0 else d for s, d in zip(shape, dims))
-
-
-class _Transposed(_Value):
-    """x.T of a 2-D tensor: dloss has no transpose op, so it lives in a
-    matmul's transpose flags."""
-
-    def __init__(self, base, loc):
-        self.base, self.loc, self.tr = base, loc, base.tr
-        self.dims = tuple(reversed(base.dims))
-        self.dtype, self.varying, self.note = base.dtype, base.varying, \
-            base.note
-
-
-class _Scaled(_Value):
-    """s * x with s 0-d, kept apart until it is known whether a matmul reads
-    it: (s * a) @ b is emitted as s * (a @ b), the form the fusion patterns
-    match (OpenCLIP writes `logit_scale * image @ text.T`)."""
-
-    def __init__(self, x, s, scale_first, loc):
-        self.x, self.s, self.scale_first, self.loc = x, s, scale_first, loc
-        self.tr = x.tr
-        self.dims, self.dtype = x.dims, x.dtype
-        self.varying = x.varying or s.varying
-        self.note = x.note if x.varying else s.note
-        self.made = None
-
-
-class _Arange(_Value):
-    """torch.arange: start and count are sizes, so adding an offset moves
-    the start (arange(n) + shard_offset = the global row indices)."""
-
-    def __init__(self, tr, start, count, dtype, loc):
-        self.tr, self.start, self.count, self.loc = tr, start, count, loc
-        self.dims, self.dtype = (count,), dtype
-        self.varying = any(isinstance(v, _Size) and v.varying
-                           for v in (start, count))
-        self.note = (loc, "{code} uses this rank's sizes")
-        self.made = None
-
-    def key(self):
-        """A name for it across traces when it depends on the inputs' sizes
-        alone (None otherwise)."""
-        parts = []
-        for v in (self.start, self.count):
-            if isinstance(v, _Size):
-                if not v.of_inputs():
-                    return None
-                parts.append(v.key())
-            else:
-                parts.append(("const", v))
-        return ("arange", str(self.dtype)) + tuple(parts)
-
-
-class _Unsq(_Value):
-    """`base` viewed with size-1 axes inserted (x[:, None], keepdim=True,
-    gather's column): broadcast against a tensor of the full shape."""
-
-    def __init__(self, base, ndim, positions, loc):
-        self.base, self.loc, self.tr = base, loc, base.tr
-        self.positions = tuple(positions)  # where base's dims sit
-        dims = [1] * ndim
-        for p, d in zip(self.positions, base.dims):
-            dims[p] = d
-        self.dims = tuple(dims)
-        self.dtype, self.varying, self.note = base.dtype, base.varying, \
-            base.note
-
-
-class _Bcast(_Value):
-    """An element-wise op whose operands broadcast to a shape that no tensor
-    has yet (rows[:, None] == cols[None, :]): built next to one that has."""
-
-    def __init__(self, fn, args, dims, dtype, loc):
-        self.fn, self.args, self.dims, self.dtype, self.loc = \
-            fn, args, dims, dtype, loc
-        vs = [a for a in args if isinstance(a, _Value)]
-        self.tr = vs[0].tr
-        self.varying = any(a.varying for a in vs)
-        self.note = next((a.note for a in vs if a.varying), None)
-
-
-class _MaxResult(tuple):
-    """torch.max(x, dim): (values, indices); dloss has no argmax."""
-
-    @property
-    def values(self):
-        return self[0]
-
-    @property
-    def indices(self):
-        return self[1]
-
-
-class _NoIndices:
-    def __init__(self, loc):
-        self.loc = loc
-
-    def __getattr__(self, name):
-        _unsupported("the indices of max/min", self.loc)
-
-
-# ---------------------------------------------------------------------------
-# Materialising values as graph tensors.
-# ---------------------------------------------------------------------------
-
-def _emit(tr, t, dims, dtype, like, loc, ir=None, note=None, varying=None):
-    """A new _Tensor; varying-ness and its note follow the operands in
-    `like` unless given."""
-    vs = [v for v in like if isinstance(v, (_Value, _Size))]
-    if varying is None:
-        varying = any(v.varying for v in vs)
-    if note is None:
-        note = next((getattr(v, "note", None) for v in vs
-                     if v.varying and getattr(v, "note", None)), None)
-        if note is None and varying:
-            note = (loc, "{code} uses this rank's sizes")
-    return _Tensor(tr, t, dims, dtype, varying, note, loc, ir)
-
-
-def _full(v, dims):
-    """`v` has all of `dims` (no broadcasting needed to reach them)."""
-    if not isinstance(v, (_Tensor, _Transposed, _Scaled, _Arange)):
-        return False
-    return len(v.dims) == len(dims) and not any(
-        _is_one(d) and not _is_one(r) for d, r in zip(v.dims, dims))
-
-
-def _mat(v, like=None):
-    """`v` as a _Tensor; broadcast to `like`'s shape when `like` is given
-    and `v` is neither 0-d nor of that shape already."""
-    if isinstance(v, _Tensor):
-        if like is None or v.ndim == 0 or (
-                v.ndim == like.ndim and not any(
-                    _is_one(d) and not _is_one(r)
-                    for d, r in zip(v.dims, like.dims))):
-            return v
-        return _expand(v, tuple(range(like.ndim - v.ndim, like.ndim)),
-                       like, v.loc)
-    if isinstance(v, _Transposed):
-        if v.ndim < 2:
-            return _mat(v.base, like)
-        _fail("x.T at %s is used other than as an operand of @ (matmul)" %
-              _code(v.loc),
-              "dloss has no transpose op; a transpose can only feed a matrix "
-              "product (x @ y.T), whose flags absorb it", v.loc)
-    if isinstance(v, _Scaled):
-        if v.made is None:
-            x, s = _mat(v.x), _mat(v.s)
-            a, b = (s, x) if v.scale_first else (x, s)
-            v.made = _emit(v.tr, v.tr.g.binary("mul", a.node, b.node, *v.loc),
-                           x.dims, x.dtype, (x, s), v.loc)
-        return _mat(v.made, like)
-    if isinstance(v, _Arange):
-        if v.made is None:
-            tr = v.tr
-            key = v.key()
-            v.made = tr.hoisted.get(key) if key else None
-            if v.made is None:
-                t = tr.g.arange(tr.size(v.start, v.loc),
-                                tr.size(v.count, v.loc), to_dtype(v.dtype),
-                                *v.loc)
-                v.made = _emit(tr, t, (v.count,), v.dtype, (), v.loc,
-                               varying=v.varying, note=v.note)
-                if key:
-                    tr.aranges.append(v)
-        return _mat(v.made, like)
-    if isinstance(v, _Unsq):
-        if like is None:
-            _broadcast_error(v)
-        shift = like.ndim - v.ndim
-        base = _mat(v.base)
-        kept = [p + shift for p in v.positions]
-        axes = tuple(i for i in range(like.ndim) if i not in kept)
-        return _expand(base, axes, like, v.loc)
-    if isinstance(v, _Bcast):
-        if like is None:
-            _broadcast_error(v)
-        return v.fn(*[_mat(a, like) if isinstance(a, _Value) else a
-                      for a in v.args])
-    raise AssertionError("cannot materialise %r" % (v,))
-
-
-def _broadcast_error(v):
-    _fail("the value made at %s broadcasts size-1 axes (to shape [%s]), "
-          "and no tensor of its full shape is there to build it next to" % (
-              _code(v.loc), ", ".join(map(_dim_text, v.dims))),
-          "dloss builds broadcasts next to a tensor of the full shape: use "
-          "it in arithmetic or torch.where with such a tensor (for example "
-          "logits.masked_fill(rows[:, None] == cols[None, :], -inf)), or "
-          "reduce it with .squeeze()/.sum()", v.loc)
-
-
-def _expand(x, axes, like, loc):
-    like = _mat(like)
-    if not axes:
-        return x
-    t = x.tr.g.expand(x.node, list(axes), like.node, *loc)
-    return _emit(x.tr, t, like.dims, x.dtype, (x,), loc, ir=x.ir)
-
-
-def _cast_ir(x, dtype, loc):
-    """`x` (a _Tensor) with IR element type `dtype`."""
-    if x.ir == dtype:
-        return x
-    t = x.tr.g.cast(x.node, to_dtype(dtype), *loc)
-    return _emit(x.tr, t, x.dims, dtype, (x,), loc)
-
-
-def _constant(tr, value, dtype, loc):
-    t = tr.g.constant(float(value), to_dtype(dtype), *loc)
-    return _emit(tr, t, (), dtype, (), loc, varying=False)
-
-
-def _size_tensor(tr, size, dtype, loc):
-    """A size as a 0-d tensor of `dtype`."""
-    if isinstance(size, int):
-        return _constant(tr, size, dtype, loc)
-    t = tr.g.to_tensor(tr.size(size, loc), to_dtype(dtype), *loc)
-    return _emit(tr, t, (), dtype, (size,), loc,
-                 note=(size.loc, "{code} uses this rank's sizes")
-                 if size.varying else None)
-
-
-# ---------------------------------------------------------------------------
-# Operations.
-# ---------------------------------------------------------------------------
-
-_FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
+from .locations import _code, fail, _user_location
+from .materialise import (_cast_ir, _constant, _emit, _expand, _full, _mat,
+                          _size_tensor)
+from .values import (FLOAT_DTYPES, _Arange, _Bcast, _MaxResult, _NoIndices,
+                     _Scaled, _Size, _Tensor, _Transposed, _Unsq, _Value,
+                     _axis, _dim_text, _is_one, _size_op, install_rules)
+
+# The dloss ops these rules emit (test_trace_emits keeps it true).
+EMITS = frozenset({
+    "dloss.add", "dloss.sub", "dloss.mul", "dloss.div", "dloss.eq",
+    "dloss.select", "dloss.neg", "dloss.exp", "dloss.log", "dloss.softplus",
+    "dloss.log_sigmoid", "dloss.sigmoid", "dloss.cos", "dloss.sin",
+    "dloss.acos", "dloss.sqrt", "dloss.zeros_like", "dloss.clamp",
+    "dloss.matmul", "dloss.reduce", "dloss.logsumexp", "dloss.l2_normalize",
+    "dloss.cross_entropy", "dloss.take_along", "dloss.put_along",
+    "dloss.pad", "dloss.slice", "dloss.all_reduce"})
 
 def _trace_of(*values):
     for v in values:
@@ -717,7 +36,7 @@ def _operand(v, loc):
     (larger ones are refused)."""
     if isinstance(v, torch.Tensor):
         if v.dim() != 0:
-            _fail("a constant tensor of shape %s at %s" % (
+            fail("a constant tensor of shape %s at %s" % (
                 list(v.shape), _code(loc)),
                 "dloss embeds only 0-d constants (numbers). Pass the tensor "
                 "as an argument of the loss, or build it from torch.arange "
@@ -725,7 +44,7 @@ def _operand(v, loc):
         return v.item() if v.dtype != torch.bool else bool(v.item())
     if isinstance(v, (bool, int, float, _Value, _Size)):
         return v
-    _fail("%s is not a tensor or a number (at %s)" % (
+    fail("%s is not a tensor or a number (at %s)" % (
         type(v).__name__, _code(loc)), "Pass tensors or numbers", loc)
 
 
@@ -763,7 +82,7 @@ def _broadcast_dims(values, loc):
             elif _is_one(d):
                 continue
             elif isinstance(r, int) and isinstance(d, int) and r != d:
-                _fail("shapes [%s] do not broadcast at %s" % (
+                fail("shapes [%s] do not broadcast at %s" % (
                     ", ".join(map(_dim_text, v.dims)), _code(loc)),
                     "Check the operands' shapes", loc)
             elif isinstance(d, int) and not isinstance(r, int):
@@ -790,7 +109,7 @@ def _binary(op, a, b, loc):
             if isinstance(v, _Value) and v.dtype != torch.bool:
                 _unsupported("bitwise & and | on non-boolean tensors", loc)
     dtype = _result_type([a, b])
-    if op == "div" and dtype not in _FLOAT:
+    if op == "div" and dtype not in FLOAT_DTYPES:
         dtype = torch.get_default_dtype()
     # arange + offset: move the start.
     if op in ("add", "sub") and dtype == torch.int64:
@@ -801,7 +120,7 @@ def _binary(op, a, b, loc):
                 if start is not NotImplemented:
                     return _Arange(tr, start, x.count, x.dtype, loc)
     # A 0-d scale of a matrix: keep it apart for a matmul to pull out.
-    if op == "mul" and dtype in _FLOAT:
+    if op == "mul" and dtype in FLOAT_DTYPES:
         for x, y, first in ((a, b, False), (b, a, True)):
             if isinstance(x, (_Tensor, _Transposed)) and x.ndim == 2 and \
                     x.dtype == dtype and (
@@ -899,13 +218,13 @@ def _value(v, loc):
         return v
     if isinstance(v, _Size):
         return _size_tensor(v.tr, v, torch.int64, loc)
-    _fail("expected a tensor at %s, got %s" % (_code(loc), type(v).__name__),
-          "Pass a tensor", loc)
+    fail("expected a tensor at %s, got %s" % (_code(loc), type(v).__name__),
+         "Pass a tensor", loc)
 
 
 def _float(x, loc):
     """Float math on an integer tensor computes in the default dtype."""
-    if x.dtype in _FLOAT:
+    if x.dtype in FLOAT_DTYPES:
         return x
     return _cast(x, torch.get_default_dtype(), loc)
 
@@ -926,8 +245,8 @@ def _clamp(x, min=None, max=None, loc=None):
         if bound is not None and not isinstance(bound, (int, float)):
             _unsupported("clamp with tensor bounds", loc)
     if min is None and max is None:
-        _fail("clamp at %s has neither min nor max" % _code(loc),
-              "Give a bound", loc)
+        fail("clamp at %s has neither min nor max" % _code(loc),
+             "Give a bound", loc)
     if isinstance(x, _Unsq):
         return _Unsq(_clamp(x.base, min, max, loc), x.ndim, x.positions, loc)
     x = _mat(_value(x, loc))
@@ -1005,13 +324,6 @@ def _axes(dim, ndim, loc):
     if isinstance(dim, (list, tuple)):
         return tuple(sorted({_axis(d, ndim, loc) for d in dim}))
     return (_axis(dim, ndim, loc),)
-
-
-def _axis(d, ndim, loc):
-    if not isinstance(d, int) or not -max(ndim, 1) <= d < max(ndim, 1):
-        _fail("dimension %r is out of range for a %d-dim tensor at %s" % (
-            d, ndim, _code(loc)), "Dimensions count from 0", loc)
-    return d % max(ndim, 1)
 
 
 def _keep(x, axes, keepdim, loc):
@@ -1107,7 +419,7 @@ def _log_softmax(x, dim=None, _stacklevel=3, dtype=None, loc=None):
     x = _mat(_value(x, loc))
     x = _float(x, loc) if dtype is None else _cast(x, dtype, loc)
     if dim is None:
-        _fail("log_softmax at %s needs dim=" % _code(loc), "Pass dim", loc)
+        fail("log_softmax at %s needs dim=" % _code(loc), "Pass dim", loc)
     lse = _logsumexp(x, dim, True, loc)
     return _binary("sub", x, lse, loc)
 
@@ -1125,7 +437,7 @@ def _normalize(x, p=2.0, dim=1, eps=1e-12, out=None, loc=None):
 def _index_operand(v, loc, what):
     v = _value(v, loc)
     if isinstance(v, _Value) and v.dtype not in (torch.int32, torch.int64):
-        _fail("%s must be an integer tensor (at %s), got %s" % (
+        fail("%s must be an integer tensor (at %s), got %s" % (
             what, _code(loc), v.dtype), "Use integer class indices", loc)
     return _mat(v)
 
@@ -1155,8 +467,8 @@ def _cross_entropy(input, target, weight=None, size_average=None,
         return _reduce("sum", rows, None, False, loc)
     if reduction == "mean":
         return _reduce("mean", rows, None, False, loc)
-    _fail("unknown reduction %r at %s" % (reduction, _code(loc)),
-          "Use 'mean', 'sum' or 'none'", loc)
+    fail("unknown reduction %r at %s" % (reduction, _code(loc)),
+         "Use 'mean', 'sum' or 'none'", loc)
 
 
 def _row_labels(index, x, axis, loc, refusal):
@@ -1213,8 +525,8 @@ def _where(condition, input=None, other=None, loc=None):
     cond = _operand(condition, loc)
     a, b = _operand(input, loc), _operand(other, loc)
     if not isinstance(cond, _Value) or cond.dtype != torch.bool:
-        _fail("torch.where's condition must be a boolean mask (at %s)" %
-              _code(loc), "Compare with == to make one", loc)
+        fail("torch.where's condition must be a boolean mask (at %s)" %
+             _code(loc), "Compare with == to make one", loc)
     dtype = _result_type([a, b])
     dims = _broadcast_dims([cond, a, b], loc)
     like = next((v for v in (a, b, cond) if _full(v, dims)), None)
@@ -1240,7 +552,7 @@ def _cat(tensors, dim=0, loc=None, out=None):
     loc = loc or _user_location()
     parts = [_mat(_value(_operand(t, loc), loc)) for t in tensors]
     if not parts:
-        _fail("torch.cat of nothing at %s" % _code(loc), "", loc)
+        fail("torch.cat of nothing at %s" % _code(loc), "", loc)
     if len(parts) == 1:
         return parts[0]
     ndim = parts[0].ndim
@@ -1399,9 +711,9 @@ def _to(x, *args, **kwargs):
 
 def _detach(x):
     loc = _user_location()
-    _fail("x.detach() at %s: dloss has no stop-gradient op yet" % _code(loc),
-          "Compute the value outside the loss and pass it as an argument "
-          "(arguments that are not float tensors get no gradient)", loc)
+    fail("x.detach() at %s: dloss has no stop-gradient op yet" % _code(loc),
+         "Compute the value outside the loss and pass it as an argument "
+         "(arguments that are not float tensors get no gradient)", loc)
 
 
 def _with_loc(fn):
@@ -1552,73 +864,15 @@ def supported_ops():
 
 def _unsupported(what, loc):
     ops = supported_ops()
-    _fail("%s at %s is not supported inside @dloss.loss" % (what, _code(loc)),
-          "Supported: torch/F functions %s; Tensor methods %s; operators "
-          "%s; and dloss.all_gather, all_reduce, shard_offset, global_size, "
-          "world_size, rank" % (", ".join(ops["torch"]),
+    fail("%s at %s is not supported inside @dloss.loss" % (what, _code(loc)),
+         "Supported: torch/F functions %s; Tensor methods %s; operators "
+         "%s; and dloss.all_gather, all_reduce, shard_offset, global_size, "
+         "world_size, rank" % (", ".join(ops["torch"]),
                                 ", ".join(ops["Tensor"]),
                                 " ".join(ops["operators"])), loc)
 
 
-# ---------------------------------------------------------------------------
-# Control flow.
-# ---------------------------------------------------------------------------
-
-_COLLECTIVES = {"all_gather", "all_reduce", "reduce_scatter", "broadcast",
-                "ring_shift", "gather_all_tensors", "all_gather_into_tensor"}
-
-
-@functools.lru_cache(maxsize=64)
-def _parsed(path):
-    try:
-        with open(path) as f:
-            return ast.parse(f.read())
-    except (OSError, SyntaxError, ValueError):
-        return None
-
-
-def _branch_collectives(loc):
-    """(line, name) of the collective calls in the body of the if/while
-    whose condition is at `loc`."""
-    tree = _parsed(loc[0])
-    if tree is None:
-        return []
-    found = []
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.If, ast.While, ast.IfExp)):
-            continue
-        test = node.test
-        if not test.lineno <= loc[1] <= (test.end_lineno or test.lineno):
-            continue
-        body = node.body if isinstance(node.body, list) else [node.body]
-        orelse = node.orelse if isinstance(node.orelse, list) else \
-            [node.orelse]
-        for part in body + orelse:
-            for call in ast.walk(part):
-                if isinstance(call, ast.Call):
-                    f = call.func
-                    name = f.attr if isinstance(f, ast.Attribute) else \
-                        getattr(f, "id", "")
-                    if name in _COLLECTIVES:
-                        found.append((call.lineno, name))
-    return sorted(set(found))
-
-
-def _control_flow_error(varying, loc):
-    calls = _branch_collectives(loc) if varying else []
-    if calls:
-        line, name = calls[0]
-        _fail("the condition %s depends on the rank (it differs across "
-              "ranks), and its branch calls %s at %s:%d: ranks where the "
-              "condition is false never reach that collective, and the job "
-              "hangs" % (_code(loc), name, loc[0], line),
-              "Make every rank run the collective: move it out of the "
-              "condition, and choose values with torch.where(cond, a, b) "
-              "(log from rank 0 outside the loss)", loc)
-    _fail("Python control flow on a value known only when the loss runs, "
-          "at %s%s" % (_code(loc), " (it differs across ranks)"
-                       if varying else ""),
-          "The loss is recorded once and every rank runs the same program, "
-          "so a condition on a tensor or a run-time size cannot pick a "
-          "branch. Compute both values and choose element-wise with "
-          "torch.where(cond, a, b)", loc)
+install_rules(binary=_binary, unary=_unary, matmul=_matmul, power=_pow,
+              logical_not=_logical_not, getitem=_getitem,
+              transpose=_transpose, call_torch=_call_torch,
+              methods=_METHODS, unsupported=_unsupported)

@@ -1,0 +1,83 @@
+"""The dloss ops that the @dloss.loss tracer says its rules emit
+(dloss._trace.emitted_ops(), each rule module's EMITS) are the ops that
+traced witnesses really emit: none declared and never emitted, none emitted
+and not declared. One process, no group: the witnesses are traced, not
+compiled."""
+
+import re
+import unittest
+
+import torch
+import torch.nn.functional as F
+
+import dloss
+from dloss._trace import emitted_ops, trace_graph
+
+DIM = 4
+
+
+def witness(image, text, labels, scale):
+    """Every rule that emits an op of its own, once."""
+    text_all = dloss.all_gather(text)                      # all_gather
+    sim = scale * image @ text_all.T                        # matmul, mul
+    rows = torch.arange(image.shape[0]) + \
+        dloss.shard_offset(image)                           # arange, dim
+    cols = torch.arange(dloss.global_size(text))            # global_size
+    is_self = rows[:, None] == cols[None, :]                # eq, expand
+    masked = torch.where(is_self, 0.0, sim)                 # select
+    ce = F.cross_entropy(sim, rows)                         # cross_entropy
+    lse = torch.logsumexp(sim, dim=1)                       # logsumexp
+    picked = sim.gather(1, rows.unsqueeze(1)).squeeze(1)    # take_along
+    put = sim.scatter(1, rows.unsqueeze(1), 1.0)            # put_along
+    both = torch.cat([image, text], dim=1)                  # pad, add
+    part = both[:, 1:3]                                     # slice
+    unit = F.normalize(image, dim=1)                        # l2_normalize
+    bounded = torch.cos(torch.acos(picked.clamp(-0.9, 0.9)))  # clamp
+    smooth = F.softplus(picked) + F.logsigmoid(picked) + \
+        torch.sigmoid(picked) + torch.sin(picked)           # softplus...
+    roots = torch.sqrt(torch.exp(-lse)).log()               # sqrt, neg, log
+    zeros = torch.zeros_like(sim)                           # zeros_like
+    sizes = (dloss.world_size() + dloss.rank()) / 2.0      # world_size,
+    # rank, cast (a size as a tensor), div.
+    local = (masked.sum() + lse.sum() + picked.sum() + put.sum() +
+             part.sum() + unit.sum() + bounded.sum() + smooth.sum() +
+             roots.sum() + zeros.sum() + labels.float().sum() -
+             sizes)                                         # reduce, sub
+    return ce + dloss.all_reduce(local, "sum")              # all_reduce
+
+
+def ops_in(mlir):
+    """The dloss ops (not attributes) in a module's text."""
+    return set(re.findall(r"=\s*(dloss\.[a-z_0-9]+)\b", mlir))
+
+
+class TraceEmitsTest(unittest.TestCase):
+
+    def test_the_declared_ops_are_the_ops_witnesses_emit(self):
+        # (dtype, shape with -1 for a per-rank size, grad, replicated).
+        tensors = {"image": (torch.float32, (-1, DIM), True, False),
+                   "text": (torch.float32, (-1, DIM), True, False),
+                   "labels": (torch.int64, (-1,), False, False),
+                   "scale": (torch.float32, (), True, True)}
+        graph = trace_graph(witness, "witness", list(tensors), tensors, {},
+                            "ddp")
+        emitted = ops_in(graph.to_mlir())
+        declared = set(emitted_ops())
+        self.assertEqual(
+            sorted(declared - emitted), [],
+            "declared in an EMITS of dloss/_trace but no witness emits them: "
+            "add a witness here, or drop the op from EMITS")
+        self.assertEqual(
+            sorted(emitted - declared), [],
+            "emitted by the tracer but declared in no EMITS of "
+            "dloss/_trace: add each to the EMITS of the module whose rule "
+            "emits it")
+
+    def test_ops_in_reads_ops_not_attributes(self):
+        mlir = ('func.func @f(%a: tensor<?xf32> {dloss.grad}) attributes '
+                '{dloss.loss} {\n  %0 = dloss.exp %a : tensor<?xf32>\n}')
+        self.assertEqual(ops_in(mlir), {"dloss.exp"})
+
+
+if __name__ == "__main__":
+    unittest.main()
