@@ -423,7 +423,7 @@ int main(int argc, char **argv) {
   const cudaDataType_t cublasType = type == ElementType::F32   ? CUDA_R_32F
                                     : type == ElementType::F16 ? CUDA_R_16F
                                                                : CUDA_R_16BF;
-  // The runtime's default GPU tile (FusedKernels.cpp, deviceTileShape).
+  // The runtime's default GPU tile (fused/TileShape.cpp, deviceTileShape).
   const int64_t tileRows = std::min<int64_t>(2048, n),
                 tileCols = std::min<int64_t>(4096, m);
   const size_t element = elementSize(type);

@@ -1,4 +1,4 @@
-// Tests of the communicators: the Gloo engine across real processes on
+// Tests of the communicators: the c10d engine (Gloo) across real processes on
 // loopback (world sizes 1-4, uneven sizes, failures), the single-process
 // communicator, and RendezvousOptions::fromEnvironment.
 #include "runtime/comm/Communicator.h"
@@ -89,7 +89,7 @@ at::Tensor reduceReference(const std::vector<at::Tensor> &pieces,
 // Collectives, world sizes 1-4
 //===----------------------------------------------------------------------===//
 
-TEST(GlooCommunicatorTest, AllGatherUnevenAxis0) {
+TEST(ProcessGroupCommunicatorTest, AllGatherUnevenAxis0) {
   for (int n = 1; n <= 4; ++n)
     runGloo(n, [n](Communicator &comm) {
       int rank = comm.rank();
@@ -116,7 +116,7 @@ TEST(GlooCommunicatorTest, AllGatherUnevenAxis0) {
     });
 }
 
-TEST(GlooCommunicatorTest, AllGatherUnevenAxis1) {
+TEST(ProcessGroupCommunicatorTest, AllGatherUnevenAxis1) {
   for (int n = 1; n <= 4; ++n)
     runGloo(n, [n](Communicator &comm) {
       int rank = comm.rank();
@@ -160,7 +160,7 @@ void checkAllReduce(Communicator &comm, at::ScalarType type,
   }
 }
 
-TEST(GlooCommunicatorTest, AllReduceFloat) {
+TEST(ProcessGroupCommunicatorTest, AllReduceFloat) {
   for (int n = 1; n <= 4; ++n)
     runGloo(n, [](Communicator &comm) {
       checkAllReduce(
@@ -170,7 +170,7 @@ TEST(GlooCommunicatorTest, AllReduceFloat) {
     });
 }
 
-TEST(GlooCommunicatorTest, AllReduceInt64) {
+TEST(ProcessGroupCommunicatorTest, AllReduceInt64) {
   for (int n = 1; n <= 4; ++n)
     runGloo(n, [](Communicator &comm) {
       checkAllReduce(comm, at::kLong,
@@ -280,7 +280,7 @@ void checkReduceScatter(Communicator &comm,
   CHILD_CHECK(at::equal(input, before), name << ": the input changed");
 }
 
-TEST(GlooCommunicatorTest, ReduceScatterUneven) {
+TEST(ProcessGroupCommunicatorTest, ReduceScatterUneven) {
   for (int n = 1; n <= 4; ++n)
     runGloo(n, [n](Communicator &comm) {
       for (const std::vector<int64_t> &sizes : scatterSizes(n)) {
@@ -347,7 +347,7 @@ TEST(GlooCommunicatorTest, ReduceScatterUneven) {
 }
 
 // Large blocks (several MiB each) go through the ring in full.
-TEST(GlooCommunicatorTest, ReduceScatterLargeBlocks) {
+TEST(ProcessGroupCommunicatorTest, ReduceScatterLargeBlocks) {
   for (int n : {2, 3})
     runGloo(n, [n](Communicator &comm) {
       std::vector<int64_t> sizes = {1000, 700, 1300};
@@ -364,7 +364,7 @@ TEST(GlooCommunicatorTest, ReduceScatterLargeBlocks) {
     });
 }
 
-TEST(GlooCommunicatorTest, BroadcastFromNonZeroRoot) {
+TEST(ProcessGroupCommunicatorTest, BroadcastFromNonZeroRoot) {
   for (int n = 1; n <= 4; ++n)
     runGloo(n, [n](Communicator &comm) {
       for (int root : {n - 1, n / 2}) {
@@ -383,7 +383,7 @@ TEST(GlooCommunicatorTest, BroadcastFromNonZeroRoot) {
 
 // An empty tensor moves nothing, yet counts as one collective on every rank,
 // so the ranks' numbering stays in step.
-TEST(GlooCommunicatorTest, EmptyAllReduceAndBroadcastAreStillCollectives) {
+TEST(ProcessGroupCommunicatorTest, EmptyAllReduceAndBroadcastAreStillCollectives) {
   for (int n = 1; n <= 3; ++n)
     runGloo(n, [n](Communicator &comm) {
       at::Tensor empty = at::zeros({0, 4}, at::kFloat);
@@ -404,7 +404,7 @@ TEST(GlooCommunicatorTest, EmptyAllReduceAndBroadcastAreStillCollectives) {
     });
 }
 
-TEST(GlooCommunicatorTest, RingShiftWithDifferentShapes) {
+TEST(ProcessGroupCommunicatorTest, RingShiftWithDifferentShapes) {
   for (int n = 1; n <= 4; ++n)
     runGloo(n, [n](Communicator &comm) {
       int rank = comm.rank();
@@ -432,7 +432,7 @@ TEST(GlooCommunicatorTest, RingShiftWithDifferentShapes) {
     });
 }
 
-TEST(GlooCommunicatorTest, AllGatherInts) {
+TEST(ProcessGroupCommunicatorTest, AllGatherInts) {
   for (int n = 1; n <= 4; ++n)
     runGloo(n, [n](Communicator &comm) {
       int64_t r = comm.rank();
@@ -447,7 +447,7 @@ TEST(GlooCommunicatorTest, AllGatherInts) {
     });
 }
 
-TEST(GlooCommunicatorTest, SendRecvPairs) {
+TEST(ProcessGroupCommunicatorTest, SendRecvPairs) {
   for (int n = 2; n <= 4; ++n)
     runGloo(n, [n](Communicator &comm) {
       int rank = comm.rank();
@@ -495,7 +495,7 @@ double secondsSince(Clock::time_point start) {
 
 // World 3, rank 2 never starts: both survivors fail at the deadline, naming
 // rank 2.
-TEST(GlooCommunicatorTest, RendezvousNamesTheMissingRank) {
+TEST(ProcessGroupCommunicatorTest, RendezvousNamesTheMissingRank) {
   constexpr auto timeout = std::chrono::seconds(3);
   int port = freePort();
   Clock::time_point start = Clock::now();
@@ -524,7 +524,7 @@ TEST(GlooCommunicatorTest, RendezvousNamesTheMissingRank) {
 }
 
 // Rank 0 hosts the store; when it never starts, the others name it.
-TEST(GlooCommunicatorTest, RendezvousNamesAMissingRankZero) {
+TEST(ProcessGroupCommunicatorTest, RendezvousNamesAMissingRankZero) {
   constexpr auto timeout = std::chrono::seconds(3);
   int port = freePort();
   auto outcomes = runChildren({1}, [&](int rank) {
@@ -574,7 +574,7 @@ TEST(ReserveLoopbackPortTest, PortsStayReservedAndDistinct) {
 // A launcher hosts the store (torchrun's agent, TORCHELASTIC_USE_AGENT_STORE):
 // every rank is a client, rank 0 included, and a second attempt on the same
 // store (TORCHELASTIC_RESTART_COUNT=1) does not read the first one's keys.
-TEST(GlooCommunicatorTest, RanksMeetInALaunchersStore) {
+TEST(ProcessGroupCommunicatorTest, RanksMeetInALaunchersStore) {
   int port = freePort();
   constexpr auto timeout = std::chrono::seconds(30);
   auto outcomes = runChildren({-1, 0, 1}, [&](int rank) {
@@ -607,7 +607,7 @@ TEST(GlooCommunicatorTest, RanksMeetInALaunchersStore) {
 
 // TORCHELASTIC_USE_AGENT_STORE without a launcher's store: each rank says
 // that the launcher's store is unreachable, at the deadline.
-TEST(GlooCommunicatorTest, AMissingLaunchersStoreIsNamed) {
+TEST(ProcessGroupCommunicatorTest, AMissingLaunchersStoreIsNamed) {
   int port = freePort();
   constexpr auto timeout = std::chrono::seconds(2);
   auto outcomes = runChildren({0, 1}, [&](int rank) {
@@ -693,7 +693,7 @@ void dieAbruptly() {
 
 // A peer dies (SIGKILL, no goodbye) while the others are in a collective:
 // they fail fast, long before the 60 s deadline.
-TEST(GlooCommunicatorTest, PeerDeathFailsAllReduceQuickly) {
+TEST(ProcessGroupCommunicatorTest, PeerDeathFailsAllReduceQuickly) {
   expectCollectiveFailure(
       std::chrono::seconds(60), dieAbruptly,
       [](Communicator &comm) {
@@ -702,7 +702,7 @@ TEST(GlooCommunicatorTest, PeerDeathFailsAllReduceQuickly) {
       "allReduce", {"other ranks' logs"}, 0.0, 15.0, SIGKILL);
 }
 
-TEST(GlooCommunicatorTest, PeerDeathFailsRingShiftQuickly) {
+TEST(ProcessGroupCommunicatorTest, PeerDeathFailsRingShiftQuickly) {
   // Ranks 0 and 1 receive from 2 and 0: rank 0 waits on the dead rank.
   expectCollectiveFailure(
       std::chrono::seconds(60), dieAbruptly,
@@ -713,7 +713,7 @@ TEST(GlooCommunicatorTest, PeerDeathFailsRingShiftQuickly) {
       "ringShift", {"other ranks' logs"}, 0.0, 15.0, SIGKILL);
 }
 
-TEST(GlooCommunicatorTest, PeerDeathFailsReduceScatterQuickly) {
+TEST(ProcessGroupCommunicatorTest, PeerDeathFailsReduceScatterQuickly) {
   // Rank 0 receives from the dead rank 2 in the ring's first step; rank 1
   // sends to it.
   expectCollectiveFailure(
@@ -728,7 +728,7 @@ TEST(GlooCommunicatorTest, PeerDeathFailsReduceScatterQuickly) {
 
 // A peer that stays alive but never calls the collective: the others fail at
 // the deadline and are told about DLOSS_TIMEOUT_S.
-TEST(GlooCommunicatorTest, StalledPeerTimesOutAllReduce) {
+TEST(ProcessGroupCommunicatorTest, StalledPeerTimesOutAllReduce) {
   expectCollectiveFailure(
       std::chrono::seconds(3),
       [] { std::this_thread::sleep_for(std::chrono::seconds(6)); },
@@ -736,7 +736,7 @@ TEST(GlooCommunicatorTest, StalledPeerTimesOutAllReduce) {
       "allReduce", {"DLOSS_TIMEOUT_S"}, 2.5, 3.0 + 5.0, std::nullopt);
 }
 
-TEST(GlooCommunicatorTest, StalledPeerTimesOutRingShift) {
+TEST(ProcessGroupCommunicatorTest, StalledPeerTimesOutRingShift) {
   // Rank 0 waits on rank 2 and times out; rank 1 waits on rank 0's data and
   // may see rank 0 give up (connection closed) at the same moment.
   expectCollectiveFailure(
@@ -750,7 +750,7 @@ TEST(GlooCommunicatorTest, StalledPeerTimesOutRingShift) {
       std::nullopt);
 }
 
-TEST(GlooCommunicatorTest, StalledPeerTimesOutReduceScatter) {
+TEST(ProcessGroupCommunicatorTest, StalledPeerTimesOutReduceScatter) {
   expectCollectiveFailure(
       std::chrono::seconds(3),
       [] { std::this_thread::sleep_for(std::chrono::seconds(6)); },
@@ -764,7 +764,7 @@ TEST(GlooCommunicatorTest, StalledPeerTimesOutReduceScatter) {
 
 // Bad arguments are dloss::Errors raised before any communication, so the
 // communicator stays usable.
-TEST(GlooCommunicatorTest, RejectsBadArgumentsWithoutBreaking) {
+TEST(ProcessGroupCommunicatorTest, RejectsBadArgumentsWithoutBreaking) {
   runGloo(2, [](Communicator &comm) {
     int rank = comm.rank();
     auto expectError = [&](const std::function<void()> &call,
