@@ -9,6 +9,37 @@ def Dloss_Collective : NativeOpTrait<"IsCollective"> {
   let cppNamespace = "::mlir::dloss";
 }
 
+// Facts about an op that consumers outside the compiler need: the generated
+// op table (dialect/gen_op_table.py -> runtime/kernels/OpTable.inc) carries
+// them to the runtime and the Python layer, so none of them keeps a list of
+// op names.
+
+// Marks the ops that users never build: passes produce them (a derivative, a
+// fused op), so front ends (dloss::Graph, dloss.Graph, the @dloss.loss
+// tracer) have no builder for them.
+def Dloss_Internal : NativeOpTrait<"IsInternal"> {
+  let cppNamespace = "::mlir::dloss";
+}
+
+// Marks the fused ring-tiled ops, which replace an all_gather + similarity +
+// loss pattern by one kernel (docs/Fusion.md). Only fusion produces them, so
+// Dloss_Fused makes them internal too.
+def Dloss_IsFused : NativeOpTrait<"IsFused"> {
+  let cppNamespace = "::mlir::dloss";
+}
+def Dloss_Fused : TraitList<[Dloss_Internal, Dloss_IsFused]>;
+
+// Marks the ops whose operand `indices` holds, per row, an index into
+// dimension `axis` (the op's `axis` attribute) of operand `data`: a label
+// picking one class. The runtime's preflight checks such values against the
+// dimension's static size, so a bad label fails every rank in the same call.
+class Dloss_IndexOperand<int data, int indices>
+    : ParamNativeOpTrait<"IndexOperand", data # ", " # indices> {
+  let cppNamespace = "::mlir::dloss";
+  int dataOperand = data;
+  int indicesOperand = indices;
+}
+
 def Dloss_ReplicationOpInterface : OpInterface<"ReplicationOpInterface"> {
   let cppNamespace = "::mlir::dloss";
   let description = [{

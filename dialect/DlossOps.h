@@ -18,6 +18,24 @@ namespace mlir::dloss {
 /// Trait of the ops that communicate: every rank must run them, in order.
 template <typename ConcreteType>
 class IsCollective : public OpTrait::TraitBase<ConcreteType, IsCollective> {};
+/// Trait of the ops users never build (Dloss_Internal in
+/// DlossInterfaces.td).
+template <typename ConcreteType>
+class IsInternal : public OpTrait::TraitBase<ConcreteType, IsInternal> {};
+/// Trait of the fused ring-tiled ops (Dloss_Fused).
+template <typename ConcreteType>
+class IsFused : public OpTrait::TraitBase<ConcreteType, IsFused> {};
+/// Trait of the ops whose operand `Indices` indexes dimension `axis` of
+/// operand `Data` (Dloss_IndexOperand).
+template <unsigned Data, unsigned Indices>
+struct IndexOperand {
+  template <typename ConcreteType>
+  class Impl : public OpTrait::TraitBase<ConcreteType, Impl> {
+  public:
+    static constexpr unsigned kDataOperand = Data;
+    static constexpr unsigned kIndicesOperand = Indices;
+  };
+};
 } // namespace mlir::dloss
 
 #include "dialect/DlossInterfaces.h.inc"

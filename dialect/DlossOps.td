@@ -346,7 +346,7 @@ def Dloss_L2NormalizeOp : Dloss_Op<"l2_normalize", [Pure, SameOperandsAndResultT
 }
 
 def Dloss_L2NormalizeGradOp : Dloss_Op<"l2_normalize_grad",
-    [Pure, SameOperandsAndResultType]> {
+    [Pure, SameOperandsAndResultType, Dloss_Internal]> {
   let summary = "the gradient of l2_normalize, in one pass over each row";
   let description = [{
     The adjoint of `dloss.l2_normalize %input axis $axis eps $eps` for the
@@ -404,7 +404,7 @@ def Dloss_LogSumExpOp : Dloss_Op<"logsumexp",
 }
 
 def Dloss_TakeAlongOp : Dloss_Op<"take_along",
-    [Pure, InferTypeOpAdaptor]> {
+    [Pure, InferTypeOpAdaptor, Dloss_IndexOperand<0, 1>]> {
   let summary = "picks one element per row along an axis";
   let description = [{
     `result[i] = input[i, indices[i]]` for `axis = 1` (in general, `indices`
@@ -423,7 +423,7 @@ def Dloss_TakeAlongOp : Dloss_Op<"take_along",
 }
 
 def Dloss_PutAlongOp : Dloss_Op<"put_along",
-    [Pure, InferTypeOpAdaptor]> {
+    [Pure, InferTypeOpAdaptor, Dloss_IndexOperand<0, 1>]> {
   let summary = "replaces one element per row along an axis";
   let description = [{
     A copy of `input` with `input[i, indices[i]] = values[i]` for `axis = 1`
@@ -463,7 +463,7 @@ def Dloss_ArangeOp : Dloss_Op<"arange", [Pure]> {
 }
 
 def Dloss_CrossEntropyOp : Dloss_Op<"cross_entropy",
-    [Pure, InferTypeOpAdaptor]> {
+    [Pure, InferTypeOpAdaptor, Dloss_IndexOperand<0, 1>]> {
   let summary = "per-row softmax cross-entropy against integer targets";
   let description = [{
     `logsumexp(logits, axis) - take_along(logits, targets, axis)`: one loss per
@@ -560,7 +560,7 @@ def Dloss_PadOp : Dloss_Op<"pad", [Pure, InferTypeOpAdaptor]> {
 // adjoint (no second derivatives). docs/Fusion.md has the schedules.
 //===----------------------------------------------------------------------===//
 
-def Dloss_RingSoftmaxCEOp : Dloss_CollectiveOp<"ring_softmax_ce"> {
+def Dloss_RingSoftmaxCEOp : Dloss_CollectiveOp<"ring_softmax_ce", [Dloss_Fused]> {
   let summary = "CLIP's two cross-entropies from one ring of similarity tiles";
   let description = [{
     With `L = scale * rows_all x cols_all^T` (the global matrix, never built),
@@ -582,7 +582,7 @@ def Dloss_RingSoftmaxCEOp : Dloss_CollectiveOp<"ring_softmax_ce"> {
   let hasVerifier = 1;
 }
 
-def Dloss_RingSoftmaxCEGradOp : Dloss_CollectiveOp<"ring_softmax_ce_grad"> {
+def Dloss_RingSoftmaxCEGradOp : Dloss_CollectiveOp<"ring_softmax_ce_grad", [Dloss_Fused]> {
   let summary = "the backward of dloss.ring_softmax_ce, recomputing its tiles";
   let description = [{
     Given the cotangents `ct_row`, `ct_col` of `row_ce`, `col_ce`, returns the
@@ -601,7 +601,7 @@ def Dloss_RingSoftmaxCEGradOp : Dloss_CollectiveOp<"ring_softmax_ce_grad"> {
   let hasVerifier = 1;
 }
 
-def Dloss_RingSigmoidPairsOp : Dloss_CollectiveOp<"ring_sigmoid_pairs"> {
+def Dloss_RingSigmoidPairsOp : Dloss_CollectiveOp<"ring_sigmoid_pairs", [Dloss_Fused]> {
   let summary = "SigLIP's pairwise softplus sums from one ring of tiles";
   let description = [{
     With `L = scale * rows_all x cols_all^T + bias`, `pair_sum[i] = sum_j
@@ -619,7 +619,8 @@ def Dloss_RingSigmoidPairsOp : Dloss_CollectiveOp<"ring_sigmoid_pairs"> {
   let hasVerifier = 1;
 }
 
-def Dloss_RingSigmoidPairsGradOp : Dloss_CollectiveOp<"ring_sigmoid_pairs_grad"> {
+def Dloss_RingSigmoidPairsGradOp : Dloss_CollectiveOp<"ring_sigmoid_pairs_grad",
+    [Dloss_Fused]> {
   let summary = "the backward of dloss.ring_sigmoid_pairs, recomputing its tiles";
   let description = [{
     Given the cotangents `ct_pair`, `ct_positive`, returns the gradients of
@@ -636,7 +637,7 @@ def Dloss_RingSigmoidPairsGradOp : Dloss_CollectiveOp<"ring_sigmoid_pairs_grad">
   let hasVerifier = 1;
 }
 
-def Dloss_ShardedSoftmaxOp : Dloss_CollectiveOp<"sharded_softmax"> {
+def Dloss_ShardedSoftmaxOp : Dloss_CollectiveOp<"sharded_softmax", [Dloss_Fused]> {
   let summary = "PartialFC's class-sharded softmax statistics, tiled";
   let description = [{
     `rows` are the gathered rows (every rank the same), `weights` this rank's
@@ -659,7 +660,8 @@ def Dloss_ShardedSoftmaxOp : Dloss_CollectiveOp<"sharded_softmax"> {
   let hasVerifier = 1;
 }
 
-def Dloss_ShardedSoftmaxGradOp : Dloss_ReplicationRuleOp<"sharded_softmax_grad", [Pure]> {
+def Dloss_ShardedSoftmaxGradOp : Dloss_ReplicationRuleOp<"sharded_softmax_grad",
+    [Pure, Dloss_Fused]> {
   let summary = "the backward of dloss.sharded_softmax, recomputing its tiles";
   let description = [{
     Given the (full) cotangents `ct_lse`, `ct_target` of `lse_rest` and
@@ -678,7 +680,7 @@ def Dloss_ShardedSoftmaxGradOp : Dloss_ReplicationRuleOp<"sharded_softmax_grad",
   let hasVerifier = 1;
 }
 
-def Dloss_FusedSimilarityOp : Dloss_CollectiveOp<"fused_similarity"> {
+def Dloss_FusedSimilarityOp : Dloss_CollectiveOp<"fused_similarity", [Dloss_Fused]> {
   let summary = "row reductions of a program over the similarity tiles";
   let description = [{
     The general fused op: with `S = rows x cols_all^T` (never built), each
@@ -740,7 +742,8 @@ def Dloss_FusedSimilarityOp : Dloss_CollectiveOp<"fused_similarity"> {
   }];
 }
 
-def Dloss_FusedSimilarityGradOp : Dloss_CollectiveOp<"fused_similarity_grad"> {
+def Dloss_FusedSimilarityGradOp : Dloss_CollectiveOp<"fused_similarity_grad",
+    [Dloss_Fused]> {
   let summary = "the backward of dloss.fused_similarity, recomputing its tiles";
   let description = [{
     Operands: those of the forward op (`rows`, `cols`, its leaves), then its

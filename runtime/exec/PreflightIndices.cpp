@@ -4,6 +4,7 @@
 
 #include "runtime/exec/RankGroups.h"
 #include "runtime/fused/Epilogue.h"
+#include "runtime/kernels/OpTable.h"
 
 #include <algorithm>
 #include <utility>
@@ -14,17 +15,11 @@ using exec::numArguments;
 
 namespace {
 
-/// The ops that index a dimension of operand `data` with operand `indices`
-/// along their `axis` attribute.
-struct IndexingOp {
-  const char *name;
+/// A step's operand `indices` indexing dimension `axis` of operand `data`.
+struct IndexingRule {
   uint32_t data;
   uint32_t indices;
-};
-constexpr IndexingOp kIndexingOps[] = {
-    {"dloss.take_along", 0, 1},
-    {"dloss.put_along", 0, 1},
-    {"dloss.cross_entropy", 0, 1},
+  std::optional<int64_t> axis;
 };
 
 std::optional<int64_t> integerAttr(const plan::Step &step, const char *name) {
@@ -99,28 +94,26 @@ std::vector<IndexUse> indexUses(const plan::Function &function) {
   };
   for (const plan::Step *step : *function.steps()) {
     std::string op = step->op()->str();
-    const IndexingOp *rule = nullptr;
-    for (const IndexingOp &candidate : kIndexingOps)
-      if (op == candidate.name)
-        rule = &candidate;
     const auto *operands = step->operands();
+    std::vector<IndexingRule> rules;
+    // The ops whose ODS definition marks an index operand
+    // (Dloss_IndexOperand), along their `axis` attribute.
+    const OpSpec *spec = findOpSpec(op);
+    if (spec && spec->index.present())
+      rules.push_back({static_cast<uint32_t>(spec->index.data),
+                       static_cast<uint32_t>(spec->index.indices),
+                       integerAttr(*step, "axis")});
     // The general op's class targets index axis 0 of its class matrix.
-    std::vector<IndexingOp> rules;
-    if (rule)
-      rules.push_back(*rule);
     if (op == "dloss.fused_similarity")
       for (uint32_t target : classTargets(*step))
-        rules.push_back({"dloss.fused_similarity", 1, target});
-    for (const IndexingOp &each : rules) {
-      rule = &each;
-      if (!operands || operands->size() <= rule->indices ||
-          operands->size() <= rule->data)
+        rules.push_back({1, target, 0});
+    for (const IndexingRule &rule : rules) {
+      if (!operands || operands->size() <= rule.indices ||
+          operands->size() <= rule.data)
         continue;
-      int32_t data = operands->Get(rule->data);
-      int32_t indices = operands->Get(rule->indices);
-      std::optional<int64_t> axis = op == "dloss.fused_similarity"
-                                        ? std::optional<int64_t>(0)
-                                        : integerAttr(*step, "axis");
+      int32_t data = operands->Get(rule.data);
+      int32_t indices = operands->Get(rule.indices);
+      std::optional<int64_t> axis = rule.axis;
       const plan::TypeInfo *type = valid(data) ? types[data] : nullptr;
       if (valid(indices) && holdsArgument[indices] && axis && type &&
           type->kind() == plan::RegisterKind::tensor && type->shape()) {

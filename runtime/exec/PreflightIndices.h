@@ -15,10 +15,12 @@
 namespace dloss::preflight {
 
 /// A use of an argument as the indices of an op that picks one element per
-/// row (take_along, put_along, cross_entropy) along a dimension whose size
-/// the plan knows statically (ArcFace's classes). The preflight checks the
-/// range, so that a bad label fails every rank in the same call instead of
-/// one rank's kernel, with its peers left waiting at their next collective.
+/// row along a dimension whose size the plan knows statically (ArcFace's
+/// classes): an op whose ODS definition marks the operand (Dloss_IndexOperand,
+/// carried by the op table), or a class target of the general fused op. The
+/// preflight checks the range, so that a bad label fails every rank in the
+/// same call instead of one rank's kernel, with its peers left waiting at
+/// their next collective.
 struct IndexUse {
   size_t argument;
   int64_t size;

@@ -26,12 +26,26 @@ struct OpAttrSpec {
   bool mayBeAbsent;
 };
 
+/// An op's operand whose values index a dimension of another operand
+/// (Dloss_IndexOperand): per row, one index into dimension `axis` (the op's
+/// `axis` attribute) of operand `data`.
+struct OpIndexOperand {
+  int data = -1;
+  int indices = -1; ///< -1: the op has no such operand
+  bool present() const { return indices >= 0; }
+};
+
 struct OpSpec {
   std::string name; ///< "dloss.all_gather"
   int minOperands;
   int maxOperands; ///< -1: any number (variadic)
   int numResults;  ///< -1: any number (a variadic result list)
   std::vector<OpAttrSpec> attrs;
+  OpIndexOperand index;
+  /// Users never build it: passes produce it (Dloss_Internal).
+  bool internal;
+  /// A fused ring-tiled op (Dloss_Fused); internal too.
+  bool fused;
 };
 
 /// The spec of op `name`, or nullptr when no ODS definition names it.
