@@ -1,14 +1,14 @@
-"""dloss.compile: a loss (dloss MLIR text, a .mlir file, or a dloss.Graph)
-as a callable torch module with autograd."""
+"""dloss.compile: a loss (dloss MLIR text, a .mlir file, a dloss.Graph, or
+a function written in PyTorch) as a CompiledLoss, a callable torch module
+with autograd (dloss/compiled.py)."""
 
 import os
 
-import torch
-
 from . import _C
-from .errors import Error, caller_location, is_dloss_location, make_error
+from .compiled import CompiledLoss, compile_graph
+from .errors import make_error
 from .graph import Graph
-from .group import communicator
+from .trace import Loss
 
 
 def _source_text(source):
@@ -28,136 +28,6 @@ def _source_text(source):
             "Pass the MLIR text itself, or the path of a .mlir file")
     with open(source) as f:
         return f.read(), source
-
-
-class CompiledLoss(torch.nn.Module):
-    """A compiled loss: call it with the loss's inputs, by position or by
-    name, on every rank of the group; it returns the global loss (the same
-    value on every rank) with autograd. ``loss.backward()`` gives each
-    ``dloss.grad`` input its gradient per the loss's gradient contract
-    (ddp: ``N * dF/dx_r``, which DDP's gradient average turns into the
-    single-device gradient; global: ``dF/dx_r``).
-
-    All communication happens in the call, which every rank must make;
-    backward() only scales gradients computed there, so a rank that skips
-    backward() cannot hang its peers.
-    """
-
-    def __init__(self, plan, entry="", group=None):
-        super().__init__()
-        self._plan = plan
-        self._entry = entry or ""
-        self._group = group
-        self._callables = {}
-        self.argument_names = list(self._callable().argument_names)
-
-    def _callable(self):
-        comm = communicator(self._group)
-        fn = self._callables.get(id(comm))
-        if fn is None:
-            fn = _C.CompiledLoss(self._plan, comm, self._entry)
-            self._callables[id(comm)] = fn
-        return fn
-
-    @property
-    def loss_name(self):
-        return self._callable().loss_name
-
-    def plan_text(self):
-        """The compiled plan as text, one line per step (as `dlossc
-        --emit=plan-text`): fused losses appear as their ring ops."""
-        return self._plan.text()
-
-    def fused_ops(self):
-        """The fused ring-tiled ops the plan runs (sorted names)."""
-        return sorted({word.split("(")[0] for word in
-                       self.plan_text().split()
-                       if word.startswith(("dloss.ring_",
-                                           "dloss.sharded_softmax",
-                                           "dloss.fused_similarity"))})
-
-    @property
-    def grad_mode(self):
-        """"ddp" or "global"."""
-        return self._callable().grad_mode
-
-    def forward(self, *args, **kwargs):
-        """The global loss of this call's inputs (by position or by name, in
-        the loss's argument order: ``argument_names``). An error names the
-        user's line that made the call (see _at_call_site)."""
-        fn = self._callable()
-        site = caller_location(2)
-        names = self.argument_names
-        tensors, problem = self._bind(fn, names, args, kwargs)
-        if problem is not None:
-            # Every rank makes this call, so its preflight tells the peers:
-            # one input too many is refused on every rank at once, where a
-            # local raise would leave them waiting for the deadline. This
-            # rank then raises its own, more precise, error.
-            try:
-                fn([torch.empty(0)] * (len(names) + 1))
-            except Error as preflight:
-                raise self._at_call_site(problem, fn, site) from preflight
-            raise self._at_call_site(problem, fn, site)
-        try:
-            return fn(tensors)
-        except Error as e:
-            raise self._at_call_site(e, fn, site) from None
-
-    @staticmethod
-    def _at_call_site(error, fn, site):
-        """`error` located at the user's call of the loss, `site`, when it has
-        no location of the user's own: none (the preflight, the arguments)
-        or one in dloss's sources (a drop-in's graph is built by dloss, so
-        its ops' locations, "frontend/Losses.cpp:36", mean nothing to the
-        user). An error inside the user's own loss keeps its IR location."""
-        if not site or (error.location and
-                        not is_dloss_location(error.location)):
-            return error
-        return make_error(error.problem, error.hint, error.rank,
-                          error.op or "@" + fn.loss_name, site)
-
-    @staticmethod
-    def _bind(fn, names, args, kwargs):
-        """(the inputs in argument order, None) or (None, the call's
-        mistake as a dloss.Error)."""
-        if len(args) > len(names):
-            return None, make_error(
-                "@%s takes %d inputs (%s), got %d" %
-                (fn.loss_name, len(names), ", ".join(names), len(args)),
-                "Pass one tensor per input")
-        values = list(args) + [None] * (len(names) - len(args))
-        for key, value in kwargs.items():
-            if key not in names:
-                return None, make_error(
-                    "@%s has no input named %r (its inputs: %s)" %
-                    (fn.loss_name, key, ", ".join(names)),
-                    "Use one of the input names")
-            index = names.index(key)
-            if values[index] is not None:
-                return None, make_error(
-                    "input %r given twice" % key,
-                    "Pass it by position or by name, not both")
-            values[index] = value
-        missing = [n for n, v in zip(names, values) if v is None]
-        if missing:
-            return None, make_error(
-                "@%s is missing input(s) %s" % (fn.loss_name,
-                                                ", ".join(missing)),
-                "Pass every input: %s" % ", ".join(names))
-        tensors = []
-        for name, value in zip(names, values):
-            if isinstance(value, torch.Tensor):
-                tensors.append(value)
-                continue
-            try:
-                tensors.append(torch.tensor(value))
-            except (TypeError, ValueError, RuntimeError):
-                return None, make_error(
-                    "input %r of @%s is a %s, not a tensor or a number" %
-                    (name, fn.loss_name, type(value).__name__),
-                    "Pass a torch.Tensor")
-        return tensors, None
 
 
 def compile(source, grad_mode=None, fuse=True, entry=None, group=None):
@@ -180,15 +50,12 @@ def compile(source, grad_mode=None, fuse=True, entry=None, group=None):
         raise make_error("grad_mode must be 'ddp', 'global' or None, got %r"
                          % (grad_mode,), "See docs/Autodiff.md")
     if callable(source) and not isinstance(source, (Graph, _C.Graph)):
-        from .trace import Loss
         return Loss(source, grad_mode=grad_mode or "ddp", fuse=fuse,
                     group=group, name=entry)
     if isinstance(source, (Graph, _C.Graph)):
-        # Cached under the graph's recording, not its MLIR text: a machine
-        # without the compiler library runs a graph compiled elsewhere.
         graph = source._g if isinstance(source, Graph) else source
-        plan = _C.compile_graph_plan(graph, grad_mode or "", bool(fuse))
-        return CompiledLoss(plan, entry or source.name, group)
+        return compile_graph(graph, grad_mode, fuse, entry or source.name,
+                             group)
     text, name = _source_text(source)
     plan = _C.compile_plan(text, grad_mode or "", name, bool(fuse))
     return CompiledLoss(plan, entry or "", group)

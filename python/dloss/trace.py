@@ -48,6 +48,7 @@ import torch
 from ._trace import (FLOAT_DTYPES, all_gather, all_reduce, fail,
                      global_size, rank, shard_offset, trace_graph,
                      world_size)
+from .compiled import compile_graph
 from .errors import make_error
 
 __all__ = ["Input", "Loss", "Replicated", "all_gather", "all_reduce",
@@ -178,11 +179,9 @@ class Loss:
     def _compile(self, key, tensors, constants):
         compiled = self._compiled.get(key)
         if compiled is None:
-            from .compile import compile as compile_source
             graph = trace_graph(self.fn, self.name, self.params, tensors,
-                                 constants, self.grad_mode)
-            compiled = compile_source(graph, fuse=self.fuse,
-                                      group=self.group)
+                                constants, self.grad_mode)
+            compiled = compile_graph(graph, fuse=self.fuse, group=self.group)
             compiled.graph = graph
             self._compiled[key] = compiled
         return compiled
