@@ -5,12 +5,13 @@ once and the others say where they belong."""
 
 from .. import _C
 from ..collectives import all_gather as _eager_all_gather
-from .locations import _code, fail, _user_location
+from .locations import _code, _user_location, fail
 from .materialise import _emit, _mat
 from .values import _Size, _Value, _axis, _current_trace
 
 # The dloss ops these rules emit (test_trace_emits keeps it true).
 EMITS = frozenset({"dloss.all_gather", "dloss.all_reduce"})
+
 
 def _outside(name):
     loc = _user_location()
@@ -111,4 +112,3 @@ def rank():
     if tr is None:
         _outside("rank")
     return _Size(tr, "rank", (), _user_location(), varying=True, rank=True)
-

@@ -10,6 +10,7 @@ from .values import (_Arange, _Bcast, _Scaled, _Size, _Tensor, _Transposed,
 # The dloss ops these rules emit (test_trace_emits keeps it true).
 EMITS = frozenset({"dloss.arange", "dloss.cast", "dloss.expand", "dloss.mul"})
 
+
 def _emit(tr, t, dims, dtype, like, loc, ir=None, note=None, varying=None):
     """A new _Tensor; varying-ness and its note follow the operands in
     `like` unless given."""

@@ -5,9 +5,10 @@ collectives are refused, each with what to write instead."""
 import torch
 import torch.distributed as dist
 
-from .locations import _code, fail, _user_location
+from .locations import _code, _user_location, fail
 from .rules import _unsupported
 from .values import _Arange, _Size, _Value, _current_trace, _size_op
+
 
 def _refuse(what, hint):
     def refused(*args, **kwargs):

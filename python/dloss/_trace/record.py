@@ -9,7 +9,7 @@ import torch
 from .. import _C
 from ..errors import Error, make_error
 from ..graph import to_dtype
-from .locations import _code, fail, _text
+from .locations import _code, _text, fail
 from .materialise import _mat, _size_tensor
 from .patches import _Patches
 from .values import (FLOAT_DTYPES, _Arange, _Size, _Tensor, _Trace, _Value,
@@ -139,4 +139,3 @@ def _return_location(fn):
         if text.strip().startswith("return"):
             line = start + i
     return fn.__code__.co_filename, line
-

@@ -7,7 +7,7 @@ import functools
 
 import torch
 
-from .locations import _code, fail, _user_location
+from .locations import _code, _user_location, fail
 from .materialise import (_cast_ir, _constant, _emit, _expand, _full, _mat,
                           _size_tensor)
 from .values import (FLOAT_DTYPES, _Arange, _Bcast, _MaxResult, _NoIndices,
@@ -23,6 +23,7 @@ EMITS = frozenset({
     "dloss.matmul", "dloss.reduce", "dloss.logsumexp", "dloss.l2_normalize",
     "dloss.cross_entropy", "dloss.take_along", "dloss.put_along",
     "dloss.pad", "dloss.slice", "dloss.all_reduce"})
+
 
 def _trace_of(*values):
     for v in values:
@@ -164,8 +165,8 @@ def _binary(op, a, b, loc):
         both = _emit(tr, t, dims, torch.bool, (x, y), loc, ir=x.ir)
         if op == "and":
             return both
-        s = tr.g.binary("sub", tr.g.binary("add", x.node, y.node, *loc), both.node,
-                        *loc)
+        total = tr.g.binary("add", x.node, y.node, *loc)
+        s = tr.g.binary("sub", total, both.node, *loc)
         return _emit(tr, s, dims, torch.bool, (x, y), loc, ir=x.ir)
     x = _tensor_operand(a, dtype, tr, loc, like)
     y = _tensor_operand(b, dtype, tr, loc, like)
@@ -667,7 +668,8 @@ def _slice(x, axis, s, loc):
             _unsupported("negative slice bounds", loc)
     count = _size_op("sub", stop, start, loc)
     tr = x.tr
-    t = tr.g.slice(x.node, axis, tr.size(start, loc), tr.size(count, loc), *loc)
+    t = tr.g.slice(x.node, axis, tr.size(start, loc), tr.size(count, loc),
+                   *loc)
     dims = list(x.dims)
     dims[axis] = count
     return _emit(tr, t, tuple(dims), x.dtype, (x, start, stop), loc)

@@ -22,7 +22,7 @@ import torch
 
 from .. import _C
 from .control import _control_flow_error
-from .locations import _code, fail, _text, _user_location
+from .locations import _code, _text, _user_location, fail
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -70,10 +70,6 @@ def _recording(tr):
     finally:
         _state.trace = previous
 
-
-# ---------------------------------------------------------------------------
-# The graph under construction.
-# ---------------------------------------------------------------------------
 
 class _Trace:
     """A loss being recorded: its dloss.Graph and the sizes built in it."""
