@@ -13,9 +13,10 @@ compiled like the IR.
 
 How it works. At the first call with a given signature (the tensors' dtypes,
 ranks and fixed sizes, the other arguments' values) the function runs once
-on stand-in tensors: every torch operation it makes adds the matching dloss
-op to a dloss.Graph, located at the user's own file:line, so that every
-error (here, in the compiler, at run time) points at the user's code. The
+on stand-in tensors (the private package dloss._trace records it): every
+torch operation it makes adds the matching dloss op to a dloss.Graph,
+located at the user's own file:line, so that every error (here, in the
+compiler, at run time) points at the user's code. The
 graph then goes through dloss.compile's pipeline (collective checks,
 fusion, autodiff, lowering), and calls run the compiled plan with autograd.
 
