@@ -44,9 +44,24 @@ back in float32; bf16/f16 wider):
       --dloss-opt build/bin/dloss-opt --runtime build/bin/dloss-run \
       --world-sizes 1,2,3,4 --keep-runs /tmp/ring_shift
 
+Many checks in one process (--check, repeatable): each --check is one run's
+own arguments, a name first, split like a shell; the options outside them are
+common to every check and come last (so they win). The checks run one after
+the other exactly as separate runs would (each seeds its own generator), but
+Python and torch start once: ctest runs each family of checks this way.
+
+  /usr/bin/python3 test/numeric/check_gradients.py --dloss-opt build/bin/dloss-opt \
+      --check "rule-casts test/numeric/rules/casts.mlir" \
+      --check "clip-n3 examples/clip.mlir --world-sizes 3"
+
+Every check's result is printed under its name, a failure with the loss and
+N it concerns; the last lines name the checks that failed, each with the
+command that reruns it alone.
+
 Exit status: 0 all match, 1 a mismatch (a dloss-run that fails or times out
 counts as one), 2 a usage or test-program error, 77 torch (or, with
---runtime, numpy) is missing (ctest's SKIP_RETURN_CODE).
+--runtime, numpy) is missing (ctest's SKIP_RETURN_CODE). With --check: the
+worst of the checks' statuses (2 over 1 over 0).
 """
 
 import argparse
@@ -59,6 +74,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import traceback
 
 try:
     import torch
@@ -611,5 +627,41 @@ def main(argv):
     return 0
 
 
+def main_checks(argv):
+    """--check NAME... (repeatable): every check in this process, in order."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--check", action="append", default=[])
+    known, common = p.parse_known_args(argv)
+    verdicts = {0: "PASS", 1: "FAIL", 2: "ERROR"}
+    failed = []
+    status = 0
+    for check in known.check:
+        name, *args = shlex.split(check)
+        print(f"=== {name}", flush=True)
+        try:
+            rc = main(args + common)
+        except SystemExit as e:  # argparse: a bad option in this check
+            rc = 2 if e.code else 0
+        except Exception:  # noqa: BLE001 - a crash in one check is its own ERROR
+            traceback.print_exc()
+            rc = 2
+        sys.stdout.flush()
+        sys.stderr.flush()
+        print(f"=== {name}: {verdicts.get(rc, f'exit {rc}')}", flush=True)
+        if rc:
+            rerun = [sys.executable, os.path.abspath(__file__)] + args + common
+            failed.append(f"{name} (rerun alone: {shlex.join(rerun)})")
+            status = max(status, rc)
+    if failed:
+        print(f"FAIL: {len(failed)} of {len(known.check)} checks:", file=sys.stderr)
+        for f in failed:
+            print("  " + f, file=sys.stderr)
+    else:
+        print(f"PASS: all {len(known.check)} checks")
+    return status
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    argv = sys.argv[1:]
+    sys.exit(main_checks(argv) if any(a == "--check" or a.startswith("--check=")
+                                      for a in argv) else main(argv))
