@@ -16,6 +16,7 @@
 #include "runtime/comm/Engines.h"
 #include "runtime/comm/RendezvousOptions.h"
 #include "runtime/comm/Refusal.h"
+#include "runtime/kernels/OpTable.h"
 #include "runtime/plan/PlanCache.h"
 #include "runtime/plan/PlanFile.h"
 #include "runtime/plan/PlanText.h"
@@ -25,6 +26,7 @@
 
 #include <chrono>
 #include <optional>
+#include <set>
 
 namespace py = pybind11;
 using namespace dloss;
@@ -532,7 +534,42 @@ void bindJit(py::module_ &m) {
       .def_property_readonly("name", &PlanFile::name)
       .def(
           "text", [](const PlanFile &p) { return plan::toText(p.plan()); },
-          "The plan as text, one line per step (as dlossc --emit=plan-text).");
+          "The plan as text, one line per step (as dlossc --emit=plan-text).")
+      .def(
+          "fused_ops",
+          [](const PlanFile &p) {
+            std::set<std::string> fused;
+            for (const plan::Function *function : *p.plan().functions())
+              if (function->steps())
+                for (const plan::Step *step : *function->steps()) {
+                  const OpSpec *spec = findOpSpec(step->op()->str());
+                  if (spec && spec->fused)
+                    fused.insert(spec->name);
+                }
+            return std::vector<std::string>(fused.begin(), fused.end());
+          },
+          "The fused ring-tiled ops (Dloss_Fused in the op table) that the "
+          "plan's steps run, sorted by name.");
+  m.def(
+      "op_table",
+      [] {
+        py::list ops;
+        for (const OpSpec &spec : opSpecs()) {
+          py::dict op;
+          op["name"] = spec.name;
+          op["internal"] = spec.internal;
+          op["fused"] = spec.fused;
+          op["index"] = spec.index.present()
+                            ? py::object(py::make_tuple(spec.index.data,
+                                                        spec.index.indices))
+                            : py::none();
+          ops.append(op);
+        }
+        return ops;
+      },
+      "Every op a plan may hold, from its ODS definition (the runtime's op "
+      "table): name, internal (users never build it), fused (a ring-tiled "
+      "op), index ((data, indices) operands, or None).");
   m.def(
       "compile_plan",
       [](const std::string &text, const std::string &gradMode,

@@ -49,12 +49,9 @@ class CompiledLoss(torch.nn.Module):
         return self._plan.text()
 
     def fused_ops(self):
-        """The fused ring-tiled ops the plan runs (sorted names)."""
-        return sorted({word.split("(")[0] for word in
-                       self.plan_text().split()
-                       if word.startswith(("dloss.ring_",
-                                           "dloss.sharded_softmax",
-                                           "dloss.fused_similarity"))})
+        """The fused ring-tiled ops the plan runs (sorted names): its steps'
+        ops that the op table marks fused (Dloss_Fused in their ODS)."""
+        return list(self._plan.fused_ops())
 
     @property
     def grad_mode(self):
