@@ -40,11 +40,6 @@ struct LossFunction : torch::autograd::Function<LossFunction> {
   }
 };
 
-bool isLossFunction(const plan::Function &f) {
-  return f.grad_mode() && f.grad_mode()->size() &&
-         !(f.gradient_of() && f.gradient_of()->size());
-}
-
 } // namespace
 
 CompiledLoss::CompiledLoss(std::shared_ptr<const PlanFile> planFile,
@@ -54,28 +49,11 @@ CompiledLoss::CompiledLoss(std::shared_ptr<const PlanFile> planFile,
   if (!plan || !comm)
     throw Error("CompiledLoss needs a plan and a communicator",
                 "Pass dloss::PlanFile::load(...) and dloss::connectProcessGroup(...)");
-  std::vector<std::string> losses;
-  for (const plan::Function *f : *plan->plan().functions())
-    if (isLossFunction(*f) && (entry.empty() || f->name()->str() == entry))
-      losses.push_back(f->name()->str());
-  if (losses.size() != 1)
-    throw Error(losses.empty()
-                    ? "plan '" + plan->name() + "' has no loss" +
-                          (entry.empty() ? "" : " called '" + entry + "'")
-                    : "plan '" + plan->name() + "' has several losses",
-                "Name the loss to call (entry)");
-  loss = losses.front();
-  for (const plan::Function *f : *plan->plan().functions())
-    if (f->gradient_of() && f->gradient_of()->str() == loss)
-      grad = f->name()->str();
-  if (grad.empty())
-    throw Error("plan '" + plan->name() + "' has no gradient function for @" +
-                    loss,
-                "Compile the loss with dlossc or dloss::jit::compile, which "
-                "derive @" +
-                    loss + "_grad");
-  const plan::Function &g = plan->function(grad);
-  mode = g.grad_mode() ? g.grad_mode()->str() : "ddp";
+  PlanEntry chosen = plan->entry(entry);
+  loss = chosen.loss->name()->str();
+  grad = chosen.grad->name()->str();
+  const plan::Function &g = *chosen.grad;
+  mode = gradModeOf(g);
   for (unsigned i = 0; i < g.arguments()->size(); ++i)
     names.push_back(inputName(g, i));
   if (g.grad_arguments())

@@ -253,8 +253,8 @@ std::vector<at::Tensor> Executor::run(const std::string &name,
               : value.tensor());
     }
   }
-  if (opts.check && function.gradient_of() && function.gradient_of()->size() &&
-      function.grad_mode() && function.grad_mode()->str() == "global")
+  if (opts.check && isDerivedGradient(function) &&
+      gradModeOf(function) == "global")
     checkReplicatedGradients(name, function, results);
   return results;
 }

@@ -33,10 +33,6 @@ bool computesOn(const at::Device &device) {
   return false;
 }
 
-bool isGradientFunction(const plan::Function &function) {
-  return function.gradient_of() && function.gradient_of()->size();
-}
-
 bool isDifferentiated(const plan::Function &function, size_t i) {
   if (!function.grad_arguments())
     return false;
@@ -87,7 +83,7 @@ std::vector<int64_t> localRecord(const PlanFile &plan, const std::string &name,
     else if (inputs[i].device() != *device)
       return reject(MixedDevices, i);
   }
-  if (isGradientFunction(*function))
+  if (isDerivedGradient(*function))
     for (size_t i = 0; i < inputs.size(); ++i)
       if (inputs[i].requires_grad() && !isDifferentiated(*function, i))
         return reject(RequiresGrad, i);

@@ -102,6 +102,60 @@ std::vector<std::string> PlanFile::functionNames() const {
   return names;
 }
 
+PlanEntry PlanFile::entry(const std::string &requested,
+                          const std::string &option) const {
+  std::string losses;
+  PlanEntry chosen;
+  int matches = 0;
+  if (root->functions())
+    for (const plan::Function *function : *root->functions()) {
+      if (!isLossEntry(*function))
+        continue;
+      losses += (losses.empty() ? "" : ", ") + function->name()->str();
+      if (requested.empty() || function->name()->string_view() == requested) {
+        chosen.loss = function;
+        ++matches;
+      }
+    }
+  if (matches == 0)
+    throw Error("plan '" + sourceName + "' has " +
+                    (requested.empty() ? "no loss entry point"
+                                       : "no loss called '" + requested + "'"),
+                losses.empty()
+                    ? "Mark the loss function with the dloss.loss attribute"
+                    : "Choose one of: " + losses + " (" + option + ")");
+  if (matches > 1)
+    throw Error("plan '" + sourceName + "' has several losses: " + losses,
+                "Choose one with " + option);
+  std::string loss = chosen.loss->name()->str();
+  for (const plan::Function *function : *root->functions())
+    if (isDerivedGradient(*function) &&
+        function->gradient_of()->string_view() == loss)
+      chosen.grad = function;
+  if (!chosen.grad)
+    throw Error("plan '" + sourceName + "' has no gradient function for @" +
+                    loss,
+                "Compile the loss with dlossc or dloss::jit::compile, which "
+                "derive @" +
+                    loss + "_grad");
+  return chosen;
+}
+
+bool isDerivedGradient(const plan::Function &function) {
+  return function.gradient_of() && function.gradient_of()->size();
+}
+
+bool isLossEntry(const plan::Function &function) {
+  return function.grad_mode() && function.grad_mode()->size() &&
+         !isDerivedGradient(function);
+}
+
+std::string gradModeOf(const plan::Function &function) {
+  return function.grad_mode() && function.grad_mode()->size()
+             ? function.grad_mode()->str()
+             : "ddp";
+}
+
 std::string inputName(const plan::Function &function, size_t i) {
   const plan::Argument *argument = function.arguments()->Get(i);
   if (argument->name() && argument->name()->size())

@@ -12,6 +12,14 @@
 
 namespace dloss {
 
+/// A plan's loss entry point and the gradient function the compiler derived
+/// from it (@<loss>_grad: the loss followed by one gradient per dloss.grad
+/// argument).
+struct PlanEntry {
+  const plan::Function *loss = nullptr;
+  const plan::Function *grad = nullptr;
+};
+
 /// An immutable, verified plan. The bytes are owned here and every accessor
 /// points into them, so keep the PlanFile alive (executors share it through
 /// a shared_ptr) while anything reads the plan.
@@ -38,6 +46,15 @@ public:
   const plan::Function &function(const std::string &name) const;
   std::vector<std::string> functionNames() const;
 
+  /// The loss `requested` names (empty: the plan's only loss) and its
+  /// gradient function: the one choice of what to call, for every front end.
+  /// Raises dloss::Error when the plan has no loss entry point, has several
+  /// and `requested` is empty, has none called `requested` (the hint lists
+  /// those it has), or lacks the loss's gradient function. `option` is how
+  /// the caller's user names a loss ("--entry F"), for the hints.
+  PlanEntry entry(const std::string &requested,
+                  const std::string &option = "the entry option") const;
+
   const std::vector<uint8_t> &bytes() const { return data; }
 
 private:
@@ -47,6 +64,15 @@ private:
   std::string sourceName;
   const plan::Plan *root = nullptr;
 };
+
+/// Whether `function` is a loss entry point (the source's dloss.loss).
+bool isLossEntry(const plan::Function &function);
+/// Whether `function` is a gradient function the compiler derived from a
+/// loss (@<loss>_grad).
+bool isDerivedGradient(const plan::Function &function);
+/// The gradient contract of a loss or of its gradient function: "ddp" (the
+/// default) or "global".
+std::string gradModeOf(const plan::Function &function);
 
 /// Argument `i`'s input name (the loss's `%image` -> "image", as
 /// `dloss-run --input` and CompiledLoss take it), or "arg<i>" when the plan

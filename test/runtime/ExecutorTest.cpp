@@ -283,6 +283,73 @@ TEST(PlanFileTest, LoadsVerifiesAndFindsFunctions) {
   }
 }
 
+// A loss @name (grad mode `mode`) or its gradient function @name_grad.
+FunctionSpec lossFunction(const std::string &name, const std::string &mode,
+                          bool gradient = false) {
+  FunctionSpec function = negFunction(gradient ? name + "_grad" : name);
+  function.gradMode = mode;
+  if (gradient)
+    function.gradientOf = name;
+  return function;
+}
+
+TEST(PlanFileTest, EntryChoosesTheLossAndItsGradient) {
+  auto plan = buildPlan({negFunction("helper"), lossFunction("a", "ddp"),
+                         lossFunction("a", "ddp", true),
+                         lossFunction("b", "global"),
+                         lossFunction("b", "global", true)});
+  dloss::PlanEntry b = plan->entry("b");
+  EXPECT_EQ(b.loss->name()->str(), "b");
+  EXPECT_EQ(b.grad->name()->str(), "b_grad");
+  EXPECT_EQ(dloss::gradModeOf(*b.grad), "global");
+  EXPECT_EQ(dloss::gradModeOf(*plan->entry("a").grad), "ddp");
+  EXPECT_EQ(dloss::gradModeOf(*plan->findFunction("helper")), "ddp");
+  EXPECT_TRUE(dloss::isLossEntry(*b.loss));
+  EXPECT_FALSE(dloss::isLossEntry(*b.grad));
+  EXPECT_FALSE(dloss::isLossEntry(*plan->findFunction("helper")));
+  EXPECT_TRUE(dloss::isDerivedGradient(*b.grad));
+  EXPECT_FALSE(dloss::isDerivedGradient(*b.loss));
+
+  auto only = buildPlan({lossFunction("a", "ddp", true), negFunction("h"),
+                         lossFunction("a", "ddp")});
+  EXPECT_EQ(only->entry("").loss->name()->str(), "a");
+  EXPECT_EQ(only->entry("").grad->name()->str(), "a_grad");
+
+  {
+    SCOPED_TRACE("several losses, none chosen");
+    EXPECT_CONTAINS(errorOf([&] { plan->entry("", "--entry F"); }),
+                    "plan 'test.plan' has several losses: a, b. "
+                    "Choose one with --entry F.");
+    EXPECT_CONTAINS(errorOf([&] { plan->entry(""); }),
+                    "Choose one with the entry option.");
+  }
+  {
+    SCOPED_TRACE("unknown name");
+    EXPECT_CONTAINS(errorOf([&] { plan->entry("c", "--entry F"); }),
+                    "has no loss called 'c'. Choose one of: a, b "
+                    "(--entry F).");
+    EXPECT_CONTAINS(errorOf([&] { plan->entry("helper"); }),
+                    "has no loss called 'helper'. Choose one of: a, b "
+                    "(the entry option).");
+  }
+  {
+    SCOPED_TRACE("no loss at all");
+    auto none = buildPlan({negFunction("h")});
+    std::string hint = "Mark the loss function with the dloss.loss attribute.";
+    EXPECT_CONTAINS(errorOf([&] { none->entry(""); }),
+                    "has no loss entry point. " + hint);
+    EXPECT_CONTAINS(errorOf([&] { none->entry("h"); }),
+                    "has no loss called 'h'. " + hint);
+  }
+  {
+    SCOPED_TRACE("no gradient function");
+    auto underived = buildPlan({lossFunction("a", "ddp")});
+    EXPECT_CONTAINS(errorOf([&] { underived->entry("a"); }),
+                    "has no gradient function for @a. Compile the loss with "
+                    "dlossc or dloss::jit::compile, which derive @a_grad.");
+  }
+}
+
 //===----------------------------------------------------------------------===//
 // Executor on one rank
 //===----------------------------------------------------------------------===//

@@ -48,6 +48,12 @@ Options parseOptions(int argc, char **argv);
 /// 4 ranks on 2 cores).
 int intraOpThreads(const Options &o);
 
+/// The loss --entry names (or the plan's only loss) and its gradient
+/// function: PlanFile::entry, with hints that name --entry.
+inline PlanEntry entryOf(const PlanFile &plan, const Options &o) {
+  return plan.entry(o.entry, "--entry F");
+}
+
 //===----------------------------------------------------------------------===//
 // Paths.cpp
 //===----------------------------------------------------------------------===//
@@ -67,20 +73,6 @@ std::string rankDir(const Options &o, int rank);
 /// Compiles the .mlir loss into OUT/loss.plan, through the plan cache and the
 /// compiler library (jit::compilePlan); returns its path.
 std::string compile(const Options &o);
-
-//===----------------------------------------------------------------------===//
-// Entry.cpp
-//===----------------------------------------------------------------------===//
-
-/// The loss to run and its derived gradient function.
-struct Entry {
-  const plan::Function *loss = nullptr;
-  const plan::Function *grad = nullptr;
-};
-
-/// The loss `requested` names (or the plan's only loss) and its gradient
-/// function; a dloss::Error listing the choices otherwise.
-Entry findEntry(const PlanFile &plan, const std::string &requested);
 
 //===----------------------------------------------------------------------===//
 // Inputs.cpp

@@ -45,7 +45,7 @@ int launch(const Options &o, int argc, char **argv,
   {
     // Mistakes every rank would make alike are reported before any starts.
     auto plan = PlanFile::load(planPath);
-    checkInputNames(o, *findEntry(*plan, o.entry).grad);
+    checkInputNames(o, *entryOf(*plan, o).grad);
   }
   // Held until the launcher exits, so no job started beside this one draws
   // the same port; rank 0 hosts the store on it.

@@ -39,7 +39,7 @@ int runRank(const Options &o, const std::string &planPath) {
   std::unique_ptr<Communicator> comm;
   try {
     auto plan = PlanFile::load(planPath);
-    Entry entry = findEntry(*plan, o.entry);
+    PlanEntry entry = entryOf(*plan, o);
     checkInputNames(o, *entry.grad);
     ExecutorOptions executorOptions = ExecutorOptions::fromEnvironment();
     if (o.runtimeChecks)

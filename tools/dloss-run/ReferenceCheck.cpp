@@ -43,7 +43,7 @@ double relativeError(const at::Tensor &got, const at::Tensor &expected) {
 int checkAgainstReference(const Options &o, const std::string &planPath,
                           int world) {
   auto plan = PlanFile::load(planPath);
-  Entry entry = findEntry(*plan, o.entry);
+  PlanEntry entry = entryOf(*plan, o);
   const auto &grad = *entry.grad;
   unsigned n = grad.arguments()->size();
 
@@ -67,7 +67,7 @@ int checkAgainstReference(const Options &o, const std::string &planPath,
   Executor reference(plan, *single);
   std::vector<at::Tensor> expected = reference.run(grad.name()->str(), global);
 
-  bool globalMode = grad.grad_mode() && grad.grad_mode()->str() == "global";
+  bool globalMode = gradModeOf(grad) == "global";
   double refLoss = expected[0].item<double>();
   double worst = 0.0;
   std::string worstWhat = "loss";
