@@ -623,7 +623,8 @@ LogicalResult FusedSimilarityOp::buildAdjoint(AdjointBuilder &ab) {
                 RankedTensorType::get({dyn, dyn}, element),
                 RankedTensorType::get({dyn}, element)},
       getRows(), getCols(), extra, getRowLeavesAttr(), getColLeavesAttr(),
-      getProgramAttr(), getOutputsAttr(), getColOutputsAttr(),
+      getProgramAttr(), getOutputsAttr(), getColOutputsAttr(), getPicksAttr(),
+      getColPicksAttr(), getLsePairsAttr(), getClassTargetsAttr(),
       getGatheredAttr(), getShardedAttr());
   std::optional<CotangentKind> partial;
   if (getSharded())

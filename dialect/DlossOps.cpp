@@ -2,7 +2,7 @@
 // dialect/ShapeFunctions.h) and folders.
 #include "dialect/DlossOps.h"
 #include "dialect/ShapeFunctions.h"
-#include "runtime/fused/Epilogue.h"
+#include "runtime/plan/TileEncoding.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
@@ -467,15 +467,26 @@ LogicalResult ShardedSoftmaxGradOp::verify() {
 }
 
 namespace {
-/// The checks both general fused ops share: features, leaf groups and the
-/// tile program (runtime/fused/Epilogue.h's checkProgram, which the runtime
-/// runs too).
+/// The facts of a general fused op's program, as the runtime reads them.
+template <typename FusedOp>
+::dloss::epilogue::ProgramFacts programFacts(FusedOp op) {
+  using ::dloss::epilogue::intsOf;
+  return {intsOf(op.getPicks()),
+          intsOf(op.getColPicks().value_or(ArrayRef<int64_t>())),
+          intsOf(op.getLsePairs().value_or(ArrayRef<int64_t>())),
+          intsOf(op.getClassTargets())};
+}
+
+/// The checks both general fused ops share: features, leaf groups, the
+/// tile program and its facts (runtime/plan/TileEncoding.h's checkProgram
+/// and checkFacts, which the runtime runs too).
 LogicalResult verifyFusedSimilarity(Operation *op, Value rows, Value cols,
                                     ValueRange leaves, int64_t rowLeaves,
                                     int64_t colLeaves,
                                     ArrayRef<int64_t> program,
                                     ArrayRef<int64_t> outputs,
                                     std::optional<ArrayRef<int64_t>> colOutputs,
+                                    const ::dloss::epilogue::ProgramFacts &facts,
                                     bool gathered, bool sharded) {
   if (gathered && sharded)
     return op->emitOpError()
@@ -517,6 +528,14 @@ LogicalResult verifyFusedSimilarity(Operation *op, Value rows, Value cols,
     if (!problem.empty())
       return op->emitOpError() << "has a malformed tile program: " << problem;
   }
+  using ::dloss::epilogue::intsOf;
+  problem = ::dloss::epilogue::checkFacts(
+      intsOf(program), intsOf(outputs),
+      intsOf(colOutputs.value_or(ArrayRef<int64_t>())), rowLeaves, colLeaves,
+      facts);
+  if (!problem.empty())
+    return op->emitOpError() << "has facts that do not fit its tile program: "
+                             << problem;
   return success();
 }
 
@@ -529,7 +548,8 @@ LogicalResult FusedSimilarityOp::verify() {
   if (failed(verifyFusedSimilarity(*this, getRows(), getCols(), getLeaves(),
                                    getRowLeaves(), getColLeaves(),
                                    getProgram(), getOutputs(), getColOutputs(),
-                                   getGathered(), getSharded())))
+                                   programFacts(*this), getGathered(),
+                                   getSharded())))
     return failure();
   int64_t outputs =
       static_cast<int64_t>(getOutputs().size()) / 2 + colResults(getColOutputs());
@@ -557,8 +577,8 @@ LogicalResult FusedSimilarityGradOp::verify() {
   if (failed(verifyFusedSimilarity(*this, getRows(), getCols(),
                                    extra.take_front(leaves), getRowLeaves(),
                                    getColLeaves(), getProgram(), getOutputs(),
-                                   getColOutputs(), getGathered(),
-                                   getSharded())))
+                                   getColOutputs(), programFacts(*this),
+                                   getGathered(), getSharded())))
     return failure();
   FusedChecks c = fusedChecks(*this, getRows());
   for (Value v : extra.drop_front(leaves))

@@ -690,7 +690,7 @@ def Dloss_FusedSimilarityOp : Dloss_CollectiveOp<"fused_similarity", [Dloss_Fuse
     leaves S_ij, the column's index j, per-row values (the first
     `row_leaves` of `leaves`, read at i), per-column values (the next
     `col_leaves`, read at j) and 0-d values (the rest). `reduce_k` is `sum`
-    or `logsumexp` (runtime/fused/Epilogue.h defines the encoding:
+    or `logsumexp` (runtime/plan/TileEncoding.h defines the encoding:
     `program` holds (opcode, a, b, c) per instruction, `outputs` (register,
     reduction) per result).
 
@@ -714,6 +714,22 @@ def Dloss_FusedSimilarityOp : Dloss_CollectiveOp<"fused_similarity", [Dloss_Fuse
     results are invariant. The column index is the global class index.
     PartialFC's class-sharded softmax is this mode.
 
+    The facts about the program that the kernels use, written by the
+    compiler beside it (so that the runtime never matches the program) and
+    checked by the verifier against the results they describe:
+    - `picks`, two integers per row result: `(x, L)` when the result is
+      `sum select(eq(col_id, row leaf L), x, 0)`, the value of register x at
+      the one column whose index row leaf L names; `(-1, -1)` otherwise.
+    - `col_picks`, two per column result: the same with `row_id` and a
+      per-column leaf.
+    - `lse_pairs`, one per column result: the row result that is the
+      log-sum-exp of the same register (CLIP's logits, folded from one
+      exp), or -1.
+    - `class_targets`: the per-row leaves that the program compares with
+      `col_id` (ascending), whose values are column indices; the runtime
+      range-checks them on a local class matrix.
+    `col_picks` and `lse_pairs` are present exactly when `col_outputs` is.
+
     Produced by dloss-fuse-gather-similarity from any loss whose similarity
     feeds only elementwise ops ending in row reductions (docs/Fusion.md).
   }];
@@ -722,6 +738,10 @@ def Dloss_FusedSimilarityOp : Dloss_CollectiveOp<"fused_similarity", [Dloss_Fuse
                    I64Attr:$row_leaves, I64Attr:$col_leaves,
                    DenseI64ArrayAttr:$program, DenseI64ArrayAttr:$outputs,
                    OptionalAttr<DenseI64ArrayAttr>:$col_outputs,
+                   DenseI64ArrayAttr:$picks,
+                   OptionalAttr<DenseI64ArrayAttr>:$col_picks,
+                   OptionalAttr<DenseI64ArrayAttr>:$lse_pairs,
+                   DenseI64ArrayAttr:$class_targets,
                    UnitAttr:$gathered, UnitAttr:$sharded);
   let results = (outs Variadic<Dloss_FloatTensor>:$results);
   let assemblyFormat = [{
@@ -748,7 +768,8 @@ def Dloss_FusedSimilarityGradOp : Dloss_CollectiveOp<"fused_similarity_grad",
   let description = [{
     Operands: those of the forward op (`rows`, `cols`, its leaves), then its
     results (row results, then column results), then their cotangents
-    (`extra` holds the three groups; the attributes are the forward op's). Each tile is recomputed, run forward
+    (`extra` holds the three groups; the attributes, the program's facts
+    included, are the forward op's). Each tile is recomputed, run forward
     and backward through the tile program (the reverse sweep of
     runtime/fused/Epilogue.h), and `G = dL/dS` goes through two tile GEMMs:
     `d_rows += G cols`, `d_cols += G^T rows` (for a gathered op, each
@@ -766,6 +787,10 @@ def Dloss_FusedSimilarityGradOp : Dloss_CollectiveOp<"fused_similarity_grad",
                    I64Attr:$row_leaves, I64Attr:$col_leaves,
                    DenseI64ArrayAttr:$program, DenseI64ArrayAttr:$outputs,
                    OptionalAttr<DenseI64ArrayAttr>:$col_outputs,
+                   DenseI64ArrayAttr:$picks,
+                   OptionalAttr<DenseI64ArrayAttr>:$col_picks,
+                   OptionalAttr<DenseI64ArrayAttr>:$lse_pairs,
+                   DenseI64ArrayAttr:$class_targets,
                    UnitAttr:$gathered, UnitAttr:$sharded);
   let results = (outs Dloss_FloatTensor:$d_rows, Dloss_FloatTensor:$d_cols,
                       Dloss_FloatTensor:$d_row_leaves,

@@ -9,7 +9,7 @@
 #include "passes/Passes.h"
 #include "passes/ReplicationAnalysis.h"
 #include "passes/TileProgram.h"
-#include "runtime/fused/Epilogue.h"
+#include "runtime/plan/TileEncoding.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinAttributes.h"
@@ -321,12 +321,10 @@ FusedSimilarityOp localMarginSoftmax(PatternRewriter &rewriter, Location loc,
   SmallVector<int64_t> outputs = {
       7, static_cast<int64_t>(ep::Reduce::LogSumExp), // lse_rest
       9, static_cast<int64_t>(ep::Reduce::Sum)};      // target_dot
-  return FusedSimilarityOp::create(
-      rewriter, loc, TypeRange{perRow, perRow}, rows, weights,
-      ValueRange{targets, scale}, rewriter.getI64IntegerAttr(1),
-      rewriter.getI64IntegerAttr(0), rewriter.getDenseI64ArrayAttr(program),
-      rewriter.getDenseI64ArrayAttr(outputs), DenseI64ArrayAttr(), UnitAttr(),
-      sharded ? rewriter.getUnitAttr() : UnitAttr());
+  return createFusedSimilarity(rewriter, loc, perRow, rows, weights,
+                               ValueRange{targets, scale}, /*rowLeaves=*/1,
+                               /*colLeaves=*/0, program, outputs,
+                               /*colOutputs=*/{}, /*gathered=*/false, sharded);
 }
 
 /// Any similarity `matmul(rows, all_gather(cols))^T` (or over a local class
@@ -372,20 +370,13 @@ struct SimilarityFusion : OpRewritePattern<MatmulOp> {
     Location loc = rewriter.getFusedLoc(locs);
     Type element = cast<ShapedType>(matmul.getType()).getElementType();
     Type perRow = RankedTensorType::get({ShapedType::kDynamic}, element);
-    SmallVector<Type> types((p.outputs.size() + p.colOutputs.size()) / 2,
-                            perRow);
     SmallVector<Value> leaves(p.rowLeaves);
     llvm::append_range(leaves, p.colLeaves);
     llvm::append_range(leaves, p.scalars);
-    auto fused = FusedSimilarityOp::create(
-        rewriter, loc, types, p.rows, p.cols, leaves,
-        rewriter.getI64IntegerAttr(p.rowLeaves.size()),
-        rewriter.getI64IntegerAttr(p.colLeaves.size()),
-        rewriter.getDenseI64ArrayAttr(p.program),
-        rewriter.getDenseI64ArrayAttr(p.outputs),
-        p.colOutputs.empty() ? DenseI64ArrayAttr()
-                             : rewriter.getDenseI64ArrayAttr(p.colOutputs),
-        p.gather ? rewriter.getUnitAttr() : UnitAttr(), UnitAttr());
+    FusedSimilarityOp fused = createFusedSimilarity(
+        rewriter, loc, perRow, p.rows, p.cols, leaves, p.rowLeaves.size(),
+        p.colLeaves.size(), p.program, p.outputs, p.colOutputs,
+        /*gathered=*/static_cast<bool>(p.gather), /*sharded=*/false);
     for (const TileTerminal &t : p.terminals) {
       Value first = fused.getResult(t.first);
       Value replacement = first;

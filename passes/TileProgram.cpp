@@ -3,7 +3,7 @@
 // dloss.fused_similarity, and the row reductions that end them its results.
 #include "passes/TileProgram.h"
 
-#include "runtime/fused/Epilogue.h"
+#include "runtime/plan/TileEncoding.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/IR/BuiltinAttributes.h"
@@ -17,6 +17,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <set>
 
 using namespace mlir;
 using namespace mlir::dloss;
@@ -179,8 +180,7 @@ bool Deriver::visitValue(Value tile) {
     }
     std::string why = describe(user) + " reads the similarity (or a value "
                                        "computed from it) as a whole matrix";
-    if (isa<MatmulOp, ReduceOp, LogSumExpOp, TakeAlongOp, CrossEntropyOp>(
-            user))
+    if (isa<MatmulOp, ReduceOp, LogSumExpOp, TakeAlongOp, CrossEntropyOp>(user))
       why += "; the fused op reduces along rows (axis 1) only, by sum, "
              "logsumexp, take_along or cross_entropy";
     else if (user->hasTrait<OpTrait::IsTerminator>())
@@ -346,9 +346,8 @@ void Deriver::emitOp(Operation *op) {
     double inf = std::numeric_limits<double>::infinity();
     double lo = clamp.getMin() ? clamp.getMin()->convertToDouble() : -inf;
     double hi = clamp.getMax() ? clamp.getMax()->convertToDouble() : inf;
-    registers[result] =
-        emit(code, registerOf(clamp.getInput()), ep::doubleToBits(lo),
-             ep::doubleToBits(hi));
+    registers[result] = emit(code, registerOf(clamp.getInput()),
+                             ep::doubleToBits(lo), ep::doubleToBits(hi));
     return;
   }
   int64_t args[3] = {0, 0, 0};
@@ -401,11 +400,11 @@ std::variant<TileProgram, TileDecline> Deriver::run() {
                                      std::to_string(gather.getAxis()) +
                                      ", not 0"};
     if (gather.getGrad() != GatherGrad::exact)
-      return TileDecline{
-          gather, std::string("the columns' all_gather has `grad ") +
-                      stringifyGatherGrad(gather.getGrad()).str() +
-                      "`, whose gradient differs from the exact one the "
-                      "fused op computes"};
+      return TileDecline{gather,
+                         std::string("the columns' all_gather has `grad ") +
+                             stringifyGatherGrad(gather.getGrad()).str() +
+                             "`, whose gradient differs from the exact one the "
+                             "fused op computes"};
     p.gather = gather;
     p.cols = gather.getInput();
   }
@@ -592,8 +591,8 @@ void mlir::dloss::simplifyProgram(TileProgram &p) {
   }
   // Liveness from the results back.
   SmallVector<bool> live(count, false);
-  for (ArrayRef<int64_t> outputs : {ArrayRef<int64_t>(p.outputs),
-                                    ArrayRef<int64_t>(p.colOutputs)})
+  for (ArrayRef<int64_t> outputs :
+       {ArrayRef<int64_t>(p.outputs), ArrayRef<int64_t>(p.colOutputs)})
     for (size_t k = 0; k < outputs.size(); k += 2)
       live[same[outputs[k]]] = true;
   for (size_t t = count; t-- > 0;) {
@@ -622,6 +621,101 @@ void mlir::dloss::simplifyProgram(TileProgram &p) {
     for (size_t k = 0; k < outputs->size(); k += 2)
       (*outputs)[k] = renumber[same[(*outputs)[k]]];
   p.program = std::move(program);
+}
+
+namespace {
+/// The leaf index L of `eq(index, leaf L)` (either order) at register `eq`,
+/// or -1.
+int64_t comparedLeaf(ArrayRef<int64_t> program, int64_t eq, ep::Op index,
+                     ep::Op leaf) {
+  auto opAt = [&](int64_t reg) {
+    return static_cast<ep::Op>(program[4 * reg]);
+  };
+  if (opAt(eq) != ep::Op::Eq)
+    return -1;
+  int64_t a = program[4 * eq + 1], b = program[4 * eq + 2];
+  if (opAt(a) == leaf)
+    std::swap(a, b);
+  return opAt(a) == index && opAt(b) == leaf ? program[4 * b + 1] : -1;
+}
+
+/// The picks of `results` (see TileFacts): a sum of
+/// `select(eq(index, leaf L), x, 0)` is x at the one place L names.
+SmallVector<int64_t> picksOf(ArrayRef<int64_t> program,
+                             ArrayRef<int64_t> results, ep::Op index,
+                             ep::Op leaf) {
+  SmallVector<int64_t> picks;
+  for (size_t k = 0; k + 1 < results.size(); k += 2) {
+    const int64_t *select = &program[4 * results[k]];
+    int64_t leafIndex = -1;
+    if (results[k + 1] == static_cast<int64_t>(ep::Reduce::Sum) &&
+        static_cast<ep::Op>(select[0]) == ep::Op::Select) {
+      const int64_t *zero = &program[4 * select[3]];
+      if (static_cast<ep::Op>(zero[0]) == ep::Op::Const &&
+          ep::bitsToDouble(zero[1]) == 0.0)
+        leafIndex = comparedLeaf(program, select[1], index, leaf);
+    }
+    picks.append({leafIndex < 0 ? -1 : select[2], leafIndex});
+  }
+  return picks;
+}
+} // namespace
+
+TileFacts mlir::dloss::deriveTileFacts(ArrayRef<int64_t> program,
+                                       ArrayRef<int64_t> outputs,
+                                       ArrayRef<int64_t> colOutputs) {
+  TileFacts facts;
+  facts.picks = picksOf(program, outputs, ep::Op::ColId, ep::Op::RowLeaf);
+  facts.colPicks = picksOf(program, colOutputs, ep::Op::RowId, ep::Op::ColLeaf);
+  // A column log-sum-exp pairs with the first unpaired row log-sum-exp of
+  // the same register.
+  const auto lse = static_cast<int64_t>(ep::Reduce::LogSumExp);
+  SmallVector<bool> paired(outputs.size() / 2, false);
+  for (size_t k = 0; k + 1 < colOutputs.size(); k += 2) {
+    int64_t row = -1;
+    for (size_t o = 0; o + 1 < outputs.size() && colOutputs[k + 1] == lse;
+         o += 2)
+      if (!paired[o / 2] && outputs[o + 1] == lse &&
+          outputs[o] == colOutputs[k]) {
+        row = static_cast<int64_t>(o / 2);
+        paired[o / 2] = true;
+        break;
+      }
+    facts.lsePairs.push_back(row);
+  }
+  std::set<int64_t> targets;
+  for (size_t t = 0; t < program.size() / 4; ++t) {
+    int64_t leaf = comparedLeaf(program, static_cast<int64_t>(t), ep::Op::ColId,
+                                ep::Op::RowLeaf);
+    if (leaf >= 0)
+      targets.insert(leaf);
+  }
+  facts.classTargets.assign(targets.begin(), targets.end());
+  return facts;
+}
+
+FusedSimilarityOp mlir::dloss::createFusedSimilarity(
+    OpBuilder &builder, Location loc, Type perRow, Value rows, Value cols,
+    ValueRange leaves, int64_t rowLeaves, int64_t colLeaves,
+    ArrayRef<int64_t> program, ArrayRef<int64_t> outputs,
+    ArrayRef<int64_t> colOutputs, bool gathered, bool sharded) {
+  TileFacts facts = deriveTileFacts(program, outputs, colOutputs);
+  SmallVector<Type> types((outputs.size() + colOutputs.size()) / 2, perRow);
+  auto ints = [&](ArrayRef<int64_t> values) {
+    return builder.getDenseI64ArrayAttr(values);
+  };
+  // The column facts are there exactly when the column results are.
+  auto column = [&](ArrayRef<int64_t> values) {
+    return colOutputs.empty() ? DenseI64ArrayAttr() : ints(values);
+  };
+  return FusedSimilarityOp::create(
+      builder, loc, types, rows, cols, leaves,
+      builder.getI64IntegerAttr(rowLeaves),
+      builder.getI64IntegerAttr(colLeaves), ints(program), ints(outputs),
+      column(colOutputs), ints(facts.picks), column(facts.colPicks),
+      column(facts.lsePairs), ints(facts.classTargets),
+      gathered ? builder.getUnitAttr() : UnitAttr(),
+      sharded ? builder.getUnitAttr() : UnitAttr());
 }
 
 Operation *mlir::dloss::firstTerminal(const TileProgram &p) {
@@ -655,8 +749,8 @@ std::string mlir::dloss::tileProgramText(ArrayRef<int64_t> program,
       break;
     default:
       for (int k = 0; k < ep::registerOperands(op); ++k)
-        text += std::string(k ? ", %" : " %") +
-                std::to_string(program[t + 1 + k]);
+        text +=
+            std::string(k ? ", %" : " %") + std::to_string(program[t + 1 + k]);
     }
     text += "\n";
   }

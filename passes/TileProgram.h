@@ -1,6 +1,7 @@
 // The tile program of a similarity: which ops of the IR read a similarity
 // matrix element by element and end in row reductions, as the program that
-// dloss.fused_similarity runs on each tile (runtime/fused/Epilogue.h).
+// dloss.fused_similarity runs on each tile (runtime/plan/TileEncoding.h), and
+// the facts about it that the op carries for the kernels.
 #ifndef DLOSS_PASSES_TILEPROGRAM_H
 #define DLOSS_PASSES_TILEPROGRAM_H
 
@@ -69,6 +70,29 @@ LogicalResult mergeMirror(TileProgram &p, const TileProgram &mirror);
 /// Removes repeated instructions (same opcode and operands; `add`, `mul` and
 /// `eq` in either order) and those no result reads, renumbering registers.
 void simplifyProgram(TileProgram &p);
+
+/// What the kernels need to know about an encoded program, derived here once
+/// and written beside it as attributes of the fused op (their meaning is
+/// runtime/plan/TileEncoding.h's): `picks` and `colPicks` two integers per
+/// row and column result, `lsePairs` one per column result, `classTargets`
+/// the per-row leaves compared with the column index.
+struct TileFacts {
+  SmallVector<int64_t> picks, colPicks, lsePairs, classTargets;
+};
+
+TileFacts deriveTileFacts(ArrayRef<int64_t> program, ArrayRef<int64_t> outputs,
+                          ArrayRef<int64_t> colOutputs);
+
+/// Creates a dloss.fused_similarity running `program` (results `outputs`,
+/// then `colOutputs`, each of type `perRow`) with the facts
+/// deriveTileFacts gives. `leaves` holds `rowLeaves` per-row values,
+/// `colLeaves` per-column ones, then the 0-d ones.
+FusedSimilarityOp
+createFusedSimilarity(OpBuilder &builder, Location loc, Type perRow, Value rows,
+                      Value cols, ValueRange leaves, int64_t rowLeaves,
+                      int64_t colLeaves, ArrayRef<int64_t> program,
+                      ArrayRef<int64_t> outputs, ArrayRef<int64_t> colOutputs,
+                      bool gathered, bool sharded);
 
 /// The op before which the fused op goes: the first terminal in its block.
 Operation *firstTerminal(const TileProgram &p);

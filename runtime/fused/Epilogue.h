@@ -1,208 +1,23 @@
-// The tile program of dloss.fused_similarity: its encoding, shared by the
-// compiler (which writes it) and the runtime (which runs it), and the scalar
-// rules of every instruction, forward and reverse, written once for the CPU
-// kernels and the CUDA tiles.
-//
-// The op computes, for each of this rank's rows i and every column j (every
-// rank's columns when gathered, every class otherwise), a few values e_k(i, j)
-// from the similarity S_ij = rows_i . cols_j and reduces each along the row:
-// r_k[i] = sum_j e_k(i, j) or logsumexp_j e_k(i, j). The values come from a
-// straight-line program over scalars; instruction t defines register t.
-// Integer values (labels, global ids) are held in the compute type: exact up
-// to 2^24 in float32 (the kernels check the column count and integer leaves).
-//
-// Encoding, as the op's attributes and the plan step's: `program` holds four
-// int64 per instruction (opcode, a, b, c), `outputs` two per result (register,
-// Reduce). A register operand a, b or c must name an earlier instruction.
-// A gathered op may also reduce along the columns: `col_outputs` (same
-// encoding) gives results over this rank's own columns j, each reducing
-// e(i, j) over every rank's rows i (CLIP's second direction, from the same
-// tiles); they follow the row results.
+// The scalar rules of every instruction of the fused similarity's tile
+// program, forward and reverse, written once for the CPU kernels and the
+// CUDA tiles. The program's encoding, which the compiler writes, is
+// runtime/plan/TileEncoding.h's.
 //
 // No MLIR, ATen or CUDA type appears here: plain C++ that nvcc also compiles
 // (DLOSS_HD marks the functions both sides call).
 #ifndef DLOSS_RUNTIME_FUSED_EPILOGUE_H
 #define DLOSS_RUNTIME_FUSED_EPILOGUE_H
 
+#include "runtime/plan/TileEncoding.h"
+
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <string>
 
 #if !defined(__CUDA_ARCH__)
 #include "runtime/fused/FastMath.h"
 #endif
 
-// Forced inline on the host too: the CPU kernels' loops over a row only
-// vectorise when each element's rule is inlined (in a shared library a
-// plain inline function may be called through the PLT).
-#if defined(__CUDACC__)
-#define DLOSS_HD __host__ __device__ __forceinline__
-#elif defined(__GNUC__)
-#define DLOSS_HD inline __attribute__((always_inline))
-#else
-#define DLOSS_HD inline
-#endif
-
 namespace dloss::epilogue {
-
-/// Instruction opcodes. The numbers are the plan's encoding: append, never
-/// renumber (runtime/plan/PlanVersion.h changes when this table does).
-enum class Op : int64_t {
-  // Leaves
-  Sim = 0,     ///< S_ij
-  ColId = 1,   ///< the column's index: global (gathered) or the class index
-  RowLeaf = 2, ///< a: which per-row operand, read at row i
-  ColLeaf = 3, ///< a: which per-column operand, read at column j
-  Scalar = 4,  ///< a: which 0-d operand
-  Const = 5,   ///< a: the bits of a double
-  // Arithmetic on registers a, b (c)
-  Add = 6,
-  Sub = 7,
-  Mul = 8,
-  Div = 9,
-  Neg = 10,
-  Exp = 11,
-  Log = 12,
-  Softplus = 13,
-  LogSigmoid = 14,
-  Sigmoid = 15,
-  Cos = 16,
-  Acos = 17,
-  Sin = 18,
-  Sqrt = 19,
-  Clamp = 20,  ///< a: register; b, c: the bits of the double bounds
-  Eq = 21,     ///< 1 where a == b, else 0 (no gradient)
-  Select = 22, ///< a != 0 ? b : c (a gets no gradient)
-  RowId = 23,  ///< the row's global index (the rows' shard offset + i)
-};
-
-/// The number of opcodes (one past the last).
-constexpr int64_t kOpCount = 24;
-
-/// How a result reduces its value along the row.
-enum class Reduce : int64_t {
-  Sum = 0,
-  LogSumExp = 1,
-};
-
-/// One instruction, as the `program` attribute holds it.
-struct Instr {
-  Op op;
-  int64_t a, b, c;
-};
-
-/// The double whose bits an int64 field holds (Const, Clamp's bounds).
-DLOSS_HD double bitsToDouble(int64_t bits) {
-  double value;
-  memcpy(&value, &bits, sizeof value);
-  return value;
-}
-
-inline int64_t doubleToBits(double value) {
-  int64_t bits;
-  memcpy(&bits, &value, sizeof bits);
-  return bits;
-}
-
-/// How many register operands an arithmetic opcode reads (0 for leaves).
-DLOSS_HD int registerOperands(Op op) {
-  switch (op) {
-  case Op::Add:
-  case Op::Sub:
-  case Op::Mul:
-  case Op::Div:
-  case Op::Eq:
-    return 2;
-  case Op::Select:
-    return 3;
-  case Op::Sim:
-  case Op::ColId:
-  case Op::RowLeaf:
-  case Op::ColLeaf:
-  case Op::Scalar:
-  case Op::Const:
-  case Op::RowId:
-    return 0;
-  default:
-    return 1;
-  }
-}
-
-
-// The checks and names below are host code for the compiler and the runtime's
-// operand checks; nvcc's objects (cuda/SimilarityTiles.cu) skip them, so no
-// std::string is compiled there (cuda/FusedTiles.cu's rule).
-#if !defined(__CUDACC__)
-/// The name of an opcode (plan text, errors, the fusion remarks), or null.
-inline const char *opName(Op op) {
-  static const char *const names[kOpCount] = {
-      "sim",      "col_id",      "row",     "col",   "scalar", "const",
-      "add",      "sub",         "mul",     "div",   "neg",    "exp",
-      "log",      "softplus",    "log_sigmoid", "sigmoid", "cos", "acos",
-      "sin",      "sqrt",        "clamp",   "eq",    "select", "row_id"};
-  auto k = static_cast<int64_t>(op);
-  return k >= 0 && k < kOpCount ? names[k] : nullptr;
-}
-
-/// Checks a list of outputs (register, reduction) of a program of `count`
-/// instructions; `what` names an entry in the message ("result").
-inline std::string checkOutputs(const int64_t *outputs, int64_t outputsSize,
-                                int64_t count, const char *what) {
-  if (outputsSize % 2 != 0)
-    return std::string("the ") + what +
-           "s must hold 2 integers each (register, reduction), got " +
-           std::to_string(outputsSize);
-  for (int64_t k = 0; k < outputsSize / 2; ++k) {
-    int64_t reg = outputs[2 * k], kind = outputs[2 * k + 1];
-    if (reg < 0 || reg >= count)
-      return what + (" " + std::to_string(k)) + " names register " +
-             std::to_string(reg) + " of " + std::to_string(count);
-    if (kind != static_cast<int64_t>(Reduce::Sum) &&
-        kind != static_cast<int64_t>(Reduce::LogSumExp))
-      return what + (" " + std::to_string(k)) + " has unknown reduction " +
-             std::to_string(kind);
-  }
-  return {};
-}
-
-/// Checks an encoded program against the op's leaf counts: returns what is
-/// wrong with it, or an empty string. The compiler's verifier and the
-/// runtime's operand checks both call it, so they agree on what is valid.
-inline std::string checkProgram(const int64_t *program, int64_t programSize,
-                                const int64_t *outputs, int64_t outputsSize,
-                                int64_t rowLeaves, int64_t colLeaves,
-                                int64_t scalars) {
-  auto at = [](int64_t t) { return "instruction " + std::to_string(t) + ": "; };
-  if (programSize <= 0 || programSize % 4 != 0)
-    return "the program must hold 4 integers per instruction (opcode, a, b, "
-           "c), got " + std::to_string(programSize);
-  if (rowLeaves < 0 || colLeaves < 0 || scalars < 0)
-    return "negative leaf counts";
-  const int64_t count = programSize / 4;
-  for (int64_t t = 0; t < count; ++t) {
-    const int64_t *ins = program + 4 * t;
-    if (ins[0] < 0 || ins[0] >= kOpCount)
-      return at(t) + "unknown opcode " + std::to_string(ins[0]);
-    auto op = static_cast<Op>(ins[0]);
-    int operands = registerOperands(op);
-    for (int k = 0; k < operands; ++k)
-      if (ins[1 + k] < 0 || ins[1 + k] >= t)
-        return at(t) + opName(op) + " reads register " +
-               std::to_string(ins[1 + k]) + ", not an earlier instruction";
-    int64_t limit = op == Op::RowLeaf   ? rowLeaves
-                    : op == Op::ColLeaf ? colLeaves
-                    : op == Op::Scalar  ? scalars
-                                        : -1;
-    if (limit >= 0 && (ins[1] < 0 || ins[1] >= limit))
-      return at(t) + opName(op) + " reads leaf " + std::to_string(ins[1]) +
-             " of " + std::to_string(limit);
-  }
-  if (outputsSize <= 0)
-    return "the program has no outputs";
-  return checkOutputs(outputs, outputsSize, count, "result");
-}
-#endif // !defined(__CUDACC__)
 
 //===----------------------------------------------------------------------===//
 // Scalar rules: the one definition of every instruction's value and
@@ -257,8 +72,7 @@ template <typename T> DLOSS_HD T sigmoid(T x) {
 
 /// The value of arithmetic instruction `O` on register values a, b, c (b
 /// and c are unused by unary opcodes; Clamp reads its bounds from `ins`).
-template <Op O, typename T>
-DLOSS_HD T apply(T a, T b, T c, const Instr &ins) {
+template <Op O, typename T> DLOSS_HD T apply(T a, T b, T c, const Instr &ins) {
   using namespace detail;
   if constexpr (O == Op::Add)
     return a + b;
@@ -392,9 +206,7 @@ DLOSS_HD int adjointReads(Op op) {
 /// Calls fn(std::integral_constant-like tag) with the opcode as a template
 /// argument: `visit<T>(op, [&](auto tag) { apply<decltype(tag)::value, T>...
 /// })`. Leaves are not dispatched (their value comes from the kernel).
-template <Op O> struct OpTag {
-  static constexpr Op value = O;
-};
+template <Op O> struct OpTag { static constexpr Op value = O; };
 
 template <typename Fn> DLOSS_HD void dispatch(Op op, Fn &&fn) {
   switch (op) {

@@ -31,8 +31,8 @@ TileShape fusedTileShape(size_t elementSize);
 
 namespace fused {
 
-// The six dedicated fused ops; CUDA tensors go to the GPU visits when the runtime has
-// CUDA (DLOSS_HAVE_CUDA). Registered in the kernel table
+// The six dedicated fused ops; CUDA tensors go to the GPU visits when the
+// runtime has CUDA (DLOSS_HAVE_CUDA). Registered in the kernel table
 // (kernels/KernelTable.cpp) with their operand and result counts.
 void ringSoftmaxCE(KernelContext &ctx);
 void ringSoftmaxCEGrad(KernelContext &ctx);
@@ -42,7 +42,7 @@ void shardedSoftmax(KernelContext &ctx);
 void shardedSoftmaxGrad(KernelContext &ctx);
 
 /// The attributes of dloss.fused_similarity and its _grad, as the plan
-/// step holds them (the encoding is runtime/fused/Epilogue.h's); the
+/// step holds them (the encoding is runtime/plan/TileEncoding.h's); the
 /// kernels check them against the operands.
 struct SimilarityProgram {
   int64_t rowLeaves = 0;
@@ -51,6 +51,9 @@ struct SimilarityProgram {
   std::vector<int64_t> outputs;
   /// Column results (the optional `col_outputs`; gathered steps only).
   std::vector<int64_t> colOutputs;
+  /// The compiler's facts about the program: `picks`, `col_picks`,
+  /// `lse_pairs` (the last two with column results only), `class_targets`.
+  std::vector<int64_t> picks, colPicks, lsePairs, classTargets;
   bool gathered = false;
   /// `cols` is this rank's shard of the classes; the row statistics are
   /// all-reduced (forward) and the backward needs no communication.

@@ -50,11 +50,23 @@ constexpr double kF32Exact = 16777216.0;
 struct Output {
   int64_t reg;
   Reduce kind;
-  /// A pick (CPU only, findPicks): a sum of select(eq(col_id, row leaf L),
-  /// x, 0) along a row, or of select(eq(row_id, column leaf L), x, 0) along
-  /// a column, is x at the one place the leaf names. pickReg is x and
-  /// pickLeaf is L; -1: not a pick.
+  /// A pick (the step's `picks` or `col_picks`; CPU only): a sum of
+  /// select(eq(col_id, row leaf L), x, 0) along a row, or of
+  /// select(eq(row_id, column leaf L), x, 0) along a column, is x at the one
+  /// place the leaf names. pickReg is x and pickLeaf is L; -1: not a pick.
+  /// So a target pick-up costs one element per row (column) instead of an
+  /// eq, a select and a sum over the whole tile, and backward seeds that
+  /// element alone; the eq and select registers are then evaluated only if
+  /// something else reads them.
   int64_t pickReg = -1, pickLeaf = -1;
+};
+
+/// Registers whose log-sum-exp is both a row and a column result (CLIP's
+/// logits; the step's `lse_pairs`): their two directions are folded, and
+/// seeded, from one exp per element. rowOf[k]: column result k's row
+/// result, or -1; colOf[o]: row result o's column result, or -1.
+struct LsePairs {
+  std::vector<int64_t> rowOf, colOf;
 };
 
 /// The checked program and operands of one call, in the compute type.
@@ -64,6 +76,7 @@ struct SimilarityOperands {
   /// Column results (gathered only): over this rank's own columns, each
   /// reducing along every rank's rows.
   std::vector<Output> colOutputs;
+  LsePairs pairs;
   at::Tensor rows, cols;
   Tensors rowLeaves, colLeaves; ///< [n] and [m], contiguous
   std::vector<double> scalars;
@@ -156,6 +169,15 @@ SimilarityOperands similarityOperands(const FusedArgs &args,
         static_cast<int64_t>(spec.program.size()) / 4, "column result");
   if (!problem.empty())
     args.fail("malformed tile program: " + problem, kProgramHint);
+  using epilogue::intsOf;
+  problem = epilogue::checkFacts(
+      intsOf(spec.program), intsOf(spec.outputs), intsOf(spec.colOutputs),
+      spec.rowLeaves, spec.colLeaves,
+      {intsOf(spec.picks), intsOf(spec.colPicks), intsOf(spec.lsePairs),
+       intsOf(spec.classTargets)});
+  if (!problem.empty())
+    args.fail("the tile program's facts do not fit it: " + problem,
+              kProgramHint);
   if (!spec.colOutputs.empty() && !spec.gathered)
     args.fail("column results (`col_outputs`) need a `gathered` step: a "
               "local or sharded step has no reduction over every rank's rows",
@@ -164,12 +186,21 @@ SimilarityOperands similarityOperands(const FusedArgs &args,
     ops.program.push_back(Instr{static_cast<Op>(spec.program[t]),
                                 spec.program[t + 1], spec.program[t + 2],
                                 spec.program[t + 3]});
-  for (int64_t k = 0; k < numOutputs; ++k)
-    ops.outputs.push_back(
-        Output{spec.outputs[2 * k], static_cast<Reduce>(spec.outputs[2 * k + 1])});
-  for (int64_t k = 0; k < numColOutputs; ++k)
-    ops.colOutputs.push_back(Output{
-        spec.colOutputs[2 * k], static_cast<Reduce>(spec.colOutputs[2 * k + 1])});
+  auto outputsOf = [](const std::vector<int64_t> &encoded,
+                      const std::vector<int64_t> &picks) {
+    std::vector<Output> outputs;
+    for (size_t k = 0; k < encoded.size(); k += 2)
+      outputs.push_back(Output{encoded[k], static_cast<Reduce>(encoded[k + 1]),
+                               picks[k], picks[k + 1]});
+    return outputs;
+  };
+  ops.outputs = outputsOf(spec.outputs, spec.picks);
+  ops.colOutputs = outputsOf(spec.colOutputs, spec.colPicks);
+  ops.pairs.rowOf = spec.lsePairs;
+  ops.pairs.colOf.assign(ops.outputs.size(), -1);
+  for (size_t k = 0; k < spec.lsePairs.size(); ++k)
+    if (spec.lsePairs[k] >= 0)
+      ops.pairs.colOf[spec.lsePairs[k]] = static_cast<int64_t>(k);
 
   if (args.type(0) != args.type(1))
     args.fail("rows is a " + std::string(c10::toString(args.type(0))) +
@@ -399,75 +430,6 @@ std::vector<char> reducedRegisters(const SimilarityOperands &ops,
       reduced[operandOf(ins, k)] = 0;
   }
   return reduced;
-}
-
-/// Registers whose log-sum-exp is both a row and a column result (CLIP's
-/// logits): their two directions are folded, and seeded, from one exp per
-/// element. rowOf[k]: column result k's row result, or -1; colOf[o]: row
-/// result o's column result, or -1 (each paired at most once).
-struct LsePairs {
-  std::vector<int64_t> rowOf, colOf;
-};
-
-LsePairs pairLogSumExps(const SimilarityOperands &ops) {
-  LsePairs pairs{std::vector<int64_t>(ops.colOutputs.size(), -1),
-                 std::vector<int64_t>(ops.outputs.size(), -1)};
-  auto isLse = [](const Output &output) {
-    return output.pickReg < 0 && output.kind == Reduce::LogSumExp;
-  };
-  for (size_t k = 0; k < ops.colOutputs.size(); ++k) {
-    if (!isLse(ops.colOutputs[k]))
-      continue;
-    for (size_t o = 0; o < ops.outputs.size(); ++o)
-      if (pairs.colOf[o] < 0 && isLse(ops.outputs[o]) &&
-          ops.outputs[o].reg == ops.colOutputs[k].reg) {
-        pairs.rowOf[k] = static_cast<int64_t>(o);
-        pairs.colOf[o] = static_cast<int64_t>(k);
-        break;
-      }
-  }
-  return pairs;
-}
-
-/// Marks the outputs that pick one element (Output::pickReg): a row result
-/// `sum select(eq(col_id, row leaf L), x, 0)` (either order of eq) is x at
-/// the column whose global index equals the row's leaf value, if any; a
-/// column result `sum select(eq(row_id, column leaf L), x, 0)` is x at the
-/// row the column's leaf names. So a target pick-up costs one element per
-/// row (column) instead of an eq, a select and a sum over the whole tile,
-/// and backward seeds that element alone; the eq and select registers are
-/// then evaluated only if something else reads them.
-void findPicks(SimilarityOperands &ops) {
-  auto leafOf = [&](int64_t eq, Op index, Op leaf) -> int64_t {
-    const Instr &cond = ops.program[eq];
-    if (cond.op != Op::Eq)
-      return -1;
-    const Instr &a = ops.program[cond.a], &b = ops.program[cond.b];
-    if (a.op == index && b.op == leaf)
-      return b.a;
-    if (b.op == index && a.op == leaf)
-      return a.a;
-    return -1;
-  };
-  auto mark = [&](Output &output, Op index, Op leaf) {
-    if (output.kind != Reduce::Sum)
-      return;
-    const Instr &pick = ops.program[output.reg];
-    if (pick.op != Op::Select)
-      return;
-    const Instr &zero = ops.program[pick.c];
-    if (zero.op != Op::Const || epilogue::bitsToDouble(zero.a) != 0.0)
-      return;
-    int64_t leafIndex = leafOf(pick.a, index, leaf);
-    if (leafIndex < 0)
-      return;
-    output.pickReg = pick.b;
-    output.pickLeaf = leafIndex;
-  };
-  for (Output &output : ops.outputs)
-    mark(output, Op::ColId, Op::RowLeaf);
-  for (Output &output : ops.colOutputs)
-    mark(output, Op::RowId, Op::ColLeaf);
 }
 
 /// The column (0 <= c < width) whose global index, base + c, equals `value`;
@@ -1161,7 +1123,7 @@ void forward(KernelContext &ctx, const FusedArgs &args,
   // A register whose log-sum-exp is both a row and a column result is
   // folded along both axes from its column tile at once (foldLseBoth), into
   // per-row statistics of the tile's type.
-  const LsePairs pairs = pairLogSumExps(ops);
+  const LsePairs &pairs = ops.pairs;
   const std::vector<int64_t> &pairedRow = pairs.rowOf;
   std::vector<char> rowInTile(numOutputs, 0);
   for (size_t o = 0; o < numOutputs; ++o)
@@ -1335,8 +1297,8 @@ void backward(KernelContext &ctx, const FusedArgs &args,
   // A register whose log-sum-exp is a row and a column result gets both
   // seeds from one exp per element where the block's lses allow
   // (sharedLseFactors).
-  const LsePairs pairs = pairLogSumExps(ops);
-  const std::vector<int64_t> &pairedCol = pairs.colOf, &pairedRow = pairs.rowOf;
+  const std::vector<int64_t> &pairedCol = ops.pairs.colOf,
+                             &pairedRow = ops.pairs.rowOf;
   // Per block and pair: whether one exp serves, and its factors.
   std::vector<char> oneExp(numOutputs, 0);
   std::vector<std::vector<T>> us(numOutputs), cvs(numOutputs);
@@ -1722,7 +1684,6 @@ void fusedSimilarity(KernelContext &ctx, const SimilarityProgram &spec) {
   FusedArgs args(ctx, kForwardName);
   DLOSS_SIMILARITY_DEVICE_DISPATCH(fusedSimilarityDevice)
   SimilarityOperands ops = similarityOperands(args, spec, /*backward=*/false);
-  findPicks(ops);
   if (args.compute == at::kDouble)
     forward<double>(ctx, args, spec, ops);
   else
@@ -1733,7 +1694,6 @@ void fusedSimilarityGrad(KernelContext &ctx, const SimilarityProgram &spec) {
   FusedArgs args(ctx, kBackwardName);
   DLOSS_SIMILARITY_DEVICE_DISPATCH(fusedSimilarityGradDevice)
   SimilarityOperands ops = similarityOperands(args, spec, /*backward=*/true);
-  findPicks(ops);
   if (args.compute == at::kDouble)
     backward<double>(ctx, args, spec, ops);
   else

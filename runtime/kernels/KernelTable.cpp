@@ -126,8 +126,14 @@ std::unordered_map<std::string, KernelRule> buildTable() {
                         program.colLeaves = attrs.integer("col_leaves");
                         program.program = attrs.integers("program");
                         program.outputs = attrs.integers("outputs");
+                        program.picks = attrs.integers("picks");
+                        program.classTargets = attrs.integers("class_targets");
                         if (attrs.has("col_outputs"))
                           program.colOutputs = attrs.integers("col_outputs");
+                        if (attrs.has("col_picks"))
+                          program.colPicks = attrs.integers("col_picks");
+                        if (attrs.has("lse_pairs"))
+                          program.lsePairs = attrs.integers("lse_pairs");
                         program.gathered = attrs.flag("gathered");
                         program.sharded = attrs.flag("sharded");
                         return [fn, program](KernelContext &ctx) {

@@ -9,7 +9,10 @@ namespace dloss {
 /// runtime accepts. Bump it whenever the meaning of a plan changes (a new
 /// attribute encoding, a changed op semantics), so that stale plans are
 /// refused with a clear message instead of being misread.
-constexpr int kPlanVersion = 1;
+/// 2: dloss.fused_similarity(_grad) carry the facts of their tile program
+/// (`picks`, `col_picks`, `lse_pairs`, `class_targets`; TileEncoding.h),
+/// which the runtime reads instead of matching the program.
+constexpr int kPlanVersion = 2;
 
 } // namespace dloss
 

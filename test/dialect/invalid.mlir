@@ -536,7 +536,7 @@ func.func @gradient_of_not_a_symbol(%x: tensor<f32>) -> tensor<f32> attributes {
 
 func.func @fused_similarity_feature_sizes(%r: tensor<?x8xf32>, %c: tensor<?x4xf32>) {
   // expected-error@+1 {{feature sizes differ: 8 vs 4}}
-  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x4xf32>) -> tensor<?xf32>
+  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: -1, -1>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x4xf32>) -> tensor<?xf32>
   return
 }
 
@@ -544,7 +544,7 @@ func.func @fused_similarity_feature_sizes(%r: tensor<?x8xf32>, %c: tensor<?x4xf3
 
 func.func @fused_similarity_leaf_counts(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>, %t: tensor<?xi64>) {
   // expected-error@+1 {{has 1 leaves, fewer than 1 per-row and 1 per-column ones}}
-  %0 = dloss.fused_similarity %r, %c leaves(%t) {row_leaves = 1, col_leaves = 1, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xi64>) -> tensor<?xf32>
+  %0 = dloss.fused_similarity %r, %c leaves(%t) {row_leaves = 1, col_leaves = 1, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: -1, -1>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xi64>) -> tensor<?xf32>
   return
 }
 
@@ -552,7 +552,7 @@ func.func @fused_similarity_leaf_counts(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>
 
 func.func @fused_similarity_leaf_rank(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>, %s: tensor<?xf32>) {
   // expected-error@+1 {{leaf 0 must be a 0-d tensor, got 'tensor<?xf32>'}}
-  %0 = dloss.fused_similarity %r, %c leaves(%s) {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xf32>) -> tensor<?xf32>
+  %0 = dloss.fused_similarity %r, %c leaves(%s) {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: -1, -1>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xf32>) -> tensor<?xf32>
   return
 }
 
@@ -560,7 +560,7 @@ func.func @fused_similarity_leaf_rank(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>, 
 
 func.func @fused_similarity_program_size(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
   // expected-error@+1 {{has a malformed tile program: the program must hold 4 integers per instruction (opcode, a, b, c), got 3}}
-  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?xf32>
+  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: -1, -1>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?xf32>
   return
 }
 
@@ -568,7 +568,7 @@ func.func @fused_similarity_program_size(%r: tensor<?x8xf32>, %c: tensor<?x8xf32
 
 func.func @fused_similarity_unknown_opcode(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
   // expected-error@+1 {{has a malformed tile program: instruction 1: unknown opcode 99}}
-  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0, 99, 0, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?xf32>
+  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0, 99, 0, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: -1, -1>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?xf32>
   return
 }
 
@@ -576,7 +576,7 @@ func.func @fused_similarity_unknown_opcode(%r: tensor<?x8xf32>, %c: tensor<?x8xf
 
 func.func @fused_similarity_register_not_earlier(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
   // expected-error@+1 {{has a malformed tile program: instruction 1: add reads register 1, not an earlier instruction}}
-  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0, 6, 0, 1, 0>, outputs = array<i64: 1, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?xf32>
+  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0, 6, 0, 1, 0>, outputs = array<i64: 1, 0>, picks = array<i64: -1, -1>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?xf32>
   return
 }
 
@@ -584,7 +584,7 @@ func.func @fused_similarity_register_not_earlier(%r: tensor<?x8xf32>, %c: tensor
 
 func.func @fused_similarity_leaf_index(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>, %t: tensor<?xi64>) {
   // expected-error@+1 {{has a malformed tile program: instruction 1: row reads leaf 1 of 1}}
-  %0 = dloss.fused_similarity %r, %c leaves(%t) {row_leaves = 1, col_leaves = 0, program = array<i64: 0, 0, 0, 0, 2, 1, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xi64>) -> tensor<?xf32>
+  %0 = dloss.fused_similarity %r, %c leaves(%t) {row_leaves = 1, col_leaves = 0, program = array<i64: 0, 0, 0, 0, 2, 1, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: -1, -1>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xi64>) -> tensor<?xf32>
   return
 }
 
@@ -592,7 +592,7 @@ func.func @fused_similarity_leaf_index(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>,
 
 func.func @fused_similarity_output_register(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
   // expected-error@+1 {{has a malformed tile program: result 0 names register 3 of 1}}
-  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 3, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?xf32>
+  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 3, 0>, picks = array<i64: -1, -1>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?xf32>
   return
 }
 
@@ -600,7 +600,7 @@ func.func @fused_similarity_output_register(%r: tensor<?x8xf32>, %c: tensor<?x8x
 
 func.func @fused_similarity_output_reduction(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
   // expected-error@+1 {{has a malformed tile program: result 0 has unknown reduction 7}}
-  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 7>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?xf32>
+  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 7>, picks = array<i64: -1, -1>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?xf32>
   return
 }
 
@@ -608,7 +608,7 @@ func.func @fused_similarity_output_reduction(%r: tensor<?x8xf32>, %c: tensor<?x8
 
 func.func @fused_similarity_result_count(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
   // expected-error@+1 {{has 2 results but its program has 1 outputs}}
-  %0:2 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> (tensor<?xf32>, tensor<?xf32>)
+  %0:2 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: -1, -1>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> (tensor<?xf32>, tensor<?xf32>)
   return
 }
 
@@ -616,7 +616,7 @@ func.func @fused_similarity_result_count(%r: tensor<?x8xf32>, %c: tensor<?x8xf32
 
 func.func @fused_similarity_result_type(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
   // expected-error@+1 {{each result must be a 1-D tensor of the features' element type, got 'tensor<?x?xf32>'}}
-  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?x?xf32>
+  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: -1, -1>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?x?xf32>
   return
 }
 
@@ -624,7 +624,7 @@ func.func @fused_similarity_result_type(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>
 
 func.func @fused_similarity_grad_extra(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>, %v: tensor<?xf32>) {
   // expected-error@+1 {{has 1 extra operands, fewer than the forward results and their cotangents (2)}}
-  %0:4 = dloss.fused_similarity_grad %r, %c extra(%v) {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xf32>) -> (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?x?xf32>, tensor<?xf32>)
+  %0:4 = dloss.fused_similarity_grad %r, %c extra(%v) {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: -1, -1>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xf32>) -> (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?x?xf32>, tensor<?xf32>)
   return
 }
 
@@ -632,7 +632,7 @@ func.func @fused_similarity_grad_extra(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>,
 
 func.func @fused_similarity_grad_vectors(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>, %v: tensor<?xf32>, %m: tensor<?x?xf32>) {
   // expected-error@+1 {{each forward result and cotangent must be a 1-D tensor of the features' element type, got 'tensor<?x?xf32>'}}
-  %0:4 = dloss.fused_similarity_grad %r, %c extra(%v, %m) {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xf32>, tensor<?x?xf32>) -> (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?x?xf32>, tensor<?xf32>)
+  %0:4 = dloss.fused_similarity_grad %r, %c extra(%v, %m) {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: -1, -1>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xf32>, tensor<?x?xf32>) -> (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?x?xf32>, tensor<?xf32>)
   return
 }
 
@@ -640,6 +640,78 @@ func.func @fused_similarity_grad_vectors(%r: tensor<?x8xf32>, %c: tensor<?x8xf32
 
 func.func @fused_similarity_grad_results(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>, %v: tensor<?xf32>) {
   // expected-error@+1 {{d_row_leaves must be 2-D and d_scalars 1-D, of 'f32'}}
-  %0:4 = dloss.fused_similarity_grad %r, %c extra(%v, %v) {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xf32>, tensor<?xf32>) -> (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xf32>, tensor<?xf32>)
+  %0:4 = dloss.fused_similarity_grad %r, %c extra(%v, %v) {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: -1, -1>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xf32>, tensor<?xf32>) -> (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xf32>, tensor<?xf32>)
+  return
+}
+
+// -----
+
+func.func @fused_similarity_facts_required(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
+  // expected-error@+1 {{requires attribute 'picks'}}
+  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @fused_similarity_picks_size(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
+  // expected-error@+1 {{has facts that do not fit its tile program: `picks` holds 1 integers, expected 2 (2 per result: register, leaf; or -1, -1)}}
+  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: -1>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @fused_similarity_pick_register(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>, %t: tensor<?xi64>) {
+  // expected-error@+1 {{has facts that do not fit its tile program: `picks` entry 0 names register 5 of 2}}
+  %0 = dloss.fused_similarity %r, %c leaves(%t) {row_leaves = 1, col_leaves = 0, program = array<i64: 0, 0, 0, 0, 2, 0, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: 5, 0>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xi64>) -> tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @fused_similarity_pick_leaf(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>, %t: tensor<?xi64>) {
+  // expected-error@+1 {{has facts that do not fit its tile program: `picks` entry 0 names per-row leaf 1 of 1}}
+  %0 = dloss.fused_similarity %r, %c leaves(%t) {row_leaves = 1, col_leaves = 0, program = array<i64: 0, 0, 0, 0, 2, 0, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: 0, 1>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xi64>) -> tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @fused_similarity_pick_is_a_sum(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>, %t: tensor<?xi64>) {
+  // expected-error@+1 {{has facts that do not fit its tile program: `picks` entry 0 is a pick, but its result is not a sum}}
+  %0 = dloss.fused_similarity %r, %c leaves(%t) {row_leaves = 1, col_leaves = 0, program = array<i64: 0, 0, 0, 0, 2, 0, 0, 0>, outputs = array<i64: 0, 1>, picks = array<i64: 0, 0>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xi64>) -> tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @fused_similarity_column_facts_with_column_results(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
+  // expected-error@+1 {{has facts that do not fit its tile program: `col_picks` holds 0 integers, expected 2 (2 per result: register, leaf; or -1, -1)}}
+  %0:2 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, gathered, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 1>, col_outputs = array<i64: 0, 1>, picks = array<i64: -1, -1>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> (tensor<?xf32>, tensor<?xf32>)
+  return
+}
+
+// -----
+
+func.func @fused_similarity_lse_pair_of_one_register(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
+  // expected-error@+1 {{has facts that do not fit its tile program: `lse_pairs` entry 0 pairs results that are not log-sum-exps of one register}}
+  %0:2 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, gathered, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>, col_outputs = array<i64: 0, 1>, picks = array<i64: -1, -1>, col_picks = array<i64: -1, -1>, lse_pairs = array<i64: 0>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> (tensor<?xf32>, tensor<?xf32>)
+  return
+}
+
+// -----
+
+func.func @fused_similarity_lse_pair_once(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
+  // expected-error@+1 {{has facts that do not fit its tile program: `lse_pairs` entry 1 pairs row result 0 a second time}}
+  %0:3 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, gathered, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 1>, col_outputs = array<i64: 0, 1, 0, 1>, picks = array<i64: -1, -1>, col_picks = array<i64: -1, -1, -1, -1>, lse_pairs = array<i64: 0, 0>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> (tensor<?xf32>, tensor<?xf32>, tensor<?xf32>)
+  return
+}
+
+// -----
+
+func.func @fused_similarity_class_targets_ascending(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>, %t: tensor<?xi64>) {
+  // expected-error@+1 {{has facts that do not fit its tile program: `class_targets` must list per-row leaves (of 1) in ascending order, got 1 at 0}}
+  %0 = dloss.fused_similarity %r, %c leaves(%t) {row_leaves = 1, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: -1, -1>, class_targets = array<i64: 1>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xi64>) -> tensor<?xf32>
   return
 }

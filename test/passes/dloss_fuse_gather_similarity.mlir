@@ -31,7 +31,7 @@
 // GENERAL-LABEL: func.func @clip(
 // GENERAL-NOT: dloss.all_gather
 // GENERAL-NOT: dloss.matmul
-// GENERAL: %[[F:.*]]:4 = dloss.fused_similarity %arg0, %arg1 leaves(%[[L:.*]], %[[L]], %arg2) {col_leaves = 1 : i64, col_outputs = array<i64: 2, 1, 11, 0>, gathered, outputs = array<i64: 2, 1, 7, 0>, program = array<i64: 0, 0, 0, 0, 4, 0, 0, 0, 8, 0, 1, 0, 1, 0, 0, 0, 2, 0, 0, 0, 21, 3, 4, 0, 5, 0, 0, 0, 22, 5, 2, 6, 23, 0, 0, 0, 3, 0, 0, 0, 21, 8, 9, 0, 22, 10, 2, 6>, row_leaves = 1 : i64}
+// GENERAL: %[[F:.*]]:4 = dloss.fused_similarity %arg0, %arg1 leaves(%[[L:.*]], %[[L]], %arg2) {class_targets = array<i64: 0>, col_leaves = 1 : i64, col_outputs = array<i64: 2, 1, 11, 0>, col_picks = array<i64: -1, -1, 2, 0>, gathered, lse_pairs = array<i64: 0, -1>, outputs = array<i64: 2, 1, 7, 0>, picks = array<i64: -1, -1, 2, 0>, program = array<i64: 0, 0, 0, 0, 4, 0, 0, 0, 8, 0, 1, 0, 1, 0, 0, 0, 2, 0, 0, 0, 21, 3, 4, 0, 5, 0, 0, 0, 22, 5, 2, 6, 23, 0, 0, 0, 3, 0, 0, 0, 21, 8, 9, 0, 22, 10, 2, 6>, row_leaves = 1 : i64}
 // GENERAL: dloss.sub %[[F]]#0, %[[F]]#1
 // GENERAL: dloss.sub %[[F]]#2, %[[F]]#3
 func.func @clip(%image: tensor<?x?xf32> {dloss.grad}, %text: tensor<?x?xf32> {dloss.grad},
@@ -63,14 +63,14 @@ func.func @clip(%image: tensor<?x?xf32> {dloss.grad}, %text: tensor<?x?xf32> {dl
 // CHECK-SAME: %[[A:[^:]*]]: tensor<?x?xf32> {dloss.grad}, %[[B:[^:]*]]: tensor<?x?xf32> {dloss.grad}, %[[T:[^:]*]]: tensor<?xi64>
 // CHECK-NOT: dloss.all_gather
 // CHECK-NOT: dloss.matmul
-// CHECK: %[[F:.*]]:2 = dloss.fused_similarity %[[A]], %[[B]] leaves(%[[T]]) {col_leaves = 0 : i64, gathered,
-// CHECK-SAME: outputs = array<i64: 0, 1, 5, 0>, program = array<i64: 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 21, 1, 2, 0, 5, 0, 0, 0, 22, 3, 0, 4>, row_leaves = 1 : i64}
+// CHECK: %[[F:.*]]:2 = dloss.fused_similarity %[[A]], %[[B]] leaves(%[[T]]) {class_targets = array<i64: 0>, col_leaves = 0 : i64, gathered,
+// CHECK-SAME: outputs = array<i64: 0, 1, 5, 0>, picks = array<i64: -1, -1, 0, 0>, program = array<i64: 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 21, 1, 2, 0, 5, 0, 0, 0, 22, 3, 0, 4>, row_leaves = 1 : i64}
 // CHECK: %[[CE:.*]] = dloss.sub %[[F]]#0, %[[F]]#1
 // CHECK: dloss.reduce sum %[[CE]] axes [0]
 // CHECK-NOT: dloss.cross_entropy
 // GRAD-LABEL: func.func @one_direction_grad(
 // GRAD: %[[F:.*]]:2 = dloss.fused_similarity
-// GRAD: dloss.fused_similarity_grad %{{.*}}, %{{.*}} extra(%{{.*}}, %[[F]]#0, %[[F]]#1, %{{.*}}, %{{.*}}) {{.*}}gathered
+// GRAD: dloss.fused_similarity_grad %{{.*}}, %{{.*}} extra(%{{.*}}, %[[F]]#0, %[[F]]#1, %{{.*}}, %{{.*}}) {class_targets = array<i64: 0>, {{.*}}gathered, outputs = array<i64: 0, 1, 5, 0>, picks = array<i64: -1, -1, 0, 0>,
 // GRAD-NOT: dloss.reduce_scatter
 // GRAD: return
 func.func @one_direction(%a: tensor<?x?xf32> {dloss.grad}, %b: tensor<?x?xf32> {dloss.grad},
@@ -176,7 +176,7 @@ func.func @siglip(%image: tensor<?x?xf32> {dloss.grad}, %text: tensor<?x?xf32> {
 // the sum over both axes a row sum reduced over rows afterwards.
 // CHECK-LABEL: func.func @pairs_only(
 // CHECK-NOT: dloss.ring_sigmoid_pairs
-// CHECK: %[[F:.*]] = dloss.fused_similarity %{{.*}}, %{{.*}} leaves(%{{.*}}) {col_leaves = 0 : i64, gathered, outputs = array<i64: 3, 0>, program = array<i64: 0, 0, 0, 0, 4, 0, 0, 0, 6, 0, 1, 0, 13, 2, 0, 0>, row_leaves = 0 : i64}
+// CHECK: %[[F:.*]] = dloss.fused_similarity %{{.*}}, %{{.*}} leaves(%{{.*}}) {class_targets = array<i64>, col_leaves = 0 : i64, gathered, outputs = array<i64: 3, 0>, picks = array<i64: -1, -1>, program = array<i64: 0, 0, 0, 0, 4, 0, 0, 0, 6, 0, 1, 0, 13, 2, 0, 0>, row_leaves = 0 : i64}
 // CHECK: dloss.reduce sum %[[F]] axes [0]
 // CHECK-NOT: dloss.softplus
 func.func @pairs_only(%image: tensor<?x?xf32> {dloss.grad}, %text: tensor<?x?xf32> {dloss.grad},
@@ -217,7 +217,7 @@ func.func @pairs_only(%image: tensor<?x?xf32> {dloss.grad}, %text: tensor<?x?xf3
 // Without the dedicated ops: the general op in its sharded mode (invariant
 // results, all-reduced across the class shards), the same rewrite around it.
 // GENERAL-LABEL: func.func @cosface_sharded(
-// GENERAL: %[[F:.*]]:2 = dloss.fused_similarity %{{.*}}, %{{.*}} leaves(%{{.*}}, %{{.*}}) {col_leaves = 0 : i64, outputs = array<i64: 7, 1, 9, 0>, {{.*}}row_leaves = 1 : i64, sharded}
+// GENERAL: %[[F:.*]]:2 = dloss.fused_similarity %{{.*}}, %{{.*}} leaves(%{{.*}}, %{{.*}}) {class_targets = array<i64: 0>, col_leaves = 0 : i64, outputs = array<i64: 7, 1, 9, 0>, picks = array<i64: -1, -1, 0, 0>, {{.*}}row_leaves = 1 : i64, sharded}
 // GENERAL: dloss.sub %[[F]]#1
 // GENERAL-NOT: dloss.sharded_softmax
 func.func @cosface_sharded(%x: tensor<?x?xf32> {dloss.grad}, %y: tensor<?xi64>,
@@ -266,7 +266,7 @@ func.func @sharded_local_rows(%x: tensor<?x?xf32> {dloss.grad}, %y: tensor<?xi64
 // CHECK-LABEL: func.func @arcface_replicated(
 // CHECK-SAME: %[[X:[^:]*]]: tensor<?x?xf32> {dloss.grad}, %[[Y:[^:]*]]: tensor<?xi64>, %[[W:[^:]*]]: tensor<?x?xf32>
 // CHECK: %[[S:.*]] = arith.constant dense<6.400000e+01>
-// CHECK: %[[F:.*]]:2 = dloss.fused_similarity %[[X]], %[[W]] leaves(%[[Y]], %[[S]]) {col_leaves = 0 : i64, outputs = array<i64: 7, 1, 9, 0>
+// CHECK: %[[F:.*]]:2 = dloss.fused_similarity %[[X]], %[[W]] leaves(%[[Y]], %[[S]]) {class_targets = array<i64: 0>, col_leaves = 0 : i64, outputs = array<i64: 7, 1, 9, 0>, picks = array<i64: -1, -1, 0, 0>
 // CHECK-NOT: gathered
 // CHECK: dloss.clamp %[[F]]#1
 // CHECK: dloss.softplus
@@ -301,7 +301,8 @@ func.func @arcface_replicated(%x: tensor<?x?xf32> {dloss.grad}, %y: tensor<?xi64
 // the column ids (an arange over every gathered column), the positive the
 // other view; the masks are part of the tile program, the expands go.
 // CHECK-LABEL: func.func @ntxent_mask(
-// CHECK: %[[F:.*]]:2 = dloss.fused_similarity %{{.*}}, %{{.*}} leaves(%[[ROWS:.*]], %[[POS:.*]]) {col_leaves = 0 : i64, gathered,
+// CHECK: %[[F:.*]]:2 = dloss.fused_similarity %{{.*}}, %{{.*}} leaves(%[[ROWS:.*]], %[[POS:.*]]) {class_targets = array<i64: 0, 1>, col_leaves = 0 : i64, gathered,
+// CHECK-SAME: picks = array<i64: -1, -1, 7, 1>,
 // CHECK-SAME: program = array<i64: 0, 0, 0, 0, 5, 4602678819172646912, 0, 0, 9, 0, 1, 0, 2, 0, 0, 0, 1, 0, 0, 0, 21, 3, 4, 0, 5, -4503599627370496, 0, 0, 22, 5, 6, 2,
 // CHECK-NOT: dloss.expand
 // CHECK-NOT: dloss.select
@@ -336,7 +337,8 @@ func.func @ntxent_mask(%z: tensor<?x?xf32> {dloss.grad}, %rows: tensor<?xi64>,
 // row sums; the self column is masked out of the log-sum-exp.
 // CHECK-LABEL: func.func @supcon_labels(
 // CHECK-SAME: %[[Z:[^:]*]]: tensor<?x?xf32> {dloss.grad}, %[[Y:[^:]*]]: tensor<?xi64>, %[[IDS:[^:]*]]: tensor<?xi64>
-// CHECK: %[[F:.*]]:3 = dloss.fused_similarity %[[Z]], %[[Z]] leaves(%[[IDS]], %[[Y]], %[[Y]]) {col_leaves = 1 : i64, gathered,
+// CHECK: %[[F:.*]]:3 = dloss.fused_similarity %[[Z]], %[[Z]] leaves(%[[IDS]], %[[Y]], %[[Y]]) {class_targets = array<i64: 0>, col_leaves = 1 : i64, gathered,
+// CHECK-SAME: picks = array<i64: -1, -1, -1, -1, -1, -1>,
 // CHECK-SAME: row_leaves = 2 : i64}
 // CHECK-NOT: dloss.all_gather
 // CHECK-NOT: dloss.logsumexp
@@ -380,8 +382,8 @@ func.func @supcon_labels(%z: tensor<?x?xf32> {dloss.grad}, %y: tensor<?xi64>,
 // take_along: one log-sum-exp and one pick from the same tiles.
 // CHECK-LABEL: func.func @dcl_positive_out(
 // CHECK-SAME: %[[Q:[^:]*]]: tensor<?x?xf32> {dloss.grad}, %[[K:[^:]*]]: tensor<?x?xf32> {dloss.grad}
-// CHECK: %[[F:.*]]:2 = dloss.fused_similarity %[[Q]], %[[K]] leaves(%[[POS:.*]], %{{.*}}) {col_leaves = 0 : i64, gathered,
-// CHECK-SAME: outputs = array<i64: 7, 1, 9, 0>
+// CHECK: %[[F:.*]]:2 = dloss.fused_similarity %[[Q]], %[[K]] leaves(%[[POS:.*]], %{{.*}}) {class_targets = array<i64: 0>, col_leaves = 0 : i64, gathered,
+// CHECK-SAME: outputs = array<i64: 7, 1, 9, 0>, picks = array<i64: -1, -1, 2, 0>
 // CHECK: dloss.sub %[[F]]#0, %[[F]]#1
 // CHECK-NOT: dloss.logsumexp
 // CHECK-NOT: dloss.take_along

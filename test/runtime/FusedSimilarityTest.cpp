@@ -5,6 +5,7 @@
 
 #include "runtime/fused/Epilogue.h"
 #include "runtime/fused/FusedKernels.h"
+#include "runtime/plan/PlanVersion.h"
 #include "runtime/support/Error.h"
 #include "test/runtime/MultiProcess.h"
 
@@ -104,11 +105,19 @@ void expectClose(const at::Tensor &got, const at::Tensor &want,
 // Tile programs and their ATen interpreter
 //===----------------------------------------------------------------------===//
 
+/// A result that picks register `reg` at the place leaf `leaf` names (the
+/// `picks` fact, runtime/plan/TileEncoding.h); -1: not a pick.
+struct Pick {
+  int64_t reg = -1, leaf = -1;
+};
+
 /// A tile program being written: each call appends one instruction and
-/// returns its register.
+/// returns its register. The facts the compiler would write beside it are
+/// stated with the results (the runtime matches nothing itself).
 struct Program {
   std::vector<int64_t> code, outputs, colOutputs;
   int64_t rowLeaves = 0, colLeaves = 0;
+  std::vector<int64_t> picks, colPicks, lsePairs, classTargets;
 
   int64_t emit(Op op, int64_t a = 0, int64_t b = 0, int64_t c = 0) {
     code.insert(code.end(), {static_cast<int64_t>(op), a, b, c});
@@ -121,24 +130,46 @@ struct Program {
     return emit(Op::Clamp, x, dloss::epilogue::doubleToBits(lo),
                 dloss::epilogue::doubleToBits(hi));
   }
-  void output(int64_t reg, Reduce kind) {
+  void output(int64_t reg, Reduce kind, Pick pick = {}) {
     outputs.insert(outputs.end(), {reg, static_cast<int64_t>(kind)});
+    picks.insert(picks.end(), {pick.reg, pick.leaf});
   }
-  /// A column result (gathered steps only).
-  void colOutput(int64_t reg, Reduce kind) {
+  /// A column result (gathered steps only); `pairedRow`: the row result
+  /// that is the log-sum-exp of the same register.
+  void colOutput(int64_t reg, Reduce kind, Pick pick = {},
+                 int64_t pairedRow = -1) {
     colOutputs.insert(colOutputs.end(), {reg, static_cast<int64_t>(kind)});
+    colPicks.insert(colPicks.end(), {pick.reg, pick.leaf});
+    lsePairs.push_back(pairedRow);
   }
-  int64_t numOutputs() const { return static_cast<int64_t>(outputs.size()) / 2; }
+  /// The same program with no picks and no pairs: the kernels' general
+  /// path for every result.
+  Program withoutFacts() const {
+    Program p = *this;
+    std::fill(p.picks.begin(), p.picks.end(), -1);
+    std::fill(p.colPicks.begin(), p.colPicks.end(), -1);
+    std::fill(p.lsePairs.begin(), p.lsePairs.end(), -1);
+    return p;
+  }
+  int64_t numOutputs() const {
+    return static_cast<int64_t>(outputs.size()) / 2;
+  }
   int64_t numColOutputs() const {
     return static_cast<int64_t>(colOutputs.size()) / 2;
   }
 
   std::vector<AttrSpec> attrs(Mode mode) const {
-    std::vector<AttrSpec> out = {
-        intAttr("row_leaves", rowLeaves), intAttr("col_leaves", colLeaves),
-        intsAttr("program", code), intsAttr("outputs", outputs)};
-    if (!colOutputs.empty())
+    std::vector<AttrSpec> out = {intAttr("row_leaves", rowLeaves),
+                                 intAttr("col_leaves", colLeaves),
+                                 intsAttr("program", code),
+                                 intsAttr("outputs", outputs),
+                                 intsAttr("picks", picks),
+                                 intsAttr("class_targets", classTargets)};
+    if (!colOutputs.empty()) {
       out.push_back(intsAttr("col_outputs", colOutputs));
+      out.push_back(intsAttr("col_picks", colPicks));
+      out.push_back(intsAttr("lse_pairs", lsePairs));
+    }
     if (mode == Mode::Gathered)
       out.push_back(unitAttr("gathered"));
     if (mode == Mode::Sharded)
@@ -180,34 +211,78 @@ std::vector<at::Tensor> interpret(const Program &program, const at::Tensor &S,
     auto B = [&] { return reg[b]; };
     at::Tensor v;
     switch (op) {
-    case Op::Sim: v = S; break;
-    case Op::ColId: v = at::arange(M, f64).unsqueeze(0); break;
-    case Op::RowId: v = at::arange(N, f64).unsqueeze(1); break;
-    case Op::RowLeaf: v = real(leaves[a]).unsqueeze(1); break;
+    case Op::Sim:
+      v = S;
+      break;
+    case Op::ColId:
+      v = at::arange(M, f64).unsqueeze(0);
+      break;
+    case Op::RowId:
+      v = at::arange(N, f64).unsqueeze(1);
+      break;
+    case Op::RowLeaf:
+      v = real(leaves[a]).unsqueeze(1);
+      break;
     case Op::ColLeaf:
       v = real(leaves[program.rowLeaves + a]).unsqueeze(0);
       break;
     case Op::Scalar:
       v = real(leaves[program.rowLeaves + program.colLeaves + a]);
       break;
-    case Op::Const: v = at::scalar_tensor(bitsToDouble(a), f64); break;
-    case Op::Add: v = A() + B(); break;
-    case Op::Sub: v = A() - B(); break;
-    case Op::Mul: v = A() * B(); break;
-    case Op::Div: v = A() / B(); break;
-    case Op::Neg: v = -A(); break;
-    case Op::Exp: v = A().exp(); break;
-    case Op::Log: v = A().log(); break;
-    case Op::Softplus: v = softplus(A()); break;
-    case Op::LogSigmoid: v = -softplus(-A()); break;
-    case Op::Sigmoid: v = A().sigmoid(); break;
-    case Op::Cos: v = A().cos(); break;
-    case Op::Acos: v = A().acos(); break;
-    case Op::Sin: v = A().sin(); break;
-    case Op::Sqrt: v = A().sqrt(); break;
-    case Op::Clamp: v = A().clamp(bitsToDouble(b), bitsToDouble(c)); break;
-    case Op::Eq: v = (A() == B()).to(at::kDouble); break;
-    case Op::Select: v = at::where(A() != 0, B(), reg[c]); break;
+    case Op::Const:
+      v = at::scalar_tensor(bitsToDouble(a), f64);
+      break;
+    case Op::Add:
+      v = A() + B();
+      break;
+    case Op::Sub:
+      v = A() - B();
+      break;
+    case Op::Mul:
+      v = A() * B();
+      break;
+    case Op::Div:
+      v = A() / B();
+      break;
+    case Op::Neg:
+      v = -A();
+      break;
+    case Op::Exp:
+      v = A().exp();
+      break;
+    case Op::Log:
+      v = A().log();
+      break;
+    case Op::Softplus:
+      v = softplus(A());
+      break;
+    case Op::LogSigmoid:
+      v = -softplus(-A());
+      break;
+    case Op::Sigmoid:
+      v = A().sigmoid();
+      break;
+    case Op::Cos:
+      v = A().cos();
+      break;
+    case Op::Acos:
+      v = A().acos();
+      break;
+    case Op::Sin:
+      v = A().sin();
+      break;
+    case Op::Sqrt:
+      v = A().sqrt();
+      break;
+    case Op::Clamp:
+      v = A().clamp(bitsToDouble(b), bitsToDouble(c));
+      break;
+    case Op::Eq:
+      v = (A() == B()).to(at::kDouble);
+      break;
+    case Op::Select:
+      v = at::where(A() != 0, B(), reg[c]);
+      break;
     }
     reg.push_back(v);
   }
@@ -225,7 +300,9 @@ std::vector<at::Tensor> interpret(const Program &program, const at::Tensor &S,
   return results;
 }
 
-at::Tensor scalar(double value) { return at::scalar_tensor(value, at::kDouble); }
+at::Tensor scalar(double value) {
+  return at::scalar_tensor(value, at::kDouble);
+}
 
 /// InfoNCE: lse(s S) and the logit at the row's (global) target column.
 ProgramCase infoNce() {
@@ -236,7 +313,8 @@ ProgramCase infoNce() {
   int64_t hit = p.emit(Op::Eq, p.emit(Op::ColId), p.emit(Op::RowLeaf, 0));
   int64_t picked = p.emit(Op::Select, hit, logits, p.constant(0));
   p.output(logits, Reduce::LogSumExp);
-  p.output(picked, Reduce::Sum);
+  p.output(picked, Reduce::Sum, Pick{logits, 0});
+  p.classTargets = {0};
   return {"InfoNCE", p, [](int64_t N, int64_t M) {
             return std::vector<at::Tensor>{at::randint(M, {N}, at::kLong),
                                            scalar(2.5)};
@@ -256,7 +334,8 @@ ProgramCase ntXent() {
   int64_t partner = p.emit(Op::Eq, col, p.emit(Op::RowLeaf, 0));
   int64_t positive = p.emit(Op::Select, partner, logits, p.constant(0));
   p.output(masked, Reduce::LogSumExp);
-  p.output(positive, Reduce::Sum);
+  p.output(positive, Reduce::Sum, Pick{logits, 0});
+  p.classTargets = {0};
   return {"NT-Xent", p, [](int64_t N, int64_t M) {
             return std::vector<at::Tensor>{
                 at::randint(M, {N}, at::TensorOptions(at::kInt)), scalar(0.3)};
@@ -293,9 +372,12 @@ ProgramCase transcendental() {
   p.rowLeaves = 1;
   int64_t sim = p.emit(Op::Sim);
   int64_t cosine = p.clamp(sim, -0.6, 0.6);
-  int64_t angle = p.emit(Op::Add, p.emit(Op::Acos, cosine), p.emit(Op::RowLeaf, 0));
-  int64_t logit = p.emit(Op::Mul, p.emit(Op::Cos, angle), p.emit(Op::Scalar, 0));
-  int64_t positive = p.emit(Op::Add, p.emit(Op::Sigmoid, logit), p.constant(1.5));
+  int64_t angle =
+      p.emit(Op::Add, p.emit(Op::Acos, cosine), p.emit(Op::RowLeaf, 0));
+  int64_t logit =
+      p.emit(Op::Mul, p.emit(Op::Cos, angle), p.emit(Op::Scalar, 0));
+  int64_t positive =
+      p.emit(Op::Add, p.emit(Op::Sigmoid, logit), p.constant(1.5));
   int64_t ratio = p.emit(Op::Div, p.emit(Op::Log, positive), positive);
   int64_t root = p.emit(Op::Sqrt, p.emit(Op::Exp, p.emit(Op::Sin, sim)));
   int64_t mixed = p.emit(Op::Sub, p.emit(Op::Softplus, logit),
@@ -323,9 +405,12 @@ ProgramCase clip(double scale = 1.75, const char *name = "CLIP") {
   int64_t rowHit = p.emit(Op::Eq, p.emit(Op::ColId), p.emit(Op::RowLeaf, 0));
   int64_t colHit = p.emit(Op::Eq, p.emit(Op::RowId), p.emit(Op::ColLeaf, 0));
   p.output(logits, Reduce::LogSumExp);
-  p.output(p.emit(Op::Select, rowHit, logits, zero), Reduce::Sum);
-  p.colOutput(logits, Reduce::LogSumExp);
-  p.colOutput(p.emit(Op::Select, colHit, logits, zero), Reduce::Sum);
+  p.output(p.emit(Op::Select, rowHit, logits, zero), Reduce::Sum,
+           Pick{logits, 0});
+  p.colOutput(logits, Reduce::LogSumExp, {}, /*pairedRow=*/0);
+  p.colOutput(p.emit(Op::Select, colHit, logits, zero), Reduce::Sum,
+              Pick{logits, 0});
+  p.classTargets = {0};
   return {name, p, [scale](int64_t N, int64_t M) {
             return std::vector<at::Tensor>{at::randint(M, {N}, at::kLong),
                                            at::randint(N, {M}, at::kLong),
@@ -353,10 +438,18 @@ ProgramCase uniformOperands() {
           }};
 }
 
+/// CLIP without the facts: every result on the kernels' general path (a
+/// sum over the masked tile, each direction's log-sum-exp on its own).
+ProgramCase clipWithoutFacts() {
+  ProgramCase pc = clip(1.75, "CLIP, no picks or pairs");
+  pc.program = pc.program.withoutFacts();
+  return pc;
+}
+
 std::vector<ProgramCase> programs() {
-  return {infoNce(), ntXent(),          supCon(),
-          transcendental(), clip(), clip(60, "CLIP, far logits"),
-          uniformOperands()};
+  return {infoNce(),          ntXent(),         supCon(),
+          transcendental(),   clip(),           clip(60, "CLIP, far logits"),
+          clipWithoutFacts(), uniformOperands()};
 }
 
 //===----------------------------------------------------------------------===//
@@ -427,8 +520,8 @@ void checkProgram(Communicator &comm, const ProgramCase &pc, Mode mode,
   at::Tensor lossAll = at::zeros({}, at::kDouble), lossMine = lossAll;
   for (int64_t k = 0; k < numResults; ++k) {
     lossAll = lossAll + (cts[k] * want[k]).sum();
-    lossMine =
-        lossMine + (cts[k] * (isRowResult(k) ? mine : mineCols) * want[k]).sum();
+    lossMine = lossMine +
+               (cts[k] * (isRowResult(k) ? mine : mineCols) * want[k]).sum();
   }
   auto byResult = [&](int64_t k, const at::Tensor &t) {
     return isRowResult(k) ? byRow(t) : byCol(t);
@@ -500,8 +593,8 @@ void checkProgram(Communicator &comm, const ProgramCase &pc, Mode mode,
       bool isFloat = leafVars[k].requires_grad();
       at::Tensor grad = isFloat ? orZero(grads[next], leaves[k])
                                 : at::zeros(leaves[k].sizes(), at::kDouble);
-      at::Tensor rowGrad = isFloat ? orZero(rowGradsFrom[next], leaves[k])
-                                   : grad;
+      at::Tensor rowGrad =
+          isFloat ? orZero(rowGradsFrom[next], leaves[k]) : grad;
       next += isFloat;
       if (static_cast<int64_t>(k) < p.rowLeaves)
         rowGrads.push_back(byRow(rowGrad));
@@ -509,10 +602,10 @@ void checkProgram(Communicator &comm, const ProgramCase &pc, Mode mode,
         scalarGrads.push_back(grad);
     }
     int64_t n = rowsSharded ? layout.rows[rank] : N;
-    return std::make_pair(
-        rowGrads.empty() ? at::zeros({0, n}, at::kDouble) : at::stack(rowGrads),
-        scalarGrads.empty() ? at::zeros({0}, at::kDouble)
-                            : at::stack(scalarGrads));
+    return std::make_pair(rowGrads.empty() ? at::zeros({0, n}, at::kDouble)
+                                           : at::stack(rowGrads),
+                          scalarGrads.empty() ? at::zeros({0}, at::kDouble)
+                                              : at::stack(scalarGrads));
   };
 
   auto summed = [&](const at::Tensor &partial) {
@@ -645,10 +738,10 @@ TEST(FusedSimilarityEdgeTest, AllMinusInfinityRowGivesMinusInfinity) {
     at::Tensor want = rows.mm(all.t()).logsumexp(1);
     want[1] = -kInf;
     expectClose(forward[0], want, kF64, "lse");
-    std::vector<at::Tensor> got = runFused(
-        comm, "dloss.fused_similarity_grad",
-        {rows, cols, flags, forward[0], at::ones({3}, at::kDouble)}, 4, {},
-        p.attrs(Mode::Gathered));
+    std::vector<at::Tensor> got =
+        runFused(comm, "dloss.fused_similarity_grad",
+                 {rows, cols, flags, forward[0], at::ones({3}, at::kDouble)}, 4,
+                 {}, p.attrs(Mode::Gathered));
     CHILD_CHECK(!got[0].isnan().any().item<bool>(), "d_rows " << got[0]);
     CHILD_CHECK(got[0][1].abs().max().item<double>() == 0, "d_rows " << got[0]);
     CHILD_CHECK(got[2].sizes() == at::IntArrayRef({1, 3}),
@@ -727,6 +820,7 @@ TEST(FusedSimilarityErrorTest, MalformedProgramsAndOperandsAreExplained) {
       p.rowLeaves = 1;
       p.output(p.emit(Op::Eq, p.emit(Op::RowLeaf, 0), p.emit(Op::ColId)),
                Reduce::Sum);
+      p.classTargets = {0};
       at::Tensor labels = at::tensor({1, 1 << 24, 2}, at::kLong);
       expectParts(forwardError(comm, p, {rows, cols, labels}),
                   {"per-row leaf 0 (operand 2) holds 16777216 (element 1)",
@@ -742,7 +836,50 @@ TEST(FusedSimilarityErrorTest, MalformedProgramsAndOperandsAreExplained) {
       expectParts(forwardError(comm, p, {rows, cols.to(at::kDouble)}),
                   {"same float type"});
     }
+    {
+      Program p; // facts naming a register, a leaf that are not there
+      p.rowLeaves = 1;
+      p.output(p.emit(Op::Sim), Reduce::Sum, Pick{4, 0});
+      expectParts(forwardError(comm, p, {rows, cols, at::zeros({3})}),
+                  {"the tile program's facts do not fit it",
+                   "`picks` entry 0 names register 4 of 1",
+                   "recompile the loss"});
+      p.picks = {0, 1};
+      expectParts(forwardError(comm, p, {rows, cols, at::zeros({3})}),
+                  {"`picks` entry 0 names per-row leaf 1 of 1"});
+      p.picks = {};
+      expectParts(forwardError(comm, p, {rows, cols, at::zeros({3})}),
+                  {"`picks` holds 0 integers, expected 2"});
+      p.picks = {-1, -1};
+      p.classTargets = {2};
+      expectParts(forwardError(comm, p, {rows, cols, at::zeros({3})}),
+                  {"`class_targets` must list per-row leaves (of 1)"});
+    }
   });
+}
+
+// A plan whose fused step lacks the facts (written before the compiler
+// wrote them, at plan version 1) is refused with the plan-version error,
+// never run on a guess.
+TEST(FusedSimilarityPlanTest, PlanWithoutFactsIsRefusedByVersion) {
+  Program p;
+  p.output(p.emit(Op::Sim), Reduce::Sum);
+  std::vector<AttrSpec> old = {
+      intAttr("row_leaves", 0), intAttr("col_leaves", 0),
+      intsAttr("program", p.code), intsAttr("outputs", p.outputs)};
+  at::Tensor rows = at::randn({3, kWidth});
+  FunctionSpec f =
+      singleOpFunction("dloss.fused_similarity", {rows, rows}, old);
+  ASSERT_GE(dloss::kPlanVersion, 2) << "the facts came with version 2";
+  std::vector<uint8_t> bytes = buildPlanBytes({f}, 0x1234, /*version=*/1);
+  std::string message =
+      errorOf([&] { dloss::PlanFile::fromBytes(bytes, "old.plan"); });
+  EXPECT_NE(message.find("plan 'old.plan' has plan format version 1, this "
+                         "runtime reads version " +
+                         std::to_string(dloss::kPlanVersion)),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("Recompile"), std::string::npos) << message;
 }
 
 } // namespace

@@ -27,7 +27,9 @@ func.func @gathered(%q: tensor<?x?xf32> {dloss.grad}, %k: tensor<?x?xf32> {dloss
                            6, 18, 21, 0, 11, 0, 0, 0,  19, 23, 0, 0, 17, 9, 0, 0,
                            16, 25, 0, 0, 9, 26, 24, 0, 10, 27, 0, 0, 12, 23, 0, 0,
                            6, 28, 29, 0, 8, 30, 1, 0>,
-      outputs = array<i64: 10, 1, 22, 0>, col_outputs = array<i64: 31, 1>}
+      outputs = array<i64: 10, 1, 22, 0>, col_outputs = array<i64: 31, 1>,
+      picks = array<i64: -1, -1, -1, -1>, col_picks = array<i64: -1, -1>,
+      lse_pairs = array<i64: -1>, class_targets = array<i64>}
       : (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?xf32>, tensor<?xi64>, tensor<?xi64>,
          tensor<f32>) -> (tensor<?xf32>, tensor<?xf32>, tensor<?xf32>)
   %s0 = dloss.reduce sum %r#0 axes [0] : tensor<?xf32>
@@ -59,7 +61,8 @@ func.func @sharded(%x: tensor<?x?xf32> {dloss.grad}, %W: tensor<?x?xf32> {dloss.
                            1, 0, 0, 0,   21, 3, 4, 0,  5, -4503599627370496, 0, 0,
                            22, 5, 6, 2,  5, 0, 0, 0,   22, 5, 0, 8,  13, 2, 0, 0,
                            2, 1, 0, 0,   8, 9, 11, 0>,
-      outputs = array<i64: 7, 1, 12, 0, 10, 0>}
+      outputs = array<i64: 7, 1, 12, 0, 10, 0>,
+      picks = array<i64: -1, -1, -1, -1, -1, -1>, class_targets = array<i64: 0>}
       : (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?xi64>, tensor<?xf32>, tensor<f32>)
         -> (tensor<?xf32>, tensor<?xf32>, tensor<?xf32>)
   %s0 = dloss.reduce sum %r#0 axes [0] : tensor<?xf32>
