@@ -100,7 +100,7 @@ struct Builder {
   [[noreturn]] void fail(llvm::StringRef op, SourceLoc at,
                          const std::string &what,
                          const std::string &hint = "") {
-    throw GraphError{what, hint.empty() ? "fix the operands of this op" : hint,
+    throw GraphError{what, hint.empty() ? "Fix the operands of this op" : hint,
                      op.str(), std::string(at.file) + ":" +
                                    std::to_string(at.line)};
   }
@@ -109,10 +109,10 @@ struct Builder {
   mlir::Value tensor(int32_t id, llvm::StringRef op, SourceLoc at) {
     if (id < 0 || id >= static_cast<int32_t>(tensors.size()))
       fail(op, at, "an operand is not a tensor of graph '" + name + "'",
-           "build every operand with this graph's methods");
+           "Build every operand with this graph's methods");
     if (finished)
       fail(op, at, "graph '" + name + "' is finished (setLoss was called)",
-           "build the whole loss before setLoss");
+           "Build the whole loss before setLoss");
     return tensors[id];
   }
 
@@ -120,7 +120,7 @@ struct Builder {
     if (id < 0 || id >= static_cast<int32_t>(sizes.size()))
       fail(
           op, at, "a size operand is not a size of graph '" + name + "'",
-          "build sizes with dim(), shardOffset(), globalSize() or worldSize()");
+          "Build sizes with dim(), shardOffset(), globalSize() or worldSize()");
     return sizes[id];
   }
 
@@ -250,7 +250,7 @@ private:
       s.fail(op, at,
              std::string("the call has too few ") + kind +
                  " operands (libdloss_compiler does not match its caller)",
-             "install libdloss_compiler from the same dloss build as the "
+             "Install libdloss_compiler from the same dloss build as the "
              "library that loads it");
   }
 };
@@ -280,13 +280,13 @@ int32_t input(Args &a) {
   if (s.finished)
     s.fail("input", at,
            "graph '" + s.name + "' is finished (setLoss was called)",
-           "declare every input before setLoss");
+           "Declare every input before setLoss");
   for (const std::string &existing : s.inputNames)
     if (existing == name)
       s.fail("input", at,
              "graph '" + s.name + "' already has an input called '" + name +
                  "'",
-             "give every input its own name");
+             "Give every input its own name");
   // ints: dtype, grad, replicated, then the shape.
   auto dtype = static_cast<DType>(a.integer(0));
   InputOptions options{a.integer(1) != 0, a.integer(2) != 0};
@@ -294,14 +294,14 @@ int32_t input(Args &a) {
   for (int64_t d : a.integersFrom(3)) {
     if (d < -1)
       s.fail("input", at, "input '" + name + "' has size " + std::to_string(d),
-             "use -1 for a size known only at run time");
+             "Use -1 for a size known only at run time");
     dims.push_back(d < 0 ? mlir::ShapedType::kDynamic : d);
   }
   mlir::Type elem = s.elementType(dtype);
   if (options.grad && !llvm::isa<mlir::FloatType>(elem))
     s.fail("input", at,
            "input '" + name + "' asks for a gradient but is an integer tensor",
-           "only floating-point inputs have gradients");
+           "Only floating-point inputs have gradients");
   mlir::Value arg = s.body->addArgument(mlir::RankedTensorType::get(dims, elem),
                                         s.location(at));
   s.inputNames.push_back(name);
@@ -338,7 +338,7 @@ int32_t setLoss(Args &a) {
     s.finished = false;
     s.body->back().erase();
     s.fail("setLoss", at, text,
-           "the loss must be a 0-d floating-point tensor, e.g. the result of "
+           "The loss must be a 0-d floating-point tensor, e.g. the result of "
            "reduce(...) followed by allReduce(..., Reduction::Sum)");
   }
   return 0;
@@ -621,7 +621,7 @@ int32_t dloss_graph_add(dloss_graph *graph, const dloss_graph_call *call,
     if (it == dloss::handlers().end())
       throw dloss::GraphError{
           "libdloss_compiler has no graph op '" + method + "'",
-          "install libdloss_compiler from the same dloss build as the "
+          "Install libdloss_compiler from the same dloss build as the "
           "library that loads it",
           method, std::string(call->file ? call->file : "") + ":" +
                       std::to_string(call->line)};
@@ -630,7 +630,7 @@ int32_t dloss_graph_add(dloss_graph *graph, const dloss_graph_call *call,
   } catch (const dloss::GraphError &e) {
     s.error = e;
   } catch (const std::exception &e) {
-    s.error = dloss::GraphError{e.what(), "report this as a dloss bug", method,
+    s.error = dloss::GraphError{e.what(), "Report this as a dloss bug", method,
                                 ""};
   }
   *error = dloss_graph_error{s.error.message.c_str(), s.error.hint.c_str(),

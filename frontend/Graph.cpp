@@ -345,7 +345,7 @@ void Graph::setLoss(Tensor loss, GradMode mode, SourceLoc at) {
 std::string Graph::toMlir() const {
   if (!state->finished)
     throw Error("graph '" + state->name + "' has no loss yet",
-                "call setLoss(loss) before compiling or printing it");
+                "Call setLoss(loss) before compiling or printing it");
   return state->needLibrary().graphMlir(state->handle);
 }
 
@@ -358,7 +358,7 @@ std::string Graph::toMlir() const {
 static Graph &graphOf(Tensor a) {
   if (!a.defined())
     throw Error("an operand of an arithmetic operator is an empty Tensor",
-                "build tensors with a dloss::Graph");
+                "Build tensors with a dloss::Graph");
   return *a.graph();
 }
 static Tensor scalarLike(Tensor a, double v) { return graphOf(a).constantLike(a, v); }

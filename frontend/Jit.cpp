@@ -77,7 +77,7 @@ planFor(const PlanRequest &request,
   if (!library->ok(result.get()))
     throw Error("the loss '" + name + "' did not compile:\n" +
                     library->messages(result.get()),
-                "fix the loss at the location the compiler names");
+                "Fix the loss at the location the compiler names");
   size_t size = 0;
   const uint8_t *bytes = library->plan(result.get(), &size);
 

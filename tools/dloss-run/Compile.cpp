@@ -25,7 +25,7 @@ std::string compile(const Options &o) {
   if (!in)
     throw Error("cannot read the loss '" + o.loss + "': " +
                     std::strerror(errno),
-                "pass the path of a .mlir loss or a compiled .plan");
+                "Pass the path of a .mlir loss or a compiled .plan");
   std::string text((std::istreambuf_iterator<char>(in)),
                    std::istreambuf_iterator<char>());
   auto plan = jit::compilePlan(text, o.gradMode, o.loss, !o.noFuse,
@@ -46,7 +46,7 @@ std::string compile(const Options &o) {
     const std::string why = std::strerror(errno);
     std::remove(partial.c_str());
     throw Error("cannot write the compiled plan '" + path + "': " + why,
-                "check that --out is a writable directory");
+                "Check that --out is a writable directory");
   }
   return path;
 }

@@ -63,7 +63,7 @@ int launch(const Options &o, int argc, char **argv,
     if (pid < 0)
       throw Error(std::string("cannot start rank ") + std::to_string(r) + ": " +
                       std::strerror(errno),
-                  "lower --world or free some processes");
+                  "Lower --world or free some processes");
     if (pid == 0) {
       // Dies with the launcher, even one killed by SIGKILL (no orphans).
       prctl(PR_SET_PDEATHSIG, SIGKILL);

@@ -40,7 +40,7 @@ void makeDirectories(const std::string &path) {
     if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST)
       throw Error("cannot create the directory '" + partial +
                       "': " + std::strerror(errno),
-                  "choose an --out directory you can write to");
+                  "Choose an --out directory you can write to");
   }
 }
 

@@ -25,7 +25,7 @@ double readLoss(const std::string &resultJson) {
   std::string text = ss.str();
   size_t at = text.find("\"loss\":");
   if (at == std::string::npos)
-    throw Error("'" + resultJson + "' has no loss", "rerun dloss-run");
+    throw Error("'" + resultJson + "' has no loss", "Rerun dloss-run");
   return std::strtod(text.c_str() + at + 7, nullptr);
 }
 

@@ -49,8 +49,9 @@ def _mat(v, like=None):
             return _mat(v.base, like)
         fail("x.T at %s is used other than as an operand of @ (matmul)" %
              _code(v.loc),
-             "dloss has no transpose op; a transpose can only feed a matrix "
-             "product (x @ y.T), whose flags absorb it", v.loc)
+             "Use a transpose only as an operand of a matrix product "
+             "(x @ y.T), whose flags absorb it: dloss has no transpose op",
+             v.loc)
     if isinstance(v, _Scaled):
         if v.made is None:
             x, s = _mat(v.x), _mat(v.s)
@@ -92,8 +93,8 @@ def _broadcast_error(v):
     fail("the value made at %s broadcasts size-1 axes (to shape [%s]), "
          "and no tensor of its full shape is there to build it next to" % (
               _code(v.loc), ", ".join(map(_dim_text, v.dims))),
-         "dloss builds broadcasts next to a tensor of the full shape: use "
-         "it in arithmetic or torch.where with such a tensor (for example "
+         "Use it in arithmetic or torch.where with a tensor of the full "
+         "shape, next to which dloss builds the broadcast (for example "
          "logits.masked_fill(rows[:, None] == cols[None, :], -inf)), or "
          "reduce it with .squeeze()/.sum()", v.loc)
 

@@ -18,9 +18,9 @@ def _refuse(what, hint):
     return refused
 
 
-_GATHER_HINT = ("torch.distributed.all_gather carries no gradient and needs "
-                "equal sizes on every rank. Write `x_all = "
-                "dloss.all_gather(x)`: exact gradients, uneven batches")
+_GATHER_HINT = ("Write `x_all = dloss.all_gather(x)` (exact gradients, "
+                "uneven batches): torch.distributed.all_gather carries no "
+                "gradient and needs equal sizes on every rank")
 _RANK_HINT = ("Labels computed as arange(n) + n * rank are wrong when ranks "
               "hold different batch sizes. Use `torch.arange(x.shape[0]) + "
               "dloss.shard_offset(x)` (the global index of this rank's "

@@ -39,9 +39,9 @@ def _operand(v, loc):
         if v.dim() != 0:
             fail("a constant tensor of shape %s at %s" % (
                 list(v.shape), _code(loc)),
-                "dloss embeds only 0-d constants (numbers). Pass the tensor "
-                "as an argument of the loss, or build it from torch.arange "
-                "and dloss sizes", loc)
+                "Pass the tensor as an argument of the loss, or build it "
+                "from torch.arange and dloss sizes: dloss embeds only 0-d "
+                "constants (numbers)", loc)
         return v.item() if v.dtype != torch.bool else bool(v.item())
     if isinstance(v, (bool, int, float, _Value, _Size)):
         return v
