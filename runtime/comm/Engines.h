@@ -64,11 +64,9 @@ std::unique_ptr<Communicator> makeSingleProcessCommunicator();
 /// dead peer). A Gloo one has no cancellation in c10d: it leaves the group
 /// busy until the group's own timeout. Either way the communicator refuses
 /// every later call.
-std::unique_ptr<Communicator>
-makeProcessGroupCommunicator(RendezvousOptions options,
-                             c10::intrusive_ptr<c10d::Store> store,
-                             c10::intrusive_ptr<c10d::ProcessGroup> group,
-                             bool ownGroup = false);
+std::unique_ptr<Communicator> makeProcessGroupCommunicator(
+    RendezvousOptions options, c10::intrusive_ptr<c10d::Store> store,
+    c10::intrusive_ptr<c10d::ProcessGroup> group, bool ownGroup = false);
 
 } // namespace dloss
 

@@ -296,10 +296,10 @@ FunctionSpec lossFunction(const std::string &name, const std::string &mode,
 }
 
 TEST(PlanFileTest, EntryChoosesTheLossAndItsGradient) {
-  auto plan = buildPlan({negFunction("helper"), lossFunction("a", "ddp"),
-                         lossFunction("a", "ddp", true),
-                         lossFunction("b", "global"),
-                         lossFunction("b", "global", true)});
+  auto plan =
+      buildPlan({negFunction("helper"), lossFunction("a", "ddp"),
+                 lossFunction("a", "ddp", true), lossFunction("b", "global"),
+                 lossFunction("b", "global", true)});
   dloss::PlanEntry b = plan->entry("b");
   EXPECT_EQ(b.loss->name()->str(), "b");
   EXPECT_EQ(b.grad->name()->str(), "b_grad");
