@@ -1,4 +1,4 @@
-// dloss-lower-to-plan: the compiler's side of the plan (runtime/Plan.fbs).
+// dloss-lower-to-plan: the compiler's side of the plan (runtime/plan/Plan.fbs).
 #include "passes/LowerToPlan.h"
 #include "passes/LocationText.h"
 #include "passes/Passes.h"

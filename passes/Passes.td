@@ -93,7 +93,7 @@ def LowerToPlanPass : Pass<"dloss-lower-to-plan", "ModuleOp"> {
   let summary = "Writes the module's functions as a runtime plan";
   let description = [{
     Lowers every function with a body to the plan that the MLIR-free runtime
-    executes (`runtime/Plan.fbs`): one step per op over numbered registers,
+    executes (`runtime/plan/Plan.fbs`): one step per op over numbered registers,
     with its attributes, its source location and the registers whose last use
     it is. Fails, pointing at the op, on what the runtime cannot run (control
     flow, calls, unsupported types). `dlossc -o x.plan` runs it after the

@@ -1,6 +1,6 @@
 """dloss.ArcFaceLoss and dloss.CosFaceLoss against the real
 pytorch-metric-learning ArcFaceLoss and CosFaceLoss (the pinned version,
-test/upstream.py) run on one process over the global batch, with dloss on
+test/python/upstream.py) run on one process over the global batch, with dloss on
 1, 2, 3 and 4 Gloo ranks with uneven batches: the global loss on every rank,
 embeddings gradients N * dF/dx_r (ddp contract), W's gradient the global
 dF/dW on every rank, ArcFace's target angles past pi - m, W loaded from the

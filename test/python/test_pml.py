@@ -1,6 +1,6 @@
 """dloss.NTXentLoss, dloss.SupConLoss and dloss.DistributedLossWrapper
 against the real pytorch-metric-learning (the pinned version,
-test/upstream.py).
+test/python/upstream.py).
 
 On 1, 2, 3 and 4 Gloo ranks with uneven batches (a rank with no rows
 included), dloss's value on every rank must equal PML's loss class run on

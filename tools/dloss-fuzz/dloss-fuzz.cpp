@@ -111,7 +111,7 @@ void lowerAndCheckPlan(ModuleOp module) {
   if (failed(bytes))
     return;
   const auto *data = reinterpret_cast<const uint8_t *>(bytes->data());
-  // The same limits as runtime/PlanFile.cpp.
+  // The same limits as runtime/plan/PlanFile.cpp.
   flatbuffers::Verifier verifier(data, bytes->size(), /*max_depth=*/64,
                                  /*max_tables=*/1u << 26);
   if (!::dloss::plan::VerifyPlanBuffer(verifier))
