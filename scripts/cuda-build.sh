@@ -10,6 +10,8 @@
 # download (several GB) would be too slow. scripts/test.sh calls it.
 #
 #   bash scripts/cuda-build.sh      # env: DLOSS_CUDA_TORCH (2.14.1), DLOSS_CUDA_VENV, DLOSS_CUDA_BUILD_DIR
+#   bash scripts/cuda-build.sh --venv-only   # only make that venv (scripts/test.sh
+#                                            # runs it beside the main build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -38,6 +40,7 @@ if ! "$VENV/bin/python" -c "import torch; assert torch.__version__.startswith('$
     grep -v "^WARNING: Location" || true
 fi
 "$VENV/bin/python" -c "import torch; print('cuda-build: torch', torch.__version__, 'CUDA', torch.version.cuda)"
+[ "${1:-}" != --venv-only ] || exit 0
 
 mkdir -p "$BUILD_DIR"
 # The compiler is not needed (and stays out: the GPU machines have no LLVM).
