@@ -9,7 +9,8 @@ namespace dloss::fused {
 namespace {
 
 // Point-to-point tags of the fused ops: 16 per step, carries in slots 0-7,
-// features in 8-15. Far below GlooCommunicator's reserved tags (2^30), and
+// features in 8-15. Far below the tags the communicator keeps for its own
+// collectives (comm::kReservedTagBase, 2^30, ContractCommunicator.h), and
 // distinct per step, so a late message can never match the wrong buffer.
 // Between two ranks, the order in which the sender posts (features of step
 // k, then the carry for step k+1, then the features of step k+1) is the

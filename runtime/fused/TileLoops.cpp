@@ -5,7 +5,7 @@
 // its maxima) with one exp per element, CLIP's gradient tile is one pass with
 // its two exps, SigLIP's forward and gradient tiles one pass each. The
 // scalar functions are the tile programs' (Epilogue.h). Built like
-// FusedSimilarity.cpp (runtime/CMakeLists.txt): no FP traps, no errno,
+// RowEvaluator.cpp (runtime/CMakeLists.txt): no FP traps, no errno,
 // `omp simd` honoured, and each loop cloned for AVX-512, AVX2 and baseline
 // x86-64.
 #include "runtime/fused/TileMath.h"
