@@ -279,9 +279,9 @@ void bindGraph(py::module_ &m) {
       .def(
           "reduce_scatter",
           [at](G &g, Tensor x, const std::string &kind, int64_t axis,
-               const std::string &file, int line) {
-            return g.reduceScatter(x, reduction(kind), axis,
-                                   std::nullopt, at(file, line));
+               std::optional<Size> size, const std::string &file, int line) {
+            return g.reduceScatter(x, reduction(kind), axis, size,
+                                   at(file, line));
           },
           py::keep_alive<0, 1>())
       .def(

@@ -91,9 +91,12 @@ class Graph:
         """Every rank's `x` reduced element-wise (kind: sum, mean, max, min), the same on every rank."""
         return self._g.all_reduce(x, kind, *_at())
 
-    def reduce_scatter(self, x, kind="sum", axis=0):
-        """`x` summed (or reduced by `kind`) over the ranks; each rank keeps its own block of `axis` (uneven blocks allowed)."""
-        return self._g.reduce_scatter(x, kind, axis, *_at())
+    def reduce_scatter(self, x, kind="sum", axis=0, size=None):
+        """`x` summed (or reduced by `kind`) over the ranks; each rank keeps
+        its own block of `axis`: `size` rows (a symbolic size; the blocks
+        may be uneven, as the adjoint of an all_gather keeps g.dim(x, 0)),
+        or an even share when None."""
+        return self._g.reduce_scatter(x, kind, axis, size, *_at())
 
     def broadcast(self, x, root=0):
         """Rank `root`'s `x` on every rank."""
