@@ -27,8 +27,7 @@ template <typename ConcreteType>
 class IsFused : public OpTrait::TraitBase<ConcreteType, IsFused> {};
 /// Trait of the ops whose operand `Indices` indexes dimension `axis` of
 /// operand `Data` (Dloss_IndexOperand).
-template <unsigned Data, unsigned Indices>
-struct IndexOperand {
+template <unsigned Data, unsigned Indices> struct IndexOperand {
   template <typename ConcreteType>
   class Impl : public OpTrait::TraitBase<ConcreteType, Impl> {
   public:

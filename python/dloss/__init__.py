@@ -28,7 +28,8 @@ from .metric_learning import DistributedLossWrapper, NTXentLoss, SupConLoss
 from .sync import assert_grads_synced
 # After .collectives: inside a @dloss.loss function all_gather records the op.
 from .trace import (Input, Loss, Replicated, all_gather, all_reduce,
-                    global_size, loss, rank, shard_offset, world_size)
+                    broadcast, global_size, loss, rank, reduce_scatter,
+                    ring_shift, shard_offset, world_size)
 
 # For CMake's CMAKE_PREFIX_PATH, as torch.utils.cmake_prefix_path: then
 # find_package(dloss) finds the installed package (None in the build tree).
@@ -44,6 +45,8 @@ __all__ = [
     "CompiledLoss", "DistillClipLoss",
     "CosFaceLoss", "DistributedLossWrapper", "Error", "Graph", "Input", "Loss", "NTXentLoss", "PartialFC",
     "Replicated", "SigLipLoss", "SupConLoss", "all_gather", "all_reduce",
-    "assert_grads_synced", "cmake_prefix_path", "compile", "gather_all_tensors", "global_size",
-    "guard", "init", "loss", "rank", "set_timeout", "shard_offset", "world_size",
+    "assert_grads_synced", "broadcast", "cmake_prefix_path", "compile",
+    "gather_all_tensors", "global_size", "guard", "init", "loss", "rank",
+    "reduce_scatter", "ring_shift", "set_timeout", "shard_offset",
+    "world_size",
 ]

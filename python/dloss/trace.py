@@ -33,7 +33,8 @@ Semantics, beyond torch's:
   ``all_reduce``, divide by the global count. Pasted single-device code thus
   stays exact for uneven batches. Sums, maxima and logsumexps stay per rank:
   combine them with ``dloss.all_reduce``;
-- ``dloss.all_gather``, ``dloss.all_reduce``, ``dloss.shard_offset``,
+- ``dloss.all_gather``, ``dloss.all_reduce``, ``dloss.reduce_scatter``,
+  ``dloss.broadcast``, ``dloss.ring_shift``, ``dloss.shard_offset``,
   ``dloss.global_size``, ``dloss.world_size`` and ``dloss.rank`` are the
   communication and the rank facts;
 - the loss must be the same on every rank, and no Python control flow may
@@ -46,14 +47,15 @@ import inspect
 
 import torch
 
-from ._trace import (FLOAT_DTYPES, all_gather, all_reduce, fail,
-                     global_size, rank, shard_offset, trace_graph,
-                     world_size)
+from ._trace import (FLOAT_DTYPES, all_gather, all_reduce, broadcast, fail,
+                     global_size, rank, reduce_scatter, ring_shift,
+                     shard_offset, trace_graph, world_size)
 from .compiled import compile_graph
 from .errors import make_error
 
 __all__ = ["Input", "Loss", "Replicated", "all_gather", "all_reduce",
-           "global_size", "loss", "rank", "shard_offset", "world_size"]
+           "broadcast", "global_size", "loss", "rank", "reduce_scatter",
+           "ring_shift", "shard_offset", "world_size"]
 
 
 # ---------------------------------------------------------------------------

@@ -390,4 +390,3 @@ Executor::preflight(const std::string &name, const BoundFunction *bound,
 }
 
 } // namespace dloss
-

@@ -74,7 +74,8 @@ static_assert(SlotDevice + 1 == Executor::kPreflightSlotFields,
 inline constexpr size_t kSlotLength =
     Executor::kPreflightSlotFields + Executor::kPreflightDims;
 inline constexpr int64_t kUndefinedDType = -1;
-inline constexpr int64_t kForeignDType = -2; // a dtype plans cannot name (complex)
+// A dtype plans cannot name (complex).
+inline constexpr int64_t kForeignDType = -2;
 // A device as one integer: type * kDeviceIndexes + index + 1 (index -1: none).
 inline constexpr int64_t kDeviceIndexes = 1 << 16;
 

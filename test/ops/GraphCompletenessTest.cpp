@@ -146,8 +146,8 @@ std::string buildWith(const Witness &witness) {
   Inputs in = addInputs(g);
   if (witness)
     witness(g, in);
-  g.setLoss(g.allReduce(g.reduce(in.x, Reduction::Sum, {0, 1}),
-                        Reduction::Sum));
+  g.setLoss(
+      g.allReduce(g.reduce(in.x, Reduction::Sum, {0, 1}), Reduction::Sum));
   return g.toMlir();
 }
 

@@ -43,7 +43,13 @@ def witness(image, text, labels, scale):
              part.sum() + unit.sum() + bounded.sum() + smooth.sum() +
              roots.sum() + zeros.sum() + labels.float().sum() -
              sizes)                                         # reduce, sub
-    return ce + dloss.all_reduce(local, "sum")              # all_reduce
+    shifted = dloss.ring_shift(image)                       # ring_shift
+    mine = dloss.reduce_scatter(dloss.all_gather(image),
+                                size=image.shape[0])        # reduce_scatter
+    even = dloss.reduce_scatter(text_all)
+    root = dloss.broadcast(scale)                           # broadcast
+    moved = (shifted.sum() + mine.sum() + even.sum()) * root
+    return ce + dloss.all_reduce(local + moved, "sum")      # all_reduce
 
 
 def ops_in(mlir):

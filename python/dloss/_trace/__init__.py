@@ -12,7 +12,8 @@ Modules, in import order (each imports only those above it):
   (installed into values, whose operators call them);
 - patches: torch.arange, the factories and torch.distributed, replaced
   while a function is traced;
-- collectives: dloss.all_gather, all_reduce and the rank facts;
+- collectives: dloss.all_gather, all_reduce, reduce_scatter, broadcast,
+  ring_shift and the rank facts;
 - record: runs the function and ends the graph (trace_graph).
 
 Each module that emits ops names them in EMITS; emitted_ops() is their
@@ -20,15 +21,16 @@ union, kept true by test/python/test_trace_emits.py.
 """
 
 from . import collectives, materialise, rules, values
-from .collectives import (all_gather, all_reduce, global_size, rank,
-                          shard_offset, world_size)
+from .collectives import (all_gather, all_reduce, broadcast, global_size,
+                          rank, reduce_scatter, ring_shift, shard_offset,
+                          world_size)
 from .locations import fail
 from .record import trace_graph
 from .values import FLOAT_DTYPES
 
-__all__ = ["FLOAT_DTYPES", "all_gather", "all_reduce", "emitted_ops", "fail",
-           "global_size", "rank", "shard_offset", "trace_graph",
-           "world_size"]
+__all__ = ["FLOAT_DTYPES", "all_gather", "all_reduce", "broadcast",
+           "emitted_ops", "fail", "global_size", "rank", "reduce_scatter",
+           "ring_shift", "shard_offset", "trace_graph", "world_size"]
 
 
 def emitted_ops():

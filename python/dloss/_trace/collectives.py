@@ -1,7 +1,8 @@
 """dloss's collectives and rank facts as a @dloss.loss function calls them
-(dloss.all_gather, all_reduce, shard_offset, global_size, world_size,
-rank): inside a trace each records its op; outside, all_gather runs at
-once and the others say where they belong."""
+(dloss.all_gather, all_reduce, reduce_scatter, broadcast, ring_shift,
+shard_offset, global_size, world_size, rank): inside a trace each records
+its op; outside, all_gather runs at once and the others say where they
+belong."""
 
 from .. import _C
 from ..collectives import all_gather as _eager_all_gather
@@ -10,7 +11,9 @@ from .materialise import _emit, _mat
 from .values import _Size, _Value, _axis, _current_trace
 
 # The dloss ops these rules emit (test_trace_emits keeps it true).
-EMITS = frozenset({"dloss.all_gather", "dloss.all_reduce"})
+EMITS = frozenset({"dloss.all_gather", "dloss.all_reduce",
+                   "dloss.reduce_scatter", "dloss.broadcast",
+                   "dloss.ring_shift"})
 
 
 def _outside(name):
@@ -66,6 +69,76 @@ def all_reduce(x, op="sum", group=None):
     x = _mat(x)
     t = x.tr.g.all_reduce(x.node, op, *loc)
     return _emit(x.tr, t, x.dims, x.dtype, (), loc, varying=False, ir=x.ir)
+
+
+def _own_dims(r, loc):
+    """`r` with each run-time size its own (dloss.dim of r): a collective's
+    result whose sizes are another rank's, or a share, not its operand's."""
+    r.dims = tuple(d if isinstance(d, int) else
+                   _Size(r.tr, "dim", (r, k), loc, varying=True)
+                   for k, d in enumerate(r.dims))
+    return r
+
+
+def reduce_scatter(x, op="sum", size=None):
+    """Inside a @dloss.loss function: `x` (whose first dimension is the
+    global one) summed (or averaged: "mean") over the ranks, of which this
+    rank keeps its own block of rows: `size` rows (this rank's share, such
+    as its batch `image.shape[0]`; blocks may be uneven), or an even share
+    when None. The inverse layout of dloss.all_gather, with its exact
+    gradient."""
+    if not isinstance(x, _Value):
+        _outside("reduce_scatter")
+    loc = _user_location()
+    if op not in ("sum", "mean"):
+        fail("unknown reduction %r for dloss.reduce_scatter" % (op,),
+             "Use 'sum' or 'mean'", loc, op="dloss.reduce_scatter")
+    x = _mat(x)
+    if x.ndim == 0:
+        fail("dloss.reduce_scatter of a 0-d tensor at %s" % _code(loc),
+             "Scatter a tensor whose first dimension is the global batch",
+             loc, op="dloss.reduce_scatter")
+    tr = x.tr
+    block = None if size is None else tr.size(size, loc)
+    t = tr.g.reduce_scatter(x.node, op, 0, block, *loc)
+    if size is None:
+        return _own_dims(_emit(tr, t, x.dims, x.dtype, (), loc,
+                               varying=True, ir=x.ir), loc)
+    return _emit(tr, t, (size,) + tuple(x.dims[1:]), x.dtype, (), loc,
+                 varying=True, ir=x.ir)
+
+
+def broadcast(x, root=0):
+    """Inside a @dloss.loss function: rank `root`'s `x` on every rank (the
+    ranks' `x` have the same shape), with its exact gradient (the
+    cotangents summed on the root)."""
+    if not isinstance(x, _Value):
+        _outside("broadcast")
+    loc = _user_location()
+    if not isinstance(root, int) or root < 0:
+        fail("dloss.broadcast's root must be a rank number, got %r" %
+             (root,), "Pass the root rank as an int (0, say)", loc,
+             op="dloss.broadcast")
+    x = _mat(x)
+    t = x.tr.g.broadcast(x.node, root, *loc)
+    return _emit(x.tr, t, x.dims, x.dtype, (), loc, varying=False, ir=x.ir)
+
+
+def ring_shift(x, shift=1):
+    """Inside a @dloss.loss function: sends `x` to rank r + shift and
+    returns what rank r - shift sent (its sizes, which may differ from
+    this rank's): one step of a ring algorithm."""
+    if not isinstance(x, _Value):
+        _outside("ring_shift")
+    loc = _user_location()
+    if not isinstance(shift, int):
+        fail("dloss.ring_shift's shift must be an int, got %r" % (shift,),
+             "Pass how many ranks to shift by (1, say)", loc,
+             op="dloss.ring_shift")
+    x = _mat(x)
+    t = x.tr.g.ring_shift(x.node, shift, *loc)
+    return _own_dims(_emit(x.tr, t, x.dims, x.dtype, (), loc, varying=True,
+                           ir=x.ir), loc)
 
 
 def _axis_size(kind, x, axis, name):
