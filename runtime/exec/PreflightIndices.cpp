@@ -3,7 +3,6 @@
 #include "runtime/exec/PreflightIndices.h"
 
 #include "runtime/exec/RankGroups.h"
-#include "runtime/fused/Epilogue.h"
 #include "runtime/kernels/OpTable.h"
 
 #include <algorithm>
@@ -42,35 +41,20 @@ const flatbuffers::Vector<int64_t> *integersAttr(const plan::Step &step,
 }
 
 /// The operands of dloss.fused_similarity (tiled over a local class
-/// matrix) that its program compares with the column index: targets, whose
-/// values must be class indices (runtime/fused/Epilogue.h's encoding: `eq`
-/// of a `col_id` and a `row k`, operand 2 + k). A target out of range
-/// would match no class and silently pick nothing.
+/// matrix) that its program compares with the column index, as the compiler
+/// lists them in `class_targets` (runtime/plan/TileEncoding.h; per-row leaf
+/// k is operand 2 + k): targets, whose values must be class indices. A
+/// target out of range would match no class and silently pick nothing.
 std::vector<uint32_t> classTargets(const plan::Step &step) {
   std::vector<uint32_t> targets;
-  const auto *program = integersAttr(step, "program");
+  const auto *leaves = integersAttr(step, "class_targets");
   std::optional<int64_t> rowLeaves = integerAttr(step, "row_leaves");
-  if (!program || !rowLeaves || integerAttr(step, "gathered") ||
+  if (!leaves || !rowLeaves || integerAttr(step, "gathered") ||
       integerAttr(step, "sharded"))
     return targets;
-  using Op = epilogue::Op;
-  auto opAt = [&](int64_t reg) {
-    return 4 * reg + 3 < static_cast<int64_t>(program->size())
-               ? static_cast<Op>(program->Get(4 * reg))
-               : Op::Sim;
-  };
-  for (uint32_t t = 0; 4 * t + 3 < program->size(); ++t) {
-    if (static_cast<Op>(program->Get(4 * t)) != Op::Eq)
-      continue;
-    int64_t a = program->Get(4 * t + 1), b = program->Get(4 * t + 2);
-    if (opAt(a) == Op::RowLeaf)
-      std::swap(a, b);
-    if (opAt(a) != Op::ColId || opAt(b) != Op::RowLeaf)
-      continue;
-    int64_t leaf = program->Get(4 * b + 1);
-    if (leaf >= 0 && leaf < *rowLeaves)
+  for (int64_t leaf : *leaves)
+    if (leaf >= 0 && leaf < *rowLeaves) // the kernel refuses the others
       targets.push_back(2 + static_cast<uint32_t>(leaf));
-  }
   return targets;
 }
 
@@ -103,10 +87,10 @@ std::vector<IndexUse> indexUses(const plan::Function &function) {
       rules.push_back({static_cast<uint32_t>(spec->index.data),
                        static_cast<uint32_t>(spec->index.indices),
                        integerAttr(*step, "axis")});
-    // The general op's class targets index axis 0 of its class matrix.
-    if (op == "dloss.fused_similarity")
-      for (uint32_t target : classTargets(*step))
-        rules.push_back({1, target, 0});
+    // The general op's class targets (its `class_targets`, on the forward
+    // and the _grad step alike) index axis 0 of its class matrix.
+    for (uint32_t target : classTargets(*step))
+      rules.push_back({1, target, 0});
     for (const IndexingRule &rule : rules) {
       if (!operands || operands->size() <= rule.indices ||
           operands->size() <= rule.data)

@@ -14,6 +14,7 @@
 // gradients goes home with the column gradient.
 #include "runtime/fused/FusedSimilarity.h"
 
+#include "runtime/fused/DeviceTiles.h"
 #include "runtime/fused/FusedSimilarityDevice.h"
 #include "runtime/fused/RowEvaluator.h"
 #include "runtime/fused/TileMath.h"
