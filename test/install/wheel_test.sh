@@ -26,6 +26,18 @@ unset LD_LIBRARY_PATH PYTHONPATH CMAKE_PREFIX_PATH VIRTUAL_ENV
 
 torch_version=$("$python" -c 'import torch; print(torch.__version__.split("+")[0])')
 
+# The fresh venv (pip unpacking torch: one core and the disk) is made beside
+# the wheel's build (both cores).
+venv_python=$work/venv/bin/python
+(
+  "$python" -m venv "$work/venv"
+  "$venv_python" -m pip install --progress-bar off -q "torch==$torch_version" numpy 2>&1 |
+    grep -v "^WARNING: Location" || true
+) > "$work/venv.log" 2>&1 &
+venv_pid=$!
+# Where the build fails, its pip ends before this script does.
+trap 'wait "$venv_pid" 2>/dev/null || true' EXIT
+
 step "pip wheel --no-build-isolation $source (torch $torch_version; the build prints [n/N])"
 "$python" -m pip wheel -v --no-build-isolation --no-deps -w "$work/dist" \
   -C build-dir="$work/wheel-build" "$source" 2>&1 |
@@ -35,11 +47,9 @@ wheels=("$work"/dist/dloss-*.whl)
 [[ ${#wheels[@]} -eq 1 ]] || { tail -40 "$work/wheel.log"; fail "no wheel was built"; }
 echo "wheel: $(basename "${wheels[0]}"), $(du -m "${wheels[0]}" | cut -f1) MB"
 
-step "a fresh venv with only torch==$torch_version, then the wheel"
-"$python" -m venv "$work/venv"
-venv_python=$work/venv/bin/python
-"$venv_python" -m pip install --progress-bar off -q "torch==$torch_version" numpy 2>&1 |
-  grep -v "^WARNING: Location" || true
+step "a fresh venv with only torch==$torch_version (made beside the build), then the wheel"
+wait "$venv_pid" || { cat "$work/venv.log"; fail "making the venv failed"; }
+cat "$work/venv.log"
 "$venv_python" -m pip install --progress-bar off -q --no-deps "${wheels[0]}"
 site=$("$venv_python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
 package=$site/dloss
