@@ -9,6 +9,7 @@
 #ifndef DLOSS_RUNTIME_FUSED_FUSEDKERNELS_H
 #define DLOSS_RUNTIME_FUSED_FUSEDKERNELS_H
 
+#include "runtime/fused/TileShape.h"
 #include "runtime/kernels/KernelTable.h"
 
 #include <cstddef>
@@ -16,18 +17,6 @@
 #include <vector>
 
 namespace dloss {
-
-/// The rows x columns of one similarity tile.
-struct TileShape {
-  int64_t rows;
-  int64_t cols;
-};
-
-/// The tile the fused kernels use for elements of `elementSize` bytes: about
-/// half the L2 cache, columns a multiple of 64. The environment variable
-/// DLOSS_TILE=RxC (e.g. 3x5) overrides it, for experiments and for tests of
-/// the block edges; a malformed value raises dloss::Error.
-TileShape fusedTileShape(size_t elementSize);
 
 namespace fused {
 

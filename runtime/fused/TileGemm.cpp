@@ -1,7 +1,8 @@
 // The fused ops' tile GEMMs on the CPU: the BLAS that ATen itself calls,
-// without ATen's dispatch (TileMath.h, tileGemm).
-#include "runtime/fused/TileMath.h"
+// without ATen's dispatch (TileGemm.h).
+#include "runtime/fused/TileGemm.h"
 
+#include <ATen/ATen.h>
 #include <ATen/ops/mm_ops.h>
 
 #include <dlfcn.h>

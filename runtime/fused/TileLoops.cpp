@@ -8,7 +8,7 @@
 // RowEvaluator.cpp (runtime/CMakeLists.txt): no FP traps, no errno,
 // `omp simd` honoured, and each loop cloned for AVX-512, AVX2 and baseline
 // x86-64.
-#include "runtime/fused/TileMath.h"
+#include "runtime/fused/TileLoops.h"
 
 #include "runtime/fused/Epilogue.h"
 

@@ -1,5 +1,7 @@
-// The fused ops' arithmetic on one similarity tile: blocking, scratch, targets,
-// online log-sum-exp, backpropagation.
+// The fused ops' arithmetic on one similarity tile: scratch, targets, online
+// log-sum-exp, backpropagation (TileMath.cpp). Its users also get the tiles'
+// shapes and blocks (TileShape.h), GEMMs (TileGemm.h) and vectorised loops
+// (TileLoops.h).
 //
 // A chunk is processed in blocks of Br rows x Bc columns: one GEMM (tileGemm)
 // into a preallocated tile sized to half the L2 cache, then the element-wise
@@ -10,33 +12,15 @@
 
 #include "runtime/fused/FusedArgs.h"
 #include "runtime/fused/FusedKernels.h"
+#include "runtime/fused/TileGemm.h"
+#include "runtime/fused/TileLoops.h"
+#include "runtime/fused/TileShape.h"
 
 #include <algorithm>
 #include <utility>
 #include <vector>
 
 namespace dloss::fused {
-
-/// The tile for a `rows` x `cols` problem of `type`: fusedTileShape, never
-/// larger than the problem.
-TileShape clippedTile(int64_t rows, int64_t cols, at::ScalarType type);
-/// The GPU tile, clipped the same way: DLOSS_TILE when set (tests cross
-/// block edges with it), otherwise 2048 x 4096.
-TileShape deviceTileShape(int64_t rows, int64_t cols);
-
-/// A tile's place: rows [row, row + rows) x columns [col, col + cols).
-struct Block {
-  int64_t row, rows, col, cols;
-};
-
-/// Calls fn(block) for every tile of a `rows` x `cols` matrix.
-template <typename Fn>
-void forEachBlock(int64_t rows, int64_t cols, TileShape tile, Fn &&fn) {
-  for (int64_t col = 0; col < cols; col += tile.cols)
-    for (int64_t row = 0; row < rows; row += tile.rows)
-      fn(Block{row, std::min(tile.rows, rows - row), col,
-               std::min(tile.cols, cols - col)});
-}
 
 /// Tile buffers, allocated once per call and reused by every tile.
 class TileScratch {
@@ -69,30 +53,6 @@ private:
   Tensors buffers;
   mutable std::vector<View> views;
 };
-
-/// c = alpha op(a) op(b) + beta c for row-major f32 or f64 matrices: op(a)
-/// is m x k, op(b) k x n and c m x n, with row strides lda, ldb, ldc (op(x)
-/// = x^T where trans). The CPU tiles' GEMMs: sgemm_/dgemm_ of the BLAS that
-/// ATen calls, found in the process, so the same kernels as at::mm without
-/// its per-call dispatch, views and checks (about 20 ATen calls per CLIP
-/// tile cost 2% of a step); addmm_ (tileGemmATen) where LibTorch keeps its
-/// BLAS to itself (wheels with MKL linked in) or a size exceeds BLAS's int.
-template <typename T>
-void tileGemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
-              T alpha, const T *a, int64_t lda, const T *b, int64_t ldb, T beta,
-              T *c, int64_t ldc);
-/// tileGemm through ATen: the fallback (tested beside tileGemm).
-template <typename T>
-void tileGemmATen(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
-                  T alpha, const T *a, int64_t lda, const T *b, int64_t ldb,
-                  T beta, T *c, int64_t ldc);
-/// Whether tileGemm calls the process's BLAS (false: ATen).
-bool tileGemmCallsBlas();
-
-/// Checks that `tile` is a contiguous [block.rows, block.cols] matrix; `what`
-/// names the caller in the error (an internal invariant: the fused ops make
-/// their tiles so).
-void checkTile(const at::Tensor &tile, const Block &block, const char *what);
 
 /// S = rows[block] x cols[block]^T, written into `out`.
 at::Tensor similarityTile(const Similarity &sim, const at::Tensor &cols,
@@ -163,63 +123,6 @@ at::Tensor finiteShift(const at::Tensor &x);
 /// in place; sum is the sum of exp(x - max), an empty set has (-inf, 0).
 void mergeLse(at::Tensor max1, at::Tensor sum1, const at::Tensor &max2,
               const at::Tensor &sum2);
-
-// The tile loops below (TileLoops.cpp) take `tile` (f32 or f64, the
-// contiguous [block.rows, block.cols] tile at `block`) and whole contiguous
-// vectors of its type: a row-indexed one (every row's statistics, log-sum-
-// exps, cotangents) is read and written at the tile's rows, from block.row
-// on, a column-indexed one at its columns, from block.col on. No views per
-// tile: a tile's ATen calls cost as much as its loops at these sizes.
-
-/// Folds `scale * tile` into running statistics along `dim` (1: max and
-/// sum are row-indexed, one per tile row; 0: column-indexed), in
-/// vectorised loops: one read of the tile for the maxima and one, with one
-/// exp per element, for the sums. `tile` is not changed; infinities behave
-/// as in mergeLse.
-void foldLse(const at::Tensor &tile, double scale, int64_t dim,
-             const Block &block, const at::Tensor &max, const at::Tensor &sum);
-
-/// foldLse along both dims at once (CLIP's forward tile), with one exp per
-/// element instead of two. The same statistics as two foldLse calls, to
-/// rounding.
-void foldLseBoth(const at::Tensor &tile, double scale, const Block &block,
-                 const at::Tensor &rowMax, const at::Tensor &rowSum,
-                 const at::Tensor &colMax, const at::Tensor &colSum);
-
-/// CLIP's gradient tile in one vectorised pass: grad[i, j] = ctRow[i]
-/// exp(scale s - rowLse[i]) + ctCol[j] exp(scale s - colLse[j]). One exp per
-/// element where the tile's row and column log-sum-exps lie within 40 of
-/// each other (the second term is then the first's exp times a per-row and
-/// a per-column factor), two otherwise. Returns (sum(grad * s), the sum of
-/// the column direction's part times s).
-std::pair<double, double>
-softmaxTileGradient(const at::Tensor &s, double scale, const Block &block,
-                    const at::Tensor &rowLse, const at::Tensor &ctRow,
-                    const at::Tensor &colLse, const at::Tensor &ctCol,
-                    at::Tensor grad);
-
-/// The one-exp softmax gradients' factors (TileLoops.cpp): for a tile whose
-/// row and column log-sum-exps are finite and lie within 40 of each other,
-/// exp(rowLse[i] - colLse[j]) = u[i] v[j] (each within e^+-40); sets u and
-/// cv[j] = ctCol[j] v[j] and returns true. False (two exps needed)
-/// otherwise. Where exp(x - rowLse[i]) then underflows, the column term
-/// exp(x - colLse[j]) is below e^-47.
-template <typename T>
-bool sharedLseFactors(const T *rowLse, int64_t rows, const T *colLse,
-                      const T *ctCol, int64_t cols, std::vector<T> &u,
-                      std::vector<T> &cv);
-
-/// SigLIP's forward tile: rowSum[i] += sum_j softplus(scale s[i, j] +
-/// bias), one vectorised pass.
-void softplusRowSums(const at::Tensor &s, double scale, double bias,
-                     const Block &block, const at::Tensor &rowSum);
-
-/// SigLIP's gradient tile in one vectorised pass: grad[i, j] = ct[i]
-/// sigmoid(scale s + bias). Returns (sum(grad), sum(grad * s)).
-std::pair<double, double> sigmoidTileGradient(const at::Tensor &s, double scale,
-                                              double bias, const Block &block,
-                                              const at::Tensor &ct,
-                                              at::Tensor grad);
 
 /// The log-sum-exp of running statistics.
 at::Tensor lseOf(const at::Tensor &max, const at::Tensor &sum);

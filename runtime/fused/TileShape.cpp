@@ -1,6 +1,6 @@
 // How large the fused ops' similarity tiles are: from the L2 cache on the CPU,
 // fixed on the GPU, DLOSS_TILE for both.
-#include "runtime/fused/TileMath.h"
+#include "runtime/fused/TileShape.h"
 
 #include "runtime/support/Error.h"
 
