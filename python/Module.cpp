@@ -557,6 +557,7 @@ void bindJit(py::module_ &m) {
         for (const OpSpec &spec : opSpecs()) {
           py::dict op;
           op["name"] = spec.name;
+          op["collective"] = spec.collective;
           op["internal"] = spec.internal;
           op["fused"] = spec.fused;
           op["index"] = spec.index.present()
@@ -568,8 +569,8 @@ void bindJit(py::module_ &m) {
         return ops;
       },
       "Every op a plan may hold, from its ODS definition (the runtime's op "
-      "table): name, internal (users never build it), fused (a ring-tiled "
-      "op), index ((data, indices) operands, or None).");
+      "table): name, collective, internal (users never build it), fused (a "
+      "ring-tiled op), index ((data, indices) operands, or None).");
   m.def(
       "compile_plan",
       [](const std::string &text, const std::string &gradMode,

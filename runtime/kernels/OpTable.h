@@ -42,6 +42,9 @@ struct OpSpec {
   int numResults;  ///< -1: any number (a variadic result list)
   std::vector<OpAttrSpec> attrs;
   OpIndexOperand index;
+  /// It communicates: every rank runs it, in the same order
+  /// (Dloss_Collective).
+  bool collective;
   /// Users never build it: passes produce it (Dloss_Internal).
   bool internal;
   /// A fused ring-tiled op (Dloss_Fused); internal too.

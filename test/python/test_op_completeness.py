@@ -113,6 +113,11 @@ class OpCompletenessTest(unittest.TestCase):
         self.assertTrue(table["dloss.fused_similarity"]["internal"])
         self.assertEqual(table["dloss.take_along"]["index"], (0, 1))
         self.assertFalse(table["dloss.take_along"]["internal"])
+        self.assertIsNone(table["dloss.add"]["index"])
+        self.assertTrue(table["dloss.ring_shift"]["collective"])
+        self.assertFalse(table["dloss.add"]["collective"])
+        self.assertFalse(table["dloss.l2_normalize_grad"]["fused"])
+        self.assertTrue(table["dloss.l2_normalize_grad"]["internal"])
 
     def test_every_op_users_may_build_has_a_graph_witness(self):
         self.assertEqual(

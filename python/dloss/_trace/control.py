@@ -5,10 +5,16 @@ across ranks around a collective is named as the hang it would be."""
 import ast
 import functools
 
+from .. import _C
 from .locations import _code, fail
 
-_COLLECTIVES = {"all_gather", "all_reduce", "reduce_scatter", "broadcast",
-                "ring_shift", "gather_all_tensors", "all_gather_into_tensor"}
+# The calls that communicate: dloss's collectives users may build (the op
+# table's, as dloss.<op>, torch.distributed.<op> and dist.<op> share names),
+# and torch's and TorchMetrics' other spellings.
+_COLLECTIVES = {op["name"].split(".", 1)[1] for op in _C.op_table()
+                if op["name"].startswith("dloss.") and op["collective"]
+                and not op["internal"]} | {"gather_all_tensors",
+                                           "all_gather_into_tensor"}
 
 
 @functools.lru_cache(maxsize=64)
