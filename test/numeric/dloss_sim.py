@@ -778,7 +778,7 @@ def _sharded_softmax_grad(op, args, world):
 # program is written as torch ops over whole matrices: per rank r, the tile
 # E_r holds e(i, j) for r's rows i and every column j the op sees (all
 # ranks' columns when gathered, r's classes otherwise). Instruction t of the
-# program (4 int64: opcode, a, b, c; runtime/fused/Epilogue.h's encoding)
+# program (4 int64: opcode, a, b, c; runtime/plan/TileEncoding.h's encoding)
 # defines register t; `outputs` holds (register, reduction) per result.
 
 # Opcodes, by number (the plan's encoding).
