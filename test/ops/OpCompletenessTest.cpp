@@ -3,7 +3,10 @@
 //
 // A rule that is missing would otherwise show up only when a loss using the
 // op reaches the pass, the report, the runtime or the numeric checks. The
-// test names each op and what it lacks.
+// test names each op and what it lacks. The front ends (a dloss::Graph
+// builder, a dloss.Graph binding, a trace rule for every op not marked
+// Dloss_Internal) are checked by GraphCompletenessTest.cpp and
+// test/python/test_op_completeness.py.
 #include "dialect/DlossOps.h"
 #include "driver/Compile.h"
 #include "runtime/kernels/KernelTable.h"
