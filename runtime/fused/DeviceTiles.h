@@ -27,9 +27,9 @@ public:
   DeviceTiles(const FusedArgs &args, int64_t rows, int64_t cols);
   /// The same with a workspace of bytes(maxRows, maxCols, type) bytes, for
   /// launchers that carve their own (cuda/SimilarityTiles.h).
-  DeviceTiles(const FusedArgs &args, int64_t rows, int64_t cols,
-              const std::function<size_t(int64_t, int64_t, cuda::ElementType)>
-                  &bytes);
+  DeviceTiles(
+      const FusedArgs &args, int64_t rows, int64_t cols,
+      const std::function<size_t(int64_t, int64_t, cuda::ElementType)> &bytes);
 
   /// The operands of `block`: rows[block.row...], cols[block.col...].
   cuda::Tile tile(const at::Tensor &rows, const at::Tensor &cols,

@@ -114,8 +114,7 @@ DLOSS_FASTMATH float log(float x) {
   float result = m + p + fe * 0.693359375f;
   result = x == 0.0f ? -inf : result;
   result = x == inf ? inf : result;
-  return x < 0.0f || x != x ? std::numeric_limits<float>::quiet_NaN()
-                            : result;
+  return x < 0.0f || x != x ? std::numeric_limits<float>::quiet_NaN() : result;
 }
 
 /// ln(1 + x), accurate for small x: log(u) * x / (u - 1) with u = 1 + x
@@ -124,9 +123,9 @@ DLOSS_FASTMATH float log1p(float x) {
   float u = 1.0f + x;
   float d = u - 1.0f;
   float l = log(u);
-  return d == 0.0f ? x : (u == std::numeric_limits<float>::infinity()
-                              ? u
-                              : l * (x / d));
+  return d == 0.0f
+             ? x
+             : (u == std::numeric_limits<float>::infinity() ? u : l * (x / d));
 }
 
 } // namespace dloss::fastmath

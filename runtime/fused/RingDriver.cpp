@@ -187,14 +187,13 @@ ColumnGradient runGradientRing(
     Communicator &comm, Tensors features, std::vector<int64_t> lengths,
     int64_t width, at::TensorOptions options,
     const std::function<void(const Chunk &, at::Tensor &, double &)> &tiles) {
-  return runGradientRing(comm, std::move(features), std::move(lengths), width,
-                         1, options,
-                         [&](const Chunk &chunk, at::Tensor &dCols) {
-                           double share = 0;
-                           tiles(chunk, dCols, share);
-                           return at::full({1}, share,
-                                           options.dtype(at::kDouble));
-                         });
+  return runGradientRing(
+      comm, std::move(features), std::move(lengths), width, 1, options,
+      [&](const Chunk &chunk, at::Tensor &dCols) {
+        double share = 0;
+        tiles(chunk, dCols, share);
+        return at::full({1}, share, options.dtype(at::kDouble));
+      });
 }
 
 } // namespace dloss::fused

@@ -83,11 +83,10 @@ void ringSigmoidPairs(KernelContext &ctx) {
           at::Tensor s = similarityTile(ops.sim, chunk.features[0], block,
                                         scratch(0, block));
           Elements sAt(s);
-          forRowTargets(ops.targets, block, chunk.offset,
-                        [&](int64_t i, int64_t e) {
-                          positiveAt.set(i, ops.sim.scale * sAt.get(e) +
-                                                ops.bias);
-                        });
+          forRowTargets(
+              ops.targets, block, chunk.offset, [&](int64_t i, int64_t e) {
+                positiveAt.set(i, ops.sim.scale * sAt.get(e) + ops.bias);
+              });
           softplusRowSums(s, ops.sim.scale, ops.bias, block, pairSum);
         });
       });

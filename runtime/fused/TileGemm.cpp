@@ -36,8 +36,7 @@ template <typename T> FortranGemm<T> processGemm() {
       return nullptr;
     // The handle stays open: we call into the library it names.
     void *aten = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
-    return aten ? reinterpret_cast<FortranGemm<T>>(dlsym(aten, name))
-                : nullptr;
+    return aten ? reinterpret_cast<FortranGemm<T>>(dlsym(aten, name)) : nullptr;
   }();
   return gemm;
 }

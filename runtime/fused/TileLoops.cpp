@@ -39,8 +39,7 @@ template <typename T> inline __attribute__((always_inline)) T expOf(T x) {
 
 /// expOf of x <= 88 (a difference from a maximum or a finite log-sum-exp):
 /// cheaper, the same value (fastmath::expNonPositive).
-template <typename T>
-inline __attribute__((always_inline)) T expBelowMax(T x) {
+template <typename T> inline __attribute__((always_inline)) T expBelowMax(T x) {
   return epilogue::detail::expNonPositive_(x);
 }
 
@@ -84,8 +83,7 @@ DLOSS_TILE_LOOP void maxInto(T *__restrict top, const T *__restrict x, T scale,
 /// sum[j] += exp(scale x[j] - shift[j]).
 template <typename T>
 DLOSS_TILE_LOOP void sumExpInto(T *__restrict sum, const T *__restrict x,
-                                T scale, const T *__restrict shift,
-                                int64_t w) {
+                                T scale, const T *__restrict shift, int64_t w) {
   for (int64_t j = 0; j < w; ++j)
     sum[j] += expOf(scale * x[j] - shift[j]);
 }
@@ -221,7 +219,8 @@ void foldColumns(const at::Tensor &tile, T scale, T *max, T *sum) {
   const T *x = tile.data_ptr<T>();
   // Columns split over threads; each walks every row of its slice, the
   // inner loops running along the row.
-  const int64_t grain = std::max<int64_t>(64, 16384 / std::max<int64_t>(1, rows));
+  const int64_t grain =
+      std::max<int64_t>(64, 16384 / std::max<int64_t>(1, rows));
   at::parallel_for(0, cols, grain, [&](int64_t begin, int64_t end) {
     const int64_t w = end - begin;
     std::vector<T> top(max + begin, max + end), shift(w);
@@ -259,8 +258,8 @@ template <typename T> void mergeInto(T &max, T &sum, T top, T s) {
 /// with their own shift; a tile with infinities or NaN takes foldRows and
 /// foldColumns.
 template <typename T>
-void foldBoth(const at::Tensor &tile, T scale, T *rowMax, T *rowSum,
-              T *colMax, T *colSum) {
+void foldBoth(const at::Tensor &tile, T scale, T *rowMax, T *rowSum, T *colMax,
+              T *colSum) {
   const int64_t rows = tile.size(0), cols = tile.size(1);
   const T *x = tile.data_ptr<T>();
   constexpr T inf = std::numeric_limits<T>::infinity();
@@ -375,8 +374,8 @@ std::pair<double, double> sigmoidTile(const at::Tensor &s, T scale, T bias,
   T *g = grad.data_ptr<T>();
   return rowPairSums(s.size(0), cols, [&](int64_t i, double &dot) {
     T gs = 0;
-    T sum = sigmoidRow(g + i * cols, x + i * cols, scale, bias, ct[i], cols,
-                       gs);
+    T sum =
+        sigmoidRow(g + i * cols, x + i * cols, scale, bias, ct[i], cols, gs);
     dot = gs;
     return static_cast<double>(sum);
   });

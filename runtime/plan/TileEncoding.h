@@ -167,12 +167,12 @@ inline std::string checkOutputs(const int64_t *outputs, int64_t outputsSize,
   for (int64_t k = 0; k < outputsSize / 2; ++k) {
     int64_t reg = outputs[2 * k], kind = outputs[2 * k + 1];
     if (reg < 0 || reg >= count)
-      return what + (" " + std::to_string(k)) + " names register " +
+      return std::string(what) + " " + std::to_string(k) + " names register " +
              std::to_string(reg) + " of " + std::to_string(count);
     if (kind != static_cast<int64_t>(Reduce::Sum) &&
         kind != static_cast<int64_t>(Reduce::LogSumExp))
-      return what + (" " + std::to_string(k)) + " has unknown reduction " +
-             std::to_string(kind);
+      return std::string(what) + " " + std::to_string(k) +
+             " has unknown reduction " + std::to_string(kind);
   }
   return {};
 }
