@@ -374,65 +374,31 @@ void RowProgram<T>::sweep(const std::vector<char> &mask, int64_t i, int64_t w,
   }
 }
 
-template double rowSum<float>(const float *__restrict, int64_t);
-template float rowMax<float>(const float *__restrict, int64_t);
-template double rowSumExp<float>(const float *__restrict, float, int64_t);
-template void addSoftmaxSeed<float>(float *__restrict, const float *__restrict,
-                                    float, float, int64_t);
+// The row loops and the evaluator for both compute types: their clones are
+// made here, under this file's flags; the ring code calls them.
+#define DLOSS_INSTANTIATE_ROW_EVALUATOR(T)                                     \
+  template double rowSum<T>(const T *__restrict, int64_t);                     \
+  template T rowMax<T>(const T *__restrict, int64_t);                          \
+  template double rowSumExp<T>(const T *__restrict, T, int64_t);               \
+  template void addSoftmaxSeed<T>(T *__restrict, const T *__restrict, T, T,    \
+                                  int64_t);                                    \
+  template void addColumnSoftmaxSeed<T, false>(                                \
+      T *__restrict, const T *__restrict, const T *__restrict,                 \
+      const T *__restrict, int64_t);                                           \
+  template void addColumnSoftmaxSeed<T, true>(                                 \
+      T *__restrict, const T *__restrict, const T *__restrict,                 \
+      const T *__restrict, int64_t);                                           \
+  template void addBothSoftmaxSeeds<T, false>(T *__restrict, T *__restrict,    \
+                                              const T *__restrict, T, T, T,    \
+                                              const T *__restrict, int64_t);   \
+  template void addBothSoftmaxSeeds<T, true>(T *__restrict, T *__restrict,     \
+                                             const T *__restrict, T, T, T,     \
+                                             const T *__restrict, int64_t);    \
+  template void addSeed<T>(T *__restrict, const T *__restrict, bool, int64_t); \
+  template class RowProgram<T>;
 
-template void addColumnSoftmaxSeed<float, false>(float *__restrict,
-                                                 const float *__restrict,
-                                                 const float *__restrict,
-                                                 const float *__restrict,
-                                                 int64_t);
-template void
-addBothSoftmaxSeeds<float, false>(float *__restrict, float *__restrict,
-                                  const float *__restrict, float, float, float,
-                                  const float *__restrict, int64_t);
-
-template void addColumnSoftmaxSeed<float, true>(float *__restrict,
-                                                const float *__restrict,
-                                                const float *__restrict,
-                                                const float *__restrict,
-                                                int64_t);
-template void
-addBothSoftmaxSeeds<float, true>(float *__restrict, float *__restrict,
-                                 const float *__restrict, float, float, float,
-                                 const float *__restrict, int64_t);
-
-template void addSeed<float>(float *__restrict, const float *__restrict, bool,
-                             int64_t);
-template class RowProgram<float>;
-
-template double rowSum<double>(const double *__restrict, int64_t);
-template double rowMax<double>(const double *__restrict, int64_t);
-template double rowSumExp<double>(const double *__restrict, double, int64_t);
-template void addSoftmaxSeed<double>(double *__restrict,
-                                     const double *__restrict, double, double,
-                                     int64_t);
-
-template void addColumnSoftmaxSeed<double, false>(double *__restrict,
-                                                  const double *__restrict,
-                                                  const double *__restrict,
-                                                  const double *__restrict,
-                                                  int64_t);
-template void
-addBothSoftmaxSeeds<double, false>(double *__restrict, double *__restrict,
-                                   const double *__restrict, double, double,
-                                   double, const double *__restrict, int64_t);
-
-template void addColumnSoftmaxSeed<double, true>(double *__restrict,
-                                                 const double *__restrict,
-                                                 const double *__restrict,
-                                                 const double *__restrict,
-                                                 int64_t);
-template void
-addBothSoftmaxSeeds<double, true>(double *__restrict, double *__restrict,
-                                  const double *__restrict, double, double,
-                                  double, const double *__restrict, int64_t);
-
-template void addSeed<double>(double *__restrict, const double *__restrict,
-                              bool, int64_t);
-template class RowProgram<double>;
+DLOSS_INSTANTIATE_ROW_EVALUATOR(float)
+DLOSS_INSTANTIATE_ROW_EVALUATOR(double)
+#undef DLOSS_INSTANTIATE_ROW_EVALUATOR
 
 } // namespace dloss::fused::similarity
