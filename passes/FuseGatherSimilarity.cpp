@@ -307,16 +307,16 @@ FusedSimilarityOp localMarginSoftmax(PatternRewriter &rewriter, Location loc,
   int64_t ninf = ep::doubleToBits(-std::numeric_limits<double>::infinity());
   int64_t zero = ep::doubleToBits(0.0);
   SmallVector<int64_t> program = {
-      code(ep::Op::Sim),    0, 0, 0, // %0 = S
-      code(ep::Op::Scalar), 0, 0, 0, // %1 = scale
-      code(ep::Op::Mul),    0, 1, 0, // %2 = scale * S
-      code(ep::Op::ColId),  0, 0, 0, // %3 = class
-      code(ep::Op::RowLeaf), 0, 0, 0, // %4 = target
-      code(ep::Op::Eq),     3, 4, 0, // %5 = class == target
-      code(ep::Op::Const),  ninf, 0, 0, // %6
-      code(ep::Op::Select), 5, 6, 2, // %7 = the other classes' logits
-      code(ep::Op::Const),  zero, 0, 0, // %8
-      code(ep::Op::Select), 5, 0, 8, // %9 = the target's similarity
+      code(ep::Op::Sim),     0,    0, 0, // %0 = S
+      code(ep::Op::Scalar),  0,    0, 0, // %1 = scale
+      code(ep::Op::Mul),     0,    1, 0, // %2 = scale * S
+      code(ep::Op::ColId),   0,    0, 0, // %3 = class
+      code(ep::Op::RowLeaf), 0,    0, 0, // %4 = target
+      code(ep::Op::Eq),      3,    4, 0, // %5 = class == target
+      code(ep::Op::Const),   ninf, 0, 0, // %6
+      code(ep::Op::Select),  5,    6, 2, // %7 = the other classes' logits
+      code(ep::Op::Const),   zero, 0, 0, // %8
+      code(ep::Op::Select),  5,    0, 8, // %9 = the target's similarity
   };
   SmallVector<int64_t> outputs = {
       7, static_cast<int64_t>(ep::Reduce::LogSumExp), // lse_rest
@@ -386,9 +386,9 @@ struct SimilarityFusion : OpRewritePattern<MatmulOp> {
                                     fused.getResult(t.first + 1));
       else if (auto reduce = dyn_cast<ReduceOp>(t.op);
                reduce && reduce.getAxes().size() == 2)
-        replacement = ReduceOp::create(rewriter, t.op->getLoc(),
-                                       ReduceKind::sum, first,
-                                       ArrayRef<int64_t>{0});
+        replacement =
+            ReduceOp::create(rewriter, t.op->getLoc(), ReduceKind::sum, first,
+                             ArrayRef<int64_t>{0});
       if (replacement.getType() != t.op->getResult(0).getType())
         replacement = CastOp::create(rewriter, t.op->getLoc(),
                                      t.op->getResult(0).getType(), replacement);
@@ -455,8 +455,8 @@ struct ShardedSoftmaxFusion : OpRewritePattern<CrossEntropyOp> {
     // replicated) class matrix: C = matmul(x, W)^T itself, tiled over the
     // classes by the general fused op.
     auto gather = classes.getDefiningOp<AllGatherOp>();
-    if (gather && (gather.getAxis() != 1 ||
-                   gather.getGrad() != GatherGrad::exact))
+    if (gather &&
+        (gather.getAxis() != 1 || gather.getGrad() != GatherGrad::exact))
       return rewriter.notifyMatchFailure(ce,
                                          "not an exact gather of class shards");
     auto matmul = gather ? gather.getInput().getDefiningOp<MatmulOp>()
@@ -496,16 +496,15 @@ struct ShardedSoftmaxFusion : OpRewritePattern<CrossEntropyOp> {
     Type perRow = ce.getResult().getType();
     Value lseRest, targetDot;
     if (gather && shards) {
-      auto fused = ShardedSoftmaxOp::create(rewriter, loc,
-                                            TypeRange{perRow, perRow},
-                                            operands[0], operands[1], scale,
-                                            operands[3]);
+      auto fused = ShardedSoftmaxOp::create(
+          rewriter, loc, TypeRange{perRow, perRow}, operands[0], operands[1],
+          scale, operands[3]);
       lseRest = fused.getLseRest();
       targetDot = fused.getTargetDot();
     } else {
-      auto fused = localMarginSoftmax(rewriter, loc, perRow, operands[0],
-                                      operands[1], scale, operands[3],
-                                      static_cast<bool>(gather));
+      auto fused =
+          localMarginSoftmax(rewriter, loc, perRow, operands[0], operands[1],
+                             scale, operands[3], static_cast<bool>(gather));
       lseRest = fused.getResult(0);
       targetDot = fused.getResult(1);
     }
@@ -574,7 +573,8 @@ void applyOnceInProgramOrder(func::FuncOp func,
 }
 
 struct FuseGatherSimilarityPass
-    : mlir::dloss::impl::FuseGatherSimilarityPassBase<FuseGatherSimilarityPass> {
+    : mlir::dloss::impl::FuseGatherSimilarityPassBase<
+          FuseGatherSimilarityPass> {
   using Base::Base;
 
   void runOnOperation() override {
