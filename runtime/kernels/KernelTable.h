@@ -3,7 +3,7 @@
 #ifndef DLOSS_RUNTIME_KERNELS_KERNELTABLE_H
 #define DLOSS_RUNTIME_KERNELS_KERNELTABLE_H
 
-#include "runtime/exec/KernelContext.h"
+#include "runtime/kernels/KernelContext.h"
 #include "runtime/kernels/StepAttrs.h"
 #include "runtime/plan/Plan_generated.h"
 

@@ -1,7 +1,7 @@
 // What a kernel sees of the interpreter: a step's registers (Value), operands,
 // results, communicator.
-#ifndef DLOSS_RUNTIME_EXEC_KERNELCONTEXT_H
-#define DLOSS_RUNTIME_EXEC_KERNELCONTEXT_H
+#ifndef DLOSS_RUNTIME_KERNELS_KERNELCONTEXT_H
+#define DLOSS_RUNTIME_KERNELS_KERNELCONTEXT_H
 
 #include "runtime/comm/Communicator.h"
 
@@ -68,4 +68,4 @@ public:
 
 } // namespace dloss
 
-#endif // DLOSS_RUNTIME_EXEC_KERNELCONTEXT_H
+#endif // DLOSS_RUNTIME_KERNELS_KERNELCONTEXT_H

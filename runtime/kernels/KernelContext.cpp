@@ -1,6 +1,6 @@
 // The checked operand accessors of KernelContext: a register of the wrong kind
 // is a plan bug.
-#include "runtime/exec/KernelContext.h"
+#include "runtime/kernels/KernelContext.h"
 
 #include "runtime/support/Error.h"
 
