@@ -25,8 +25,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -203,18 +203,18 @@ int runSimilarity(int64_t n, int64_t m, int64_t d, ElementType type,
       }
   };
   auto forward = [&] {
-    forEachTile([&](const Tile &tile, int64_t row, int64_t col,
-                    TileLeaves &leaves) {
-      SimilarityForward args;
-      args.leaves = leaves;
-      for (int k = 0; k < 2; ++k) {
-        args.rowMax[k] = rowMax + k * n + row;
-        args.rowSum[k] = rowSum + k * n + row;
-        args.colMax[k] = colMax + k * m + col;
-        args.colSum[k] = colSum + k * m + col;
-      }
-      similarityForwardTile(launch, tile, program, args);
-    });
+    forEachTile(
+        [&](const Tile &tile, int64_t row, int64_t col, TileLeaves &leaves) {
+          SimilarityForward args;
+          args.leaves = leaves;
+          for (int k = 0; k < 2; ++k) {
+            args.rowMax[k] = rowMax + k * n + row;
+            args.rowSum[k] = rowSum + k * n + row;
+            args.colMax[k] = colMax + k * m + col;
+            args.colSum[k] = colSum + k * m + col;
+          }
+          similarityForwardTile(launch, tile, program, args);
+        });
   };
   forward();
   CHECK(cudaDeviceSynchronize() == cudaSuccess);
@@ -244,24 +244,24 @@ int runSimilarity(int64_t n, int64_t m, int64_t d, ElementType type,
   auto *colShareRow = static_cast<double *>(deviceAlloc(n * 8));
   auto *dRowLeaf = static_cast<double *>(deviceAlloc(n * 8));
   auto backward = [&] {
-    forEachTile([&](const Tile &tile, int64_t row, int64_t col,
-                    TileLeaves &leaves) {
-      SimilarityBackward args;
-      args.leaves = leaves;
-      for (int k = 0; k < 2; ++k) {
-        args.rowValue[k] = rowValue + k * n + row;
-        args.rowCt[k] = ctRow + row;
-        args.colValue[k] = colValue + k * m + col;
-        args.colCt[k] = ctCol + col;
-      }
-      args.splitScalars = true;
-      args.dRowLeaf[0] = dRowLeaf + row;
-      args.dScalarRow[0] = dScalarRow + row;
-      args.colShareRow[0] = colShareRow + row;
-      args.dRows = dRows + row * d;
-      args.dCols = dCols + col * d;
-      similarityBackwardTile(launch, tile, program, args);
-    });
+    forEachTile(
+        [&](const Tile &tile, int64_t row, int64_t col, TileLeaves &leaves) {
+          SimilarityBackward args;
+          args.leaves = leaves;
+          for (int k = 0; k < 2; ++k) {
+            args.rowValue[k] = rowValue + k * n + row;
+            args.rowCt[k] = ctRow + row;
+            args.colValue[k] = colValue + k * m + col;
+            args.colCt[k] = ctCol + col;
+          }
+          args.splitScalars = true;
+          args.dRowLeaf[0] = dRowLeaf + row;
+          args.dScalarRow[0] = dScalarRow + row;
+          args.colShareRow[0] = colShareRow + row;
+          args.dRows = dRows + row * d;
+          args.dCols = dCols + col * d;
+          similarityBackwardTile(launch, tile, program, args);
+        });
   };
   backward();
   CHECK(cudaDeviceSynchronize() == cudaSuccess);
@@ -276,29 +276,30 @@ int runSimilarity(int64_t n, int64_t m, int64_t d, ElementType type,
     return s;
   };
   auto evaluate = [&](int64_t i, int64_t j, double s, double *regs) {
-    dloss::epilogue::evaluate<double>(
-        program.code, program.count, regs, [&](const Instr &ins) -> double {
-          switch (ins.op) {
-          case Op::Sim:
-            return s;
-          case Op::ColId:
-            return double(j);
-          case Op::RowId:
-            return double(i);
-          case Op::RowLeaf:
-            return rowTargetHost[i];
-          case Op::ColLeaf:
-            return colTargetHost[j];
-          case Op::Scalar:
-            return scale;
-          default:
-            return 0;
-          }
-        });
+    dloss::epilogue::evaluate<double>(program.code, program.count, regs,
+                                      [&](const Instr &ins) -> double {
+                                        switch (ins.op) {
+                                        case Op::Sim:
+                                          return s;
+                                        case Op::ColId:
+                                          return double(j);
+                                        case Op::RowId:
+                                          return double(i);
+                                        case Op::RowLeaf:
+                                          return rowTargetHost[i];
+                                        case Op::ColLeaf:
+                                          return colTargetHost[j];
+                                        case Op::Scalar:
+                                          return scale;
+                                        default:
+                                          return 0;
+                                        }
+                                      });
   };
   double worst = 0;
   auto compare = [&](double got, double want) {
-    worst = std::max(worst, std::fabs(got - want) / std::max(1.0, std::fabs(want)));
+    worst =
+        std::max(worst, std::fabs(got - want) / std::max(1.0, std::fabs(want)));
   };
   double regs[kMaxInstructions], cts[kMaxInstructions];
   std::vector<float> dRowsHost = download(dRows, checkRows * d);
@@ -372,13 +373,13 @@ int runSimilarity(int64_t n, int64_t m, int64_t d, ElementType type,
         return;
       // G stands in as the fp32 tile (the fused path's f32 case).
       CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, k, r, c, &one,
-                         tile.cols, cublasType, k, launch.workspace,
-                         cublasType, ld, &one, dRows + row * d, CUDA_R_32F, k,
+                         tile.cols, cublasType, k, launch.workspace, cublasType,
+                         ld, &one, dRows + row * d, CUDA_R_32F, k,
                          CUBLAS_COMPUTE_32F,
                          CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
       CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, k, c, r, &one,
-                         tile.rows, cublasType, k, launch.workspace,
-                         cublasType, ld, &one, dCols + col * d, CUDA_R_32F, k,
+                         tile.rows, cublasType, k, launch.workspace, cublasType,
+                         ld, &one, dCols + col * d, CUDA_R_32F, k,
                          CUBLAS_COMPUTE_32F,
                          CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
     });

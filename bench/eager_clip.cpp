@@ -101,7 +101,8 @@ int runRank(const Options &o) {
   if (o.threads > 0)
     at::set_num_threads(o.threads);
   auto rendezvous = dloss::RendezvousOptions::fromEnvironment();
-  std::shared_ptr<dloss::Communicator> comm = dloss::connectProcessGroup(rendezvous);
+  std::shared_ptr<dloss::Communicator> comm =
+      dloss::connectProcessGroup(rendezvous);
   gComm = comm.get();
   int rank = comm->rank(), world = comm->worldSize();
 

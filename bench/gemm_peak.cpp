@@ -69,7 +69,8 @@ int runRank(const Options &o) {
   if (o.threads > 0)
     at::set_num_threads(o.threads);
   auto rendezvous = dloss::RendezvousOptions::fromEnvironment();
-  std::unique_ptr<dloss::Communicator> comm = dloss::connectProcessGroup(rendezvous);
+  std::unique_ptr<dloss::Communicator> comm =
+      dloss::connectProcessGroup(rendezvous);
   int rank = comm->rank(), world = comm->worldSize();
   const int64_t n = o.bLocal, m = o.bLocal * world, d = o.dim;
 

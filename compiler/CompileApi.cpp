@@ -82,13 +82,12 @@ dloss_compile_result *dloss_compile(const dloss_compile_request *request) {
   // diagnostic, its notes included, as data: the later handler runs first
   // and passes every diagnostic on.
   mlir::SourceMgrDiagnosticHandler printer(sourceMgr, &context, os);
-  mlir::ScopedDiagnosticHandler recorder(
-      &context, [&](mlir::Diagnostic &diag) {
-        record(*result, diag);
-        for (const mlir::Diagnostic &note : diag.getNotes())
-          record(*result, note);
-        return mlir::failure();
-      });
+  mlir::ScopedDiagnosticHandler recorder(&context, [&](mlir::Diagnostic &diag) {
+    record(*result, diag);
+    for (const mlir::Diagnostic &note : diag.getNotes())
+      record(*result, note);
+    return mlir::failure();
+  });
 
   mlir::OwningOpRef<mlir::ModuleOp> module =
       mlir::dloss::parseLoss(sourceMgr, &context);

@@ -101,8 +101,8 @@ struct Builder {
                          const std::string &what,
                          const std::string &hint = "") {
     throw GraphError{what, hint.empty() ? "Fix the operands of this op" : hint,
-                     op.str(), std::string(at.file) + ":" +
-                                   std::to_string(at.line)};
+                     op.str(),
+                     std::string(at.file) + ":" + std::to_string(at.line)};
   }
 
   /// Tensor `id` (the caller checked it belongs to this graph).
@@ -203,7 +203,6 @@ d::GatherGrad gatherGrad(GatherGrad g) {
   return d::GatherGrad::exact;
 }
 } // namespace
-
 
 /// One call's operands, read in order by kind; every read is checked, so a
 /// library that does not match its caller fails with a message, not a crash.
@@ -358,14 +357,14 @@ template <typename OpTy> Handler binary() {
 }
 template <typename OpTy> Handler sizeArith() {
   return [](Args &a) {
-    return a.s.addSize(a.s.template make<OpTy>(
-        a.at, a.s.builder.getIndexType(), a.size(0), a.size(1)));
+    return a.s.addSize(a.s.template make<OpTy>(a.at, a.s.builder.getIndexType(),
+                                               a.size(0), a.size(1)));
   };
 }
 template <typename OpTy> Handler rankFact() {
   return [](Args &a) {
-    return a.s.addSize(a.s.template make<OpTy>(
-        a.at, a.s.builder.getIndexType(), a.tensor(0), a.integer(0)));
+    return a.s.addSize(a.s.template make<OpTy>(a.at, a.s.builder.getIndexType(),
+                                               a.tensor(0), a.integer(0)));
   };
 }
 
@@ -402,15 +401,15 @@ const std::map<std::string, std::pair<llvm::StringRef, Handler>> &handlers() {
            {nameOf<d::BroadcastOp>(),
             [](Args &a) {
               mlir::Value v = a.tensor(0);
-              return a.s.addTensor(a.s.make<d::BroadcastOp>(
-                  a.at, v.getType(), v, a.integer(0)));
+              return a.s.addTensor(
+                  a.s.make<d::BroadcastOp>(a.at, v.getType(), v, a.integer(0)));
             }}},
           {"ringShift",
            {nameOf<d::RingShiftOp>(),
             [](Args &a) {
               mlir::Value v = a.tensor(0);
-              return a.s.addTensor(a.s.make<d::RingShiftOp>(
-                  a.at, v.getType(), v, a.integer(0)));
+              return a.s.addTensor(
+                  a.s.make<d::RingShiftOp>(a.at, v.getType(), v, a.integer(0)));
             }}},
           // Rank facts and sizes.
           {"rank",
@@ -448,8 +447,7 @@ const std::map<std::string, std::pair<llvm::StringRef, Handler>> &handlers() {
            {nameOf<mlir::arith::ConstantOp>(),
             [](Args &a) {
               return a.s.addTensor(constant(
-                  a.s, a.at,
-                  a.s.elementType(static_cast<DType>(a.integer(0))),
+                  a.s, a.at, a.s.elementType(static_cast<DType>(a.integer(0))),
                   a.real(0)));
             }}},
           {"constantLike",
@@ -463,9 +461,9 @@ const std::map<std::string, std::pair<llvm::StringRef, Handler>> &handlers() {
           {"matmul",
            {nameOf<d::MatmulOp>(),
             [](Args &a) {
-              return a.s.addTensor(a.s.make<d::MatmulOp>(
-                  a.at, {}, a.tensor(0), a.tensor(1), a.integer(0) != 0,
-                  a.integer(1) != 0));
+              return a.s.addTensor(
+                  a.s.make<d::MatmulOp>(a.at, {}, a.tensor(0), a.tensor(1),
+                                        a.integer(0) != 0, a.integer(1) != 0));
             }}},
           {"add", {nameOf<d::AddOp>(), binary<d::AddOp>()}},
           {"sub", {nameOf<d::SubOp>(), binary<d::SubOp>()}},
@@ -482,8 +480,7 @@ const std::map<std::string, std::pair<llvm::StringRef, Handler>> &handlers() {
           {"exp", {nameOf<d::ExpOp>(), unary<d::ExpOp>()}},
           {"log", {nameOf<d::LogOp>(), unary<d::LogOp>()}},
           {"softplus", {nameOf<d::SoftplusOp>(), unary<d::SoftplusOp>()}},
-          {"logSigmoid",
-           {nameOf<d::LogSigmoidOp>(), unary<d::LogSigmoidOp>()}},
+          {"logSigmoid", {nameOf<d::LogSigmoidOp>(), unary<d::LogSigmoidOp>()}},
           {"sigmoid", {nameOf<d::SigmoidOp>(), unary<d::SigmoidOp>()}},
           {"cos", {nameOf<d::CosOp>(), unary<d::CosOp>()}},
           {"sin", {nameOf<d::SinOp>(), unary<d::SinOp>()}},
@@ -495,12 +492,12 @@ const std::map<std::string, std::pair<llvm::StringRef, Handler>> &handlers() {
             [](Args &a) {
               // ints: has min, has max; reals: min, max.
               mlir::Value v = a.tensor(0);
-              mlir::FloatAttr lo =
-                  a.integer(0) ? a.s.builder.getF64FloatAttr(a.real(0))
-                               : mlir::FloatAttr();
-              mlir::FloatAttr hi =
-                  a.integer(1) ? a.s.builder.getF64FloatAttr(a.real(1))
-                               : mlir::FloatAttr();
+              mlir::FloatAttr lo = a.integer(0)
+                                       ? a.s.builder.getF64FloatAttr(a.real(0))
+                                       : mlir::FloatAttr();
+              mlir::FloatAttr hi = a.integer(1)
+                                       ? a.s.builder.getF64FloatAttr(a.real(1))
+                                       : mlir::FloatAttr();
               return a.s.addTensor(
                   a.s.make<d::ClampOp>(a.at, v.getType(), v, lo, hi));
             }}},
@@ -508,9 +505,9 @@ const std::map<std::string, std::pair<llvm::StringRef, Handler>> &handlers() {
            {nameOf<d::CastOp>(),
             [](Args &a) {
               mlir::Value v = a.tensor(0);
-              auto type = llvm::cast<mlir::RankedTensorType>(v.getType())
-                              .clone(a.s.elementType(
-                                  static_cast<DType>(a.integer(0))));
+              auto type =
+                  llvm::cast<mlir::RankedTensorType>(v.getType())
+                      .clone(a.s.elementType(static_cast<DType>(a.integer(0))));
               return a.s.addTensor(a.s.make<d::CastOp>(a.at, type, v));
             }}},
           {"toTensor",
@@ -518,16 +515,15 @@ const std::map<std::string, std::pair<llvm::StringRef, Handler>> &handlers() {
             [](Args &a) {
               auto type = mlir::RankedTensorType::get(
                   {}, a.s.elementType(static_cast<DType>(a.integer(0))));
-              return a.s.addTensor(
-                  a.s.make<d::CastOp>(a.at, type, a.size(0)));
+              return a.s.addTensor(a.s.make<d::CastOp>(a.at, type, a.size(0)));
             }}},
           {"l2Normalize",
            {nameOf<d::L2NormalizeOp>(),
             [](Args &a) {
               mlir::Value v = a.tensor(0);
-              return a.s.addTensor(a.s.make<d::L2NormalizeOp>(
-                  a.at, v.getType(), v, a.integer(0),
-                  llvm::APFloat(a.real(0))));
+              return a.s.addTensor(
+                  a.s.make<d::L2NormalizeOp>(a.at, v.getType(), v, a.integer(0),
+                                             llvm::APFloat(a.real(0))));
             }}},
           {"reduce",
            {nameOf<d::ReduceOp>(),
@@ -535,8 +531,7 @@ const std::map<std::string, std::pair<llvm::StringRef, Handler>> &handlers() {
               auto kind = reduceKind(static_cast<Reduction>(a.integer(0)));
               std::vector<int64_t> axes = a.integersFrom(1);
               return a.s.addTensor(a.s.make<d::ReduceOp>(
-                  a.at, {}, kind, a.tensor(0),
-                  llvm::ArrayRef<int64_t>(axes)));
+                  a.at, {}, kind, a.tensor(0), llvm::ArrayRef<int64_t>(axes)));
             }}},
           {"logsumexp",
            {nameOf<d::LogSumExpOp>(),
@@ -623,15 +618,16 @@ int32_t dloss_graph_add(dloss_graph *graph, const dloss_graph_call *call,
           "libdloss_compiler has no graph op '" + method + "'",
           "Install libdloss_compiler from the same dloss build as the "
           "library that loads it",
-          method, std::string(call->file ? call->file : "") + ":" +
-                      std::to_string(call->line)};
+          method,
+          std::string(call->file ? call->file : "") + ":" +
+              std::to_string(call->line)};
     dloss::Args args(s, *call, it->second.first);
     return it->second.second(args);
   } catch (const dloss::GraphError &e) {
     s.error = e;
   } catch (const std::exception &e) {
-    s.error = dloss::GraphError{e.what(), "Report this as a dloss bug", method,
-                                ""};
+    s.error =
+        dloss::GraphError{e.what(), "Report this as a dloss bug", method, ""};
   }
   *error = dloss_graph_error{s.error.message.c_str(), s.error.hint.c_str(),
                              s.error.op.c_str(), s.error.location.c_str()};

@@ -377,9 +377,9 @@ LogicalResult CastOp::buildAdjoint(AdjointBuilder &ab) {
 LogicalResult L2NormalizeOp::buildAdjoint(AdjointBuilder &ab) {
   // One op, one pass over each row: composed of element-wise ops, the
   // backward of a normalised class matrix held several temporaries its size.
-  ab.addOperandCotangent(0, L2NormalizeGradOp::create(
-                                ab.b, ab.loc, resultCt(ab), getInput(),
-                                getAxisAttr(), getEpsAttr()));
+  ab.addOperandCotangent(
+      0, L2NormalizeGradOp::create(ab.b, ab.loc, resultCt(ab), getInput(),
+                                   getAxisAttr(), getEpsAttr()));
   return success();
 }
 
@@ -611,7 +611,7 @@ LogicalResult FusedSimilarityOp::buildAdjoint(AdjointBuilder &ab) {
   // partial cotangents) and their sum over ranks is the full gradient.
   for (auto [i, result] : llvm::enumerate(getResults())) {
     Cotangent ct = ab.resultCotangent(i);
-    extra.push_back(!ct          ? ZerosLikeOp::create(ab.b, ab.loc, result)
+    extra.push_back(!ct            ? ZerosLikeOp::create(ab.b, ab.loc, result)
                     : getSharded() ? ab.reduced(ct)
                                    : ab.partial(ct));
   }

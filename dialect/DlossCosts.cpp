@@ -479,9 +479,9 @@ LogicalResult FusedSimilarityOp::evaluateCost(CostEvaluator &e, OpCost &cost) {
     return failure();
   int64_t rowResults = static_cast<int64_t>(getOutputs().size()) / 2;
   for (auto [k, result] : llvm::enumerate(getResults()))
-    e.setTensor(result, {e.shape(static_cast<int64_t>(k) < rowResults
-                                     ? getRows()
-                                     : getCols())[0]});
+    e.setTensor(result,
+                {e.shape(static_cast<int64_t>(k) < rowResults ? getRows()
+                                                              : getCols())[0]});
   int64_t vectors =
       columnLeafBytes(e, getLeaves(), getRowLeaves(), getColLeaves());
   // One tile of the similarity and the program's registers over one tile
@@ -509,8 +509,8 @@ LogicalResult FusedSimilarityOp::evaluateCost(CostEvaluator &e, OpCost &cost) {
   }
   cost.sent = ringSent(e.worldSize(), e.bytes(getCols()) + vectors,
                        vectors ? "cols + column leaves" : "cols", 0, "");
-  cost.workspace = ringWorkspace(e.bytes(getCols()), vectors, 0,
-                                 e.tileBytes(getRows()));
+  cost.workspace =
+      ringWorkspace(e.bytes(getCols()), vectors, 0, e.tileBytes(getRows()));
   return success();
 }
 
@@ -518,14 +518,13 @@ LogicalResult FusedSimilarityGradOp::evaluateCost(CostEvaluator &e,
                                                   OpCost &cost) {
   if (failed(fusedSimilarity(*this, e)))
     return failure();
-  int64_t results = static_cast<int64_t>(getOutputs().size()) / 2 +
-                    (getColOutputs() ? static_cast<int64_t>(
-                                           getColOutputs()->size()) / 2
-                                     : 0);
+  int64_t results =
+      static_cast<int64_t>(getOutputs().size()) / 2 +
+      (getColOutputs() ? static_cast<int64_t>(getColOutputs()->size()) / 2 : 0);
   ValueRange leaves = getExtra().drop_back(2 * results);
   int64_t n = e.shape(getRows())[0];
-  int64_t scalars = static_cast<int64_t>(leaves.size()) - getRowLeaves() -
-                    getColLeaves();
+  int64_t scalars =
+      static_cast<int64_t>(leaves.size()) - getRowLeaves() - getColLeaves();
   e.setTensor(getDRows(), e.shape(getRows()));
   e.setTensor(getDCols(), e.shape(getCols()));
   e.setTensor(getDRowLeaves(), {static_cast<int64_t>(getRowLeaves()), n});

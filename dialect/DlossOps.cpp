@@ -480,14 +480,11 @@ template <typename FusedOp>
 /// The checks both general fused ops share: features, leaf groups, the
 /// tile program and its facts (runtime/plan/TileEncoding.h's checkProgram
 /// and checkFacts, which the runtime runs too).
-LogicalResult verifyFusedSimilarity(Operation *op, Value rows, Value cols,
-                                    ValueRange leaves, int64_t rowLeaves,
-                                    int64_t colLeaves,
-                                    ArrayRef<int64_t> program,
-                                    ArrayRef<int64_t> outputs,
-                                    std::optional<ArrayRef<int64_t>> colOutputs,
-                                    const ::dloss::epilogue::ProgramFacts &facts,
-                                    bool gathered, bool sharded) {
+LogicalResult verifyFusedSimilarity(
+    Operation *op, Value rows, Value cols, ValueRange leaves, int64_t rowLeaves,
+    int64_t colLeaves, ArrayRef<int64_t> program, ArrayRef<int64_t> outputs,
+    std::optional<ArrayRef<int64_t>> colOutputs,
+    const ::dloss::epilogue::ProgramFacts &facts, bool gathered, bool sharded) {
   if (gathered && sharded)
     return op->emitOpError()
            << "is both gathered (columns round a ring) and sharded (class "
@@ -498,18 +495,18 @@ LogicalResult verifyFusedSimilarity(Operation *op, Value rows, Value cols,
     return failure();
   int64_t count = static_cast<int64_t>(leaves.size());
   if (rowLeaves < 0 || colLeaves < 0 || rowLeaves + colLeaves > count)
-    return op->emitOpError() << "has " << count << " leaves, fewer than "
-                             << rowLeaves << " per-row and " << colLeaves
-                             << " per-column ones";
+    return op->emitOpError()
+           << "has " << count << " leaves, fewer than " << rowLeaves
+           << " per-row and " << colLeaves << " per-column ones";
   for (auto [i, leaf] : llvm::enumerate(leaves)) {
     int64_t want = static_cast<int64_t>(i) < rowLeaves + colLeaves ? 1 : 0;
     if (cast<RankedTensorType>(leaf.getType()).getRank() != want)
-      return op->emitOpError()
-             << "leaf " << i << " must be "
-             << (want ? (static_cast<int64_t>(i) < rowLeaves ? "a per-row 1-D"
-                                                             : "a per-column 1-D")
-                      : "a 0-d")
-             << " tensor, got " << leaf.getType();
+      return op->emitOpError() << "leaf " << i << " must be "
+                               << (want ? (static_cast<int64_t>(i) < rowLeaves
+                                               ? "a per-row 1-D"
+                                               : "a per-column 1-D")
+                                        : "a 0-d")
+                               << " tensor, got " << leaf.getType();
   }
   std::string problem = ::dloss::epilogue::checkProgram(
       program.data(), static_cast<int64_t>(program.size()), outputs.data(),
@@ -534,8 +531,8 @@ LogicalResult verifyFusedSimilarity(Operation *op, Value rows, Value cols,
       intsOf(colOutputs.value_or(ArrayRef<int64_t>())), rowLeaves, colLeaves,
       facts);
   if (!problem.empty())
-    return op->emitOpError() << "has facts that do not fit its tile program: "
-                             << problem;
+    return op->emitOpError()
+           << "has facts that do not fit its tile program: " << problem;
   return success();
 }
 
@@ -545,14 +542,13 @@ int64_t colResults(std::optional<ArrayRef<int64_t>> colOutputs) {
 } // namespace
 
 LogicalResult FusedSimilarityOp::verify() {
-  if (failed(verifyFusedSimilarity(*this, getRows(), getCols(), getLeaves(),
-                                   getRowLeaves(), getColLeaves(),
-                                   getProgram(), getOutputs(), getColOutputs(),
-                                   programFacts(*this), getGathered(),
-                                   getSharded())))
+  if (failed(verifyFusedSimilarity(
+          *this, getRows(), getCols(), getLeaves(), getRowLeaves(),
+          getColLeaves(), getProgram(), getOutputs(), getColOutputs(),
+          programFacts(*this), getGathered(), getSharded())))
     return failure();
-  int64_t outputs =
-      static_cast<int64_t>(getOutputs().size()) / 2 + colResults(getColOutputs());
+  int64_t outputs = static_cast<int64_t>(getOutputs().size()) / 2 +
+                    colResults(getColOutputs());
   if (static_cast<int64_t>(getResults().size()) != outputs)
     return emitOpError() << "has " << getResults().size()
                          << " results but its program has " << outputs
@@ -574,11 +570,10 @@ LogicalResult FusedSimilarityGradOp::verify() {
                             "and their cotangents ("
                          << 2 * results << ")";
   ValueRange extra = getExtra();
-  if (failed(verifyFusedSimilarity(*this, getRows(), getCols(),
-                                   extra.take_front(leaves), getRowLeaves(),
-                                   getColLeaves(), getProgram(), getOutputs(),
-                                   getColOutputs(), programFacts(*this),
-                                   getGathered(), getSharded())))
+  if (failed(verifyFusedSimilarity(
+          *this, getRows(), getCols(), extra.take_front(leaves), getRowLeaves(),
+          getColLeaves(), getProgram(), getOutputs(), getColOutputs(),
+          programFacts(*this), getGathered(), getSharded())))
     return failure();
   FusedChecks c = fusedChecks(*this, getRows());
   for (Value v : extra.drop_front(leaves))
@@ -620,7 +615,8 @@ Replication ShardedSoftmaxGradOp::inferReplication(ArrayRef<Replication>) {
 // rank's columns are seen, so only the rows tell ranks apart; tiled over a
 // local class matrix, so can the classes and the leaves; over class shards
 // the statistics are all-reduced.
-Replication FusedSimilarityOp::inferReplication(ArrayRef<Replication> operands) {
+Replication
+FusedSimilarityOp::inferReplication(ArrayRef<Replication> operands) {
   if (getSharded())
     return Replication::Invariant; // all-reduced across the class shards
   if (getGathered())

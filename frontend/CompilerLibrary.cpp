@@ -37,8 +37,8 @@ Error loadError(const std::string &problem) {
                "dloss build");
 }
 
-template <typename Fn> void bind(void *handle, const char *name, Fn &fn,
-                                 const std::string &path) {
+template <typename Fn>
+void bind(void *handle, const char *name, Fn &fn, const std::string &path) {
   fn = reinterpret_cast<Fn>(dlsym(handle, name));
   if (!fn)
     throw loadError(path + " has no " + name +

@@ -308,9 +308,8 @@ Tensor Graph::takeAlong(Tensor x, Tensor indices, int64_t axis, SourceLoc at) {
 }
 Tensor Graph::putAlong(Tensor x, Tensor indices, Tensor values, int64_t axis,
                        SourceLoc at) {
-  return DLOSS_TENSOR_OP("putAlong",
-                         {DLOSS_T(x), DLOSS_T(indices), DLOSS_T(values)}, {},
-                         {axis});
+  return DLOSS_TENSOR_OP(
+      "putAlong", {DLOSS_T(x), DLOSS_T(indices), DLOSS_T(values)}, {}, {axis});
 }
 Tensor Graph::arange(Size start, Size count, DType dtype, SourceLoc at) {
   return DLOSS_TENSOR_OP("arange", {}, {DLOSS_S(start), DLOSS_S(count)},
@@ -361,7 +360,9 @@ static Graph &graphOf(Tensor a) {
                 "Build tensors with a dloss::Graph");
   return *a.graph();
 }
-static Tensor scalarLike(Tensor a, double v) { return graphOf(a).constantLike(a, v); }
+static Tensor scalarLike(Tensor a, double v) {
+  return graphOf(a).constantLike(a, v);
+}
 Tensor operator+(Tensor a, Tensor b) { return graphOf(a).add(a, b); }
 Tensor operator-(Tensor a, Tensor b) { return graphOf(a).sub(a, b); }
 Tensor operator*(Tensor a, Tensor b) { return graphOf(a).mul(a, b); }

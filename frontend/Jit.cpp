@@ -68,10 +68,10 @@ planFor(const PlanRequest &request,
                 "libdloss_compiler.so of this dloss build");
   }
   std::string text = mlirText();
-  dloss_compile_request compileRequest{text.data(), text.size(), name.c_str(),
-                                       request.gradMode.c_str(),
-                                       request.fuse ? 1 : 0,
-                                       request.generalOnly ? 1 : 0};
+  dloss_compile_request compileRequest{
+      text.data(),          text.size(),
+      name.c_str(),         request.gradMode.c_str(),
+      request.fuse ? 1 : 0, request.generalOnly ? 1 : 0};
   std::unique_ptr<dloss_compile_result, decltype(library->resultFree)> result(
       library->compile(&compileRequest), library->resultFree);
   if (!library->ok(result.get()))
@@ -81,8 +81,8 @@ planFor(const PlanRequest &request,
   size_t size = 0;
   const uint8_t *bytes = library->plan(result.get(), &size);
 
-  auto plan = PlanFile::fromBytes(std::vector<uint8_t>(bytes, bytes + size),
-                                  name);
+  auto plan =
+      PlanFile::fromBytes(std::vector<uint8_t>(bytes, bytes + size), name);
   ++compiled;
   if (directory)
     storeCachedPlan(*directory, request, *plan);
@@ -95,15 +95,14 @@ planFor(const PlanRequest &request,
 
 std::shared_ptr<const PlanFile> compilePlan(const std::string &mlirText,
                                             const std::string &gradMode,
-                                            const std::string &name,
-                                            bool fuse, bool generalOnly) {
+                                            const std::string &name, bool fuse,
+                                            bool generalOnly) {
   return planFor(PlanRequest{mlirText, name, gradMode, fuse, generalOnly},
                  [&] { return mlirText; });
 }
 
-std::shared_ptr<const PlanFile> compilePlan(const Graph &graph,
-                                            const std::string &gradMode,
-                                            bool fuse) {
+std::shared_ptr<const PlanFile>
+compilePlan(const Graph &graph, const std::string &gradMode, bool fuse) {
   return planFor(PlanRequest{graph.recording(), graph.name(), gradMode, fuse},
                  [&] { return graph.toMlir(); });
 }

@@ -25,12 +25,12 @@ struct Options {
 
 /// Compiles dloss MLIR text to a plan: verify collectives, fuse (unless
 /// `fuse` is false; with `generalOnly`, CLIP, SigLIP and PartialFC as the
-/// general dloss.fused_similarity too), infer replication, derive @<loss>_grad, lower. Plans are
-/// cached by (text, name, grad mode, fusion options) in memory and on disk
-/// (runtime/plan/PlanCache.h: $DLOSS_CACHE_DIR, default ~/.cache/dloss,
-/// `off` to disable): a plan does not depend on batch sizes, dtypes of
-/// dynamic inputs or the world size, which the runtime receives at each call
-/// (and checks in its preflight). A loss that does not compile raises
+/// general dloss.fused_similarity too), infer replication, derive @<loss>_grad,
+/// lower. Plans are cached by (text, name, grad mode, fusion options) in memory
+/// and on disk (runtime/plan/PlanCache.h: $DLOSS_CACHE_DIR, default
+/// ~/.cache/dloss, `off` to disable): a plan does not depend on batch sizes,
+/// dtypes of dynamic inputs or the world size, which the runtime receives at
+/// each call (and checks in its preflight). A loss that does not compile raises
 /// dloss::Error carrying the compiler's messages with their locations. The
 /// compiler is libdloss_compiler, loaded on first use (CompilerLibrary.h).
 std::shared_ptr<const PlanFile> compilePlan(const std::string &mlirText,

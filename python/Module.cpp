@@ -14,8 +14,8 @@
 #include "runtime/autograd/CompiledLoss.h"
 #include "runtime/comm/CallSite.h"
 #include "runtime/comm/Engines.h"
-#include "runtime/comm/RendezvousOptions.h"
 #include "runtime/comm/Refusal.h"
+#include "runtime/comm/RendezvousOptions.h"
 #include "runtime/kernels/OpTable.h"
 #include "runtime/plan/PlanCache.h"
 #include "runtime/plan/PlanFile.h"
@@ -79,8 +79,8 @@ c10::intrusive_ptr<T> borrowTorch(const py::handle &object, const char *what) {
   } catch (const py::cast_error &) {
   }
   if (!raw)
-    throw Error(std::string("expected a torch.distributed ") + what +
-                    ", got " + py::str(py::type::of(object)).cast<std::string>(),
+    throw Error(std::string("expected a torch.distributed ") + what + ", got " +
+                    py::str(py::type::of(object)).cast<std::string>(),
                 std::string("Pass the ") + what +
                     " torch.distributed gives (dist.group.WORLD or a "
                     "dist.new_group(...))");
@@ -134,16 +134,15 @@ void bindCommunicator(py::module_ &m) {
               return c.reduceScatter(x, reduction(kind), axis, sizes);
             });
           },
-          py::arg("tensor"), py::arg("kind"), py::arg("axis"),
-          py::arg("sizes"), py::arg("op") = "dloss.reduce_scatter",
-          py::arg("location") = "", GilRelease())
+          py::arg("tensor"), py::arg("kind"), py::arg("axis"), py::arg("sizes"),
+          py::arg("op") = "dloss.reduce_scatter", py::arg("location") = "",
+          GilRelease())
       .def(
           "all_reduce",
           [](Communicator &c, const at::Tensor &x, const std::string &kind,
              const std::string &op, const std::string &location) {
-            return atSite(op, location, [&] {
-              return c.allReduce(x, reduction(kind));
-            });
+            return atSite(op, location,
+                          [&] { return c.allReduce(x, reduction(kind)); });
           },
           py::arg("tensor"), py::arg("kind") = "sum",
           py::arg("op") = "dloss.all_reduce", py::arg("location") = "",
@@ -188,8 +187,8 @@ void bindCommunicator(py::module_ &m) {
         options.masterAddr = masterAddr;
         options.masterPort = masterPort;
         py::gil_scoped_release release;
-        return std::shared_ptr<Communicator>(makeProcessGroupCommunicator(
-            options, std::move(s), std::move(pg)));
+        return std::shared_ptr<Communicator>(
+            makeProcessGroupCommunicator(options, std::move(s), std::move(pg)));
       },
       py::arg("group"), py::arg("store"), py::arg("timeout"),
       py::arg("flight_dir") = "", py::arg("master_addr") = "",
@@ -265,9 +264,8 @@ void bindGraph(py::module_ &m) {
       .def(
           "all_gather",
           [at](G &g, Tensor x, int64_t axis, GatherGrad grad,
-               const std::string &file, int line) {
-            return g.allGather(x, axis, grad, at(file, line));
-          },
+               const std::string &file,
+               int line) { return g.allGather(x, axis, grad, at(file, line)); },
           py::keep_alive<0, 1>())
       .def(
           "all_reduce",
@@ -294,18 +292,33 @@ void bindGraph(py::module_ &m) {
           [at](G &g, Tensor x, int64_t shift, const std::string &file,
                int line) { return g.ringShift(x, shift, at(file, line)); },
           py::keep_alive<0, 1>())
-      .def("rank", [at](G &g, const std::string &file,
-                        int line) { return g.rank(at(file, line)); }, py::keep_alive<0, 1>())
-      .def("world_size", [at](G &g, const std::string &file,
-                              int line) { return g.worldSize(at(file, line)); }, py::keep_alive<0, 1>())
-      .def("dim", [at](G &g, Tensor x, int64_t axis, const std::string &file,
-                       int line) { return g.dim(x, axis, at(file, line)); }, py::keep_alive<0, 1>())
-      .def("shard_offset",
-           [at](G &g, Tensor x, int64_t axis, const std::string &file,
-                int line) { return g.shardOffset(x, axis, at(file, line)); }, py::keep_alive<0, 1>())
-      .def("global_size",
-           [at](G &g, Tensor x, int64_t axis, const std::string &file,
-                int line) { return g.globalSize(x, axis, at(file, line)); }, py::keep_alive<0, 1>())
+      .def(
+          "rank",
+          [at](G &g, const std::string &file, int line) {
+            return g.rank(at(file, line));
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "world_size",
+          [at](G &g, const std::string &file, int line) {
+            return g.worldSize(at(file, line));
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "dim",
+          [at](G &g, Tensor x, int64_t axis, const std::string &file,
+               int line) { return g.dim(x, axis, at(file, line)); },
+          py::keep_alive<0, 1>())
+      .def(
+          "shard_offset",
+          [at](G &g, Tensor x, int64_t axis, const std::string &file,
+               int line) { return g.shardOffset(x, axis, at(file, line)); },
+          py::keep_alive<0, 1>())
+      .def(
+          "global_size",
+          [at](G &g, Tensor x, int64_t axis, const std::string &file,
+               int line) { return g.globalSize(x, axis, at(file, line)); },
+          py::keep_alive<0, 1>())
       .def(
           "size",
           [at](G &g, int64_t value, const std::string &file, int line) {
@@ -339,9 +352,8 @@ void bindGraph(py::module_ &m) {
       .def(
           "matmul",
           [at](G &g, Tensor a, Tensor b, bool ta, bool tb,
-               const std::string &file, int line) {
-            return g.matmul(a, b, ta, tb, at(file, line));
-          },
+               const std::string &file,
+               int line) { return g.matmul(a, b, ta, tb, at(file, line)); },
           py::keep_alive<0, 1>())
       .def(
           "binary",
@@ -396,14 +408,14 @@ void bindGraph(py::module_ &m) {
       .def(
           "clamp",
           [at](G &g, Tensor x, std::optional<double> lo,
-               std::optional<double> hi, const std::string &file, int line) {
-            return g.clamp(x, lo, hi, at(file, line));
-          },
+               std::optional<double> hi, const std::string &file,
+               int line) { return g.clamp(x, lo, hi, at(file, line)); },
           py::keep_alive<0, 1>())
       .def(
           "cast",
-          [at](G &g, Tensor x, DType dtype, const std::string &file,
-               int line) { return g.cast(x, dtype, at(file, line)); },
+          [at](G &g, Tensor x, DType dtype, const std::string &file, int line) {
+            return g.cast(x, dtype, at(file, line));
+          },
           py::keep_alive<0, 1>())
       .def(
           "to_tensor",
@@ -439,9 +451,8 @@ void bindGraph(py::module_ &m) {
       .def(
           "put_along",
           [at](G &g, Tensor x, Tensor i, Tensor v, int64_t axis,
-               const std::string &file, int line) {
-            return g.putAlong(x, i, v, axis, at(file, line));
-          },
+               const std::string &file,
+               int line) { return g.putAlong(x, i, v, axis, at(file, line)); },
           py::keep_alive<0, 1>())
       .def(
           "arange",
@@ -474,14 +485,12 @@ void bindGraph(py::module_ &m) {
       .def(
           "pad",
           [at](G &g, Tensor x, int64_t axis, Size low, Size high,
-               const std::string &file, int line) {
-            return g.pad(x, axis, low, high, at(file, line));
-          },
+               const std::string &file,
+               int line) { return g.pad(x, axis, low, high, at(file, line)); },
           py::keep_alive<0, 1>())
-      .def("set_loss", [at](G &g, Tensor loss, GradMode mode,
-                            const std::string &file, int line) {
-        g.setLoss(loss, mode, at(file, line));
-      });
+      .def("set_loss",
+           [at](G &g, Tensor loss, GradMode mode, const std::string &file,
+                int line) { g.setLoss(loss, mode, at(file, line)); });
 }
 
 void bindLosses(py::module_ &m) {
@@ -525,12 +534,12 @@ void bindLosses(py::module_ &m) {
       py::arg("kind"), py::arg("dim") = -1, py::arg("classes") = -1,
       py::arg("scale") = 64.0, py::arg("margin") = 0.5,
       py::arg("dtype") = DType::F32, py::arg("mode") = GradMode::Ddp,
-      py::arg("sharded") = false, py::arg("pml_beyond_pi_minus_margin") = false);
+      py::arg("sharded") = false,
+      py::arg("pml_beyond_pi_minus_margin") = false);
 }
 
 void bindJit(py::module_ &m) {
-  py::class_<PlanFile, std::shared_ptr<PlanFile>>(m, "Plan",
-                                                  "A compiled plan.")
+  py::class_<PlanFile, std::shared_ptr<PlanFile>>(m, "Plan", "A compiled plan.")
       .def_property_readonly("name", &PlanFile::name)
       .def(
           "text", [](const PlanFile &p) { return plan::toText(p.plan()); },
@@ -702,12 +711,12 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "refuse_collective",
       [](const py::object &error) {
-        comm::refuseCollective(ErrorInfo{
-            error.attr("problem").cast<std::string>(),
-            error.attr("hint").cast<std::string>(),
-            error.attr("rank").cast<std::optional<int>>(),
-            error.attr("op").cast<std::string>(),
-            error.attr("location").cast<std::string>()});
+        comm::refuseCollective(
+            ErrorInfo{error.attr("problem").cast<std::string>(),
+                      error.attr("hint").cast<std::string>(),
+                      error.attr("rank").cast<std::optional<int>>(),
+                      error.attr("op").cast<std::string>(),
+                      error.attr("location").cast<std::string>()});
       },
       py::arg("error"),
       "Leaves `error` (a dloss.Error), with which dloss.guard refuses a "

@@ -47,8 +47,9 @@ CompiledLoss::CompiledLoss(std::shared_ptr<const PlanFile> planFile,
                            const std::string &entry)
     : plan(std::move(planFile)), comm(std::move(communicator)) {
   if (!plan || !comm)
-    throw Error("CompiledLoss needs a plan and a communicator",
-                "Pass dloss::PlanFile::load(...) and dloss::connectProcessGroup(...)");
+    throw Error(
+        "CompiledLoss needs a plan and a communicator",
+        "Pass dloss::PlanFile::load(...) and dloss::connectProcessGroup(...)");
   PlanEntry chosen = plan->entry(entry);
   loss = chosen.loss->name()->str();
   grad = chosen.grad->name()->str();

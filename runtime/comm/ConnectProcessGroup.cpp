@@ -70,9 +70,10 @@ makeProcessGroup(const c10::intrusive_ptr<c10d::Store> &store, int rank,
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("dloss/gloo", store);
   auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
       prefixed, rank, worldSize, groupOptions);
-  auto group = c10::make_intrusive<c10d::ProcessGroup>(prefixed, rank, worldSize);
-  group->setBackend(c10::DeviceType::CPU,
-                    c10d::ProcessGroup::BackendType::GLOO, backend);
+  auto group =
+      c10::make_intrusive<c10d::ProcessGroup>(prefixed, rank, worldSize);
+  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO,
+                    backend);
   group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
 #ifdef USE_C10D_NCCL
   if (ncclTimeout) {
@@ -111,7 +112,8 @@ const char *const kMeshPrefix = "dloss/mesh/";
 
 } // namespace
 
-std::unique_ptr<Communicator> connectProcessGroup(const RendezvousOptions &options) {
+std::unique_ptr<Communicator>
+connectProcessGroup(const RendezvousOptions &options) {
   checkOptions(options, "connectProcessGroup");
   Clock::time_point deadline = Clock::now() + options.timeout;
   c10::intrusive_ptr<c10d::Store> store = openStore(options, "an earlier job");

@@ -298,24 +298,24 @@ Error ContractCommunicator::diagnose(Call &call, const std::string &detail,
         storeProblem);
     if (storeProblem.empty())
       cause = peers->rootCause(&call, peerStates, timedOut);
-    summary = storeProblem.empty()
-                  ? peers->summarize(call, peerStates, timedOut,
-                                     cause.silent ? std::vector<int>{}
-                                                  : cause.ranks)
-                  : "the peers' states are unknown: " + storeProblem;
+    summary =
+        storeProblem.empty()
+            ? peers->summarize(call, peerStates, timedOut,
+                               cause.silent ? std::vector<int>{} : cause.ranks)
+            : "the peers' states are unknown: " + storeProblem;
   }
 
   // The root cause leads: it is the same on every rank, while the rest
   // (this rank's collective, the others' states) is the cascade.
-  std::string problem =
-      cause.ranks.empty() ? ""
-                          : cause.text +
-                                " (the first rank that left or failed); "
-                                "because of it, ";
-  problem +=
-      timedOut ? call.describe() + " timed out " + where() +
-                     " after the deadline of " + seconds(options.timeout)
-               : call.describe() + " failed " + where() + " (" + detail + ")";
+  std::string problem = cause.ranks.empty()
+                            ? ""
+                            : cause.text +
+                                  " (the first rank that left or failed); "
+                                  "because of it, ";
+  problem += timedOut
+                 ? call.describe() + " timed out " + where() +
+                       " after the deadline of " + seconds(options.timeout)
+                 : call.describe() + " failed " + where() + " (" + detail + ")";
   if (!summary.empty())
     problem += ": " + summary;
   if (timedOut)

@@ -235,14 +235,13 @@ std::string PeerStates::summarize(const Call &call,
     if (peer.seq < call.seq) {
       clauses.push_back(who + " never arrived (its latest collective is " +
                         latest + ", entered " + ago(peer.unixMs) + ")" +
-                        (timedOut
-                             ? " and has neither failed nor exited: it is "
-                               "still working, or waits in a collective "
-                               "that this rank never made (a "
-                               "torch.distributed call run on some ranks "
-                               "only, which dloss.guard names)"
-                             : " and has recorded no failure: it may "
-                               "have died"));
+                        (timedOut ? " and has neither failed nor exited: it is "
+                                    "still working, or waits in a collective "
+                                    "that this rank never made (a "
+                                    "torch.distributed call run on some ranks "
+                                    "only, which dloss.guard names)"
+                                  : " and has recorded no failure: it may "
+                                    "have died"));
     } else if (peer.seq == call.seq && peer.collective == call.name) {
       if (timedOut)
         reached.push_back(peer.rank);
@@ -282,8 +281,8 @@ std::string PeerStates::describe(const PeerState &peer) {
          (peer.exited ? "; then " + peer.exit.reason : "");
 }
 
-void PeerStates::recordExit(int64_t seq, const std::string &reason,
-                            bool raised, bool afterFailure) {
+void PeerStates::recordExit(int64_t seq, const std::string &reason, bool raised,
+                            bool afterFailure) {
   if (!usable)
     return;
   std::string record;
@@ -405,11 +404,11 @@ std::vector<Communicator::PeerExit> PeerStates::exits() {
     usable = false;
     out.clear();
   }
-  std::stable_sort(out.begin(), out.end(),
-                   [](const Communicator::PeerExit &a,
-                      const Communicator::PeerExit &b) {
-                     return a.unixMs < b.unixMs;
-                   });
+  std::stable_sort(
+      out.begin(), out.end(),
+      [](const Communicator::PeerExit &a, const Communicator::PeerExit &b) {
+        return a.unixMs < b.unixMs;
+      });
   return out;
 }
 

@@ -37,7 +37,6 @@
 #include "runtime/comm/Refusal.h"
 #include "runtime/comm/RingBuffers.h"
 
-
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
@@ -376,8 +375,8 @@ public:
       // A recv into a non-contiguous or non-Gloo-dtype tensor went through
       // a staging buffer.
       if (target.defined() && !transfer->wire.is_same(target))
-        target.copy_(fromWire(transfer->wire, target.scalar_type(),
-                              target.sizes()));
+        target.copy_(
+            fromWire(transfer->wire, target.scalar_type(), target.sizes()));
     });
     done = true;
   }
@@ -510,16 +509,17 @@ void ProcessGroupCommunicator::launchPosted() {
 }
 
 void ProcessGroupCommunicator::checkDevice(const Call &call,
-                                   const at::Tensor &tensor) const {
+                                           const at::Tensor &tensor) const {
   if (!backendFor(*group, tensor.device().type()).empty())
     return;
   std::string cpu = backendFor(*group, c10::DeviceType::CPU);
   std::string cuda = backendFor(*group, c10::DeviceType::CUDA);
-  std::string moves = !cpu.empty() && !cuda.empty()
-                          ? "CPU tensors (" + cpu + ") and CUDA tensors (" + cuda + ")"
-                      : !cpu.empty() ? "CPU tensors (" + cpu + ")"
-                      : !cuda.empty() ? "CUDA tensors (" + cuda + ")"
-                                      : "no tensors (it has no backend)";
+  std::string moves =
+      !cpu.empty() && !cuda.empty()
+          ? "CPU tensors (" + cpu + ") and CUDA tensors (" + cuda + ")"
+      : !cpu.empty()  ? "CPU tensors (" + cpu + ")"
+      : !cuda.empty() ? "CUDA tensors (" + cuda + ")"
+                      : "no tensors (it has no backend)";
   bool gpu = cpu.empty() && !cuda.empty();
   throw fail(call,
              call.name + " got a tensor on " + tensor.device().str() + " " +
@@ -532,8 +532,8 @@ void ProcessGroupCommunicator::checkDevice(const Call &call,
 
 at::Tensor
 ProcessGroupCommunicator::transferAllGather(Call &call, const at::Tensor &input,
-                                    int64_t dim,
-                                    const std::vector<int64_t> &sizes) {
+                                            int64_t dim,
+                                            const std::vector<int64_t> &sizes) {
 
   // Gloo gathers equal shapes: pad every piece to the largest size.
   int64_t maxSize = *std::max_element(sizes.begin(), sizes.end());
@@ -568,7 +568,7 @@ ProcessGroupCommunicator::transferAllGather(Call &call, const at::Tensor &input,
 }
 
 at::Tensor ProcessGroupCommunicator::reduce(Call &call, const at::Tensor &input,
-                                    Reduction op) {
+                                            Reduction op) {
   // The copy is what Gloo reduces in place: the caller's tensor stays as
   // is. Gloo has no bfloat16 arithmetic: such tensors are summed in float32
   // (exact for the inputs, one rounding at the end).
@@ -586,18 +586,17 @@ at::Tensor ProcessGroupCommunicator::reduce(Call &call, const at::Tensor &input,
 }
 
 at::Tensor ProcessGroupCommunicator::transferAllReduce(Call &call,
-                                               const at::Tensor &input,
-                                               Reduction op) {
+                                                       const at::Tensor &input,
+                                                       Reduction op) {
   at::Tensor result = reduce(call, input, op);
   if (op == Reduction::Mean)
     result.div_(options.worldSize);
   return result;
 }
 
-at::Tensor
-ProcessGroupCommunicator::transferReduceScatter(Call &call, const at::Tensor &input,
-                                        Reduction op, int64_t dim,
-                                        const std::vector<int64_t> &sizes) {
+at::Tensor ProcessGroupCommunicator::transferReduceScatter(
+    Call &call, const at::Tensor &input, Reduction op, int64_t dim,
+    const std::vector<int64_t> &sizes) {
   int n = options.worldSize;
   int rank = options.rank;
   if (n == 1) { // The only block is the whole input.
@@ -688,8 +687,8 @@ ProcessGroupCommunicator::transferReduceScatter(Call &call, const at::Tensor &in
 }
 
 at::Tensor ProcessGroupCommunicator::transferBroadcast(Call &call,
-                                               const at::Tensor &input,
-                                               int root) {
+                                                       const at::Tensor &input,
+                                                       int root) {
   at::Tensor result = input.clone(at::MemoryFormat::Contiguous);
   communicate(call, [&] {
     meetBeforeNccl(result);
@@ -702,8 +701,8 @@ at::Tensor ProcessGroupCommunicator::transferBroadcast(Call &call,
 }
 
 at::Tensor ProcessGroupCommunicator::transferRingShift(Call &call,
-                                               const at::Tensor &input,
-                                               const ShiftPeers &ring) {
+                                                       const at::Tensor &input,
+                                                       const ShiftPeers &ring) {
   int dst = ring.dst, src = ring.src;
   if (ring.step == 0) {
     complete(call);
@@ -722,8 +721,8 @@ at::Tensor ProcessGroupCommunicator::transferRingShift(Call &call,
     Swap headers =
         postSwap(recvHeader, sendHeader, src, dst, kRingShiftHeaderTag);
     awaitTransfer(headers.in, recvHeader);
-    at::Tensor received = fromShiftHeader(
-        call, recvHeader.cpu().data_ptr<int64_t>(), src, data);
+    at::Tensor received =
+        fromShiftHeader(call, recvHeader.cpu().data_ptr<int64_t>(), src, data);
 
     // Both ends know both sizes now.
     Swap swap = postSwap(received, data, src, dst, kRingShiftDataTag);
@@ -736,15 +735,13 @@ at::Tensor ProcessGroupCommunicator::transferRingShift(Call &call,
   });
 }
 
-std::vector<int64_t>
-ProcessGroupCommunicator::transferAllGatherInts(Call &call,
-                                        const std::vector<int64_t> &values) {
+std::vector<int64_t> ProcessGroupCommunicator::transferAllGatherInts(
+    Call &call, const std::vector<int64_t> &values) {
   if (values.empty()) {
     complete(call);
     return {};
   }
-  at::Tensor host =
-      at::empty({static_cast<int64_t>(values.size())}, at::kLong);
+  at::Tensor host = at::empty({static_cast<int64_t>(values.size())}, at::kLong);
   std::copy(values.begin(), values.end(), host.data_ptr<int64_t>());
   at::Tensor local = host.to(smallExchange(at::kLong));
   return communicate(call, [&] {
@@ -776,8 +773,8 @@ ProcessGroupCommunicator::transferSend(Call &call, const at::Tensor &tensor,
 }
 
 std::unique_ptr<Communicator::Request>
-ProcessGroupCommunicator::transferRecv(Call &call, at::Tensor &tensor,
-                                       int peer, int tag) {
+ProcessGroupCommunicator::transferRecv(Call &call, at::Tensor &tensor, int peer,
+                                       int tag) {
   // Receive in place when the wire can; otherwise stage and copy in wait().
   at::Tensor wire = tensor.is_contiguous() && glooHasType(tensor.scalar_type())
                         ? tensor
@@ -815,11 +812,9 @@ void ProcessGroupCommunicator::barrier(Call &call) {
 
 } // namespace
 
-std::unique_ptr<Communicator>
-makeProcessGroupCommunicator(RendezvousOptions options,
-                             c10::intrusive_ptr<c10d::Store> store,
-                             c10::intrusive_ptr<c10d::ProcessGroup> group,
-                             bool ownGroup) {
+std::unique_ptr<Communicator> makeProcessGroupCommunicator(
+    RendezvousOptions options, c10::intrusive_ptr<c10d::Store> store,
+    c10::intrusive_ptr<c10d::ProcessGroup> group, bool ownGroup) {
   if (!group)
     throw Error("no process group to run on",
                 "Initialise torch.distributed (or call dloss.init()) first");

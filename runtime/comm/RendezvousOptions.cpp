@@ -137,8 +137,7 @@ RendezvousOptions RendezvousOptions::fromEnvironment() {
     if (*agent == "True" || *agent == "1")
       options.agentStore = true;
     else if (*agent != "False" && *agent != "0")
-      throwMalformed("TORCHELASTIC_USE_AGENT_STORE", *agent,
-                     "True or False",
+      throwMalformed("TORCHELASTIC_USE_AGENT_STORE", *agent, "True or False",
                      "Set it to True when the launcher hosts the store at "
                      "MASTER_PORT (torchrun's agent does), else unset it");
   }
@@ -163,8 +162,7 @@ int reserveLoopbackPort() {
       ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &reuse, sizeof(reuse)) != 0 ||
       ::bind(fd, reinterpret_cast<sockaddr *>(&address), sizeof(address)) !=
           0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr *>(&address), &length) !=
-          0) {
+      ::getsockname(fd, reinterpret_cast<sockaddr *>(&address), &length) != 0) {
     std::string reason = std::strerror(errno);
     if (fd >= 0)
       ::close(fd);

@@ -120,8 +120,8 @@ c10::intrusive_ptr<c10d::Store> openStore(const RendezvousOptions &options,
   storeOptions.timeout = options.timeout;
   c10::intrusive_ptr<c10d::Store> store;
   try {
-    store = c10::make_intrusive<c10d::TCPStore>(options.masterAddr,
-                                                storeOptions);
+    store =
+        c10::make_intrusive<c10d::TCPStore>(options.masterAddr, storeOptions);
   } catch (const std::exception &e) {
     std::string detail = describeError(e);
     if (storeOptions.isServer)

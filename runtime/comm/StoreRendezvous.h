@@ -27,8 +27,8 @@ std::string storeAddress(const RendezvousOptions &options);
 std::vector<uint8_t> toBytes(const std::string &text);
 std::string fromBytes(const std::vector<uint8_t> &bytes);
 
-/// Throws when `options` cannot describe a job; `function` ("connectProcessGroup")
-/// starts the message.
+/// Throws when `options` cannot describe a job; `function`
+/// ("connectProcessGroup") starts the message.
 void checkOptions(const RendezvousOptions &options,
                   const std::string &function);
 

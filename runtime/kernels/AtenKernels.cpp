@@ -548,46 +548,45 @@ void l2NormalizeGradRows(const T *g, const T *x, T *dx, int64_t rows,
 } // namespace
 
 KernelRule l2NormalizeGradRule() {
-  return {[](const StepAttrs &attrs) -> Kernel {
-            int64_t axis = attrs.integer("axis");
-            double eps = attrs.optionalReal("eps").value_or(1e-12);
-            return [axis, eps](KernelContext &ctx) {
-              const at::Tensor &grad = ctx.tensor(0);
-              const at::Tensor &input = ctx.tensor(1);
-              int64_t dim = normalizeAxis(axis, input.dim());
-              if (grad.sizes() != input.sizes() ||
-                  grad.scalar_type() != input.scalar_type())
-                fail("dloss.l2_normalize_grad: the gradient (" +
-                         describe(grad) + ") and the input (" +
-                         describe(input) + ") differ",
-                     kPlanBugHint);
-              auto type = input.scalar_type();
-              if (dim == input.dim() - 1 && input.device().is_cpu() &&
-                  (type == at::kFloat || type == at::kDouble)) {
-                at::Tensor g = grad.contiguous(), x = input.contiguous();
-                at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
-                int64_t width = x.dim() ? x.size(-1) : 1;
-                int64_t rows = width ? x.numel() / width : 0;
-                if (type == at::kFloat)
-                  l2NormalizeGradRows(g.data_ptr<float>(), x.data_ptr<float>(),
-                                      dx.data_ptr<float>(), rows, width, eps);
-                else
-                  l2NormalizeGradRows(g.data_ptr<double>(),
-                                      x.data_ptr<double>(),
-                                      dx.data_ptr<double>(), rows, width, eps);
-                ctx.setResult(0, dx);
-                return;
-              }
-              // Other axes, half types, devices: the same arithmetic in ATen.
-              at::Tensor norm = at::norm(input, 2, {dim}, /*keepdim=*/true);
-              at::Tensor n = norm.clamp_min(eps);
-              at::Tensor y = input / n;
-              at::Tensor along = (grad * y).sum(dim, /*keepdim=*/true) *
-                                 norm.ge(eps).to(input.scalar_type());
-              ctx.setResult(0, (grad - y * along) / n);
-            };
-          },
-          ShapeFlow::Operand0};
+  return {
+      [](const StepAttrs &attrs) -> Kernel {
+        int64_t axis = attrs.integer("axis");
+        double eps = attrs.optionalReal("eps").value_or(1e-12);
+        return [axis, eps](KernelContext &ctx) {
+          const at::Tensor &grad = ctx.tensor(0);
+          const at::Tensor &input = ctx.tensor(1);
+          int64_t dim = normalizeAxis(axis, input.dim());
+          if (grad.sizes() != input.sizes() ||
+              grad.scalar_type() != input.scalar_type())
+            fail("dloss.l2_normalize_grad: the gradient (" + describe(grad) +
+                     ") and the input (" + describe(input) + ") differ",
+                 kPlanBugHint);
+          auto type = input.scalar_type();
+          if (dim == input.dim() - 1 && input.device().is_cpu() &&
+              (type == at::kFloat || type == at::kDouble)) {
+            at::Tensor g = grad.contiguous(), x = input.contiguous();
+            at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
+            int64_t width = x.dim() ? x.size(-1) : 1;
+            int64_t rows = width ? x.numel() / width : 0;
+            if (type == at::kFloat)
+              l2NormalizeGradRows(g.data_ptr<float>(), x.data_ptr<float>(),
+                                  dx.data_ptr<float>(), rows, width, eps);
+            else
+              l2NormalizeGradRows(g.data_ptr<double>(), x.data_ptr<double>(),
+                                  dx.data_ptr<double>(), rows, width, eps);
+            ctx.setResult(0, dx);
+            return;
+          }
+          // Other axes, half types, devices: the same arithmetic in ATen.
+          at::Tensor norm = at::norm(input, 2, {dim}, /*keepdim=*/true);
+          at::Tensor n = norm.clamp_min(eps);
+          at::Tensor y = input / n;
+          at::Tensor along = (grad * y).sum(dim, /*keepdim=*/true) *
+                             norm.ge(eps).to(input.scalar_type());
+          ctx.setResult(0, (grad - y * along) / n);
+        };
+      },
+      ShapeFlow::Operand0};
 }
 
 KernelRule reduceRule() {

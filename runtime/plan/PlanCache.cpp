@@ -45,13 +45,12 @@ uint64_t fnv1a(const void *bytes, size_t size, uint64_t seed) {
 
 /// Everything the key stands for, in one string.
 std::string requestText(const PlanRequest &request) {
-  std::string text = std::string("plan-version=") +
-                     std::to_string(kPlanVersion) + '\0' + "compiler=" +
-                     kCompilerIdentity + '\0' + "name=" + request.name +
-                     '\0' + "grad-mode=" + request.gradMode + '\0' +
-                     "fuse=" + (request.fuse ? "1" : "0") + '\0' +
-                     "general-only=" + (request.generalOnly ? "1" : "0") +
-                     '\0';
+  std::string text =
+      std::string("plan-version=") + std::to_string(kPlanVersion) + '\0' +
+      "compiler=" + kCompilerIdentity + '\0' + "name=" + request.name + '\0' +
+      "grad-mode=" + request.gradMode + '\0' +
+      "fuse=" + (request.fuse ? "1" : "0") + '\0' +
+      "general-only=" + (request.generalOnly ? "1" : "0") + '\0';
   return text + request.source;
 }
 
@@ -148,8 +147,9 @@ std::shared_ptr<const PlanFile> loadCachedPlan(const std::string &directory,
              entry.size() < offset + requestSize) {
     reject(path, "is truncated");
   } else if (entry.compare(offset, requestSize, expected) != 0) {
-    reject(path, "was stored for another loss or other options (a key collision "
-                 "or a corrupt entry)");
+    reject(path,
+           "was stored for another loss or other options (a key collision "
+           "or a corrupt entry)");
   } else if (offset += requestSize, !getU64(entry, offset, planSize) ||
                                         !getU64(entry, offset, checksum) ||
                                         entry.size() != offset + planSize) {
@@ -164,8 +164,8 @@ std::shared_ptr<const PlanFile> loadCachedPlan(const std::string &directory,
       ++hits;
       return plan;
     } catch (const Error &e) {
-      reject(path, std::string("does not verify as a plan (") + e.problem() +
-                       ")");
+      reject(path,
+             std::string("does not verify as a plan (") + e.problem() + ")");
     }
   }
   ++misses;

@@ -1,6 +1,6 @@
-// The on-disk plan cache: compiled plans keyed by a hash of the loss's source and
-// the compile options, so that a process (or a machine without the compiler) that
-// finds its plan compiles nothing.
+// The on-disk plan cache: compiled plans keyed by a hash of the loss's source
+// and the compile options, so that a process (or a machine without the
+// compiler) that finds its plan compiles nothing.
 #ifndef DLOSS_RUNTIME_PLANCACHE_H
 #define DLOSS_RUNTIME_PLANCACHE_H
 
@@ -37,10 +37,10 @@ std::string planCacheKey(const PlanRequest &request);
 
 /// How lookups went in this process (tests and logs read them).
 struct PlanCacheStats {
-  int64_t hits = 0;     ///< Plans read from disk.
-  int64_t misses = 0;   ///< Requests with no entry.
-  int64_t corrupt = 0;  ///< Entries that failed their checks (then replaced).
-  int64_t stored = 0;   ///< Plans written.
+  int64_t hits = 0;    ///< Plans read from disk.
+  int64_t misses = 0;  ///< Requests with no entry.
+  int64_t corrupt = 0; ///< Entries that failed their checks (then replaced).
+  int64_t stored = 0;  ///< Plans written.
 };
 PlanCacheStats planCacheStats();
 

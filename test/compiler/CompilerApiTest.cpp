@@ -14,13 +14,13 @@
 
 namespace {
 
-using Result = std::unique_ptr<dloss_compile_result,
-                               decltype(&dloss_compile_result_free)>;
+using Result =
+    std::unique_ptr<dloss_compile_result, decltype(&dloss_compile_result_free)>;
 
 Result compile(const std::string &source, const char *name = "test.mlir",
                const char *gradMode = "", int fuse = 1) {
-  dloss_compile_request request{source.data(), source.size(), name, gradMode,
-                                fuse, /*general_only=*/0};
+  dloss_compile_request request{
+      source.data(), source.size(), name, gradMode, fuse, /*general_only=*/0};
   return Result(dloss_compile(&request), dloss_compile_result_free);
 }
 
@@ -38,7 +38,8 @@ TEST(CompilerApi, VersionAndIdentity) {
 
 TEST(CompilerApi, CompilesALossToAVerifiedPlan) {
   for (int fuse : {1, 0}) {
-    Result result = compile(readExample("clip.mlir"), "clip.mlir", "global", fuse);
+    Result result =
+        compile(readExample("clip.mlir"), "clip.mlir", "global", fuse);
     ASSERT_EQ(dloss_compile_ok(result.get()), 1)
         << dloss_compile_messages(result.get());
     size_t size = 0;
@@ -91,8 +92,8 @@ TEST(CompilerApi, BuildsAGraphOpByOp) {
   };
   // input "x": f32 (DType 2), grad, not replicated, shape [-1, 3].
   const int64_t inputInts[] = {2, 1, 0, -1, 3};
-  dloss_graph_call input{"input", nullptr, 0, nullptr, 0, inputInts, 5,
-                         nullptr, 0, "x"};
+  dloss_graph_call input{"input",   nullptr, 0,       nullptr, 0,
+                         inputInts, 5,       nullptr, 0,       "x"};
   int32_t x = add(input);
   ASSERT_EQ(x, 0) << error.message;
   int64_t dims[2] = {0, 0};

@@ -364,8 +364,8 @@ TEST(JitTest, TwoRankTrainingMatchesOneProcess) {
   const std::vector<int64_t> rows = {5, 3}; // uneven on purpose
   int port = freePort();
   auto outcomes = runChildren({0, 1}, [&](int rank) {
-    auto comm = std::shared_ptr<Communicator>(
-        connectProcessGroup(loopbackOptions(port, rank, 2, kCollectiveTimeout)));
+    auto comm = std::shared_ptr<Communicator>(connectProcessGroup(
+        loopbackOptions(port, rank, 2, kCollectiveTimeout)));
     CompiledLoss distributed = jit::compile(losses::clip({4}), {comm});
     std::vector<at::Tensor> got = train(distributed, *comm, rows, false);
 

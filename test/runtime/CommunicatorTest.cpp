@@ -383,7 +383,8 @@ TEST(ProcessGroupCommunicatorTest, BroadcastFromNonZeroRoot) {
 
 // An empty tensor moves nothing, yet counts as one collective on every rank,
 // so the ranks' numbering stays in step.
-TEST(ProcessGroupCommunicatorTest, EmptyAllReduceAndBroadcastAreStillCollectives) {
+TEST(ProcessGroupCommunicatorTest,
+     EmptyAllReduceAndBroadcastAreStillCollectives) {
   for (int n = 1; n <= 3; ++n)
     runGloo(n, [n](Communicator &comm) {
       at::Tensor empty = at::zeros({0, 4}, at::kFloat);
@@ -563,9 +564,8 @@ TEST(ReserveLoopbackPortTest, PortsStayReservedAndDistinct) {
     address.sin_family = AF_INET;
     address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     address.sin_port = htons(static_cast<uint16_t>(port));
-    EXPECT_NE(::bind(fd, reinterpret_cast<sockaddr *>(&address),
-                     sizeof(address)),
-              0)
+    EXPECT_NE(
+        ::bind(fd, reinterpret_cast<sockaddr *>(&address), sizeof(address)), 0)
         << "port " << port << " was bound although reserved";
     ::close(fd);
   }
@@ -595,8 +595,8 @@ TEST(ProcessGroupCommunicatorTest, RanksMeetInALaunchersStore) {
       options.agentStore = true;
       options.restartCount = attempt;
       auto comm = dloss::connectProcessGroup(options);
-      at::Tensor sum = comm->allReduce(at::full({3}, rank + 1.0 + attempt),
-                                       Reduction::Sum);
+      at::Tensor sum =
+          comm->allReduce(at::full({3}, rank + 1.0 + attempt), Reduction::Sum);
       CHILD_CHECK(sum.eq(3.0 + 2 * attempt).all().item<bool>(),
                   "attempt " << attempt << ": the sum is wrong");
     }
@@ -617,11 +617,10 @@ TEST(ProcessGroupCommunicatorTest, AMissingLaunchersStoreIsNamed) {
       dloss::connectProcessGroup(options);
     } catch (const dloss::Error &e) {
       std::string message = e.what();
-      CHILD_CHECK(message.find("launcher's rendezvous store") !=
-                          std::string::npos &&
-                      message.find("TORCHELASTIC_USE_AGENT_STORE") !=
-                          std::string::npos,
-                  "the error names not the launcher's store: " << message);
+      CHILD_CHECK(
+          message.find("launcher's rendezvous store") != std::string::npos &&
+              message.find("TORCHELASTIC_USE_AGENT_STORE") != std::string::npos,
+          "the error names not the launcher's store: " << message);
       return;
     }
     CHILD_CHECK(false, "connected without any store");
@@ -640,7 +639,8 @@ void expectCollectiveFailure(
     double minSeconds, double maxSeconds, std::optional<int> rank2Signal) {
   int port = freePort();
   auto outcomes = runChildren({0, 1, 2}, [&](int rank) {
-    auto comm = dloss::connectProcessGroup(loopbackOptions(port, rank, 3, timeout));
+    auto comm =
+        dloss::connectProcessGroup(loopbackOptions(port, rank, 3, timeout));
     // One collective that works, so the mesh is surely up.
     comm->allReduce(at::ones({4}), Reduction::Sum);
     if (rank == 2) {
@@ -854,15 +854,14 @@ TEST(SingleProcessCommunicatorTest, EveryCollectiveIsACopy) {
 // restores them afterwards.
 class RendezvousOptionsTest : public ::testing::Test {
 protected:
-  static constexpr const char *kVariables[] = {
-      "MASTER_ADDR",
-      "MASTER_PORT",
-      "RANK",
-      "WORLD_SIZE",
-      "DLOSS_TIMEOUT_S",
-      "DLOSS_FLIGHT_DIR",
-      "TORCHELASTIC_USE_AGENT_STORE",
-      "TORCHELASTIC_RESTART_COUNT"};
+  static constexpr const char *kVariables[] = {"MASTER_ADDR",
+                                               "MASTER_PORT",
+                                               "RANK",
+                                               "WORLD_SIZE",
+                                               "DLOSS_TIMEOUT_S",
+                                               "DLOSS_FLIGHT_DIR",
+                                               "TORCHELASTIC_USE_AGENT_STORE",
+                                               "TORCHELASTIC_RESTART_COUNT"};
 
   void SetUp() override {
     for (const char *variable : kVariables) {
@@ -957,16 +956,16 @@ TEST_F(RendezvousOptionsTest, MalformedValuesNameTheVariableAndValue) {
     const char *variable;
     const char *value;
   };
-  for (Case c : {Case{"MASTER_PORT", "http"}, Case{"MASTER_PORT", "70000"},
-                 Case{"MASTER_PORT", "0"}, Case{"MASTER_PORT", "12 "},
-                 Case{"DLOSS_TIMEOUT_S", "soon"}, Case{"DLOSS_TIMEOUT_S", "0"},
-                 Case{"DLOSS_TIMEOUT_S", "-5"}, Case{"DLOSS_TIMEOUT_S", "nan"},
-                 Case{"WORLD_SIZE", "two"}, Case{"WORLD_SIZE", "0"},
-                 Case{"RANK", "1.5"}, Case{"RANK", "-1"},
-                 Case{"TORCHELASTIC_USE_AGENT_STORE", "yes"},
-                 Case{"TORCHELASTIC_USE_AGENT_STORE", "true "},
-                 Case{"TORCHELASTIC_RESTART_COUNT", "-1"},
-                 Case{"TORCHELASTIC_RESTART_COUNT", "first"}}) {
+  for (Case c :
+       {Case{"MASTER_PORT", "http"}, Case{"MASTER_PORT", "70000"},
+        Case{"MASTER_PORT", "0"}, Case{"MASTER_PORT", "12 "},
+        Case{"DLOSS_TIMEOUT_S", "soon"}, Case{"DLOSS_TIMEOUT_S", "0"},
+        Case{"DLOSS_TIMEOUT_S", "-5"}, Case{"DLOSS_TIMEOUT_S", "nan"},
+        Case{"WORLD_SIZE", "two"}, Case{"WORLD_SIZE", "0"}, Case{"RANK", "1.5"},
+        Case{"RANK", "-1"}, Case{"TORCHELASTIC_USE_AGENT_STORE", "yes"},
+        Case{"TORCHELASTIC_USE_AGENT_STORE", "true "},
+        Case{"TORCHELASTIC_RESTART_COUNT", "-1"},
+        Case{"TORCHELASTIC_RESTART_COUNT", "first"}}) {
     clearVariables();
     set("RANK", "0");
     set("WORLD_SIZE", "2");

@@ -35,8 +35,8 @@ TEST(FastMath, ExpNonPositiveIsExp) {
   for (float x : {-inf, -1000.0f, -87.5f, -87.49f, -0.0f, 0.0f, 1e-7f, 88.0f})
     EXPECT_EQ(dloss::fastmath::expNonPositive(x), dloss::fastmath::exp(x))
         << "x = " << x;
-  EXPECT_TRUE(std::isnan(
-      dloss::fastmath::expNonPositive(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_TRUE(std::isnan(dloss::fastmath::expNonPositive(
+      std::numeric_limits<float>::quiet_NaN())));
 }
 
 TEST(FastMath, LogWithinTwoUlps) {

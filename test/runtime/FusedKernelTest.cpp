@@ -434,10 +434,12 @@ TEST(FusedTileTest, BothDirectionsFoldLikeEachDirection) {
     withInf[2][3] = kInfinity;
     for (const at::Tensor &tile : {plain, withInf}) {
       auto opts = at::TensorOptions(type);
-      at::Tensor rowMax = at::tensor({-kInfinity, 3.0, -200.0, 0.5, 400.0,
-                                      -1.0, 2.0}, at::kDouble).to(type);
-      at::Tensor rowSum = at::tensor({0.0, 2.0, 1.5, 1.0, 3.0, 1.0, 4.0},
-                                     at::kDouble).to(type);
+      at::Tensor rowMax =
+          at::tensor({-kInfinity, 3.0, -200.0, 0.5, 400.0, -1.0, 2.0},
+                     at::kDouble)
+              .to(type);
+      at::Tensor rowSum =
+          at::tensor({0.0, 2.0, 1.5, 1.0, 3.0, 1.0, 4.0}, at::kDouble).to(type);
       at::Tensor colMax = at::full({9}, -kInfinity, opts);
       at::Tensor colSum = at::zeros({9}, opts);
       colMax[2] = 1.0;
@@ -449,8 +451,8 @@ TEST(FusedTileTest, BothDirectionsFoldLikeEachDirection) {
                                 colSum);
       at::Tensor gotRows = dloss::fused::lseOf(rowMax, rowSum).to(at::kDouble);
       at::Tensor gotCols = dloss::fused::lseOf(colMax, colSum).to(at::kDouble);
-      for (auto [got, want] : {std::pair{gotRows, wantRows},
-                               std::pair{gotCols, wantCols}})
+      for (auto [got, want] :
+           {std::pair{gotRows, wantRows}, std::pair{gotCols, wantCols}})
         for (int64_t k = 0; k < got.size(0); ++k) {
           double g = got[k].item<double>(), w = want[k].item<double>();
           if (std::isinf(w))
@@ -477,11 +479,14 @@ TEST(FusedTileTest, SoftmaxGradientTileMatchesTheFormula) {
       // underflows in f32 at 120, the column term does not).
       at::Tensor rowLse =
           std::get<0>(logits.max(1)) + at::rand({5}, at::kDouble) + spread;
-      at::Tensor colLse = std::get<0>(logits.max(0)) + at::rand({8}, at::kDouble);
+      at::Tensor colLse =
+          std::get<0>(logits.max(0)) + at::rand({8}, at::kDouble);
       at::Tensor ctRow = at::randn({5}, at::kDouble);
       at::Tensor ctCol = at::randn({8}, at::kDouble);
-      at::Tensor rowPart = ctRow.unsqueeze(1) * (logits - rowLse.unsqueeze(1)).exp();
-      at::Tensor colPart = ctCol.unsqueeze(0) * (logits - colLse.unsqueeze(0)).exp();
+      at::Tensor rowPart =
+          ctRow.unsqueeze(1) * (logits - rowLse.unsqueeze(1)).exp();
+      at::Tensor colPart =
+          ctCol.unsqueeze(0) * (logits - colLse.unsqueeze(0)).exp();
       at::Tensor want = rowPart + colPart;
       at::Tensor grad = at::empty({5, 8}, at::TensorOptions(type));
       std::pair<double, double> sums = dloss::fused::softmaxTileGradient(
@@ -489,7 +494,8 @@ TEST(FusedTileTest, SoftmaxGradientTileMatchesTheFormula) {
           ctRow.to(type), colLse.to(type), ctCol.to(type), grad);
       const double tol = type == at::kFloat ? 1e-5 : 1e-12;
       EXPECT_TRUE(at::allclose(grad.to(at::kDouble), want, tol, tol))
-          << "spread " << spread << "\n" << grad << want;
+          << "spread " << spread << "\n"
+          << grad << want;
       EXPECT_NEAR(sums.first, (want * s).sum().item<double>(), 10 * tol);
       EXPECT_NEAR(sums.second, (colPart * s).sum().item<double>(), 10 * tol);
     }

@@ -243,13 +243,12 @@ TEST(KernelTest, L2NormalizeGradIsAutogradsVjp) {
     for (int64_t axis : {1, 0, -1}) {
       for (double eps : {1e-12, 0.5}) {
         at::Tensor leaf = x.clone().requires_grad_(true);
-        at::Tensor y = at::div(
-            leaf, at::clamp_min(at::norm(leaf, 2, {axis}, true), eps));
+        at::Tensor y =
+            at::div(leaf, at::clamp_min(at::norm(leaf, 2, {axis}, true), eps));
         at::Tensor expected =
             torch::autograd::grad({y}, {leaf}, {g}, false, false, true)[0];
-        at::Tensor got =
-            runOp("dloss.l2_normalize_grad", {g, x},
-                  {intAttr("axis", axis), realAttr("eps", eps)});
+        at::Tensor got = runOp("dloss.l2_normalize_grad", {g, x},
+                               {intAttr("axis", axis), realAttr("eps", eps)});
         ASSERT_EQ(got.scalar_type(), dtype);
         // The zero row's autograd gradient is NaN (0/0 in the norm's); the
         // op's is g / eps there, as the IR's eps branch says.
@@ -257,8 +256,8 @@ TEST(KernelTest, L2NormalizeGradIsAutogradsVjp) {
         EXPECT_TRUE(at::isfinite(got).all().item<bool>())
             << "axis " << axis << " eps " << eps;
         expectClose(at::where(finite, got, at::zeros_like(got)),
-                    at::where(finite, expected, at::zeros_like(expected)),
-                    1e-5, 1e-5);
+                    at::where(finite, expected, at::zeros_like(expected)), 1e-5,
+                    1e-5);
       }
     }
   }

@@ -235,7 +235,8 @@ TEST(ReliabilityTest, SkippedCallTimesOutNamingTheAbsentRank) {
   auto plan = buildPlan({lossGrad("loss_grad")});
   int port = freePort();
   auto outcomes = runChildren({0, 1, 2}, [&](int rank) {
-    auto comm = dloss::connectProcessGroup(scenario.options(port, rank, 3, deadline));
+    auto comm =
+        dloss::connectProcessGroup(scenario.options(port, rank, 3, deadline));
     Executor executor(plan, *comm, ExecutorOptions{});
     executor.run("loss_grad", inputsOf(rank));
     if (rank == 1) {
@@ -485,7 +486,9 @@ TEST(ReliabilityTest, RankThatNeverStartsFailsTheRendezvous) {
   auto outcomes = runChildren({0, 1, 3}, [&](int rank) {
     std::string message = expectError(
         scenario, rank,
-        [&] { dloss::connectProcessGroup(scenario.options(port, rank, 4, deadline)); },
+        [&] {
+          dloss::connectProcessGroup(scenario.options(port, rank, 4, deadline));
+        },
         3.0 + 3.0, 2.5);
     CHILD_EXPECT_CONTAINS(message, "dloss error [rank " + std::to_string(rank) +
                                        "]: the rendezvous of 4 ranks");

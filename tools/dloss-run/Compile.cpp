@@ -23,13 +23,13 @@ namespace tools {
 std::string compile(const Options &o) {
   std::ifstream in(o.loss, std::ios::binary);
   if (!in)
-    throw Error("cannot read the loss '" + o.loss + "': " +
-                    std::strerror(errno),
+    throw Error("cannot read the loss '" + o.loss +
+                    "': " + std::strerror(errno),
                 "Pass the path of a .mlir loss or a compiled .plan");
   std::string text((std::istreambuf_iterator<char>(in)),
                    std::istreambuf_iterator<char>());
-  auto plan = jit::compilePlan(text, o.gradMode, o.loss, !o.noFuse,
-                               o.generalOnly);
+  auto plan =
+      jit::compilePlan(text, o.gradMode, o.loss, !o.noFuse, o.generalOnly);
 
   makeDirectories(o.out);
   // Ranks started one by one (RANK, WORLD_SIZE) may share --out and compile

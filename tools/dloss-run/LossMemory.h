@@ -67,10 +67,10 @@ inline bool fixMmapThreshold() {
 /// loaded, peers met), call `steady()` after the first (warm-up) call and
 /// `stop()` after the last one.
 struct LossMemory {
-  long baselineKb = -1;  // VmRSS right before the first call
-  long hwmKb = -1;       // the calls' peak RSS (VmHWM)
-  long lastHwmKb = -1;   // VmHWM after the calls (the later ones', if steady())
-  long firstHwmKb = -1;  // VmHWM after the first call (steady() was called)
+  long baselineKb = -1; // VmRSS right before the first call
+  long hwmKb = -1;      // the calls' peak RSS (VmHWM)
+  long lastHwmKb = -1;  // VmHWM after the calls (the later ones', if steady())
+  long firstHwmKb = -1; // VmHWM after the first call (steady() was called)
   long steadyBaselineKb = -1; // VmRSS after the first call, heap trimmed
   long peakBeforeKb = 0; // VmHWM before the reset: the process's peak so far
   long maxRssKb = 0;     // getrusage's ru_maxrss after the calls

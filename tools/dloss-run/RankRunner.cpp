@@ -96,16 +96,15 @@ int runRank(const Options &o, const std::string &planPath) {
          << ",\n  \"vm_hwm_mb\": " << memory.hwmMb()
          << ",\n  \"hwm_reset\": " << (memory.hwmReset ? "true" : "false")
          << ",\n  \"mmap_threshold_fixed\": "
-         << (memory.mmapThresholdFixed ? "true" : "false")
-         << "\n}\n";
+         << (memory.mmapThresholdFixed ? "true" : "false") << "\n}\n";
     std::ofstream(dir + "/result.json") << json.str();
     if (rank == 0)
       std::cout << "dloss-run: @" << entry.loss->name()->str() << " on "
                 << comm->worldSize() << " ranks: loss "
                 << outputs[0].item<double>() << ", " << median
-                << " ms per forward+backward (median of " << o.iters
-                << "; " << threads << " intra-op thread"
-                << (threads == 1 ? "" : "s") << " per rank)\n"
+                << " ms per forward+backward (median of " << o.iters << "; "
+                << threads << " intra-op thread" << (threads == 1 ? "" : "s")
+                << " per rank)\n"
                 << "dloss-run: loss memory " << worstLossMb
                 << " MB per rank at most (peak RSS minus the RSS before the "
                    "first call"

@@ -5,11 +5,12 @@
 //             [--runtime-checks] [--no-fuse]
 //
 // With --world N it is its own launcher (Launcher.cpp): it compiles the loss
-// once (Compile.cpp: the plan cache, else libdloss_compiler), starts N processes of itself with the torchrun
-// variables set (Gloo on loopback), waits for them, and with --check
-// compares their gradients with the same loss run on one process over the
-// concatenated global batch (ReferenceCheck.cpp). With RANK/WORLD_SIZE
-// already in the environment it runs as that one rank (RankRunner.cpp).
+// once (Compile.cpp: the plan cache, else libdloss_compiler), starts N
+// processes of itself with the torchrun variables set (Gloo on loopback), waits
+// for them, and with --check compares their gradients with the same loss run on
+// one process over the concatenated global batch (ReferenceCheck.cpp). With
+// RANK/WORLD_SIZE already in the environment it runs as that one rank
+// (RankRunner.cpp).
 #include "tools/dloss-run/DlossRun.h"
 
 #include <cstdlib>

@@ -63,11 +63,11 @@ static llvm::cl::opt<bool> generalOnly(
                    "CLIP, SigLIP and PartialFC included, instead of their "
                    "dedicated ops (to compare the two)"),
     llvm::cl::init(false));
-static llvm::cl::opt<bool> remarks(
-    "remarks",
-    llvm::cl::desc("Print the passes' remarks (why a similarity stays "
-                   "unfused); --report lists them too"),
-    llvm::cl::init(false));
+static llvm::cl::opt<bool>
+    remarks("remarks",
+            llvm::cl::desc("Print the passes' remarks (why a similarity stays "
+                           "unfused); --report lists them too"),
+            llvm::cl::init(false));
 static llvm::cl::opt<bool> report(
     "report",
     llvm::cl::desc("Write, per function, the peak memory estimate and the "

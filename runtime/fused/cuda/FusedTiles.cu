@@ -814,9 +814,9 @@ void similarityGemm(const TileLaunch &launch, const Tile &tile, float *sim,
   similarity(handleFor(launch), launch, tile, sim, ld);
 }
 
-void gradientGemms(const TileLaunch &launch, const Tile &tile,
-                   const void *grad, int64_t ld, const float *alphaBeta,
-                   float *dRows, float *dCols) {
+void gradientGemms(const TileLaunch &launch, const Tile &tile, const void *grad,
+                   int64_t ld, const float *alphaBeta, float *dRows,
+                   float *dCols) {
   backpropagate(handleFor(launch), launch, tile, grad, ld, alphaBeta, dRows,
                 dCols);
 }

@@ -163,9 +163,9 @@ void similarityGemm(const TileLaunch &launch, const Tile &tile, float *sim,
 /// dRows += alpha G cols and dCols += alpha G^T rows into the fp32
 /// [count, depth] accumulators, with G [rowCount, ld] of launch.type and
 /// {alpha, beta = 1} read from the device memory at `alphaBeta`.
-void gradientGemms(const TileLaunch &launch, const Tile &tile,
-                   const void *grad, int64_t ld, const float *alphaBeta,
-                   float *dRows, float *dCols);
+void gradientGemms(const TileLaunch &launch, const Tile &tile, const void *grad,
+                   int64_t ld, const float *alphaBeta, float *dRows,
+                   float *dCols);
 
 /// The number of CUDA devices; 0 when there is none or no usable driver.
 int deviceCount();

@@ -186,25 +186,25 @@ __device__ __forceinline__ void warpFold(Reduce kind, float &top, float &sum) {
 __device__ __forceinline__ void evaluateAt(const TileProgram &p,
                                            const TileLeaves &leaves, float s,
                                            int i, int j, float *regs) {
-  epilogue::evaluate<float>(
-      p.code, p.count, regs, [&](const Instr &ins) -> float {
-        switch (ins.op) {
-        case Op::Sim:
-          return s;
-        case Op::ColId:
-          return static_cast<float>(leaves.colBase + j);
-        case Op::RowId:
-          return static_cast<float>(leaves.rowBase + i);
-        case Op::RowLeaf:
-          return leaves.row[ins.a][i];
-        case Op::ColLeaf:
-          return leaves.col[ins.a][j];
-        case Op::Scalar:
-          return p.scalar[ins.a];
-        default:
-          return 0.f;
-        }
-      });
+  epilogue::evaluate<float>(p.code, p.count, regs,
+                            [&](const Instr &ins) -> float {
+                              switch (ins.op) {
+                              case Op::Sim:
+                                return s;
+                              case Op::ColId:
+                                return static_cast<float>(leaves.colBase + j);
+                              case Op::RowId:
+                                return static_cast<float>(leaves.rowBase + i);
+                              case Op::RowLeaf:
+                                return leaves.row[ins.a][i];
+                              case Op::ColLeaf:
+                                return leaves.col[ins.a][j];
+                              case Op::Scalar:
+                                return p.scalar[ins.a];
+                              default:
+                                return 0.f;
+                              }
+                            });
 }
 
 //===----------------------------------------------------------------------===//
@@ -284,8 +284,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   float regs[kMaxInstructions];
   for (int i = row0; i < row1; ++i) {
-    evaluateAt(p, a.out.leaves, a.sim[static_cast<int64_t>(i) * a.ld + j], i,
-               j, regs);
+    evaluateAt(p, a.out.leaves, a.sim[static_cast<int64_t>(i) * a.ld + j], i, j,
+               regs);
 #pragma unroll
     for (int k = 0; k < kMaxResults; ++k)
       if (k < p.colResults)
@@ -346,8 +346,7 @@ struct BackwardArgs {
   unsigned *absMax; ///< max|G| over the tile, as the bits of a float
 };
 
-static_assert(sizeof(BackwardArgs) < 4000,
-              "backward kernel arguments too big");
+static_assert(sizeof(BackwardArgs) < 4000, "backward kernel arguments too big");
 
 /// Adds result `reg`'s seed for one element: ct (sum) or ct exp(e - value)
 /// (log-sum-exp: its softmax), as the CPU kernels do; nothing where ct is 0
@@ -364,9 +363,8 @@ __device__ __forceinline__ void seed(Reduce kind, float ct, float value,
 
 /// After a reverse sweep: returns dL/dS (the `sim` leaves' cotangents) and
 /// adds the float per-row and 0-d leaves' cotangents into dLeaf, dScalar.
-__device__ __forceinline__ float harvest(const TileProgram &p,
-                                         const float *cts, float *dLeaf,
-                                         float *dScalar) {
+__device__ __forceinline__ float harvest(const TileProgram &p, const float *cts,
+                                         float *dLeaf, float *dScalar) {
   float g = 0;
   for (int t = 0; t < p.count; ++t) {
     const Instr &ins = p.code[t];
@@ -569,42 +567,41 @@ size_t similarityWorkspaceBytes(int64_t maxRows, int64_t maxCols,
 void similarityForwardTile(const TileLaunch &launch, const Tile &tile,
                            const TileProgram &program,
                            const SimilarityForward &args) {
-  withSimilarity(
-      launch, tile, program, "similarityForwardTile",
-      [&](const Workspace &ws, int64_t ld) {
-        ForwardArgs a;
-        a.program = program;
-        a.out = args;
-        a.sim = ws.sim;
-        a.ld = ld;
-        a.rows = static_cast<int>(tile.rowCount);
-        a.cols = static_cast<int>(tile.colCount);
-        a.colPart = ws.colPart;
-        if (program.rowResults > 0) {
-          rowForward<<<blocksFor(tile.rowCount, kWarps), kThreads, 0,
-                       streamOf(launch)>>>(a);
-          checkLaunch("rowForward");
-        }
-        if (program.colResults == 0)
-          return;
-        const dim3 grid(blocksFor(tile.colCount, kThreads),
-                        blocksFor(tile.rowCount, kColRows));
-        colForward<<<grid, kThreads, 0, streamOf(launch)>>>(a);
-        checkLaunch("colForward");
-        ColMergeArgs merge{};
-        merge.colResults = program.colResults;
-        merge.parts = static_cast<int>(grid.y);
-        merge.cols = a.cols;
-        for (int k = 0; k < program.colResults; ++k) {
-          merge.kind[k] = program.colResult[k].kind;
-          merge.colMax[k] = args.colMax[k];
-          merge.colSum[k] = args.colSum[k];
-        }
-        merge.colPart = ws.colPart;
-        colMerge<<<blocksFor(tile.colCount, kThreads), kThreads, 0,
-                   streamOf(launch)>>>(merge);
-        checkLaunch("colMerge");
-      });
+  withSimilarity(launch, tile, program, "similarityForwardTile",
+                 [&](const Workspace &ws, int64_t ld) {
+                   ForwardArgs a;
+                   a.program = program;
+                   a.out = args;
+                   a.sim = ws.sim;
+                   a.ld = ld;
+                   a.rows = static_cast<int>(tile.rowCount);
+                   a.cols = static_cast<int>(tile.colCount);
+                   a.colPart = ws.colPart;
+                   if (program.rowResults > 0) {
+                     rowForward<<<blocksFor(tile.rowCount, kWarps), kThreads, 0,
+                                  streamOf(launch)>>>(a);
+                     checkLaunch("rowForward");
+                   }
+                   if (program.colResults == 0)
+                     return;
+                   const dim3 grid(blocksFor(tile.colCount, kThreads),
+                                   blocksFor(tile.rowCount, kColRows));
+                   colForward<<<grid, kThreads, 0, streamOf(launch)>>>(a);
+                   checkLaunch("colForward");
+                   ColMergeArgs merge{};
+                   merge.colResults = program.colResults;
+                   merge.parts = static_cast<int>(grid.y);
+                   merge.cols = a.cols;
+                   for (int k = 0; k < program.colResults; ++k) {
+                     merge.kind[k] = program.colResult[k].kind;
+                     merge.colMax[k] = args.colMax[k];
+                     merge.colSum[k] = args.colSum[k];
+                   }
+                   merge.colPart = ws.colPart;
+                   colMerge<<<blocksFor(tile.colCount, kThreads), kThreads, 0,
+                              streamOf(launch)>>>(merge);
+                   checkLaunch("colMerge");
+                 });
 }
 
 void similarityBackwardTile(const TileLaunch &launch, const Tile &tile,
@@ -641,8 +638,7 @@ void similarityBackwardTile(const TileLaunch &launch, const Tile &tile,
           launchStore<__nv_bfloat16>(launch, tile, ws, ld, absMax);
           break;
         }
-        gradientGemms(launch, tile, grad, ld, ws.scale, args.dRows,
-                      args.dCols);
+        gradientGemms(launch, tile, grad, ld, ws.scale, args.dRows, args.dCols);
       });
 }
 
