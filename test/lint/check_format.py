@@ -52,8 +52,9 @@ def sources():
 def main(argv):
     fix = "--fix" in argv
     tool = clang_format(pinned_version())
+    paths = sources()
     changed = []
-    for path in sources():
+    for path in paths:
         text = (ROOT / path).read_text()
         formatted = subprocess.run([tool, "--style=file", "--assume-filename=" + path],
                                    input=text, capture_output=True, text=True,
@@ -68,19 +69,19 @@ def main(argv):
                                          path, path + " (formatted)", n=0, lineterm=""))
         hunks = sum(1 for line in diff if line.startswith("@@"))
         print("%s: %d hunk(s) differ from clang-format; the first:" % (path, hunks))
-        first = [line for line in diff[2:]]
-        end = next((i for i, line in enumerate(first[1:], 1) if line.startswith("@@")),
-                   len(first))
-        print("\n".join("    " + line for line in first[:min(end, 12)]))
+        hunk = diff[2:]  # past the two file-name lines
+        end = next((i for i, line in enumerate(hunk[1:], 1) if line.startswith("@@")),
+                   len(hunk))
+        print("\n".join("    " + line for line in hunk[:min(end, 12)]))
     if fix:
         print("format: rewrote %d file(s)" % len(changed))
         return 0
     if changed:
         print("format: %d of %d C++/CUDA files are not as clang-format writes them. "
               "Run `bash scripts/format.sh` and commit the result." % (
-                  len(changed), len(sources())))
+                  len(changed), len(paths)))
         return 1
-    print("format: all %d C++/CUDA files are formatted" % len(sources()))
+    print("format: all %d C++/CUDA files are formatted" % len(paths))
     return 0
 
 
