@@ -533,6 +533,33 @@ LogicalResult verifyFusedSimilarity(
   if (!problem.empty())
     return op->emitOpError()
            << "has facts that do not fit its tile program: " << problem;
+  // In range is not enough: the kernels trust the facts in place of the
+  // program (a pick replaces its sum), so they must be the program's own.
+  ::dloss::epilogue::DerivedFacts derived = ::dloss::epilogue::deriveFacts(
+      intsOf(program), intsOf(outputs),
+      intsOf(colOutputs.value_or(ArrayRef<int64_t>())));
+  auto text = [](ArrayRef<int64_t> values) {
+    std::string out = "[";
+    for (size_t k = 0; k < values.size(); ++k)
+      out += (k ? ", " : "") + std::to_string(values[k]);
+    return out + "]";
+  };
+  const std::pair<const char *, std::pair<::dloss::epilogue::Ints,
+                                          const std::vector<int64_t> *>>
+      written[] = {
+          {"picks", {facts.picks, &derived.picks}},
+          {"col_picks", {facts.colPicks, &derived.colPicks}},
+          {"lse_pairs", {facts.lsePairs, &derived.lsePairs}},
+          {"class_targets", {facts.classTargets, &derived.classTargets}}};
+  for (const auto &[name, pair] : written) {
+    ArrayRef<int64_t> have(pair.first.data, pair.first.size);
+    if (have != ArrayRef<int64_t>(*pair.second))
+      return op->emitOpError()
+             << "has `" << name << "` = " << text(have)
+             << " but its tile program gives " << text(*pair.second)
+             << ": the facts are derived from the program (leave them to "
+                "the compiler, or write these)";
+  }
   return success();
 }
 

@@ -17,7 +17,6 @@
 #include <cmath>
 #include <limits>
 #include <map>
-#include <set>
 
 using namespace mlir;
 using namespace mlir::dloss;
@@ -623,83 +622,13 @@ void mlir::dloss::simplifyProgram(TileProgram &p) {
   p.program = std::move(program);
 }
 
-namespace {
-/// The leaf index L of `eq(index, leaf L)` (either order) at register `eq`,
-/// or -1.
-int64_t comparedLeaf(ArrayRef<int64_t> program, int64_t eq, ep::Op index,
-                     ep::Op leaf) {
-  auto opAt = [&](int64_t reg) {
-    return static_cast<ep::Op>(program[4 * reg]);
-  };
-  if (opAt(eq) != ep::Op::Eq)
-    return -1;
-  int64_t a = program[4 * eq + 1], b = program[4 * eq + 2];
-  if (opAt(a) == leaf)
-    std::swap(a, b);
-  return opAt(a) == index && opAt(b) == leaf ? program[4 * b + 1] : -1;
-}
-
-/// The picks of `results` (see TileFacts): a sum of
-/// `select(eq(index, leaf L), x, 0)` is x at the one place L names.
-SmallVector<int64_t> picksOf(ArrayRef<int64_t> program,
-                             ArrayRef<int64_t> results, ep::Op index,
-                             ep::Op leaf) {
-  SmallVector<int64_t> picks;
-  for (size_t k = 0; k + 1 < results.size(); k += 2) {
-    const int64_t *select = &program[4 * results[k]];
-    int64_t leafIndex = -1;
-    if (results[k + 1] == static_cast<int64_t>(ep::Reduce::Sum) &&
-        static_cast<ep::Op>(select[0]) == ep::Op::Select) {
-      const int64_t *zero = &program[4 * select[3]];
-      if (static_cast<ep::Op>(zero[0]) == ep::Op::Const &&
-          ep::bitsToDouble(zero[1]) == 0.0)
-        leafIndex = comparedLeaf(program, select[1], index, leaf);
-    }
-    picks.append({leafIndex < 0 ? -1 : select[2], leafIndex});
-  }
-  return picks;
-}
-} // namespace
-
-TileFacts mlir::dloss::deriveTileFacts(ArrayRef<int64_t> program,
-                                       ArrayRef<int64_t> outputs,
-                                       ArrayRef<int64_t> colOutputs) {
-  TileFacts facts;
-  facts.picks = picksOf(program, outputs, ep::Op::ColId, ep::Op::RowLeaf);
-  facts.colPicks = picksOf(program, colOutputs, ep::Op::RowId, ep::Op::ColLeaf);
-  // A column log-sum-exp pairs with the first unpaired row log-sum-exp of
-  // the same register.
-  const auto lse = static_cast<int64_t>(ep::Reduce::LogSumExp);
-  SmallVector<bool> paired(outputs.size() / 2, false);
-  for (size_t k = 0; k + 1 < colOutputs.size(); k += 2) {
-    int64_t row = -1;
-    for (size_t o = 0; o + 1 < outputs.size() && colOutputs[k + 1] == lse;
-         o += 2)
-      if (!paired[o / 2] && outputs[o + 1] == lse &&
-          outputs[o] == colOutputs[k]) {
-        row = static_cast<int64_t>(o / 2);
-        paired[o / 2] = true;
-        break;
-      }
-    facts.lsePairs.push_back(row);
-  }
-  std::set<int64_t> targets;
-  for (size_t t = 0; t < program.size() / 4; ++t) {
-    int64_t leaf = comparedLeaf(program, static_cast<int64_t>(t), ep::Op::ColId,
-                                ep::Op::RowLeaf);
-    if (leaf >= 0)
-      targets.insert(leaf);
-  }
-  facts.classTargets.assign(targets.begin(), targets.end());
-  return facts;
-}
-
 FusedSimilarityOp mlir::dloss::createFusedSimilarity(
     OpBuilder &builder, Location loc, Type perRow, Value rows, Value cols,
     ValueRange leaves, int64_t rowLeaves, int64_t colLeaves,
     ArrayRef<int64_t> program, ArrayRef<int64_t> outputs,
     ArrayRef<int64_t> colOutputs, bool gathered, bool sharded) {
-  TileFacts facts = deriveTileFacts(program, outputs, colOutputs);
+  ep::DerivedFacts facts = ep::deriveFacts(
+      ep::intsOf(program), ep::intsOf(outputs), ep::intsOf(colOutputs));
   SmallVector<Type> types((outputs.size() + colOutputs.size()) / 2, perRow);
   auto ints = [&](ArrayRef<int64_t> values) {
     return builder.getDenseI64ArrayAttr(values);

@@ -71,22 +71,10 @@ LogicalResult mergeMirror(TileProgram &p, const TileProgram &mirror);
 /// `eq` in either order) and those no result reads, renumbering registers.
 void simplifyProgram(TileProgram &p);
 
-/// What the kernels need to know about an encoded program, derived here once
-/// and written beside it as attributes of the fused op (their meaning is
-/// runtime/plan/TileEncoding.h's): `picks` and `colPicks` two integers per
-/// row and column result, `lsePairs` one per column result, `classTargets`
-/// the per-row leaves compared with the column index.
-struct TileFacts {
-  SmallVector<int64_t> picks, colPicks, lsePairs, classTargets;
-};
-
-TileFacts deriveTileFacts(ArrayRef<int64_t> program, ArrayRef<int64_t> outputs,
-                          ArrayRef<int64_t> colOutputs);
-
 /// Creates a dloss.fused_similarity running `program` (results `outputs`,
 /// then `colOutputs`, each of type `perRow`) with the facts
-/// deriveTileFacts gives. `leaves` holds `rowLeaves` per-row values,
-/// `colLeaves` per-column ones, then the 0-d ones.
+/// epilogue::deriveFacts gives (runtime/plan/TileEncoding.h). `leaves` holds
+/// `rowLeaves` per-row values, `colLeaves` per-column ones, then the 0-d ones.
 FusedSimilarityOp
 createFusedSimilarity(OpBuilder &builder, Location loc, Type perRow, Value rows,
                       Value cols, ValueRange leaves, int64_t rowLeaves,

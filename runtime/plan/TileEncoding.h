@@ -41,9 +41,11 @@
 #ifndef DLOSS_RUNTIME_PLAN_TILEENCODING_H
 #define DLOSS_RUNTIME_PLAN_TILEENCODING_H
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 // Forced inline on the host too: the CPU kernels' loops over a row only
 // vectorise when each element's rule is inlined (in a shared library a
@@ -307,6 +309,75 @@ inline std::string checkFacts(Ints program, Ints outputs, Ints colOutputs,
              std::to_string(leaf) + " at " + std::to_string(k);
   }
   return {};
+}
+
+/// The facts of a program that checkProgram and checkOutputs accept, as the
+/// compiler derives them (passes/TileProgram.cpp writes them; the verifier
+/// requires a fused op's facts to be these): a row result `sum
+/// select(eq(col_id, row leaf L), x, 0)` (either order of eq) picks x at
+/// L, a column result with row_id and a column leaf likewise; a column
+/// log-sum-exp pairs with the first unpaired row log-sum-exp of the same
+/// register; the class targets are the per-row leaves compared with col_id.
+struct DerivedFacts {
+  std::vector<int64_t> picks, colPicks, lsePairs, classTargets;
+};
+
+/// The leaf index L of `eq(index, leaf L)` (either order) at register `eq`,
+/// or -1.
+inline int64_t comparedLeaf(Ints program, int64_t eq, Op index, Op leaf) {
+  auto opAt = [&](int64_t reg) { return static_cast<Op>(program[4 * reg]); };
+  if (opAt(eq) != Op::Eq)
+    return -1;
+  int64_t a = program[4 * eq + 1], b = program[4 * eq + 2];
+  if (opAt(a) == leaf)
+    std::swap(a, b);
+  return opAt(a) == index && opAt(b) == leaf ? program[4 * b + 1] : -1;
+}
+
+inline DerivedFacts deriveFacts(Ints program, Ints outputs, Ints colOutputs) {
+  auto picksOf = [&](Ints results, Op index, Op leaf) {
+    std::vector<int64_t> picks;
+    for (int64_t k = 0; k + 1 < results.size; k += 2) {
+      const int64_t *select = &program.data[4 * results[k]];
+      int64_t leafIndex = -1;
+      if (results[k + 1] == static_cast<int64_t>(Reduce::Sum) &&
+          static_cast<Op>(select[0]) == Op::Select) {
+        const int64_t *zero = &program.data[4 * select[3]];
+        if (static_cast<Op>(zero[0]) == Op::Const &&
+            bitsToDouble(zero[1]) == 0.0)
+          leafIndex = comparedLeaf(program, select[1], index, leaf);
+      }
+      picks.push_back(leafIndex < 0 ? -1 : select[2]);
+      picks.push_back(leafIndex);
+    }
+    return picks;
+  };
+  DerivedFacts facts;
+  facts.picks = picksOf(outputs, Op::ColId, Op::RowLeaf);
+  facts.colPicks = picksOf(colOutputs, Op::RowId, Op::ColLeaf);
+  const auto lse = static_cast<int64_t>(Reduce::LogSumExp);
+  std::vector<bool> paired(static_cast<size_t>(outputs.size / 2), false);
+  for (int64_t k = 0; k + 1 < colOutputs.size; k += 2) {
+    int64_t row = -1;
+    for (int64_t o = 0; o + 1 < outputs.size && colOutputs[k + 1] == lse;
+         o += 2)
+      if (!paired[o / 2] && outputs[o + 1] == lse &&
+          outputs[o] == colOutputs[k]) {
+        row = o / 2;
+        paired[o / 2] = true;
+        break;
+      }
+    facts.lsePairs.push_back(row);
+  }
+  for (int64_t t = 0; t < program.size / 4; ++t) {
+    int64_t leaf = comparedLeaf(program, t, Op::ColId, Op::RowLeaf);
+    if (leaf >= 0 &&
+        std::find(facts.classTargets.begin(), facts.classTargets.end(), leaf) ==
+            facts.classTargets.end())
+      facts.classTargets.push_back(leaf);
+  }
+  std::sort(facts.classTargets.begin(), facts.classTargets.end());
+  return facts;
 }
 #endif // !defined(__CUDACC__)
 

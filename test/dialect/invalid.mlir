@@ -715,3 +715,19 @@ func.func @fused_similarity_class_targets_ascending(%r: tensor<?x8xf32>, %c: ten
   %0 = dloss.fused_similarity %r, %c leaves(%t) {row_leaves = 1, col_leaves = 0, program = array<i64: 0, 0, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: -1, -1>, class_targets = array<i64: 1>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xi64>) -> tensor<?xf32>
   return
 }
+
+// -----
+
+func.func @fused_similarity_pick_the_program_lacks(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>, %t: tensor<?xi64>) {
+  // expected-error@+1 {{has `picks` = [0, 0] but its tile program gives [-1, -1]: the facts are derived from the program (leave them to the compiler, or write these)}}
+  %0 = dloss.fused_similarity %r, %c leaves(%t) {row_leaves = 1, col_leaves = 0, program = array<i64: 0, 0, 0, 0, 2, 0, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: 0, 0>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xi64>) -> tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @fused_similarity_class_target_the_program_lacks(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>, %t: tensor<?xi64>) {
+  // expected-error@+1 {{has `class_targets` = [0] but its tile program gives []}}
+  %0 = dloss.fused_similarity %r, %c leaves(%t) {row_leaves = 1, col_leaves = 0, program = array<i64: 0, 0, 0, 0, 2, 0, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: -1, -1>, class_targets = array<i64: 0>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xi64>) -> tensor<?xf32>
+  return
+}
