@@ -58,14 +58,27 @@ def _is_users(skip=()):
     return test
 
 
+_FRAMEWORKS = ("lightning", "pytorch_lightning", "lightning_fabric")
+
+
 def framework_dirs():
     """Directories of the frameworks that stand between the user and dloss
-    and are loaded in this process (Lightning's packages), for `skip`."""
+    and are loaded in this process (Lightning's packages), for `skip`.
+    Called per collective under dloss.guard: the paths are worked out once
+    per set of loaded frameworks."""
+    import sys
+
+    return _framework_dirs(tuple(name for name in _FRAMEWORKS
+                                 if name in sys.modules))
+
+
+@functools.lru_cache(maxsize=8)
+def _framework_dirs(loaded):
     import os
     import sys
 
     dirs = []
-    for name in ("lightning", "pytorch_lightning", "lightning_fabric"):
+    for name in loaded:
         module = sys.modules.get(name)
         if module is not None and getattr(module, "__file__", None):
             dirs.append(os.path.dirname(os.path.abspath(module.__file__)) +

@@ -50,7 +50,7 @@ CompiledLoss::CompiledLoss(std::shared_ptr<const PlanFile> planFile,
     throw Error(
         "CompiledLoss needs a plan and a communicator",
         "Pass dloss::PlanFile::load(...) and dloss::connectProcessGroup(...)");
-  PlanEntry chosen = plan->entry(entry);
+  PlanEntry chosen = plan->entry(entry, "the `entry` argument");
   loss = chosen.loss->name()->str();
   grad = chosen.grad->name()->str();
   const plan::Function &g = *chosen.grad;

@@ -85,7 +85,7 @@ SimilarityOperands similarityOperands(const FusedArgs &args,
                   " per-column and " + std::to_string(scalarCount) +
                   " 0-d leaves): " + problem,
               kProgramHint);
-  if (problem.empty() && !spec.colOutputs.empty())
+  if (!spec.colOutputs.empty())
     problem = epilogue::checkOutputs(
         spec.colOutputs.data(), static_cast<int64_t>(spec.colOutputs.size()),
         static_cast<int64_t>(spec.program.size()) / 4, "column result");

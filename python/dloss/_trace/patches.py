@@ -34,9 +34,12 @@ _DISTRIBUTED = {
                    "Write `total = dloss.all_reduce(x, \"sum\")`: it returns "
                    "the result and carries the exact gradient"),
     "reduce_scatter": ("torch.distributed.reduce_scatter",
-                       "Use dloss.all_gather / dloss.all_reduce"),
+                       "Write `mine = dloss.reduce_scatter(x, \"sum\", "
+                       "size=n)`: it returns this rank's block of n rows and "
+                       "carries the exact gradient"),
     "broadcast": ("torch.distributed.broadcast",
-                  "Pass the value as a replicated argument of the loss"),
+                  "Write `x = dloss.broadcast(x, root)` (exact gradient), or "
+                  "pass the value as a replicated argument of the loss"),
     "get_rank": ("torch.distributed.get_rank()", _RANK_HINT),
     "get_world_size": ("torch.distributed.get_world_size()",
                        "Use dloss.world_size() (or dloss.global_size(x) for "

@@ -2,24 +2,17 @@
 torch's replacements (patches.py), and its returned loss ends the graph."""
 
 import inspect
-import os
 
 import torch
 
 from .. import _C
-from ..errors import Error, make_error
+from ..errors import Error, _is_users, make_error
 from ..graph import to_dtype
 from .locations import _code, _text, fail
 from .materialise import _mat, _size_tensor
 from .patches import _Patches
 from .values import (FLOAT_DTYPES, _Arange, _Size, _Tensor, _Trace, _Value,
                      _dim_text, _recording)
-
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-# dloss's own package, dloss/_trace included.
-_DLOSS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + \
-    os.sep
-
 
 def trace_graph(fn, name, params, tensors, constants, grad_mode):
     """Runs `fn` on stand-ins and returns the loss's _C graph. `params`:
@@ -119,10 +112,10 @@ def _finish(fn, tr, result, grad_mode):
 
 def _traceback_location(tb):
     """The innermost frame of a traceback in the user's code."""
+    users = _is_users()
     found = None
     while tb is not None:
-        name = os.path.abspath(tb.tb_frame.f_code.co_filename)
-        if not name.startswith((_TORCH_DIR, _DLOSS_DIR)):
+        if users(tb.tb_frame.f_code.co_filename):
             found = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
         tb = tb.tb_next
     return found
