@@ -36,8 +36,9 @@ else
   cat "$LOGS/cuda-venv.log"
 fi
 # One minute of fuzzing parse + verify + the whole pass pipeline (clang build
-# in build-fuzz/). The fuzzer takes one core, so it runs beside the CUDA build
-# (niced, so that the fuzzer keeps its core).
+# in build-fuzz/) beside the CUDA build: the fuzzer's build competes with it
+# for both cores, then the fuzzing takes one, which the CUDA build (niced)
+# leaves it.
 beside fuzz bash scripts/fuzz.sh 60
 # The CUDA build against the CUDA torch (build-cuda/, compiled, not run), where
 # that torch is on this machine's disk; one SKIPPED line elsewhere.

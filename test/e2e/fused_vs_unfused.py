@@ -24,6 +24,7 @@ The last line is the verdict of every size together:
 import argparse
 import glob
 import json
+import math
 import os
 import re
 import subprocess
@@ -60,8 +61,11 @@ def results(out, world):
 
 
 def rel(a, b):
+    """The largest relative difference; inf where either side is not finite
+    (a NaN would otherwise compare below every tolerance)."""
     scale = max(float(np.max(np.abs(b))) if b.size else 0.0, 1e-30)
-    return float(np.max(np.abs(a - b))) / scale if a.size else 0.0
+    error = float(np.max(np.abs(a - b))) / scale if a.size else 0.0
+    return error if math.isfinite(error) else math.inf
 
 
 def compare(a, sizes, out, mode, general):

@@ -32,7 +32,7 @@ venv_python=$work/venv/bin/python
 (
   "$python" -m venv "$work/venv"
   "$venv_python" -m pip install --progress-bar off -q "torch==$torch_version" numpy 2>&1 |
-    grep -v "^WARNING: Location" || true
+    { grep -v "^WARNING: Location" || true; }  # pip's own failure still fails
 ) > "$work/venv.log" 2>&1 &
 venv_pid=$!
 # Where the build fails, its pip ends before this script does.

@@ -11,7 +11,8 @@ import shutil
 import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tracked import ROOT, tracked
+
 SUFFIXES = (".cpp", ".h", ".cu", ".cuh")
 
 
@@ -39,20 +40,10 @@ def clang_format(version):
     return tool
 
 
-def sources():
-    """The C++ and CUDA files git tracks (also files git has not been told
-    of yet, unless ignored)."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    return sorted(p for p in listed.split("\0")
-                  if p.endswith(SUFFIXES) and (ROOT / p).exists())
-
-
 def main(argv):
     fix = "--fix" in argv
     tool = clang_format(pinned_version())
-    paths = sources()
+    paths = tracked(suffixes=SUFFIXES)
     changed = []
     for path in paths:
         text = (ROOT / path).read_text()

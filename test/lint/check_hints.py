@@ -18,12 +18,11 @@ seen; a literal found is always a hint, so the test has no false alarms.
     python test/lint/check_hints.py
 """
 import ast
-import pathlib
 import re
-import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tracked import ROOT, tracked
+
 # Product code: tests make lower-case hints on purpose (ErrorTest).
 FOLDERS = ("runtime/", "frontend/", "compiler/", "tools/", "python/", "driver/",
            "report/", "passes/", "dialect/", "bench/")
@@ -35,12 +34,6 @@ CPP_HINT = {"Error": {2: 1}, "ErrorInfo": {None: 1}, "GraphError": {None: 1},
 CPP_CALL = re.compile(r"(?<![\w:])(?:dloss::)?(Error|ErrorInfo|GraphError|fail|"
                       r"withHint)\s*[({]")
 LITERAL = re.compile(r'"((?:[^"\\]|\\.)*)"')
-
-
-def tracked(suffixes):
-    files = subprocess.run(["git", "ls-files", "--", *FOLDERS], cwd=ROOT,
-                           capture_output=True, text=True, check=True)
-    return [f for f in files.stdout.split() if f.endswith(suffixes)]
 
 
 def without_comments(text):
@@ -135,7 +128,8 @@ def leading_literals(expression):
     return found
 
 
-def cpp_problems(path):
+def cpp_hints(path):
+    """(path:line, literal) of every hint literal in a C++ file."""
     text = without_comments((ROOT / path).read_text(errors="replace"))
     for match in CPP_CALL.finditer(text):
         args = arguments(text, match.end() - 1)
@@ -143,10 +137,9 @@ def cpp_problems(path):
         where = positions.get(len(args), positions.get(None))
         if where is None or len(args) <= where:
             continue
+        line = text.count("\n", 0, match.start()) + 1
         for literal in leading_literals(args[where]):
-            if literal[:1].islower():
-                line = text.count("\n", 0, match.start()) + 1
-                yield "%s:%d: %s" % (path, line, literal)
+            yield "%s:%d" % (path, line), literal
 
 
 def python_leading(node):
@@ -162,7 +155,8 @@ def python_leading(node):
     return []
 
 
-def python_problems(path):
+def python_hints(path):
+    """(path:line, literal) of every hint literal in a Python file."""
     tree = ast.parse((ROOT / path).read_text(), filename=path)
     for node in ast.walk(tree):
         hints = []
@@ -176,24 +170,35 @@ def python_problems(path):
                 hints.append(node.value)
         for hint in hints:
             for literal in python_leading(hint):
-                if literal[:1].islower():
-                    yield "%s:%d: %s" % (path, node.lineno, literal)
+                yield "%s:%d" % (path, node.lineno), literal
+
+
+# Fewer hint literals than this means the patterns above stopped matching
+# the code (the tree holds about 80), not that the hints are fine.
+MIN_HINTS = 50
 
 
 def main():
-    problems = []
-    for path in tracked(CPP_SUFFIXES):
-        problems += cpp_problems(path)
-    for path in tracked((".py",)):
-        problems += python_problems(path)
+    hints = []
+    for path in tracked(FOLDERS, CPP_SUFFIXES):
+        hints += cpp_hints(path)
+    for path in tracked(FOLDERS, (".py",)):
+        hints += python_hints(path)
+    problems = ["%s: %s" % (where, literal) for where, literal in hints
+                if literal[:1].islower()]
     for problem in problems:
         print("hints: %s: a hint starts with a lower-case letter; write it as a "
               "capitalised sentence (runtime/support/Error.h)" % problem)
     if problems:
         print("hints: %d hint(s) to capitalise" % len(problems))
         return 1
+    if len(hints) < MIN_HINTS:
+        print("hints: found only %d hint literals, fewer than %d: the patterns "
+              "in test/lint/check_hints.py no longer match how errors are "
+              "raised; update them" % (len(hints), MIN_HINTS))
+        return 1
+    print("hints: all %d hint literals are capitalised sentences" % len(hints))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -10,12 +10,11 @@ as does a row for a folder that is gone.
 
     python test/lint/check_layout.py
 """
-import pathlib
 import re
-import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tracked import ROOT, tracked
+
 # The folders whose every file has its job in the table.
 CODE = ("dialect/", "passes/", "driver/", "compiler/", "report/", "runtime/",
         "frontend/", "python/", "tools/", "cmake/", "scripts/")
@@ -57,13 +56,6 @@ def names(row):
         else:
             out.add(token)
     return out
-
-
-def tracked():
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    return sorted(p for p in listed.split("\0") if p and (ROOT / p).exists())
 
 
 def listed_in(path, folder, known):

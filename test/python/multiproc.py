@@ -2,8 +2,9 @@
 Python tests: torchrun's variables are set by hand (Debian's torchrun is
 broken), each rank initialises torch.distributed with dloss.init(), runs
 `fn(rank, world, *args)` and sends back what it returns (tensors included)
-or the exception it raised (`outcome` turns a dloss.Error into its text). A rank that neither returns nor raises within
-`timeout` seconds fails the run: a test can never hang.
+or the exception it raised (`outcome` turns a dloss.Error into its text). A
+rank that neither returns nor raises within `timeout` seconds fails the run:
+a test can never hang.
 """
 
 import os

@@ -25,9 +25,9 @@ WORLD = 4
 DEADLINE = 4.0
 
 
-
 def _where(marker):
-    return "%s:%d" % (os.path.abspath(__file__), multiproc.line_of(__file__, marker))
+    return "%s:%d" % (os.path.abspath(__file__),
+                      multiproc.line_of(__file__, marker))
 
 
 def _body(message):
