@@ -277,6 +277,21 @@ TEST(PlanFileTest, LoadsVerifiesAndFindsFunctions) {
     EXPECT_CONTAINS(message, "Recompile");
   }
   {
+    // A plan from before the current version (version 1 plans lack the fused
+    // step's facts) is refused by number, before any step is read.
+    SCOPED_TRACE("older version");
+    ASSERT_GE(dloss::kPlanVersion, 2);
+    std::vector<uint8_t> old =
+        buildPlanBytes({negFunction()}, 1, dloss::kPlanVersion - 1);
+    std::string message =
+        errorOf([&] { PlanFile::fromBytes(old, "old.plan"); });
+    EXPECT_CONTAINS(message, "plan 'old.plan' has plan format version " +
+                                 std::to_string(dloss::kPlanVersion - 1) +
+                                 ", this runtime reads version " +
+                                 std::to_string(dloss::kPlanVersion));
+    EXPECT_CONTAINS(message, "Recompile");
+  }
+  {
     SCOPED_TRACE("duplicate function");
     EXPECT_CONTAINS(errorOf([] {
                       buildPlan({negFunction(), negFunction()});

@@ -2,10 +2,10 @@
 // program against an ATen interpreter of the same program (and autograd) on
 // the global matrices.
 #include "PlanTestUtil.h"
+#include "TilePrograms.h"
 
 #include "runtime/fused/Epilogue.h"
 #include "runtime/fused/FusedKernels.h"
-#include "runtime/plan/PlanVersion.h"
 #include "runtime/support/Error.h"
 #include "test/runtime/MultiProcess.h"
 
@@ -39,19 +39,6 @@ struct Precision {
 };
 const Precision kF64{at::kDouble, 1e-10, false};
 const Precision kF32{at::kFloat, 2e-5, true};
-
-/// Where the columns come from.
-enum class Mode {
-  Gathered, ///< every rank's columns, round the ring
-  Local,    ///< one class matrix, the same on every rank, tiled in place
-  Sharded,  ///< the classes sharded; the rows the same on every rank
-};
-
-const char *modeName(Mode mode) {
-  return mode == Mode::Gathered ? "gathered"
-         : mode == Mode::Local  ? "local"
-                                : "sharded";
-}
 
 /// Every rank's size along axis 0 of the rows and the columns.
 struct Layout {
@@ -102,92 +89,8 @@ void expectClose(const at::Tensor &got, const at::Tensor &want,
 }
 
 //===----------------------------------------------------------------------===//
-// Tile programs and their ATen interpreter
+// The ATen interpreter of a tile program
 //===----------------------------------------------------------------------===//
-
-/// A result that picks register `reg` at the place leaf `leaf` names (the
-/// `picks` fact, runtime/plan/TileEncoding.h); -1: not a pick.
-struct Pick {
-  int64_t reg = -1, leaf = -1;
-};
-
-/// A tile program being written: each call appends one instruction and
-/// returns its register. The facts the compiler would write beside it are
-/// stated with the results (the runtime matches nothing itself).
-struct Program {
-  std::vector<int64_t> code, outputs, colOutputs;
-  int64_t rowLeaves = 0, colLeaves = 0;
-  std::vector<int64_t> picks, colPicks, lsePairs, classTargets;
-
-  int64_t emit(Op op, int64_t a = 0, int64_t b = 0, int64_t c = 0) {
-    code.insert(code.end(), {static_cast<int64_t>(op), a, b, c});
-    return static_cast<int64_t>(code.size()) / 4 - 1;
-  }
-  int64_t constant(double value) {
-    return emit(Op::Const, dloss::epilogue::doubleToBits(value));
-  }
-  int64_t clamp(int64_t x, double lo, double hi) {
-    return emit(Op::Clamp, x, dloss::epilogue::doubleToBits(lo),
-                dloss::epilogue::doubleToBits(hi));
-  }
-  void output(int64_t reg, Reduce kind, Pick pick = {}) {
-    outputs.insert(outputs.end(), {reg, static_cast<int64_t>(kind)});
-    picks.insert(picks.end(), {pick.reg, pick.leaf});
-  }
-  /// A column result (gathered steps only); `pairedRow`: the row result
-  /// that is the log-sum-exp of the same register.
-  void colOutput(int64_t reg, Reduce kind, Pick pick = {},
-                 int64_t pairedRow = -1) {
-    colOutputs.insert(colOutputs.end(), {reg, static_cast<int64_t>(kind)});
-    colPicks.insert(colPicks.end(), {pick.reg, pick.leaf});
-    lsePairs.push_back(pairedRow);
-  }
-  /// The same program with no picks and no pairs: the kernels' general
-  /// path for every result.
-  Program withoutFacts() const {
-    Program p = *this;
-    std::fill(p.picks.begin(), p.picks.end(), -1);
-    std::fill(p.colPicks.begin(), p.colPicks.end(), -1);
-    std::fill(p.lsePairs.begin(), p.lsePairs.end(), -1);
-    return p;
-  }
-  int64_t numOutputs() const {
-    return static_cast<int64_t>(outputs.size()) / 2;
-  }
-  int64_t numColOutputs() const {
-    return static_cast<int64_t>(colOutputs.size()) / 2;
-  }
-
-  std::vector<AttrSpec> attrs(Mode mode) const {
-    std::vector<AttrSpec> out = {intAttr("row_leaves", rowLeaves),
-                                 intAttr("col_leaves", colLeaves),
-                                 intsAttr("program", code),
-                                 intsAttr("outputs", outputs),
-                                 intsAttr("picks", picks),
-                                 intsAttr("class_targets", classTargets)};
-    if (!colOutputs.empty()) {
-      out.push_back(intsAttr("col_outputs", colOutputs));
-      out.push_back(intsAttr("col_picks", colPicks));
-      out.push_back(intsAttr("lse_pairs", lsePairs));
-    }
-    if (mode == Mode::Gathered)
-      out.push_back(unitAttr("gathered"));
-    if (mode == Mode::Sharded)
-      out.push_back(unitAttr("sharded"));
-    return out;
-  }
-};
-
-/// The global leaves: per-row [N], per-column [M], then 0-d. Float leaves are
-/// f64 (the kernel gets them in the tested type), integer ones any type.
-using LeafMaker = std::function<std::vector<at::Tensor>(int64_t N, int64_t M)>;
-
-/// One tested program.
-struct ProgramCase {
-  std::string name;
-  Program program;
-  LeafMaker leaves;
-};
 
 /// The program on the global S [N, M] with ATen ops: each row result [N],
 /// then each column result [M]. Leaves and S carry autograd.
@@ -298,158 +201,6 @@ std::vector<at::Tensor> interpret(const Program &program, const at::Tensor &S,
   reduce(program.outputs, 1);
   reduce(program.colOutputs, 0);
   return results;
-}
-
-at::Tensor scalar(double value) {
-  return at::scalar_tensor(value, at::kDouble);
-}
-
-/// InfoNCE: lse(s S) and the logit at the row's (global) target column.
-ProgramCase infoNce() {
-  Program p;
-  p.rowLeaves = 1;
-  int64_t sim = p.emit(Op::Sim), s = p.emit(Op::Scalar, 0);
-  int64_t logits = p.emit(Op::Mul, sim, s);
-  int64_t hit = p.emit(Op::Eq, p.emit(Op::ColId), p.emit(Op::RowLeaf, 0));
-  int64_t picked = p.emit(Op::Select, hit, logits, p.constant(0));
-  p.output(logits, Reduce::LogSumExp);
-  p.output(picked, Reduce::Sum, Pick{logits, 0});
-  p.classTargets = {0};
-  return {"InfoNCE", p, [](int64_t N, int64_t M) {
-            return std::vector<at::Tensor>{at::randint(M, {N}, at::kLong),
-                                           scalar(2.5)};
-          }};
-}
-
-/// NT-Xent: the self pair (column index == global row index) masked with
-/// -inf, a temperature, the logit at the partner (an int32 per-row leaf).
-ProgramCase ntXent() {
-  Program p;
-  p.rowLeaves = 1;
-  int64_t sim = p.emit(Op::Sim), t = p.emit(Op::Scalar, 0);
-  int64_t logits = p.emit(Op::Div, sim, t);
-  int64_t col = p.emit(Op::ColId);
-  int64_t self = p.emit(Op::Eq, col, p.emit(Op::RowId));
-  int64_t masked = p.emit(Op::Select, self, p.constant(-kInf), logits);
-  int64_t partner = p.emit(Op::Eq, col, p.emit(Op::RowLeaf, 0));
-  int64_t positive = p.emit(Op::Select, partner, logits, p.constant(0));
-  p.output(masked, Reduce::LogSumExp);
-  p.output(positive, Reduce::Sum, Pick{logits, 0});
-  p.classTargets = {0};
-  return {"NT-Xent", p, [](int64_t N, int64_t M) {
-            return std::vector<at::Tensor>{
-                at::randint(M, {N}, at::TensorOptions(at::kInt)), scalar(0.3)};
-          }};
-}
-
-/// SupCon: the positives are the columns with the row's label (an int64
-/// per-row and an int16 per-column leaf): the sum of their logits, their
-/// count, and the lse of every logit.
-ProgramCase supCon() {
-  Program p;
-  p.rowLeaves = 1;
-  p.colLeaves = 1;
-  int64_t sim = p.emit(Op::Sim), s = p.emit(Op::Scalar, 0);
-  int64_t logits = p.emit(Op::Mul, s, sim);
-  int64_t same = p.emit(Op::Eq, p.emit(Op::RowLeaf, 0), p.emit(Op::ColLeaf, 0));
-  int64_t positive = p.emit(Op::Select, same, logits, p.constant(0));
-  p.output(logits, Reduce::LogSumExp);
-  p.output(positive, Reduce::Sum);
-  p.output(same, Reduce::Sum);
-  return {"SupCon", p, [](int64_t N, int64_t M) {
-            return std::vector<at::Tensor>{
-                at::randint(3, {N}, at::kLong),
-                at::randint(3, {M}, at::TensorOptions(at::kShort)),
-                scalar(1.5)};
-          }};
-}
-
-/// Every transcendental opcode, a float per-row leaf (an additive angular
-/// margin) and a float 0-d scale, both with a gradient; the clamp cuts some
-/// similarities (no gradient there).
-ProgramCase transcendental() {
-  Program p;
-  p.rowLeaves = 1;
-  int64_t sim = p.emit(Op::Sim);
-  int64_t cosine = p.clamp(sim, -0.6, 0.6);
-  int64_t angle =
-      p.emit(Op::Add, p.emit(Op::Acos, cosine), p.emit(Op::RowLeaf, 0));
-  int64_t logit =
-      p.emit(Op::Mul, p.emit(Op::Cos, angle), p.emit(Op::Scalar, 0));
-  int64_t positive =
-      p.emit(Op::Add, p.emit(Op::Sigmoid, logit), p.constant(1.5));
-  int64_t ratio = p.emit(Op::Div, p.emit(Op::Log, positive), positive);
-  int64_t root = p.emit(Op::Sqrt, p.emit(Op::Exp, p.emit(Op::Sin, sim)));
-  int64_t mixed = p.emit(Op::Sub, p.emit(Op::Softplus, logit),
-                         p.emit(Op::LogSigmoid, p.emit(Op::Neg, root)));
-  p.output(ratio, Reduce::Sum);
-  p.output(mixed, Reduce::LogSumExp);
-  p.output(logit, Reduce::LogSumExp);
-  return {"transcendental", p, [](int64_t N, int64_t) {
-            return std::vector<at::Tensor>{
-                at::rand({N}, at::kDouble).mul_(0.4).add_(0.05), scalar(3.0)};
-          }};
-}
-
-/// CLIP's two directions from one tile: row results (lse, the logit at the
-/// row's target column) and column results (lse over every rank's rows, the
-/// logit at the column's target row, an int64 per-column leaf). With a
-/// large `scale`, logits hundreds apart: the kernels' one-exp folds and
-/// seeds fall back to a shift per row and column.
-ProgramCase clip(double scale = 1.75, const char *name = "CLIP") {
-  Program p;
-  p.rowLeaves = 1;
-  p.colLeaves = 1;
-  int64_t logits = p.emit(Op::Mul, p.emit(Op::Sim), p.emit(Op::Scalar, 0));
-  int64_t zero = p.constant(0);
-  int64_t rowHit = p.emit(Op::Eq, p.emit(Op::ColId), p.emit(Op::RowLeaf, 0));
-  int64_t colHit = p.emit(Op::Eq, p.emit(Op::RowId), p.emit(Op::ColLeaf, 0));
-  p.output(logits, Reduce::LogSumExp);
-  p.output(p.emit(Op::Select, rowHit, logits, zero), Reduce::Sum,
-           Pick{logits, 0});
-  p.colOutput(logits, Reduce::LogSumExp, {}, /*pairedRow=*/0);
-  p.colOutput(p.emit(Op::Select, colHit, logits, zero), Reduce::Sum,
-              Pick{logits, 0});
-  p.classTargets = {0};
-  return {name, p, [scale](int64_t N, int64_t M) {
-            return std::vector<at::Tensor>{at::randint(M, {N}, at::kLong),
-                                           at::randint(N, {M}, at::kLong),
-                                           scalar(scale)};
-          }};
-}
-
-/// Uniform operands whose cotangents the reverse sweep sums in the adjoint
-/// loop: a float per-row leaf times the 0-d scale (both summed), the scale
-/// squared (one register read twice), the leaf over a varying value (the
-/// left operand summed), a subtraction of a uniform value.
-ProgramCase uniformOperands() {
-  Program p;
-  p.rowLeaves = 1;
-  int64_t sim = p.emit(Op::Sim), s = p.emit(Op::Scalar, 0);
-  int64_t margin = p.emit(Op::RowLeaf, 0);
-  int64_t shift = p.emit(Op::Mul, margin, s);
-  int64_t squared = p.emit(Op::Mul, s, s);
-  int64_t logits = p.emit(Op::Sub, p.emit(Op::Mul, sim, squared), shift);
-  p.output(logits, Reduce::LogSumExp);
-  p.output(p.emit(Op::Div, margin, p.emit(Op::Exp, sim)), Reduce::Sum);
-  return {"uniform operands", p, [](int64_t N, int64_t) {
-            return std::vector<at::Tensor>{
-                at::rand({N}, at::kDouble).mul_(0.5).add_(0.1), scalar(1.25)};
-          }};
-}
-
-/// CLIP without the facts: every result on the kernels' general path (a
-/// sum over the masked tile, each direction's log-sum-exp on its own).
-ProgramCase clipWithoutFacts() {
-  ProgramCase pc = clip(1.75, "CLIP, no picks or pairs");
-  pc.program = pc.program.withoutFacts();
-  return pc;
-}
-
-std::vector<ProgramCase> programs() {
-  return {infoNce(),          ntXent(),         supCon(),
-          transcendental(),   clip(),           clip(60, "CLIP, far logits"),
-          clipWithoutFacts(), uniformOperands()};
 }
 
 //===----------------------------------------------------------------------===//
@@ -647,7 +398,7 @@ void checkAll(Communicator &comm, const Precision &precision,
       std::string context = "rank " + std::to_string(comm.rank()) + ", rows " +
                             describe(layout.rows) + " cols " +
                             describe(layout.cols) + ", tile '" + tile + "'";
-      for (const ProgramCase &pc : programs())
+      for (const ProgramCase &pc : tilePrograms())
         for (Mode mode : modes)
           if (pc.program.colOutputs.empty() || mode == Mode::Gathered)
             checkProgram(comm, pc, mode, layout, precision, context);
@@ -856,30 +607,6 @@ TEST(FusedSimilarityErrorTest, MalformedProgramsAndOperandsAreExplained) {
                   {"`class_targets` must list per-row leaves (of 1)"});
     }
   });
-}
-
-// A plan whose fused step lacks the facts (written before the compiler
-// wrote them, at plan version 1) is refused with the plan-version error,
-// never run on a guess.
-TEST(FusedSimilarityPlanTest, PlanWithoutFactsIsRefusedByVersion) {
-  Program p;
-  p.output(p.emit(Op::Sim), Reduce::Sum);
-  std::vector<AttrSpec> old = {
-      intAttr("row_leaves", 0), intAttr("col_leaves", 0),
-      intsAttr("program", p.code), intsAttr("outputs", p.outputs)};
-  at::Tensor rows = at::randn({3, kWidth});
-  FunctionSpec f =
-      singleOpFunction("dloss.fused_similarity", {rows, rows}, old);
-  ASSERT_GE(dloss::kPlanVersion, 2) << "the facts came with version 2";
-  std::vector<uint8_t> bytes = buildPlanBytes({f}, 0x1234, /*version=*/1);
-  std::string message =
-      errorOf([&] { dloss::PlanFile::fromBytes(bytes, "old.plan"); });
-  EXPECT_NE(message.find("plan 'old.plan' has plan format version 1, this "
-                         "runtime reads version " +
-                         std::to_string(dloss::kPlanVersion)),
-            std::string::npos)
-      << message;
-  EXPECT_NE(message.find("Recompile"), std::string::npos) << message;
 }
 
 } // namespace
