@@ -4,8 +4,14 @@
 # second copy (and build where the toolkit has no cuBLAS or NCCL, as here).
 #
 # Included by cmake/DlossTorch.cmake before find_package(Torch), when torch
-# has CUDA. Uses the toolkit as it is when it already has cuBLAS. Sets
-# CUDA_TOOLKIT_ROOT_DIR, CUDAToolkit_ROOT and CMAKE_CUDA_COMPILER to the view.
+# has CUDA. Uses the toolkit as it is when it already has cuBLAS, unless
+# DLOSS_CUDA_WHEEL_LIBRARIES is ON (scripts/gpu-check.sh sets it): then the
+# view is made anyway, the toolkit's headers with the wheels' libraries, so
+# that a machine whose /usr/local/cuda has its own cuBLAS still links the one
+# torch runs with. Sets CUDA_TOOLKIT_ROOT_DIR, CUDAToolkit_ROOT and
+# CMAKE_CUDA_COMPILER to the view.
+option(DLOSS_CUDA_WHEEL_LIBRARIES
+  "Link the cuBLAS and CUDA runtime of torch's nvidia wheels even where the CUDA toolkit has its own" OFF)
 
 # The toolkit's own nvcc (CUDA_HOME, /usr/local/cuda) before any wrapper on PATH.
 find_program(_dloss_nvcc nvcc HINTS ENV CUDA_HOME /usr/local/cuda PATH_SUFFIXES bin NO_CACHE)
@@ -16,7 +22,7 @@ endif()
 file(REAL_PATH "${_dloss_nvcc}" _dloss_nvcc_real)
 get_filename_component(_dloss_toolkit "${_dloss_nvcc_real}" DIRECTORY)
 get_filename_component(_dloss_toolkit "${_dloss_toolkit}" DIRECTORY)
-if(EXISTS "${_dloss_toolkit}/include/cublas_v2.h")
+if(EXISTS "${_dloss_toolkit}/include/cublas_v2.h" AND NOT DLOSS_CUDA_WHEEL_LIBRARIES)
   return()
 endif()
 
