@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 namespace dloss {
@@ -29,13 +30,30 @@ double readLoss(const std::string &resultJson) {
   return std::strtod(text.c_str() + at + 7, nullptr);
 }
 
+/// One comparison: the relative error and, where a side holds a NaN or an
+/// Inf, which one (the error is then infinite: a NaN error would compare
+/// false with every tolerance and pass).
+struct Comparison {
+  double error;
+  std::string nonFinite; // "" or ": NaN or Inf in ..."
+};
+
 /// max |got - expected| / max |expected|: the error relative to the
 /// gradient's scale, so that near-zero entries do not dominate.
-double relativeError(const at::Tensor &got, const at::Tensor &expected) {
+Comparison compare(const at::Tensor &got, const at::Tensor &expected,
+                   const std::string &gotName) {
   at::Tensor g = got.to(at::kDouble), e = expected.to(at::kDouble);
+  bool badGot = !at::isfinite(g).all().item<bool>();
+  bool badRef = !at::isfinite(e).all().item<bool>();
+  if (badGot || badRef)
+    return {std::numeric_limits<double>::infinity(),
+            ": NaN or Inf in " + (badGot && badRef
+                                      ? gotName + " and the reference"
+                                  : badGot ? gotName
+                                           : "the reference")};
   double scale = e.numel() ? e.abs().max().item<double>() : 0.0;
   double diff = e.numel() ? (g - e).abs().max().item<double>() : 0.0;
-  return diff / std::max(scale, 1e-30);
+  return {diff / std::max(scale, 1e-30), ""};
 }
 
 } // namespace
@@ -71,20 +89,24 @@ int checkAgainstReference(const Options &o, const std::string &planPath,
   double refLoss = expected[0].item<double>();
   double worst = 0.0;
   std::string worstWhat = "loss";
-  auto note = [&](double err, const std::string &what) {
-    if (err > worst || worstWhat.empty()) {
-      worst = std::max(worst, err);
-      worstWhat = what;
+  // The first non-finite result stays the worst: a later one only ties.
+  auto note = [&](const Comparison &c, const std::string &what) {
+    if (c.error > worst) {
+      worst = c.error;
+      worstWhat = what + c.nonFinite;
     }
   };
   // The loss is the global loss on every rank: the same value, bit for bit
-  // (result.json prints 9 significant digits, exact for float32).
+  // (result.json prints 9 significant digits, exact for float32). A NaN loss
+  // on every rank is no disagreement between them; it fails as not finite.
   double rank0Loss = readLoss(rankDir(o, 0) + "/result.json");
   bool lossIdentical = true;
   for (int r = 0; r < world; ++r) {
     double loss = readLoss(rankDir(o, r) + "/result.json");
-    lossIdentical &= loss == rank0Loss;
-    note(std::abs(loss - refLoss) / std::max(std::abs(refLoss), 1e-30),
+    lossIdentical &=
+        loss == rank0Loss || (std::isnan(loss) && std::isnan(rank0Loss));
+    note(compare(at::scalar_tensor(loss, at::kDouble), expected[0],
+                 "the rank's loss"),
          "loss on rank " + std::to_string(r));
   }
   if (!lossIdentical) {
@@ -106,7 +128,7 @@ int checkAgainstReference(const Options &o, const std::string &planPath,
       at::Tensor mean = at::zeros_like(ref);
       for (auto &g : got)
         mean = mean + g.to(at::kDouble);
-      note(relativeError(mean / world, ref),
+      note(compare(mean / world, ref, "the ranks' mean"),
            "grad_" + name + " (mean over ranks)");
       continue;
     }
@@ -120,7 +142,7 @@ int checkAgainstReference(const Options &o, const std::string &planPath,
       }
       if (!globalMode)
         want = want * world; // ddp: N * dF/dx_r
-      note(relativeError(got[r], want),
+      note(compare(got[r], want, "the rank's gradient"),
            "grad_" + name + " on rank " + std::to_string(r));
     }
   }
