@@ -24,6 +24,7 @@
 
 #ifdef DLOSS_TORCH_HAS_CUDA
 #include "PlanTestUtil.h"
+#include "TilePrograms.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/comm/Engines.h"
 #include "runtime/exec/Executor.h"
@@ -584,38 +585,67 @@ TEST(FusedCudaLaunchTest, OversizedTileRaises) {
 using namespace dloss::test;
 
 /// `op` on CUDA copies of `operands` against the CPU kernel, result by
-/// result (the CPU computes bf16 inputs in f32 too).
-void expectDeviceMatchesCpu(const std::string &op,
-                            const std::vector<at::Tensor> &operands,
-                            int numResults, double tol) {
+/// result, each within tol * max(1, max |CPU result|) (the CPU computes 16-bit
+/// inputs in f32 too; both round the results to the inputs' type). Returns
+/// the CPU kernel's results.
+std::vector<at::Tensor>
+expectDeviceMatchesCpu(const std::string &op,
+                       const std::vector<at::Tensor> &operands, int numResults,
+                       double tol, const std::string &where = "",
+                       const std::vector<size_t> &replicated = {},
+                       const std::vector<AttrSpec> &attrs = {}) {
+  const std::string what = op + (where.empty() ? "" : " (" + where + ")");
   std::vector<at::Tensor> onDevice;
   for (const at::Tensor &operand : operands)
     onDevice.push_back(operand.to(at::kCUDA));
-  std::vector<at::Tensor> want = runFused(
-      *dloss::makeSingleProcessCommunicator(), op, operands, numResults);
-  std::vector<at::Tensor> got = runFused(
-      *dloss::makeSingleProcessCommunicator(), op, onDevice, numResults);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t k = 0; k < got.size(); ++k) {
-    EXPECT_TRUE(got[k].is_cuda()) << op << " result " << k;
+  std::vector<at::Tensor> want =
+      runFused(*dloss::makeSingleProcessCommunicator(), op, operands,
+               numResults, replicated, attrs);
+  std::vector<at::Tensor> got =
+      runFused(*dloss::makeSingleProcessCommunicator(), op, onDevice,
+               numResults, replicated, attrs);
+  EXPECT_EQ(got.size(), want.size()) << what;
+  for (size_t k = 0; k < std::min(got.size(), want.size()); ++k) {
+    EXPECT_TRUE(got[k].is_cuda()) << what << " result " << k;
+    EXPECT_EQ(got[k].scalar_type(), want[k].scalar_type())
+        << what << " result " << k;
+    EXPECT_EQ(got[k].sizes(), want[k].sizes()) << what << " result " << k;
+    if (got[k].sizes() != want[k].sizes())
+      continue;
     at::Tensor g = got[k].cpu().to(at::kDouble), w = want[k].to(at::kDouble);
-    double bound = tol * std::max(1.0, w.abs().max().item<double>());
-    EXPECT_TRUE(at::allclose(g, w, 0, bound))
-        << op << " result " << k << ": max error "
-        << (g - w).abs().max().item<double>() << " > " << bound;
+    EXPECT_FALSE(w.isnan().any().item<bool>())
+        << what << " result " << k << ": the CPU kernel gave NaN";
+    double bound =
+        tol * std::max(1.0, w.numel() ? w.abs().max().item<double>() : 0.0);
+    // Equal infinities (a masked row's -inf) are no error.
+    at::Tensor error = (g - w).abs().masked_fill_(g == w, 0);
+    double worst = w.numel() ? error.max().item<double>() : 0.0;
+    EXPECT_LE(worst, bound) << what << " result " << k << ": max error "
+                            << worst << " (NaN: a NaN on the GPU)";
   }
+  return want;
 }
+
+/// Relative tolerance of the GPU against the CPU kernel: f32 1e-4; bf16 and
+/// f16 results are rounded to 16 bits on both paths (one bf16 ulp is 2^-8)
+/// and the GPU's backward stores G in 16 bits before its gradient GEMMs.
+double tolFor(at::ScalarType type) { return type == at::kFloat ? 1e-4 : 2e-2; }
+
+/// Tiles that divide none of the sizes below (several tiles on both paths),
+/// and the default tile (one).
+const std::vector<std::string> kDispatchTiles = {"16x24", ""};
 
 class FusedCudaDispatchTest : public ::testing::TestWithParam<at::ScalarType> {
 };
 
+// CLIP (ring_softmax_ce), SigLIP (ring_sigmoid_pairs) and PartialFC
+// (sharded_softmax), forward and backward.
 TEST_P(FusedCudaDispatchTest, EveryOpMatchesTheCpuKernel) {
   SKIP_WITHOUT_GPU();
-  ::setenv("DLOSS_TILE", "16x24", 1); // several tiles on both paths
   const at::ScalarType type = GetParam();
-  // bf16 results are rounded to bf16 on both paths: one ulp is 2^-8.
-  const double tol = type == at::kFloat ? 1e-4 : 2e-2;
+  const double tol = tolFor(type);
   const int64_t n = 37, m = 53, d = 24;
+  at::manual_seed(7);
   auto features = [&](int64_t count) {
     at::Tensor x = at::randn({count, d});
     return (x / x.norm(2, 1, true)).to(type);
@@ -625,37 +655,115 @@ TEST_P(FusedCudaDispatchTest, EveryOpMatchesTheCpuKernel) {
   at::Tensor rowTargets = at::randint(m, {n}, at::kLong);
   at::Tensor colTargets = at::randint(n, {m}, at::kLong);
   at::Tensor ctRow = at::rand({n}), ctCol = at::rand({m});
-
-  std::vector<at::Tensor> clip =
-      runFused(*dloss::makeSingleProcessCommunicator(), "dloss.ring_softmax_ce",
-               {rows, cols, scale, rowTargets, colTargets}, 4);
-  expectDeviceMatchesCpu("dloss.ring_softmax_ce",
-                         {rows, cols, scale, rowTargets, colTargets}, 4, tol);
-  expectDeviceMatchesCpu("dloss.ring_softmax_ce_grad",
-                         {rows, cols, scale, rowTargets, colTargets,
-                          clip[2].to(at::kFloat), clip[3].to(at::kFloat), ctRow,
-                          ctCol},
-                         3, tol);
-  expectDeviceMatchesCpu("dloss.ring_sigmoid_pairs",
-                         {rows, cols, scale, bias, rowTargets}, 2, tol);
-  expectDeviceMatchesCpu(
-      "dloss.ring_sigmoid_pairs_grad",
-      {rows, cols, scale, bias, rowTargets, ctRow, at::rand({n})}, 4, tol);
   at::Tensor classTargets = at::randint(m, {n}, at::kLong);
-  std::vector<at::Tensor> sharded =
-      runFused(*dloss::makeSingleProcessCommunicator(), "dloss.sharded_softmax",
-               {rows, cols, scale, classTargets}, 2);
-  expectDeviceMatchesCpu("dloss.sharded_softmax",
-                         {rows, cols, scale, classTargets}, 2, tol);
-  expectDeviceMatchesCpu("dloss.sharded_softmax_grad",
-                         {rows, cols, scale, classTargets,
-                          sharded[0].to(at::kFloat), ctRow, at::rand({n})},
-                         3, tol);
-  ::unsetenv("DLOSS_TILE");
+  for (const std::string &tile : kDispatchTiles) {
+    TileEnv env(tile);
+    const std::string where = "tile '" + tile + "'";
+    std::vector<at::Tensor> clip = expectDeviceMatchesCpu(
+        "dloss.ring_softmax_ce", {rows, cols, scale, rowTargets, colTargets}, 4,
+        tol, where);
+    expectDeviceMatchesCpu("dloss.ring_softmax_ce_grad",
+                           {rows, cols, scale, rowTargets, colTargets,
+                            clip[2].to(at::kFloat), clip[3].to(at::kFloat),
+                            ctRow, ctCol},
+                           3, tol, where);
+    expectDeviceMatchesCpu("dloss.ring_sigmoid_pairs",
+                           {rows, cols, scale, bias, rowTargets}, 2, tol,
+                           where);
+    expectDeviceMatchesCpu(
+        "dloss.ring_sigmoid_pairs_grad",
+        {rows, cols, scale, bias, rowTargets, ctRow, at::rand({n})}, 4, tol,
+        where);
+    std::vector<at::Tensor> sharded = expectDeviceMatchesCpu(
+        "dloss.sharded_softmax", {rows, cols, scale, classTargets}, 2, tol,
+        where);
+    expectDeviceMatchesCpu("dloss.sharded_softmax_grad",
+                           {rows, cols, scale, classTargets,
+                            sharded[0].to(at::kFloat), ctRow, at::rand({n})},
+                           3, tol, where);
+  }
+}
+
+// dloss.fused_similarity and its _grad (docs/Cuda.md, step 2): every tile
+// program of the CPU tests (InfoNCE's target, NT-Xent's self mask with
+// row_id, SupCon's label eq, DCL, ArcFace, every opcode, CLIP's column
+// results) in every mode it has (gathered; local and sharded where it has
+// no column results), the backward fed the CPU forward's results.
+TEST_P(FusedCudaDispatchTest, EveryTileProgramMatchesTheCpuKernel) {
+  SKIP_WITHOUT_GPU();
+  const at::ScalarType type = GetParam();
+  const double tol = tolFor(type);
+  const int64_t n = 37, m = 53, d = 24;
+  for (const std::string &tile : kDispatchTiles) {
+    TileEnv env(tile);
+    for (const ProgramCase &pc : tilePrograms())
+      for (Mode mode : {Mode::Gathered, Mode::Local, Mode::Sharded}) {
+        const Program &p = pc.program;
+        if (!p.colOutputs.empty() && mode != Mode::Gathered)
+          continue;
+        const std::string where =
+            pc.name + ", " + modeName(mode) + ", tile '" + tile + "'";
+        SCOPED_TRACE(where);
+        at::manual_seed(11);
+        auto features = [&](int64_t count) {
+          at::Tensor x = at::randn({count, d}, at::kDouble);
+          return (x / x.norm(2, 1, true)).to(type);
+        };
+        // At world size 1 each operand is the whole; still, as in a plan,
+        // the operands that are the same on every rank are marked so: the
+        // rows in sharded steps (and their per-row leaves, results and
+        // cotangents), the columns in local ones (and per-column leaves).
+        const bool rowsReplicated = mode == Mode::Sharded;
+        const bool colsReplicated = mode == Mode::Local;
+        std::vector<at::Tensor> operands = {features(n), features(m)};
+        std::vector<size_t> replicated;
+        if (rowsReplicated)
+          replicated.push_back(0);
+        if (colsReplicated)
+          replicated.push_back(1);
+        std::vector<at::Tensor> leaves = pc.leaves(n, m);
+        for (size_t k = 0; k < leaves.size(); ++k) {
+          const int64_t index = static_cast<int64_t>(k);
+          const bool isRow = index < p.rowLeaves;
+          const bool isCol = !isRow && index < p.rowLeaves + p.colLeaves;
+          if ((isRow && rowsReplicated) || (isCol && colsReplicated))
+            replicated.push_back(operands.size());
+          operands.push_back(at::isFloatingType(leaves[k].scalar_type())
+                                 ? leaves[k].to(type)
+                                 : leaves[k]);
+        }
+        const std::vector<AttrSpec> attrs = p.attrs(mode);
+        const int64_t numResults = p.numOutputs() + p.numColOutputs();
+        std::vector<at::Tensor> forward = expectDeviceMatchesCpu(
+            "dloss.fused_similarity", operands, static_cast<int>(numResults),
+            tol, where, replicated, attrs);
+        if (static_cast<int64_t>(forward.size()) != numResults)
+          continue;
+        std::vector<at::Tensor> gradOperands = operands;
+        for (int64_t k = 0; k < 2 * numResults; ++k) {
+          // Column results exist only in gathered steps.
+          if (rowsReplicated)
+            replicated.push_back(gradOperands.size());
+          const int64_t result = k % numResults;
+          gradOperands.push_back(
+              k < numResults
+                  ? forward[result]
+                  : (at::rand({result < p.numOutputs() ? n : m}, at::kDouble) -
+                     0.5)
+                        .to(type));
+        }
+        expectDeviceMatchesCpu("dloss.fused_similarity_grad", gradOperands, 4,
+                               tol, where, replicated, attrs);
+      }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, FusedCudaDispatchTest,
-                         ::testing::Values(at::kFloat, at::kBFloat16));
+                         ::testing::Values(at::kFloat, at::kBFloat16,
+                                           at::kHalf),
+                         [](const ::testing::TestParamInfo<at::ScalarType> &i) {
+                           return std::string(c10::toString(i.param));
+                         });
 #endif // DLOSS_TORCH_HAS_CUDA
 
 } // namespace
