@@ -1,0 +1,567 @@
+#!/usr/bin/env python3
+"""The GPU bench (issue #25): dloss's fused losses on one GPU against an
+OpenCLIP-style eager step in plain torch, and the fused tiles against plain
+cuBLAS GEMMs of the same shapes.
+
+One process (world 1: an NCCL group on the GPU, Gloo with --device cpu),
+d = 512, bf16 and f32, B_local 4096, 16384 and 65536 (--quick: 256 and
+1024, d kept so the plans are the same), for three losses:
+
+  loss     fused (dloss)                     eager (plain torch, OpenCLIP)
+  clip     dloss.ClipLoss()                  all_gather (own slot put back),
+                                             scale x @ y_all.T both ways,
+                                             cross-entropy, labels n*rank + i
+  siglip   dloss.SigLipLoss()                logits scale x @ y_all.T + bias,
+                                             -logsigmoid(z * logits) summed / n
+  infonce  @dloss.loss (the general op)      cross-entropy of scale q @ k_all.T
+
+Each measurement is one forward + backward: warm-up steps, then the median
+of timed ones (CUDA events; at most --reps, fewer for slow steps), and
+torch.cuda.max_memory_allocated over one step after a reset, less what was
+allocated before it (the inputs are allocated before the reset, so only the
+loss's intermediates, gradients and workspaces count). An eager step that
+runs out of memory is recorded as "OOM". The GEMM row times the four GEMMs
+a fused step runs at full shapes (S = rows cols^T forward, again backward,
+G cols and G^T rows), 8 B_local B_global d flops, with torch.matmul.
+
+Also one GPU's share of a 131072 global batch on 8 GPUs (B_local 16384):
+CLIP's two directions of this GPU's 16384 rows against all 131072 gathered
+rows, through the general op with the gathered features as replicated
+inputs (so their gradients are counted too: an upper bound of what a ring
+over 8 GPUs holds), next to Inf-CL's reported 0.72 GB per GPU at 128k
+(arXiv 2410.17243, 8 x A800; OpenCLIP 33.6 GB there) and the eager step at
+that shape.
+
+Writes OUT/gpu_bench.json and OUT/gpu_bench.md (tables and the issue's
+targets: fused step <= 0.7x eager's time; fused loss memory <= 1/20 of
+eager's at B_local 16384; tiles >= 70% of the GEMMs' throughput).
+
+usage: python bench/gpu_bench.py --out DIR [--quick] [--skip-without-cuda]
+           [--device cuda|cpu] [--dtypes bf16,f32]
+           [--losses clip,siglip,infonce]
+           [--b-local 4096,16384,65536] [--reps 5] [--no-share]
+           [--budget-s 200]
+
+Without CUDA it prints one line and exits 1 (0 with --skip-without-cuda).
+`--device cpu --quick` runs the whole harness on the CPU (times from
+perf_counter, no memory): a dry run, and it fills the plan cache
+(DLOSS_CACHE_DIR) with the plans the GPU run needs.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+DIM = 512
+FULL_SIZES = (4096, 16384, 65536)
+QUICK_SIZES = (256, 1024)
+LOSSES = ("clip", "siglip", "infonce")
+DTYPES = {"bf16": "bfloat16", "f32": "float32"}
+# The issue's targets.
+TIME_TARGET = 0.7
+MEM_TARGET = 1 / 20
+MEM_TARGET_B = 16384
+GEMM_TARGET = 0.7
+# One GPU's share of a 128k global batch on 8 GPUs, and Inf-CL's figures
+# for it (arXiv 2410.17243, 8 x A800, per GPU).
+SHARE_B_LOCAL, SHARE_WORLD = 16384, 8
+INFCL_GB, INFCL_OPENCLIP_GB = 0.72, 33.6
+# Device time: a step slower than SLOW_S gets at most 3 timed repetitions,
+# one slower than VERY_SLOW_S only its first (warm-up) time; once the run
+# has taken --budget-s, the remaining rows are skipped (and say so).
+SLOW_S, VERY_SLOW_S = 1.0, 5.0
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True,
+                   help="folder for gpu_bench.json and gpu_bench.md")
+    p.add_argument("--quick", action="store_true",
+                   help="B_local %s (a smoke run)" % (QUICK_SIZES,))
+    p.add_argument("--skip-without-cuda", action="store_true",
+                   help="without CUDA, say so and exit 0")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--dtypes", default="bf16,f32")
+    p.add_argument("--losses", default=",".join(LOSSES))
+    p.add_argument("--b-local", default=None,
+                   help="comma-separated sizes (default %s)" % (FULL_SIZES,))
+    p.add_argument("--reps", type=int, default=5, help="timed steps at most")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--no-share", action="store_true",
+                   help="skip the 128k-share measurement")
+    p.add_argument("--budget-s", type=float, default=200,
+                   help="skip the rows left after this many seconds")
+    return p.parse_args()
+
+
+# ---------------------------------------------------------------- the losses
+
+
+def infonce(q, k, scale):
+    """InfoNCE as a user writes it for @dloss.loss."""
+    import torch
+    import torch.nn.functional as F
+    import dloss
+    k_all = dloss.all_gather(k)
+    labels = torch.arange(q.shape[0]) + dloss.shard_offset(q)
+    return F.cross_entropy(scale * q @ k_all.T, labels)
+
+
+def _clip_share(image, text, image_all, text_all, scale):
+    """CLIP at one GPU's share: this GPU's rows (the first of the global
+    batch) against every gathered row, both directions."""
+    import torch
+    import torch.nn.functional as F
+    labels = torch.arange(image.shape[0])
+    return (F.cross_entropy(scale * image @ text_all.T, labels) +
+            F.cross_entropy(scale * text @ image_all.T, labels)) / 2
+
+
+def clip_share():
+    """The share as @dloss.loss: the gathered features are replicated
+    inputs of any length (so --quick compiles the plan the full run uses)."""
+    import dloss
+    gathered_rows = dloss.Input(shape=(-1, DIM), replicated=True)
+    _clip_share.__annotations__.update(image_all=gathered_rows,
+                                       text_all=gathered_rows)
+    return dloss.loss(_clip_share)
+
+
+def gathered(x):
+    """OpenCLIP's gather_features at one rank: all_gather (no gradient),
+    then this rank's own slot put back so that its gradient flows."""
+    import torch
+    import torch.distributed as dist
+    world, rank = dist.get_world_size(), dist.get_rank()
+    parts = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(parts, x.detach())
+    parts[rank] = x
+    return torch.cat(parts)
+
+
+def eager(name):
+    """The OpenCLIP-style eager step of `name` (plain torch autograd)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    def labels_of(x):
+        n = x.shape[0]
+        return torch.arange(n, device=x.device) + n * dist.get_rank()
+
+    def clip(image, text, scale):
+        labels = labels_of(image)
+        return (F.cross_entropy(scale * image @ gathered(text).T, labels) +
+                F.cross_entropy(scale * text @ gathered(image).T, labels)) / 2
+
+    def siglip(image, text, scale, bias):
+        logits = scale * image @ gathered(text).T + bias
+        z = -torch.ones_like(logits)
+        z[torch.arange(image.shape[0]), labels_of(image)] = 1
+        return -F.logsigmoid(z * logits).sum() / image.shape[0]
+
+    def nce(q, k, scale):
+        return F.cross_entropy(scale * q @ gathered(k).T, labels_of(q))
+
+    return {"clip": clip, "siglip": siglip, "infonce": nce,
+            "clip-share": _clip_share}[name]
+
+
+def fused(name):
+    import dloss
+    if name == "clip":
+        return dloss.ClipLoss()
+    if name == "siglip":
+        return dloss.SigLipLoss()
+    if name == "infonce":
+        return dloss.loss(infonce)
+    return clip_share()
+
+
+def inputs(name, b_local, dtype, device, gen):
+    """The step's leaves: unit rows and 0-d parameters, all with grad."""
+    import torch
+    import torch.nn.functional as F
+
+    def rows(n):
+        x = torch.randn(n, DIM, device=device, generator=gen)
+        return F.normalize(x, dim=1).to(dtype)
+
+    def param(v):
+        return torch.tensor(v, dtype=dtype, device=device)
+
+    if name == "clip-share":
+        ts = [rows(b_local), rows(b_local), rows(b_local * SHARE_WORLD),
+              rows(b_local * SHARE_WORLD), param(14.0)]
+    elif name == "siglip":
+        ts = [rows(b_local), rows(b_local), param(10.0), param(-10.0)]
+    else:
+        ts = [rows(b_local), rows(b_local), param(14.0)]
+    return [t.requires_grad_() for t in ts]
+
+
+# ---------------------------------------------------------------- measuring
+
+
+class Clock:
+    """Times a callable: CUDA events on the GPU, perf_counter on the CPU."""
+
+    def __init__(self, device):
+        import torch
+        self.torch, self.cuda = torch, device == "cuda"
+
+    def sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def time_ms(self, fn):
+        if not self.cuda:
+            start = time.perf_counter()
+            fn()
+            return (time.perf_counter() - start) * 1e3
+        start = self.torch.cuda.Event(enable_timing=True)
+        end = self.torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    def peak_mb(self, fn):
+        """The peak memory fn allocates beyond what was allocated before."""
+        if not self.cuda:
+            fn()
+            return None
+        torch = self.torch
+        self.sync()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        self.sync()
+        return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+
+
+def measure(clock, step, args):
+    """{median_ms, times_ms, loss_mem_mb}: warm-ups, one step under the
+    memory reset, then the timed steps (fewer when a step is slow)."""
+    first = clock.time_ms(step)  # also the first warm-up
+    if first > VERY_SLOW_S * 1e3:
+        mem = clock.peak_mb(step)
+        return {"median_ms": first, "times_ms": [round(first, 3)],
+                "loss_mem_mb": None if mem is None else round(mem, 1),
+                "note": "one timed step (slow)"}
+    for _ in range(args.warmup - 1):
+        step()
+    mem = clock.peak_mb(step)
+    reps = args.reps if first < SLOW_S * 1e3 else min(args.reps, 3)
+    times = [clock.time_ms(step) for _ in range(reps)]
+    return {"median_ms": statistics.median(times),
+            "times_ms": [round(t, 3) for t in times],
+            "loss_mem_mb": None if mem is None else round(mem, 1)}
+
+
+def run_step(clock, fn, leaves, args):
+    """Measures fn(*leaves).backward(); "OOM" when it runs out of memory."""
+    import torch
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        fn(*leaves).backward()
+
+    try:
+        row = measure(clock, step, args)
+        row["status"] = "ok"
+    except torch.cuda.OutOfMemoryError:
+        row = {"status": "OOM"}
+    except Exception as e:  # noqa: B902 - the row says why
+        row = {"status": "error: %s: %s" % (type(e).__name__,
+                                             str(e).splitlines()[0][:300])}
+    for t in leaves:
+        t.grad = None
+    if clock.cuda:
+        torch.cuda.empty_cache()
+    return row
+
+
+def run_gemms(clock, b_local, b_global, dtype, device, args):
+    """The fused step's four GEMMs at full shapes, each through
+    torch.matmul (cuBLAS on the GPU)."""
+    import torch
+    rows = torch.randn(b_local, DIM, device=device, dtype=dtype)
+    cols = torch.randn(b_global, DIM, device=device, dtype=dtype)
+
+    def step():
+        s = rows @ cols.T            # forward
+        g = rows @ cols.T            # backward: S again, as the tiles do
+        torch.matmul(g, cols)        # d rows
+        torch.matmul(g.T, rows)      # d cols
+        del s
+
+    try:
+        row = measure(clock, step, args)
+        row["status"] = "ok"
+    except torch.cuda.OutOfMemoryError:
+        row = {"status": "OOM"}
+    del rows, cols
+    if clock.cuda:
+        torch.cuda.empty_cache()
+    return row
+
+
+def flops(b_local, b_global, loss=""):
+    """A fused step's GEMM flops: forward S, backward S again, G cols and
+    G^T rows, 2 b_local b_global d each (clip-share: two similarities)."""
+    return (16 if loss == "clip-share" else 8) * b_local * b_global * DIM
+
+
+def fused_ops(fn, leaves):
+    """The fused ops of the plan a dloss loss ran (the share's memory claim
+    holds only if its similarities were fused); None if not found."""
+    try:
+        if hasattr(fn, "compiled"):  # @dloss.loss
+            return list(fn.compiled(*leaves).fused_ops())
+        return list(fn._loss(leaves[0].dtype).fused_ops())  # drop-ins
+    except Exception:  # noqa: B902 - a report, never a failure
+        return None
+
+
+# ---------------------------------------------------------------- reporting
+
+
+def ratio(a, b):
+    if a is None or b is None or not b:
+        return None
+    return a / b
+
+
+def fmt(v, spec="%.3g", none="-"):
+    return none if v is None else spec % v
+
+
+def summarise(rows):
+    """One line per (loss, dtype, B_local): fused, eager, GEMM and the
+    ratios the targets are about."""
+    by = {}
+    for r in rows:
+        by.setdefault((r["loss"], r["dtype"], r["b_local"]), {})[r["impl"]] = r
+    out = []
+    for (loss, dtype, b), impls in sorted(by.items(), key=lambda kv: (
+            kv[0][0], kv[0][1], kv[0][2])):
+        f, e, g = (impls.get(k, {}) for k in ("fused", "eager", "gemm"))
+        ok = lambda r: r.get("status") == "ok"  # noqa: E731
+        fm = f.get("median_ms") if ok(f) else None
+        em = e.get("median_ms") if ok(e) else None
+        gm = g.get("median_ms") if ok(g) else None
+        out.append({
+            "loss": loss, "dtype": dtype, "b_local": b,
+            "b_global": f.get("b_global", b),
+            "fused_ms": fm, "eager_ms": em, "gemm_ms": gm,
+            "fused_status": f.get("status"), "eager_status": e.get("status"),
+            "fused_mb": f.get("loss_mem_mb") if ok(f) else None,
+            "eager_mb": e.get("loss_mem_mb") if ok(e) else None,
+            "time_vs_eager": ratio(fm, em),
+            "mem_vs_eager": ratio(f.get("loss_mem_mb") if ok(f) else None,
+                                  e.get("loss_mem_mb") if ok(e) else None),
+            "gemm_fraction": ratio(gm, fm),
+            "fused_tflops": None if fm is None else
+            flops(b, f.get("b_global", b), loss) / fm / 1e9,
+            "fused_ops": f.get("fused_ops"),
+        })
+    return out
+
+
+def verdicts(summary):
+    """The targets, each PASS / FAIL / n/a with the numbers."""
+    lines = []
+    for s in summary:
+        if s["loss"] == "clip-share":
+            continue
+        what = "%s %s B_local %d" % (s["loss"], s["dtype"], s["b_local"])
+        t = s["time_vs_eager"]
+        if s["eager_status"] == "OOM" and s["fused_ms"] is not None:
+            lines.append("time  %s: eager OOM, fused %.1f ms: PASS" % (
+                what, s["fused_ms"]))
+        elif t is not None:
+            lines.append("time  %s: fused/eager %.3f (<= %.2f): %s" % (
+                what, t, TIME_TARGET, "PASS" if t <= TIME_TARGET else "FAIL"))
+        g = s["gemm_fraction"]
+        if g is not None:
+            lines.append("tiles %s: %.3f of the GEMMs (>= %.2f): %s" % (
+                what, g, GEMM_TARGET, "PASS" if g >= GEMM_TARGET else "FAIL"))
+        if s["b_local"] == MEM_TARGET_B:
+            m = s["mem_vs_eager"]
+            if s["eager_status"] == "OOM" and s["fused_mb"] is not None:
+                lines.append("mem   %s: eager OOM, fused %.1f MB: PASS" % (
+                    what, s["fused_mb"]))
+            elif m is not None:
+                lines.append("mem   %s: fused/eager %.4f (<= 1/%d): %s" % (
+                    what, m, round(1 / MEM_TARGET),
+                    "PASS" if m <= MEM_TARGET else "FAIL"))
+    return lines
+
+
+def memory_text(mb, status):
+    if status != "ok":
+        return status or "-"
+    return "n/a (no memory on the CPU)" if mb is None else "%.2f GB" % (
+        mb / 1024)
+
+
+def share_line(summary):
+    lines = []
+    for s in summary:
+        if s["loss"] != "clip-share":
+            continue
+        lines.append(
+            "128k global batch, one GPU's share (B_local %d of %d, %s): "
+            "dloss %s (an upper bound: the gathered features' gradients "
+            "included; fused ops %s), eager OpenCLIP-style %s; Inf-CL "
+            "reports %.2f GB and OpenCLIP %.1f GB per GPU (arXiv "
+            "2410.17243, 8 x A800)" % (
+                s["b_local"], s["b_global"], s["dtype"],
+                memory_text(s["fused_mb"], s["fused_status"]),
+                ", ".join(s["fused_ops"] or []) or "unknown",
+                memory_text(s["eager_mb"], s["eager_status"]),
+                INFCL_GB, INFCL_OPENCLIP_GB))
+    return lines
+
+
+def markdown(meta, summary, lines):
+    out = ["# GPU bench (bench/gpu_bench.py)", "",
+           "%s; torch %s; %s; d = %d; world 1; median of up to %d steps "
+           "after %d warm-ups" % (meta["device_name"], meta["torch"],
+                                  meta["when"], DIM, meta["reps"],
+                                  meta["warmup"]), "",
+           "| loss | dtype | B_local | fused ms | eager ms | fused/eager "
+           "(<= %.1f) | fused MB | eager MB | mem fused/eager (<= 1/%d at "
+           "%d) | GEMMs ms | tiles/GEMMs (>= %.1f) | fused TFLOP/s |" % (
+               TIME_TARGET, round(1 / MEM_TARGET), MEM_TARGET_B,
+               GEMM_TARGET),
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for s in summary:
+        out.append("| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s "
+                   "| %s |" % (
+                       s["loss"], s["dtype"], s["b_local"],
+                       fmt(s["fused_ms"], "%.2f", s["fused_status"] or "-"),
+                       fmt(s["eager_ms"], "%.2f", s["eager_status"] or "-"),
+                       fmt(s["time_vs_eager"], "%.3f"),
+                       fmt(s["fused_mb"], "%.1f"), fmt(s["eager_mb"], "%.1f"),
+                       fmt(s["mem_vs_eager"], "%.4f"),
+                       fmt(s["gemm_ms"], "%.2f"),
+                       fmt(s["gemm_fraction"], "%.3f"),
+                       fmt(s["fused_tflops"], "%.1f")))
+    out += ["", "## Targets", ""] + ["- " + l for l in lines["verdicts"]]
+    out += ["", "## One GPU's share of a 128k batch", ""] + \
+        ["- " + l for l in lines["share"]]
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------- main
+
+
+def main():
+    args = parse_args()
+    import torch
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_bench: SKIPPED: no CUDA device (torch.cuda.is_available() "
+              "is False); nothing measured")
+        return 0 if args.skip_without_cuda else 1
+    import torch.distributed as dist
+    try:
+        import dloss
+    except ImportError as e:
+        print("gpu_bench: cannot import dloss (%s): put the build's python "
+              "folder on PYTHONPATH (build/python, or build-gpu/python on the "
+              "GPU machine)" % e)
+        return 1
+    dloss.init(backend="nccl" if args.device == "cuda" else "gloo")
+    torch.set_grad_enabled(True)
+    device = args.device
+    clock = Clock(device)
+    sizes = [int(b) for b in args.b_local.split(",")] if args.b_local else \
+        list(QUICK_SIZES if args.quick else FULL_SIZES)
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    losses = [n for n in args.losses.split(",") if n]
+    for d in dtypes:
+        if d not in DTYPES:
+            sys.exit("gpu_bench: unknown dtype %r (%s)" % (d, ", ".join(
+                DTYPES)))
+    for n in losses:
+        if n not in LOSSES:
+            sys.exit("gpu_bench: unknown loss %r (%s)" % (n, ", ".join(
+                LOSSES)))
+    world = dist.get_world_size()
+    gen = torch.Generator(device=device).manual_seed(0)
+    rows = []
+    started = time.monotonic()
+
+    def record(row):
+        rows.append(row)
+        print("gpu_bench: %-10s %-6s %-5s B_local %6d: %s" % (
+            row["loss"], row["impl"], row["dtype"], row["b_local"],
+            "%.2f ms, %s MB" % (row["median_ms"], row["loss_mem_mb"])
+            if row["status"] == "ok" else row["status"]), flush=True)
+
+    plan = [(n, d, b) for d in dtypes for b in sizes for n in losses]
+    if not args.no_share:
+        share_b = SHARE_B_LOCAL if not args.quick else sizes[-1]
+        plan += [("clip-share", d, share_b) for d in dtypes]
+    for name, dname, b in plan:
+        dtype = getattr(torch, DTYPES[dname])
+        b_global = b * (SHARE_WORLD if name == "clip-share" else world)
+        base = {"loss": name, "dtype": dname, "b_local": b,
+                "b_global": b_global, "d": DIM}
+        if time.monotonic() - started > args.budget_s:
+            for impl in ("fused", "eager", "gemm"):
+                record(dict(base, impl=impl, status="skipped: the run passed "
+                            "--budget-s %g" % args.budget_s))
+            continue
+        leaves = inputs(name, b, dtype, device, gen)
+        for impl, make in (("fused", fused), ("eager", eager)):
+            row = dict(base, impl=impl)
+            fn = make(name)
+            row.update(run_step(clock, fn, leaves, args))
+            if impl == "fused":
+                    row["fused_ops"] = fused_ops(fn, leaves)
+            record(row)
+        del leaves
+        if clock.cuda:
+            torch.cuda.empty_cache()
+        if name != "clip-share":
+            row = dict(base, impl="gemm")
+            row.update(run_gemms(clock, b, b_global, dtype, device, args))
+            record(row)
+
+    summary = summarise(rows)
+    lines = {"verdicts": verdicts(summary), "share": share_line(summary)}
+    meta = {"device": device,
+            "device_name": torch.cuda.get_device_name() if clock.cuda else
+            "CPU (%s, a dry run: times from perf_counter, no memory)" %
+            platform.machine(),
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "reps": args.reps, "warmup": args.warmup, "quick": args.quick,
+            "seconds": round(time.monotonic() - started, 1)}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "gpu_bench.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows, "summary": summary,
+                   "lines": lines}, f, indent=1)
+    with open(os.path.join(args.out, "gpu_bench.md"), "w") as f:
+        f.write(markdown(meta, summary, lines))
+    for line in lines["verdicts"] + lines["share"]:
+        print("gpu_bench: " + line)
+    print("gpu_bench: wrote %s and gpu_bench.md (%.0f s)" % (
+        os.path.join(args.out, "gpu_bench.json"), meta["seconds"]))
+    failed = [r for r in rows if r["status"].startswith("error")]
+    for r in failed:
+        print("gpu_bench: FAILED: %s %s %s B_local %d: %s" % (
+            r["loss"], r["impl"], r["dtype"], r["b_local"], r["status"]))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
