@@ -42,32 +42,15 @@ fi
 "$VENV/bin/python" -c "import torch; print('cuda-build: torch', torch.__version__, 'CUDA', torch.version.cuda)"
 [ "${1:-}" != --venv-only ] || exit 0
 
-mkdir -p "$BUILD_DIR"
+DLOSS_CUDA_TAG=cuda-build
+source scripts/cuda-common.sh
 # The compiler is not needed (and stays out: the GPU machines have no LLVM).
-cmake -G Ninja -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release \
-  -DPython3_EXECUTABLE="$VENV/bin/python" -DDLOSS_BUILD_COMPILER=OFF \
-  -DDLOSS_ENABLE_CUDA=ON > "$BUILD_DIR/configure.log" 2>&1 ||
-  { cat "$BUILD_DIR/configure.log"; echo "cuda-build: FAILED to configure"; exit 1; }
-grep "dloss:" "$BUILD_DIR/configure.log"
-for want in "LibTorch has CUDA"; do
-  grep -q "$want" "$BUILD_DIR/configure.log" ||
-    { echo "cuda-build: FAILED: the configure step did not say '$want'"; exit 1; }
-done
+dloss_cuda_configure "$BUILD_DIR" "$VENV/bin/python" || exit 1
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 
-# Linked against torch's own CUDA libraries, not a second copy.
-deps=$(ldd "$BUILD_DIR/runtime/libdloss_runtime.so")
-for lib in libtorch_cuda libc10_cuda libcublas.so; do
-  line=$(grep -F "$lib" <<< "$deps" | head -1)
-  [ -n "$line" ] || { echo "cuda-build: FAILED: libdloss_runtime.so does not link $lib"; exit 1; }
-  if [[ $line != *"$VENV/"* && $line != *"$BUILD_DIR/cuda-toolkit/"* ]]; then
-    echo "cuda-build: FAILED: $lib resolves outside torch's wheels: $line"; exit 1
-  fi
-done
-# CUDA tensors move through torch's own ProcessGroupNCCL (no NCCL of dloss's).
-symbols=$(nm -DC --undefined-only "$BUILD_DIR/runtime/libdloss_runtime.so")
-grep -qF "c10d::ProcessGroupNCCL::ProcessGroupNCCL" <<< "$symbols" ||
-  { echo "cuda-build: FAILED: libdloss_runtime.so does not build the group's NCCL backend (ProcessGroupNCCL)"; exit 1; }
+# Linked against torch's own CUDA libraries, not a second copy; CUDA tensors
+# move through torch's own ProcessGroupNCCL (no NCCL of dloss's).
+dloss_cuda_check_links "$BUILD_DIR" "$VENV/bin/python" || exit 1
 for test in dloss-fused-cuda-tests dloss-process-group-cuda-tests; do
   [ -x "$BUILD_DIR/test/runtime/$test" ] || { echo "cuda-build: FAILED: $test was not built"; exit 1; }
 done
@@ -85,25 +68,7 @@ PYTHONPATH="$BUILD_DIR/python" "$VENV/bin/python" -c \
   "import dloss, torch; print('cuda-build: import dloss works on torch', torch.__version__)"
 COMPILER_LIB=${DLOSS_CUDA_COMPILER_LIBRARY:-$ROOT/${DLOSS_BUILD_DIR:-build}/frontend/libdloss_compiler.so}
 if [ -f "$COMPILER_LIB" ]; then
-  cache=$(mktemp -d)
-  drop_in() {
-    DLOSS_CACHE_DIR=$cache DLOSS_COMPILER_LIBRARY=$1 PYTHONPATH="$BUILD_DIR/python" \
-      "$VENV/bin/python" -c '
-import torch, torch.nn.functional as F, dloss
-from dloss import _C
-dloss.init()
-g = torch.Generator().manual_seed(0)
-x = F.normalize(torch.randn(8, 4, generator=g), dim=1)
-y = F.normalize(torch.randn(8, 4, generator=g), dim=1)
-loss = dloss.ClipLoss()(x, y, torch.tensor(10.0))
-print("compiled=%d loss=%.9g" % (_C.plan_cache_stats()["compiled"], float(loss)))'
-  }
-  first=$(drop_in "$COMPILER_LIB" | tail -1)
-  second=$(drop_in /nonexistent/libdloss_compiler.so | tail -1)
-  [[ $first == compiled=1* && $second == compiled=0* && ${first#* } == "${second#* }" ]] ||
-    { echo "cuda-build: FAILED: a plan compiled elsewhere did not run without the compiler ('$first' then '$second')"; exit 1; }
-  echo "cuda-build: dloss.ClipLoss ran from a cached plan without the compiler library (${second#* })"
-  rm -rf "$cache"
+  dloss_cuda_check_drop_in "$BUILD_DIR" "$VENV/bin/python" "$COMPILER_LIB" || exit 1
 else
   echo "cuda-build: no $COMPILER_LIB (the main build's): the run from a plan compiled elsewhere is skipped"
 fi
