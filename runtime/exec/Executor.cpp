@@ -172,6 +172,7 @@ Executor::Executor(std::shared_ptr<const PlanFile> planFile,
         bound.steps.push_back(std::move(boundStep));
       }
     }
+    bound.indexUses = preflight::indexUses(*function);
     functions.emplace(std::move(name), std::move(bound));
   }
 }

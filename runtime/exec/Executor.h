@@ -4,6 +4,7 @@
 
 #include "runtime/comm/CallSite.h"
 #include "runtime/comm/Communicator.h"
+#include "runtime/exec/PreflightIndices.h"
 #include "runtime/kernels/KernelTable.h"
 #include "runtime/plan/PlanFile.h"
 
@@ -93,6 +94,8 @@ private:
   struct BoundFunction {
     const plan::Function *function = nullptr;
     std::vector<BoundStep> steps;
+    /// The arguments whose values the preflight range-checks.
+    std::vector<preflight::IndexUse> indexUses;
   };
   /// Each argument's shape on every rank: shapes[argument][rank]. Empty for
   /// arguments the preflight could not record in full.

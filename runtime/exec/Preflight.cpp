@@ -43,12 +43,13 @@ bool isDifferentiated(const plan::Function &function, size_t i) {
 }
 
 /// This rank's record, and its local validation of `inputs` against
-/// `function` (nullptr: the plan has no such function). Never throws on bad
-/// input: a rank must reach the preflight collective whatever it was given.
-/// When checking an input raises (it should not), the record says so and
-/// `localError` holds the reason.
+/// `function` (nullptr: the plan has no such function) and its `indexUses`,
+/// bound with it. Never throws on bad input: a rank must reach the preflight
+/// collective whatever it was given. When checking an input raises (it
+/// should not), the record says so and `localError` holds the reason.
 std::vector<int64_t> localRecord(const PlanFile &plan, const std::string &name,
                                  const plan::Function *function,
+                                 const std::vector<IndexUse> &indexUses,
                                  const std::vector<at::Tensor> &inputs,
                                  bool check, int64_t collectiveSeq,
                                  std::string &localError) {
@@ -112,7 +113,7 @@ std::vector<int64_t> localRecord(const PlanFile &plan, const std::string &name,
   // tensor; the rank must still reach the collective.
   size_t current = 0;
   try {
-    for (const IndexUse &use : indexUses(*function)) {
+    for (const IndexUse &use : indexUses) {
       current = use.argument;
       if (std::optional<OutOfRange> bad =
               firstOutOfRange(use, inputs[use.argument])) {
@@ -153,9 +154,11 @@ Executor::RankShapes
 Executor::preflight(const std::string &name, const BoundFunction *bound,
                     const std::vector<at::Tensor> &inputs) {
   const plan::Function *function = bound ? bound->function : nullptr;
+  static const std::vector<IndexUse> kNoUses;
+  const std::vector<IndexUse> &uses = bound ? bound->indexUses : kNoUses;
   std::string localError;
   std::vector<int64_t> mine =
-      localRecord(*plan, name, function, inputs, opts.check,
+      localRecord(*plan, name, function, uses, inputs, opts.check,
                   comm.collectivesStarted(), localError);
   std::vector<int64_t> all = comm.allGatherInts(mine);
   int worldSize = comm.worldSize();
@@ -298,8 +301,9 @@ Executor::preflight(const std::string &name, const BoundFunction *bound,
 
   auto byFailure = groupRanks<std::string>(worldSize, [&](int r) {
     Record rec = record(r);
-    return rec[Status] == Ok ? std::string()
-                             : describeFailure(rec, name, *plan, function);
+    return rec[Status] == Ok
+               ? std::string()
+               : describeFailure(rec, name, *plan, function, uses);
   });
   std::string failures;
   std::vector<int64_t> statuses;

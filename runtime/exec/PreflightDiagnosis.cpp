@@ -1,7 +1,6 @@
 // The preflight's diagnosis: a failed record in words, and the hint.
 #include "runtime/exec/PreflightDiagnosis.h"
 
-#include "runtime/exec/PreflightIndices.h"
 #include "runtime/exec/RankGroups.h"
 #include "runtime/kernels/DTypes.h"
 
@@ -89,7 +88,8 @@ std::string deviceTypeText(int64_t code) {
 /// since all of them hold the same plan (checked before this is called).
 std::string describeFailure(const Record &record, const std::string &name,
                             const PlanFile &plan,
-                            const plan::Function *function) {
+                            const plan::Function *function,
+                            const std::vector<IndexUse> &indexUses) {
   int64_t status = record[Status];
   if (status == UnknownFunction) {
     std::string known;
@@ -186,7 +186,7 @@ std::string describeFailure(const Record &record, const std::string &name,
                             ? positionText(record.shape(i), record[Detail1])
                             : "element " + std::to_string(record[Detail1])) +
                        ", outside [0, " + std::to_string(size) + ")";
-    for (const IndexUse &use : indexUses(*function))
+    for (const IndexUse &use : indexUses)
       if (use.argument == i && use.size == size)
         text += ": it indexes axis " + std::to_string(use.axis) + " (size " +
                 std::to_string(size) + ") of " + use.op +

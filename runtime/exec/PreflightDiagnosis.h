@@ -3,6 +3,7 @@
 #ifndef DLOSS_RUNTIME_EXEC_PREFLIGHTDIAGNOSIS_H
 #define DLOSS_RUNTIME_EXEC_PREFLIGHTDIAGNOSIS_H
 
+#include "runtime/exec/PreflightIndices.h"
 #include "runtime/exec/PreflightRecord.h"
 
 #include <cstdint>
@@ -13,9 +14,11 @@ namespace dloss::preflight {
 
 /// What a rank did wrong, from its record: the same text on every rank,
 /// since all of them hold the same plan (checked before this is called).
+/// `indexUses` are `function`'s (PreflightIndices.h).
 std::string describeFailure(const Record &record, const std::string &name,
                             const PlanFile &plan,
-                            const plan::Function *function);
+                            const plan::Function *function,
+                            const std::vector<IndexUse> &indexUses);
 
 /// What to do about the failures, when they are all of one kind.
 std::string failureHint(const std::vector<int64_t> &statuses);

@@ -6,6 +6,7 @@
 #include "runtime/kernels/OpTable.h"
 
 #include <algorithm>
+#include <string_view>
 #include <utility>
 
 namespace dloss::preflight {
@@ -21,21 +22,24 @@ struct IndexingRule {
   std::optional<int64_t> axis;
 };
 
-std::optional<int64_t> integerAttr(const plan::Step &step, const char *name) {
+std::optional<int64_t> integerAttr(const plan::Step &step,
+                                   std::string_view name) {
   if (!step.attrs())
     return std::nullopt;
   for (const plan::Attr *attr : *step.attrs())
-    if (attr->name()->str() == name && attr->kind() == plan::AttrKind::integer)
+    if (attr->name()->string_view() == name &&
+        attr->kind() == plan::AttrKind::integer)
       return attr->i();
   return std::nullopt;
 }
 
 const flatbuffers::Vector<int64_t> *integersAttr(const plan::Step &step,
-                                                 const char *name) {
+                                                 std::string_view name) {
   if (!step.attrs())
     return nullptr;
   for (const plan::Attr *attr : *step.attrs())
-    if (attr->name()->str() == name && attr->kind() == plan::AttrKind::integers)
+    if (attr->name()->string_view() == name &&
+        attr->kind() == plan::AttrKind::integers)
       return attr->ints();
   return nullptr;
 }

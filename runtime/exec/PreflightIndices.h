@@ -33,7 +33,8 @@ struct IndexUse {
 /// smallest such size (the bound its values must respect), in argument
 /// order. Register types come from the arguments and the steps'
 /// result_types; a register overwritten by a step no longer holds its
-/// argument.
+/// argument. A function's uses depend on its plan alone: the executor finds
+/// them once, when it binds the function, not on every call.
 std::vector<IndexUse> indexUses(const plan::Function &function);
 
 /// A value of an index argument outside the size it indexes.
