@@ -54,7 +54,11 @@ print(site); print(os.path.realpath(site))') ||
     [ -n "$ok" ] || { _dloss_cuda_fail "$lib resolves outside torch's wheels: $line"; return 1; }
     echo "$DLOSS_CUDA_TAG: ldd: $(sed 's/^[[:space:]]*//' <<< "$line")"
   done
-  nm -DC --undefined-only "$runtime" | grep -qF "c10d::ProcessGroupNCCL::ProcessGroupNCCL" ||
+  # Into a variable first: `nm | grep -q` fails under pipefail when grep
+  # stops reading early (nm gets SIGPIPE).
+  local symbols
+  symbols=$(nm -DC --undefined-only "$runtime")
+  grep -qF "c10d::ProcessGroupNCCL::ProcessGroupNCCL" <<< "$symbols" ||
     { _dloss_cuda_fail "libdloss_runtime.so does not build the group's NCCL backend (ProcessGroupNCCL)"; return 1; }
 }
 

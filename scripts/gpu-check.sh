@@ -111,7 +111,9 @@ machine_info() {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "host: $(hostname) ($(nproc) cores)"
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo "not a git checkout (the carry's: $(sed -n 's/^commit //p' "$carry/MANIFEST.txt" 2>/dev/null || echo none))")"
-  echo "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1 | grep . || echo "none (nvidia-smi: $(command -v nvidia-smi > /dev/null && echo 'no GPU listed' || echo 'not found'))")"
+  local gpus
+  gpus=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null)
+  echo "gpu: ${gpus:-none (nvidia-smi: $(command -v nvidia-smi > /dev/null && echo 'no GPU listed' || echo 'not found'))}" | head -1
   echo "torch: $("$PY" -c 'import sys, torch
 print(torch.__version__, "CUDA", torch.version.cuda, "cuda_available", torch.cuda.is_available(),
       "devices", torch.cuda.device_count(), "python", sys.version.split()[0])' 2>&1 | tail -1) ($PY)"
@@ -126,7 +128,7 @@ print(torch.__version__, "CUDA", torch.version.cuda, "cuda_available", torch.cud
 have_gpu() {
   [ -z "${DLOSS_GPU_CHECK_HAVE_GPU:-}" ] || return "$DLOSS_GPU_CHECK_HAVE_GPU"
   "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null ||
-    nvidia-smi -L 2>/dev/null | grep -q '^GPU'
+    [[ $(nvidia-smi -L 2>/dev/null) == GPU* ]]
 }
 no_gpu_reason() {
   local smi=none
@@ -195,9 +197,14 @@ stage_build() {
       { note "the GPU tests did not build (the log's end above): the tests stage will fail"; failed=1; }
   fi
   number build_s $((SECONDS - t0))
-  if dloss_cuda_check_links "$build_dir" "$PY"; then
+  local links
+  links=$(dloss_cuda_check_links "$build_dir" "$PY")
+  local links_rc=$?
+  echo "$links"
+  if [ $links_rc -eq 0 ]; then
     note "linked against torch's own CUDA libraries and ProcessGroupNCCL"
   else
+    note "the link check failed: $(grep -o 'FAILED: .*' <<< "$links" | head -1)"
     failed=1
   fi
   if [ -f "$carry/MANIFEST.txt" ]; then
@@ -268,7 +275,7 @@ stage_kernels() {
   local bench=$build_dir/bin/dloss-bench-cuda-fused
   [ -x "$bench" ] || { note "$bench was not built"; return 1; }
   if ! have_gpu; then
-    "$bench" | grep -q "skipped" || { note "$bench did not say that it skipped without a GPU"; return 1; }
+    [[ $("$bench") == *skipped* ]] || { note "$bench did not say that it skipped without a GPU"; return 1; }
     note "SKIP: $(no_gpu_reason)"
     return 77
   fi
@@ -361,7 +368,7 @@ stage_tests() {
   [ $rc -eq 0 ] || note "failed: $(sed -n 's/^[[:space:]]*[0-9]* - \(.*\)/\1/p' <<< "$log" | grep -v Skipped | head -8 | tr '\n' ';')"
   [ "$passed" -gt 0 ] || { note "no GPU test passed on a GPU machine"; rc=1; }
   # The Python CUDA test (python-cuda), unless ctest ran it.
-  if ! ctest --test-dir "$build_dir" -N -L gpu 2>/dev/null | grep -q 'python-cuda'; then
+  if [[ $(ctest --test-dir "$build_dir" -N -L gpu 2>/dev/null) != *python-cuda* ]]; then
     # What is left of the stage's limit (SECONDS counts from this stage's start).
     local left=$(( ${STAGE_LIMIT:-270} - SECONDS - 10 ))
     if [ "$left" -lt 30 ]; then
@@ -379,7 +386,7 @@ stage_bench() {
   mkdir -p "$out/bench"
   # Its own budget, inside the stage's limit, so that it writes its files.
   local extra=()
-  "$PY" "$script" --help 2>/dev/null | grep -q -- --budget-s &&
+  [[ $("$PY" "$script" --help 2>/dev/null) == *--budget-s* ]] &&
     extra=(--budget-s $(( ${STAGE_LIMIT:-200} - 40 )))
   DLOSS_COMPILER_LIBRARY=$COMPILER_LIB DLOSS_CACHE_DIR=$build_dir/gpu-check-plan-cache \
     PYTHONPATH="$build_dir/python" "$PY" "$script" --out "$out/bench" --skip-without-cuda "${extra[@]}"
@@ -541,7 +548,8 @@ cat "$out/summary.md"
 files=$(find "$out" -type f | wc -l)
 echo "gpu-check: $files files in $out"
 if grep -q '"ok": false' "$out/summary.json"; then
-  echo "gpu-check: FAILED: $(grep -E '^\| [a-z]+ \| (FAIL|TIMEOUT) \| [0-9]* \| this' "$out/summary.md" | cut -d'|' -f2,3 | tr -s ' \n' ' ')"
+  echo "gpu-check: FAILED:$(grep -E '^\| [a-z]+ \| (FAIL|TIMEOUT) \| [0-9]* \| this' "$out/summary.md" |
+    awk -F'|' '{ gsub(/ /, "", $2); gsub(/ /, "", $3); printf " %s (%s)", $2, $3 }')"
   return 1
 fi
 echo "gpu-check: done: no stage failed$([ -z "$gpu" ] && echo " (no GPU here: the device stages were skipped)")"

@@ -75,7 +75,8 @@ flatc=$(cache_value DLOSS_FLATC)
 cp -r "${gloo:-/usr/include}/gloo" "${flatbuffers:-/usr/include}/flatbuffers" "$CARRY/include/"
 flatc=$(readlink -f "${flatc:-$(command -v flatc)}")
 # It must run on the GPU machine as it is: only the C and C++ runtimes.
-if ldd "$flatc" | grep -v -E 'linux-vdso|ld-linux|lib(c|m|stdc\+\+|gcc_s)\.so' | grep -q '=>'; then
+needs=$(ldd "$flatc")
+if grep -v -E 'linux-vdso|ld-linux|lib(c|m|stdc\+\+|gcc_s)\.so' <<< "$needs" | grep -q '=>'; then
   fail "$flatc needs more than the C and C++ runtimes: $(ldd "$flatc" | tr -s '\n\t' ' ')"
 fi
 cp "$flatc" "$CARRY/bin/flatc"
