@@ -10,8 +10,8 @@
 # stage FAILED or ran out of time (TIMEOUT).
 #
 #   bash scripts/gpu-check.sh [--stage build,python,kernels,tests,bench]
-#        [--out DIR] [--budget SECONDS] [--build-dir DIR] [--carry DIR]
-#        [--hide-system-deps]
+#        [--out DIR] [--budget SECONDS] [--limit STAGE=SECONDS] [--build-dir DIR]
+#        [--carry DIR] [--hide-system-deps]
 #
 #   --stage    the stages to run, in this order (default all): build, python
 #              (import dloss, a plan from the carried compiler, a CUDA smoke
