@@ -32,6 +32,10 @@
 //   the user's to start (init_process_group(device_id=...) starts it eagerly).
 // - The small exchanges (sizes, fingerprints, ringShift headers) travel as
 //   CPU tensors when the group has a CPU backend, else as CUDA tensors.
+// CUDA tensors in a group whose CUDA backend is Gloo (ranks sharing one
+// GPU, which NCCL refuses) are copied to the host and back around every
+// transfer (stagedOnHost): Gloo's send and recv take host pointers, and it
+// has no coalescing.
 #include "runtime/comm/ContractCommunicator.h"
 #include "runtime/comm/Engines.h"
 #include "runtime/comm/Refusal.h"
@@ -309,6 +313,14 @@ private:
   bool onGloo(const at::Tensor &tensor) const {
     return backendFor(*group, tensor.device().type()) == "gloo";
   }
+  /// A CUDA tensor in a group whose CUDA backend is Gloo (ranks sharing a
+  /// GPU, which NCCL refuses) moves through host memory, staged here:
+  /// ProcessGroupGloo's send and recv hand the tensor's pointer to Gloo's
+  /// transport as host memory, and Gloo has no coalescing, which CUDA
+  /// transfers otherwise go through.
+  bool stagedOnHost(const at::Tensor &tensor) const {
+    return tensor.is_cuda() && onGloo(tensor);
+  }
   /// Where the small exchanges' tensors live: the CPU when the group moves
   /// CPU tensors, else the current CUDA device (a user's NCCL-only group).
   at::TensorOptions smallExchange(at::ScalarType type) const {
@@ -534,6 +546,8 @@ at::Tensor
 ProcessGroupCommunicator::transferAllGather(Call &call, const at::Tensor &input,
                                             int64_t dim,
                                             const std::vector<int64_t> &sizes) {
+  if (stagedOnHost(input))
+    return transferAllGather(call, input.cpu(), dim, sizes).to(input.device());
 
   // Gloo gathers equal shapes: pad every piece to the largest size.
   int64_t maxSize = *std::max_element(sizes.begin(), sizes.end());
@@ -588,6 +602,8 @@ at::Tensor ProcessGroupCommunicator::reduce(Call &call, const at::Tensor &input,
 at::Tensor ProcessGroupCommunicator::transferAllReduce(Call &call,
                                                        const at::Tensor &input,
                                                        Reduction op) {
+  if (stagedOnHost(input))
+    return transferAllReduce(call, input.cpu(), op).to(input.device());
   at::Tensor result = reduce(call, input, op);
   if (op == Reduction::Mean)
     result.div_(options.worldSize);
@@ -597,6 +613,9 @@ at::Tensor ProcessGroupCommunicator::transferAllReduce(Call &call,
 at::Tensor ProcessGroupCommunicator::transferReduceScatter(
     Call &call, const at::Tensor &input, Reduction op, int64_t dim,
     const std::vector<int64_t> &sizes) {
+  if (stagedOnHost(input))
+    return transferReduceScatter(call, input.cpu(), op, dim, sizes)
+        .to(input.device());
   int n = options.worldSize;
   int rank = options.rank;
   if (n == 1) { // The only block is the whole input.
@@ -689,6 +708,8 @@ at::Tensor ProcessGroupCommunicator::transferReduceScatter(
 at::Tensor ProcessGroupCommunicator::transferBroadcast(Call &call,
                                                        const at::Tensor &input,
                                                        int root) {
+  if (stagedOnHost(input))
+    return transferBroadcast(call, input.cpu(), root).to(input.device());
   at::Tensor result = input.clone(at::MemoryFormat::Contiguous);
   communicate(call, [&] {
     meetBeforeNccl(result);
@@ -703,6 +724,8 @@ at::Tensor ProcessGroupCommunicator::transferBroadcast(Call &call,
 at::Tensor ProcessGroupCommunicator::transferRingShift(Call &call,
                                                        const at::Tensor &input,
                                                        const ShiftPeers &ring) {
+  if (stagedOnHost(input))
+    return transferRingShift(call, input.cpu(), ring).to(input.device());
   int dst = ring.dst, src = ring.src;
   if (ring.step == 0) {
     complete(call);
@@ -765,8 +788,9 @@ std::unique_ptr<Communicator::Request>
 ProcessGroupCommunicator::transferSend(Call &call, const at::Tensor &tensor,
                                        int peer, int tag) {
   // The transfer keeps `wire` alive until the engine has read it.
+  at::Tensor source = stagedOnHost(tensor) ? tensor.cpu() : tensor.contiguous();
   auto transfer = std::make_shared<Transfer>(
-      Transfer{true, peer, tag, toWire(tensor.contiguous()), {}});
+      Transfer{true, peer, tag, toWire(source.contiguous()), {}});
   post(call, transfer);
   return std::make_unique<ProcessGroupRequest>(this, call, transfer,
                                                at::Tensor());
@@ -775,10 +799,15 @@ ProcessGroupCommunicator::transferSend(Call &call, const at::Tensor &tensor,
 std::unique_ptr<Communicator::Request>
 ProcessGroupCommunicator::transferRecv(Call &call, at::Tensor &tensor, int peer,
                                        int tag) {
-  // Receive in place when the wire can; otherwise stage and copy in wait().
-  at::Tensor wire = tensor.is_contiguous() && glooHasType(tensor.scalar_type())
-                        ? tensor
-                        : toWire(at::empty(tensor.sizes(), tensor.options()));
+  // Receive in place when the wire can; otherwise stage (on the host for a
+  // CUDA tensor on Gloo) and copy in wait().
+  const bool host = stagedOnHost(tensor);
+  at::Tensor wire =
+      !host && tensor.is_contiguous() && glooHasType(tensor.scalar_type())
+          ? tensor
+          : toWire(at::empty(tensor.sizes(),
+                             host ? tensor.options().device(at::kCPU)
+                                  : tensor.options()));
   auto transfer =
       std::make_shared<Transfer>(Transfer{false, peer, tag, wire, {}});
   post(call, transfer);
