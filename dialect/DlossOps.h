@@ -26,14 +26,12 @@ class IsInternal : public OpTrait::TraitBase<ConcreteType, IsInternal> {};
 template <typename ConcreteType>
 class IsFused : public OpTrait::TraitBase<ConcreteType, IsFused> {};
 /// Trait of the ops whose operand `Indices` indexes dimension `axis` of
-/// operand `Data` (Dloss_IndexOperand).
+/// operand `Data` (Dloss_IndexOperand). The operand numbers reach the
+/// runtime through the op table (gen_op_table.py reads them from the .td);
+/// no C++ reads them from the trait.
 template <unsigned Data, unsigned Indices> struct IndexOperand {
   template <typename ConcreteType>
-  class Impl : public OpTrait::TraitBase<ConcreteType, Impl> {
-  public:
-    static constexpr unsigned kDataOperand = Data;
-    static constexpr unsigned kIndicesOperand = Indices;
-  };
+  class Impl : public OpTrait::TraitBase<ConcreteType, Impl> {};
 };
 } // namespace mlir::dloss
 
