@@ -111,6 +111,12 @@ def index_operand(records, op, name, operand_count, attrs):
              if "Dloss_IndexOperand" in superclasses(t)]
     if not marks:
         return None
+    if len(marks) > 1:
+        sys.exit("gen_op_table.py: %s has %d Dloss_IndexOperand traits (%s), "
+                 "but the op table holds one index operand per op: mark one" %
+                 (name, len(marks), ", ".join(
+                     "<%d, %d>" % (m["dataOperand"], m["indicesOperand"])
+                     for m in marks)))
     data, indices = marks[0]["dataOperand"], marks[0]["indicesOperand"]
     if max(data, indices) >= operand_count:
         sys.exit("gen_op_table.py: %s is a Dloss_IndexOperand<%d, %d>, but "

@@ -17,6 +17,9 @@ config.environment["FILECHECK_OPTS"] = "-enable-var-scope --allow-unused-prefixe
 config.substitutions.append(("%PATH%", config.environment["PATH"]))
 config.substitutions.append(("%dloss_src", config.dloss_src_root))
 config.substitutions.append(("%dloss_obj", config.dloss_obj_root))
+# llvm-tblgen's include flags for MLIR's .td files (the ODS tests).
+config.substitutions.append(("%mlir_td_includes", " ".join(
+    "-I " + d for d in config.mlir_include_dirs.split(";") if d)))
 
 llvm_config.with_system_environment(["HOME", "INCLUDE", "LIB", "TMP", "TEMP"])
 llvm_config.use_default_substitutions()
@@ -26,5 +29,5 @@ llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 llvm_config.with_environment("PATH", config.dloss_tools_dir, append_path=True)
 
 tool_dirs = [config.dloss_tools_dir, config.llvm_tools_dir]
-tools = ["dloss-opt", "dlossc", "not", "count"]
+tools = ["dloss-opt", "dlossc", "not", "count", "llvm-tblgen"]
 llvm_config.add_tool_substitutions(tools, tool_dirs)
