@@ -116,3 +116,26 @@ else()
   message(STATUS "dloss: Gloo headers from ${DLOSS_GLOO_INCLUDE_DIR}, not torch's (its wheel ships "
     "none): only their declarations are used, torch's own Gloo runs")
 endif()
+
+# dloss_precompile_torch_headers(TARGET [REUSE_FROM OTHER] [SKIP source...]):
+# TARGET's C++ files compile with <ATen/ATen.h> precompiled (one header
+# compile per target and build; a runtime file's compile takes less than half
+# as long), or with OTHER's precompiled header, where both compile with the
+# same flags. SKIP names the files built with flags of their own (a
+# precompiled header is used only with the flags it was made with).
+# DLOSS_PRECOMPILE_HEADERS=OFF turns it off.
+option(DLOSS_PRECOMPILE_HEADERS "Compile the torch-heavy targets with <ATen/ATen.h> precompiled." ON)
+function(dloss_precompile_torch_headers target)
+  cmake_parse_arguments(ARG "" "REUSE_FROM" "SKIP" ${ARGN})
+  if(NOT DLOSS_PRECOMPILE_HEADERS)
+    return()
+  endif()
+  if(ARG_REUSE_FROM)
+    target_precompile_headers(${target} REUSE_FROM ${ARG_REUSE_FROM})
+  else()
+    target_precompile_headers(${target} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:<ATen/ATen.h$<ANGLE-R>>")
+  endif()
+  if(ARG_SKIP)
+    set_source_files_properties(${ARG_SKIP} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+  endif()
+endfunction()

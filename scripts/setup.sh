@@ -5,8 +5,9 @@
 set -euo pipefail
 
 PACKAGES=(
-  # Build tools.
-  cmake ninja-build g++ git
+  # Build tools; ccache lets the wheel test's build take the main build's
+  # objects (cmake/DlossCcache.cmake: the cache lies in the build tree).
+  cmake ninja-build g++ git ccache
   # Compiler: LLVM/MLIR 22 (lit and FileCheck live in /usr/lib/llvm-22/bin).
   llvm-22-dev libmlir-22-dev mlir-22-tools llvm-22-tools
   # LLVM linked statically (cmake/DlossMLIR.cmake) names zstd and zlib.

@@ -72,14 +72,13 @@ def children_of(pid):
 
 
 def rank_of(pid):
+    """The rank of a process dloss-run forked: it names it dloss-rank<r>."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            for item in f.read().split(b"\0"):
-                if item.startswith(b"RANK="):
-                    return int(item[5:])
+        with open(f"/proc/{pid}/comm") as f:
+            m = re.fullmatch(r"dloss-rank(\d+)", f.read().strip())
     except OSError:
-        pass
-    return None
+        return None
+    return int(m.group(1)) if m else None
 
 
 def sockets(pid):

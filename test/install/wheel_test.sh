@@ -8,18 +8,23 @@
 # ldd: nothing resolves to LLVM, MLIR, the build or the source tree.
 # Driven by ctest (test/install/CMakeLists.txt, wheel-install).
 #
-# usage: wheel_test.sh SOURCE_DIR WORK_DIR PYTHON -- CMAKE_ARGS...
+# The wheel is built from scratch in WHEEL_BUILD_DIR, through the main build's
+# ccache (CCACHE_DIR, cmake/DlossCcache.cmake; empty: none): with the main
+# build folder at the same depth under the source tree, the objects whose flags
+# agree come from the main build's compiles, and the script says how many.
+#
+# usage: wheel_test.sh SOURCE_DIR WORK_DIR PYTHON WHEEL_BUILD_DIR CCACHE_DIR -- CMAKE_ARGS...
 set -euo pipefail
 
-source=$(realpath "$1") work=$2 python=$3
-shift 3
+source=$(realpath "$1") work=$2 python=$3 wheel_build=$4 ccache_dir=$5
+shift 5
 [[ ${1:-} == -- ]] && shift
 consumer_args=("$@")
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 step() { echo "== $* ($(date +%T))"; }
 
-rm -rf "$work"
+rm -rf "$work" "$wheel_build"
 mkdir -p "$work"
 work=$(realpath "$work")
 unset LD_LIBRARY_PATH PYTHONPATH CMAKE_PREFIX_PATH VIRTUAL_ENV
@@ -38,10 +43,32 @@ venv_pid=$!
 # Where the build fails, its pip ends before this script does.
 trap 'wait "$venv_pid" 2>/dev/null || true' EXIT
 
+# ccache's counters (hits, misses) before and after the wheel's build.
+ccache_counts() {
+  [[ -n $ccache_dir ]] && command -v ccache > /dev/null || return 0
+  CCACHE_DIR=$ccache_dir ccache --print-stats 2> /dev/null |
+    awk '$1 ~ /^(direct|preprocessed)_cache_hit$/ { hit += $2 } $1 == "cache_miss" { miss = $2 }
+         END { print hit + 0, miss + 0 }'
+}
+# The consumer's CMake definitions (the main build's compiler: the same name,
+# so ccache's hash agrees) go to the wheel's CMake too, which would otherwise
+# take Python's (sysconfig's g++).
+build_args=()
+for arg in "${consumer_args[@]}"; do
+  [[ $arg != -D* ]] || build_args+=(-C "cmake.define.${arg#-D}")
+done
+[[ -z $ccache_dir ]] || build_args+=(-C "cmake.define.DLOSS_CCACHE_DIR=$ccache_dir")
+before=$(ccache_counts)
 step "pip wheel --no-build-isolation $source (torch $torch_version; the build prints [n/N])"
 "$python" -m pip wheel -v --no-build-isolation --no-deps -w "$work/dist" \
-  -C build-dir="$work/wheel-build" "$source" 2>&1 |
+  -C build-dir="$wheel_build" "${build_args[@]}" "$source" 2>&1 |
   tee "$work/wheel.log" | grep -E '^\[[0-9]+/[0-9]+\]|Created wheel|error' || true
+after=$(ccache_counts)
+if [[ -n $before && -n $after ]]; then
+  read -r hit0 miss0 <<< "$before"
+  read -r hit1 miss1 <<< "$after"
+  echo "wheel: ccache ($ccache_dir): $((hit1 - hit0)) compiles taken from the cache, $((miss1 - miss0)) compiled"
+fi
 shopt -s nullglob
 wheels=("$work"/dist/dloss-*.whl)
 [[ ${#wheels[@]} -eq 1 ]] || { tail -40 "$work/wheel.log"; fail "no wheel was built"; }
@@ -71,7 +98,7 @@ $(grep 'not found' <<< "$deps")"
     fail "$binary needs LLVM or MLIR at run time"
   fi
   # The test's own venv (torch's libraries) may lie under the source tree.
-  if grep -v -F "$work/venv/" <<< "$deps" | grep -F -e "$source/" -e "$work/wheel-build"; then
+  if grep -v -F "$work/venv/" <<< "$deps" | grep -F -e "$source/" -e "$wheel_build"; then
     fail "$binary resolves a library in the source or build tree"
   fi
 done

@@ -59,8 +59,6 @@ inline PlanEntry entryOf(const PlanFile &plan, const Options &o) {
 //===----------------------------------------------------------------------===//
 
 bool endsWith(const std::string &s, const std::string &suffix);
-/// This executable's path (/proc/self/exe), or "dloss-run" if unknown.
-std::string selfPath();
 /// `mkdir -p`; a dloss::Error naming the directory when it cannot.
 void makeDirectories(const std::string &path);
 /// Where rank `rank` writes its results: OUT/rank<r>.
@@ -123,10 +121,9 @@ int checkAgainstReference(const Options &o, const std::string &planPath,
 // Launcher.cpp
 //===----------------------------------------------------------------------===//
 
-/// Starts o.world ranks of this program and waits for them. Returns the
-/// process exit code: 0 when every rank succeeded.
-int launch(const Options &o, int argc, char **argv,
-           const std::string &planPath);
+/// Starts o.world ranks (forks of this process, each running runRank) and
+/// waits for them. Returns the process exit code: 0 when every rank succeeded.
+int launch(const Options &o, const std::string &planPath);
 
 } // namespace tools
 } // namespace dloss

@@ -5,6 +5,12 @@
 // deadline are killed; SIGINT/SIGTERM/SIGHUP stop every rank; and a rank
 // dies with its launcher (PR_SET_PDEATHSIG) even if the launcher is killed
 // outright. It signals only processes it started.
+//
+// Each rank is a fork of the launcher that runs runRank() itself, without
+// exec: libtorch is loaded and its operators registered once, in the launcher,
+// instead of once per rank. Nothing before the fork starts a thread or runs
+// a torch operator, so the child inherits no thread pool half-made. A rank's
+// name (/proc/<pid>/comm, what ps and top show) is dloss-rank<r>.
 #include "tools/dloss-run/DlossRun.h"
 
 #include "runtime/comm/RendezvousOptions.h"
@@ -40,8 +46,7 @@ extern "C" void onStopSignal(int signal) { stopSignal = signal; }
 /// A rank that fails makes its peers fail too (they see it gone); any still
 /// running after the deadline are killed, so no process of ours outlives
 /// the run.
-int launch(const Options &o, int argc, char **argv,
-           const std::string &planPath) {
+int launch(const Options &o, const std::string &planPath) {
   {
     // Mistakes every rank would make alike are reported before any starts.
     auto plan = PlanFile::load(planPath);
@@ -58,6 +63,10 @@ int launch(const Options &o, int argc, char **argv,
     sigaction(signal, &action, nullptr);
   pid_t launcher = getpid();
   std::vector<pid_t> children;
+  // Nothing buffered before the fork is written again by a rank.
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
   for (int r = 0; r < o.world; ++r) {
     pid_t pid = fork();
     if (pid < 0)
@@ -80,14 +89,20 @@ int launch(const Options &o, int argc, char **argv,
       unsetenv("TORCHELASTIC_USE_AGENT_STORE");
       unsetenv("TORCHELASTIC_RESTART_COUNT");
       setenv("DLOSS_RUN_PLAN", planPath.c_str(), 1);
-      std::string self = selfPath();
-      std::vector<char *> args;
-      for (int i = 0; i < argc; ++i)
-        args.push_back(argv[i]);
-      args.push_back(nullptr);
-      execv(self.c_str(), args.data());
-      std::perror("dloss-run: exec");
-      _exit(127);
+      prctl(PR_SET_NAME, ("dloss-rank" + std::to_string(r)).c_str());
+      // A rank has no stop handler (the launcher's SIGTERM ends it), as
+      // after an exec.
+      for (int signal : {SIGINT, SIGTERM, SIGHUP})
+        std::signal(signal, SIG_DFL);
+      // The rank's part of main(): its exit status, or its error.
+      int code = 1;
+      try {
+        code = runRank(o, planPath);
+      } catch (const std::exception &e) {
+        std::cerr << "dloss-run: " << e.what() << "\n";
+      }
+      std::cout.flush();
+      std::exit(code);
     }
     children.push_back(pid);
   }

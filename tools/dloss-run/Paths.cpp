@@ -1,4 +1,4 @@
-// Where dloss-run finds itself and writes its results.
+// Where dloss-run writes its results.
 #include "tools/dloss-run/DlossRun.h"
 
 #include "runtime/support/Error.h"
@@ -8,7 +8,6 @@
 #include <sstream>
 
 #include <sys/stat.h>
-#include <unistd.h>
 
 namespace dloss {
 namespace tools {
@@ -16,15 +15,6 @@ namespace tools {
 bool endsWith(const std::string &s, const std::string &suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-std::string selfPath() {
-  char buffer[4096];
-  ssize_t n = readlink("/proc/self/exe", buffer, sizeof(buffer) - 1);
-  if (n <= 0)
-    return "dloss-run";
-  buffer[n] = 0;
-  return buffer;
 }
 
 void makeDirectories(const std::string &path) {

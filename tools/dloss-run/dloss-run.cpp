@@ -28,7 +28,7 @@ int main(int argc, char **argv) {
       return runRank(o, compiled); // a rank we launched
     std::string plan = endsWith(o.loss, ".mlir") ? compile(o) : o.loss;
     if (o.world > 0 && !isRank) {
-      int code = launch(o, argc, argv, plan);
+      int code = launch(o, plan);
       if (code == 0 && o.check)
         return checkAgainstReference(o, plan, o.world);
       return code;
