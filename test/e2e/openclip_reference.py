@@ -33,6 +33,7 @@ Exit 0 on PASS, 1 on FAIL, 77 when torch/numpy are unavailable.
 """
 import argparse
 import datetime
+import math
 import os
 import subprocess
 import sys
@@ -153,8 +154,11 @@ def load(d, name):
 
 
 def rel(a, b):
+    """The largest relative difference; inf where either side is not finite
+    (a NaN would otherwise compare below every tolerance, and max() skips it)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
+    error = float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
+    return error if math.isfinite(error) else math.inf
 
 
 def main():

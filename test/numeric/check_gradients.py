@@ -295,6 +295,8 @@ def rel_error(got, expected):
         return 0.0, ""
     if not torch.isfinite(got).all():
         return float("inf"), "non-finite values in the result"
+    if not torch.isfinite(expected).all():
+        return float("inf"), "non-finite values in the reference"
     diff = (got - expected).abs()
     scale = max(expected.abs().max().item(), 1e-12)
     err = diff.max().item() / scale

@@ -9,11 +9,14 @@
 
 namespace {
 
-/// The distance in units in the last place between two finite floats.
+/// The distance in units in the last place between two finite floats; inf
+/// when `got` is not finite (std::max would drop a NaN and pass the check).
 double ulps(float got, double want) {
   float w = static_cast<float>(want);
   if (got == w)
     return 0;
+  if (!std::isfinite(got))
+    return std::numeric_limits<double>::infinity();
   float step = std::nextafter(w, std::numeric_limits<float>::infinity()) - w;
   return std::fabs(static_cast<double>(got) - want) / step;
 }
