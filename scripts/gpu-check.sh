@@ -428,11 +428,11 @@ declare -A LOG=([build]=build.log [python]=build.log [kernels]=kernels.log [test
 call=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 start=$SECONDS
 rm -rf "$out"/*.log "$out/bench" "$out/bench-results.tar.gz"
+machine_info > "$state/machine.txt"  # once: it imports torch
 {
   echo "gpu-check: stages $stages; budget ${budget}s; output $out"
-  machine_info | sed 's/^/gpu-check: /'
+  sed 's/^/gpu-check: /' "$state/machine.txt"
 } | tee "$out/build.log"
-machine_info > "$state/machine.txt"
 have_gpu && gpu=1 || gpu=
 export DLOSS_GPU_CHECK_HAVE_GPU=$([ -n "$gpu" ] && echo 0 || echo 1)
 

@@ -46,7 +46,8 @@ trap 'wait "$venv_pid" 2>/dev/null || true' EXIT
 # ccache's counters (hits, misses) before and after the wheel's build.
 ccache_counts() {
   [[ -n $ccache_dir ]] && command -v ccache > /dev/null || return 0
-  CCACHE_DIR=$ccache_dir ccache --print-stats 2> /dev/null |
+  # An older ccache without --print-stats counts nothing, and fails nothing.
+  { CCACHE_DIR=$ccache_dir ccache --print-stats 2> /dev/null || true; } |
     awk '$1 ~ /^(direct|preprocessed)_cache_hit$/ { hit += $2 } $1 == "cache_miss" { miss = $2 }
          END { print hit + 0, miss + 0 }'
 }
