@@ -8,9 +8,15 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
+#include <cstring>
+#include <netdb.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <thread>
+#include <unistd.h>
 
 namespace dloss::comm {
 
@@ -43,6 +49,72 @@ std::vector<int> missingRanks(c10d::Store &store, int worldSize) {
 // "ok", or "missing:<ranks>" from the first rank whose deadline passed.
 std::string decide(c10d::Store &store, const std::string &proposal) {
   return fromBytes(store.compareSet(kVerdictKey, {}, toBytes(proposal)));
+}
+
+// One TCP connection attempt to `address`, bounded by `limit`: whether
+// something accepted it; `detail` says why not.
+bool acceptsConnection(const addrinfo &address, std::chrono::milliseconds limit,
+                       std::string &detail) {
+  int fd = ::socket(address.ai_family,
+                    address.ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                    address.ai_protocol);
+  if (fd < 0) {
+    detail = std::string("socket: ") + std::strerror(errno);
+    return false;
+  }
+  int error = 0;
+  if (::connect(fd, address.ai_addr, address.ai_addrlen) != 0) {
+    error = errno;
+    if (error == EINPROGRESS) {
+      pollfd waiting{fd, POLLOUT, 0};
+      int ready = ::poll(&waiting, 1, static_cast<int>(limit.count()));
+      socklen_t length = sizeof(error);
+      if (ready <= 0)
+        error = ready == 0 ? ETIMEDOUT : errno;
+      else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0)
+        error = errno;
+    }
+  }
+  ::close(fd);
+  if (error != 0)
+    detail = std::string("connect: ") + std::strerror(error);
+  return error == 0;
+}
+
+// Waits until the store's address accepts a TCP connection, trying every
+// kStorePoll until `deadline`; the reason of the last failure, or "" once it
+// does (or when the address does not resolve: TCPStore then says so itself).
+// TCPStore's own client retries with a growing back-off and gave up as late
+// as 4 s after a 3 s deadline (seen here with torch 2.13 and 2.14): a rank
+// whose store never comes fails at its deadline instead.
+std::string waitForListener(const RendezvousOptions &options,
+                            Clock::time_point deadline) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo *addresses = nullptr;
+  std::string port = std::to_string(options.masterPort);
+  if (::getaddrinfo(options.masterAddr.c_str(), port.c_str(), &hints,
+                    &addresses) != 0 ||
+      !addresses)
+    return "";
+  std::string detail = "nothing accepted a connection";
+  for (;;) {
+    for (addrinfo *a = addresses; a; a = a->ai_next) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - Clock::now());
+      if (acceptsConnection(*a, std::max(left, std::chrono::milliseconds(1)),
+                            detail)) {
+        ::freeaddrinfo(addresses);
+        return "";
+      }
+    }
+    if (Clock::now() + kStorePoll >= deadline)
+      break;
+    std::this_thread::sleep_for(kStorePoll);
+  }
+  ::freeaddrinfo(addresses);
+  return detail;
 }
 
 } // namespace
@@ -120,6 +192,13 @@ c10::intrusive_ptr<c10d::Store> openStore(const RendezvousOptions &options,
   storeOptions.timeout = options.timeout;
   c10::intrusive_ptr<c10d::Store> store;
   try {
+    // A client connects once the store listens, within the deadline.
+    std::string unreachable =
+        storeOptions.isServer
+            ? ""
+            : waitForListener(options, Clock::now() + options.timeout);
+    if (!unreachable.empty())
+      throw std::runtime_error(unreachable);
     store =
         c10::make_intrusive<c10d::TCPStore>(options.masterAddr, storeOptions);
   } catch (const std::exception &e) {

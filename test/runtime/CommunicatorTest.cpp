@@ -539,7 +539,9 @@ TEST(ProcessGroupCommunicatorTest, RendezvousNamesAMissingRankZero) {
       std::string message = e.what();
       CHILD_CHECK(message.find("rank 0 never joined") != std::string::npos,
                   "the error does not name rank 0: " << message);
-      CHILD_CHECK(elapsed < 3.0 + 5.0,
+      // At the deadline, not after TCPStore's own retries (which overshot
+      // it by up to 4 s before the store's address was polled).
+      CHILD_CHECK(elapsed < 3.0 + 2.0,
                   "failed after " << elapsed << " s, deadline 3 s");
       return;
     }
