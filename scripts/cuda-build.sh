@@ -12,6 +12,10 @@
 #   bash scripts/cuda-build.sh      # env: DLOSS_CUDA_TORCH (2.14.1), DLOSS_CUDA_VENV, DLOSS_CUDA_BUILD_DIR
 #   bash scripts/cuda-build.sh --venv-only   # only make that venv (scripts/test.sh
 #                                            # runs it beside the main build)
+#   bash scripts/cuda-build.sh --build-only  # the venv and the build, not its checks
+#   bash scripts/cuda-build.sh --check-only  # the checks and tests of that build
+#                                            # (scripts/test.sh builds beside the main
+#                                            # build's tests, then checks)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -40,13 +44,24 @@ if ! "$VENV/bin/python" -c "import torch; assert torch.__version__.startswith('$
     grep -v "^WARNING: Location" || true
 fi
 "$VENV/bin/python" -c "import torch; print('cuda-build: torch', torch.__version__, 'CUDA', torch.version.cuda)"
-[ "${1:-}" != --venv-only ] || exit 0
+STEP=${1:-all}
+case $STEP in
+  all | --venv-only | --build-only | --check-only) ;;
+  *) echo "cuda-build: unknown argument $STEP (--venv-only, --build-only or --check-only)"; exit 2 ;;
+esac
+[ "$STEP" != --venv-only ] || exit 0
 
 DLOSS_CUDA_TAG=cuda-build
 source scripts/cuda-common.sh
-# The compiler is not needed (and stays out: the GPU machines have no LLVM).
-dloss_cuda_configure "$BUILD_DIR" "$VENV/bin/python" || exit 1
-cmake --build "$BUILD_DIR" -j "$(nproc)"
+if [ "$STEP" != --check-only ]; then
+  # The compiler is not needed (and stays out: the GPU machines have no LLVM).
+  dloss_cuda_configure "$BUILD_DIR" "$VENV/bin/python" || exit 1
+  cmake --build "$BUILD_DIR" -j "$(nproc)"
+  [ "$STEP" != --build-only ] || { echo "cuda-build: built $BUILD_DIR"; exit 0; }
+elif [ ! -f "$BUILD_DIR/build.ninja" ]; then
+  echo "cuda-build: FAILED: no build in $BUILD_DIR to check (run scripts/cuda-build.sh --build-only first)"
+  exit 1
+fi
 
 # Linked against torch's own CUDA libraries, not a second copy; CUDA tensors
 # move through torch's own ProcessGroupNCCL (no NCCL of dloss's).

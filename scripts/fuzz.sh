@@ -2,6 +2,8 @@
 # Fuzzes the compiler (parse, verify, every pass, derive-backward, plan lowering) with libFuzzer for SECONDS (default 60).
 #
 #   bash scripts/fuzz.sh [SECONDS]
+#   bash scripts/fuzz.sh --build-only   # only build it (scripts/test.sh builds
+#                                       # beside the tests, then fuzzes)
 #
 # Builds tools/dloss-fuzz with clang-14 (ASan + libFuzzer) in its own build
 # directory ($DLOSS_FUZZ_BUILD_DIR, default build-fuzz), seeds it with every
@@ -15,6 +17,11 @@ cd "$(dirname "$0")/.."
 source scripts/python-env.sh
 ROOT=$(pwd)
 
+BUILD_ONLY=false
+if [ "${1:-}" = --build-only ]; then
+  BUILD_ONLY=true
+  shift
+fi
 SECONDS_TO_FUZZ=${1:-60}
 BUILD_DIR=${DLOSS_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}
 WORK_DIR=${DLOSS_FUZZ_WORK_DIR:-$BUILD_DIR/fuzz}
@@ -42,6 +49,7 @@ CC=clang-14 CXX=clang++-14 cmake -G Ninja -S . -B "$BUILD_DIR" \
   -DDLOSS_BUILD_FUZZER=ON -DDLOSS_BUILD_TESTS=OFF -DDLOSS_ENABLE_CUDA=OFF >/dev/null
 cmake --build "$BUILD_DIR" --target dloss-fuzz -j "$JOBS"
 echo "fuzz: built $BUILD_DIR/bin/dloss-fuzz in $(($(date +%s) - build_start)) s"
+! $BUILD_ONLY || exit 0
 
 # Seeds: every .mlir under test/ and examples/, split at `// -----` as
 # --split-input-file does, so that each case is an input of its own.

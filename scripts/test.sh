@@ -8,43 +8,69 @@ BUILD_DIR=${DLOSS_BUILD_DIR:-build}
 
 # Steps that leave a core idle run beside the others: each in a process group
 # of its own (stopped if this script stops), its output printed when it ends.
+# Each step says how long it took, in seconds of wall clock and of CPU (user +
+# sys, its children included).
 LOGS=$(mktemp -d "${TMPDIR:-/tmp}/dloss-test.XXXXXX")
 declare -A running=()
 trap 'for pid in "${running[@]}"; do kill -- "-$pid" 2>/dev/null || true; done; rm -rf "$LOGS"' EXIT
+timed() {  # timed NAME COMMAND...: run COMMAND, then say how long it took
+  local name=$1 rc=0 TIMEFORMAT
+  shift
+  TIMEFORMAT="test: $name took %0R s (%0U + %0S CPU-s)"
+  time "$@" || rc=$?
+  return "$rc"
+}
 beside() {  # beside NAME COMMAND...: start COMMAND, its output in $LOGS/NAME.log
   local name=$1
   shift
-  setsid --wait "$@" > "$LOGS/$name.log" 2>&1 &
+  setsid --wait bash -c "$(declare -f timed); timed \"\$@\"" timed "$name" "$@" \
+    > "$LOGS/$name.log" 2>&1 &
   running[$name]=$!
 }
-finish() {  # finish NAME: wait for NAME; its exit status
+finish() {  # finish NAME: wait for NAME and print its output; its exit status
   local rc=0
   wait "${running[$1]}" || rc=$?
   unset "running[$1]"
+  cat "$LOGS/$1.log"
+  [ "$rc" -eq 0 ] || echo "test: $1 FAILED (exit $rc)"
   return "$rc"
 }
 
-bash scripts/setup.sh
+timed setup bash scripts/setup.sh
 # The CUDA build's venv (pip unpacking torch's CUDA wheels: one core and the
-# disk) beside the main build (both cores). Where it fails or skips,
-# scripts/cuda-build.sh below says so.
+# disk) beside the main build (both cores).
 beside cuda-venv bash scripts/cuda-build.sh --venv-only
-bash scripts/build.sh
-if finish cuda-venv; then
-  grep -v "SKIPPED" "$LOGS/cuda-venv.log" || true
-else
-  cat "$LOGS/cuda-venv.log"
-fi
-# One minute of fuzzing parse + verify + the whole pass pipeline (clang build
-# in build-fuzz/) beside the CUDA build: the fuzzer's build competes with it
-# for both cores, then the fuzzing takes one, which the CUDA build (niced)
-# leaves it.
-beside fuzz bash scripts/fuzz.sh 60
-# The CUDA build against the CUDA torch (build-cuda/, compiled, not run), where
-# that torch is on this machine's disk; one SKIPPED line elsewhere.
-nice -n 5 bash scripts/cuda-build.sh
+timed "the main build" bash scripts/build.sh
+# Where it failed, scripts/cuda-build.sh below says so.
+finish cuda-venv || true
+
+# The tests of the main build (ctest -j2), with the two other builds beside
+# them at the lowest priority: the CUDA build against the CUDA torch (build-cuda/,
+# compiled, not run; one SKIPPED line where that torch is not on this machine's
+# disk) and the fuzzer's (clang, build-fuzz/). They take the cores that the
+# tests leave idle (many wait on peers, timeouts and process start-up) and
+# slow no time-bounded test. Then the CUDA build's tests on the CPU (a second
+# torch) and one minute of fuzzing, beside each other at normal priority.
+beside cuda-compile nice -n 19 bash scripts/cuda-build.sh --build-only
+beside fuzz-build nice -n 19 bash scripts/fuzz.sh --build-only
 rc=0
-finish fuzz || rc=$?
-cat "$LOGS/fuzz.log"
-[ "$rc" -eq 0 ] || { echo "test: scripts/fuzz.sh FAILED (exit $rc)"; exit "$rc"; }
-ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"
+timed ctest ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" || rc=$?
+failed=()
+[ "$rc" -eq 0 ] || failed+=(ctest)
+finish cuda-compile || failed+=(cuda-build)
+finish fuzz-build || failed+=(fuzz-build)
+if [[ " ${failed[*]} " != *" fuzz-build "* ]]; then
+  beside fuzz bash scripts/fuzz.sh 60
+fi
+if [[ " ${failed[*]} " != *" cuda-build "* ]]; then
+  timed "the CUDA build's checks and tests" bash scripts/cuda-build.sh --check-only ||
+    failed+=(cuda-build)
+fi
+if [ -n "${running[fuzz]:-}" ]; then
+  finish fuzz || failed+=(fuzz)
+fi
+if [ ${#failed[@]} -ne 0 ]; then
+  echo "test: FAILED: ${failed[*]}"
+  exit 1
+fi
+echo "test: PASS"
