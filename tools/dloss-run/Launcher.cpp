@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 
@@ -40,6 +41,16 @@ namespace {
 volatile std::sig_atomic_t stopSignal = 0;
 
 extern "C" void onStopSignal(int signal) { stopSignal = signal; }
+
+/// This process's threads (/proc/self/task); 0 where that cannot be read.
+std::size_t threadCount() {
+  std::error_code error;
+  std::size_t count = 0;
+  for (std::filesystem::directory_iterator it("/proc/self/task", error), end;
+       !error && it != end; it.increment(error))
+    ++count;
+  return error ? 0 : count;
+}
 
 } // namespace
 
@@ -63,6 +74,13 @@ int launch(const Options &o, const std::string &planPath) {
     sigaction(signal, &action, nullptr);
   pid_t launcher = getpid();
   std::vector<pid_t> children;
+  // The rule of this file, checked: a rank forked beside another thread
+  // would inherit whatever that thread held (a lock, a pool half-made).
+  if (std::size_t threads = threadCount(); threads > 1)
+    throw Error("dloss-run: " + std::to_string(threads - 1) +
+                    " thread(s) running before the ranks are forked",
+                "This is a bug in dloss-run: please report it with the "
+                "command line");
   // Nothing buffered before the fork is written again by a rank.
   std::cout.flush();
   std::cerr.flush();
@@ -101,8 +119,14 @@ int launch(const Options &o, const std::string &planPath) {
       } catch (const std::exception &e) {
         std::cerr << "dloss-run: " << e.what() << "\n";
       }
+      // Everything the rank made (its group, its files) is gone once
+      // runRank returns: what std::exit would add is libtorch's teardown
+      // (every operator deregistered, each write a copy of a page shared
+      // with the launcher), about half a rank's CPU time. _exit skips it.
       std::cout.flush();
-      std::exit(code);
+      std::cerr.flush();
+      std::fflush(nullptr);
+      _exit(code);
     }
     children.push_back(pid);
   }
