@@ -9,21 +9,32 @@ BUILD_DIR=${DLOSS_BUILD_DIR:-build}
 # Steps that leave a core idle run beside the others: each in a process group
 # of its own (stopped if this script stops), its output printed when it ends.
 # Each step says how long it took, in seconds of wall clock and of CPU (user +
-# sys, its children included).
+# sys, its own processes only: it runs in a shell of its own).
 LOGS=$(mktemp -d "${TMPDIR:-/tmp}/dloss-test.XXXXXX")
 declare -A running=()
 trap 'for pid in "${running[@]}"; do kill -- "-$pid" 2>/dev/null || true; done; rm -rf "$LOGS"' EXIT
 timed() {  # timed NAME COMMAND...: run COMMAND, then say how long it took
-  local name=$1 rc=0 TIMEFORMAT
-  shift
-  TIMEFORMAT="test: $name took %0R s (%0U + %0S CPU-s)"
-  time "$@" || rc=$?
-  return "$rc"
+  (
+    TIMEFORMAT="test: $1 took %0R s (%0U + %0S CPU-s)"
+    shift
+    time "$@"
+  )
 }
-beside() {  # beside NAME COMMAND...: start COMMAND, its output in $LOGS/NAME.log
+beside() {  # beside [--idle] NAME COMMAND...: start COMMAND, its output in $LOGS/NAME.log
+  # --idle: at the lowest priority, so that it takes only the CPU the rest
+  # leaves. setsid starts a session, hence (where the kernel groups sessions,
+  # sched_autogroup) a scheduling group of its own, which the scheduler
+  # shares the CPU with equally whatever its processes' nice: the group's own
+  # nice (/proc/self/autogroup) is set too.
+  local idle=""
+  if [ "$1" = --idle ]; then
+    idle='{ echo 19 > /proc/self/autogroup; } 2> /dev/null || true;'
+    shift
+    set -- "$1" nice -n 19 "${@:2}"
+  fi
   local name=$1
   shift
-  setsid --wait bash -c "$(declare -f timed); timed \"\$@\"" timed "$name" "$@" \
+  setsid --wait bash -c "$idle $(declare -f timed); timed \"\$@\"" timed "$name" "$@" \
     > "$LOGS/$name.log" 2>&1 &
   running[$name]=$!
 }
@@ -51,8 +62,8 @@ finish cuda-venv || true
 # tests leave idle (many wait on peers, timeouts and process start-up) and
 # slow no time-bounded test. Then the CUDA build's tests on the CPU (a second
 # torch) and one minute of fuzzing, beside each other at normal priority.
-beside cuda-compile nice -n 19 bash scripts/cuda-build.sh --build-only
-beside fuzz-build nice -n 19 bash scripts/fuzz.sh --build-only
+beside --idle cuda-compile bash scripts/cuda-build.sh --build-only
+beside --idle fuzz-build bash scripts/fuzz.sh --build-only
 rc=0
 timed ctest ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" || rc=$?
 failed=()
