@@ -34,7 +34,10 @@ that shape.
 
 Writes OUT/gpu_bench.json and OUT/gpu_bench.md (tables and the issue's
 targets: fused step <= 0.7x eager's time; fused loss memory <= 1/20 of
-eager's at B_local 16384; tiles >= 70% of the GEMMs' throughput).
+eager's at B_local 16384; tiles >= 70% of the GEMMs' throughput). Each row
+also records its loss value (the last timed step's), and the fused value of
+every shape must match the eager one on the same inputs (relative 1e-4 in
+f32, 3e-2 in bf16): a mismatch fails the bench, as an error does.
 
 usage: python bench/gpu_bench.py --out DIR [--quick] [--skip-without-cuda]
            [--device cuda|cpu] [--dtypes bf16,f32]
@@ -49,6 +52,7 @@ perf_counter, no memory): a dry run, and it fills the plan cache
 """
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -69,6 +73,12 @@ TIME_TARGET = 0.7
 MEM_TARGET = 1 / 20
 MEM_TARGET_B = 16384
 GEMM_TARGET = 0.7
+# How far the fused loss value may be from the eager one (relative), by dtype.
+# In bf16 (unit round-off 2^-8) each side's logits are rounded, by up to
+# 0.055 at a scale of 14, which moves a log-sum-exp by as much, and each
+# loss value is rounded to bf16 again: about 1.5% at worst (1.1% seen on the
+# CPU at B_local 256).
+VALUE_TOLERANCE = {"bf16": 3e-2, "f32": 1e-4}
 # One GPU's share of a 128k global batch on 8 GPUs, and Inf-CL's figures
 # for it (arXiv 2410.17243, 8 x A800, per GPU).
 SHARE_B_LOCAL, SHARE_WORLD = 16384, 8
@@ -282,13 +292,18 @@ def run_step(clock, fn, leaves, args):
         for t in leaves:
             t.grad = None
 
+    last = []
+
     def step():
         clear()
-        fn(*leaves).backward()
+        value = fn(*leaves)
+        value.backward()
+        last[:] = [value.detach()]
 
     try:
         row = measure(clock, step, args, clear)
         row["status"] = "ok"
+        row["loss_value"] = float(last[0].float().sum())
     except torch.cuda.OutOfMemoryError:
         row = {"status": "OOM"}
     except Exception as e:  # noqa: B902 - the row says why
@@ -384,8 +399,29 @@ def summarise(rows):
             "fused_tflops": None if fm is None else
             flops(b, f.get("b_global", b), loss) / fm / 1e9,
             "fused_ops": f.get("fused_ops"),
+            "fused_value": f.get("loss_value") if ok(f) else None,
+            "eager_value": e.get("loss_value") if ok(e) else None,
         })
     return out
+
+
+def value_checks(summary):
+    """Fused against eager loss values, each PASS / FAIL; and whether any
+    failed."""
+    lines, failed = [], False
+    for s in summary:
+        f, e = s["fused_value"], s["eager_value"]
+        if f is None or e is None:
+            continue
+        tolerance = VALUE_TOLERANCE[s["dtype"]]
+        error = abs(f - e) / max(abs(e), 1e-30)
+        good = math.isfinite(f) and math.isfinite(e) and error <= tolerance
+        failed |= not good
+        lines.append("value %s %s B_local %d: fused %.7g, eager %.7g, "
+                     "relative %.2e (<= %g): %s" % (
+                         s["loss"], s["dtype"], s["b_local"], f, e, error,
+                         tolerance, "PASS" if good else "FAIL"))
+    return lines, failed
 
 
 def verdicts(summary):
@@ -568,14 +604,20 @@ def main():
     for r in failed:
         print("gpu_bench: FAILED: %s %s %s B_local %d: %s" % (
             r["loss"], r["impl"], r["dtype"], r["b_local"], r["status"]))
-    return 1 if failed else 0
+    _, wrong = value_checks(summary)
+    if wrong:
+        print("gpu_bench: FAILED: a fused loss value differs from the eager "
+              "one (the value lines above)")
+    return 1 if failed or wrong else 0
 
 
 def write(args, device, clock, rows):
     """gpu_bench.json and gpu_bench.md of the rows so far; (summary, lines)."""
     import torch
     summary = summarise(rows)
-    lines = {"verdicts": verdicts(summary), "share": share_line(summary)}
+    values, _ = value_checks(summary)
+    lines = {"verdicts": verdicts(summary) + values,
+             "share": share_line(summary)}
     meta = {"device": device,
             "device_name": torch.cuda.get_device_name() if clock.cuda else
             "CPU (%s, a dry run: times from perf_counter, no memory)" %

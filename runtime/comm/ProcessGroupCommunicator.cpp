@@ -522,9 +522,20 @@ void ProcessGroupCommunicator::launchPosted() {
 
 void ProcessGroupCommunicator::checkDevice(const Call &call,
                                            const at::Tensor &tensor) const {
+  std::string cpu = backendFor(*group, c10::DeviceType::CPU);
+  // Staged through the host, a CUDA tensor moves through the group's CPU
+  // backend (stagedOnHost).
+  if (stagedOnHost(tensor) && cpu.empty())
+    throw fail(call,
+               call.name + " got a tensor on " + tensor.device().str() + " " +
+                   where() +
+                   ", but the group's CUDA backend is Gloo and it has no CPU "
+                   "backend: dloss moves such tensors through host memory, "
+                   "with the group's CPU backend",
+               "Create the group with backend=\"cpu:gloo,cuda:gloo\" (or "
+               "\"gloo\"), or use NCCL for CUDA tensors");
   if (!backendFor(*group, tensor.device().type()).empty())
     return;
-  std::string cpu = backendFor(*group, c10::DeviceType::CPU);
   std::string cuda = backendFor(*group, c10::DeviceType::CUDA);
   std::string moves =
       !cpu.empty() && !cuda.empty()
