@@ -2,6 +2,8 @@
 # The whole test suite on a fresh machine: install packages, build, fuzz, compile the CUDA build, run every test (lit + GoogleTest + Python) under ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The machine's own PATH, for the CUDA build's venv (below).
+MACHINE_PATH=$PATH
 # The Python with torch (the active venv, else .venv) first on PATH.
 source scripts/python-env.sh
 BUILD_DIR=${DLOSS_BUILD_DIR:-build}
@@ -47,12 +49,14 @@ finish() {  # finish NAME: wait for NAME and print its output; its exit status
   return "$rc"
 }
 
-timed setup bash scripts/setup.sh
 # The CUDA build's venv (pip unpacking torch's CUDA wheels: one core and the
-# disk) beside the main build (both cores).
-beside cuda-venv bash scripts/cuda-build.sh --venv-only
+# disk) beside the setup (pip filling .venv: the other core), made with the
+# machine's Python, not with .venv's, which setup may be making meanwhile.
+# Where it fails (a fresh machine without python3-venv, say),
+# scripts/cuda-build.sh makes it again below.
+beside cuda-venv env PATH="$MACHINE_PATH" bash scripts/cuda-build.sh --venv-only
+timed setup bash scripts/setup.sh
 timed "the main build" bash scripts/build.sh
-# Where it failed, scripts/cuda-build.sh below says so.
 finish cuda-venv || true
 
 # The tests of the main build (ctest -j2), with the two other builds beside
