@@ -7,6 +7,7 @@
 #include "runtime/comm/Engines.h"
 #include "runtime/comm/RendezvousOptions.h"
 
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -80,7 +81,11 @@ inline int freePort() { return dloss::reserveLoopbackPort(); }
 // Forks one child per entry of `ranks`, runs `body(rank)` in each and reports
 // how they ended; a child that outlives kChildLimit is killed, so a test never
 // hangs. Children leave with _exit: they must not run the parent's gtest
-// teardown or atexit handlers.
+// teardown or atexit handlers. Each child computes on one thread: the
+// ranks share the machine's cores, and an OpenMP team that an earlier test
+// of the same process started does not survive the fork (a child's next
+// parallel GEMM would wait for its threads forever; seen when the whole
+// test program runs in one process).
 inline std::vector<ChildOutcome>
 runChildren(const std::vector<int> &ranks,
             const std::function<void(int)> &body) {
@@ -97,6 +102,7 @@ runChildren(const std::vector<int> &ranks,
     if (pid == 0) {
       int code = 0;
       try {
+        at::set_num_threads(1);
         body(rank);
       } catch (const CheckFailure &e) {
         std::fprintf(stderr, "[child rank %d] check failed: %s\n", rank,
