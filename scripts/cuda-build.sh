@@ -11,7 +11,7 @@
 #
 #   bash scripts/cuda-build.sh      # env: DLOSS_CUDA_TORCH (2.14.1), DLOSS_CUDA_VENV, DLOSS_CUDA_BUILD_DIR
 #   bash scripts/cuda-build.sh --venv-only   # only make that venv (scripts/test.sh
-#                                            # runs it beside the main build)
+#                                            # runs it beside the setup)
 #   bash scripts/cuda-build.sh --build-only  # the venv and the build, not its checks
 #   bash scripts/cuda-build.sh --check-only  # the checks and tests of that build
 #                                            # (scripts/test.sh builds beside the main
