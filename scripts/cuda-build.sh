@@ -19,6 +19,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
+STEP=${1:-all}
+case $STEP in
+  all | --venv-only | --build-only | --check-only) ;;
+  *) echo "cuda-build: unknown argument $STEP (--venv-only, --build-only or --check-only)"; exit 2 ;;
+esac
 
 VERSION=${DLOSS_CUDA_TORCH:-2.14.1}
 VENV=${DLOSS_CUDA_VENV:-$ROOT/.venv-cuda}
@@ -44,11 +49,6 @@ if ! "$VENV/bin/python" -c "import torch; assert torch.__version__.startswith('$
     grep -v "^WARNING: Location" || true
 fi
 "$VENV/bin/python" -c "import torch; print('cuda-build: torch', torch.__version__, 'CUDA', torch.version.cuda)"
-STEP=${1:-all}
-case $STEP in
-  all | --venv-only | --build-only | --check-only) ;;
-  *) echo "cuda-build: unknown argument $STEP (--venv-only, --build-only or --check-only)"; exit 2 ;;
-esac
 [ "$STEP" != --venv-only ] || exit 0
 
 DLOSS_CUDA_TAG=cuda-build
