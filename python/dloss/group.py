@@ -30,6 +30,9 @@ _lock = threading.Lock()
 # One communicator per group, so that every dloss call on a group shares one
 # sequence of numbered collectives.
 _communicators = {}
+# The communicator of a process with no group (see runs_alone): one, so
+# that its collectives share one numbering too.
+_alone = {"comm": None}
 _settings = {"timeout": None, "flight_dir": None}
 # Whether the exit hooks are installed, and whether this process has
 # recorded its exit.
@@ -99,9 +102,30 @@ def _store_of(group):
     return entry[1] if entry else None
 
 
+def runs_alone(group=None):
+    """Whether a call on `group` runs as one process: no group given and no
+    default group (torch.distributed not initialised, or not built into
+    this torch). A one-GPU run, a notebook or a unit test then gets the
+    loss of its own batch, as the original library computes it. Decided at
+    every call, so a loss made before ``init_process_group`` runs on the
+    group once it exists."""
+    if not dist.is_available():
+        return True
+    if group is not None and group is not dist.group.WORLD:
+        return False
+    return not dist.is_initialized()
+
+
 def communicator(group=None):
     """The dloss communicator of `group` (default: the default group),
-    made on first use and kept for the group's lifetime."""
+    made on first use and kept for the group's lifetime; with no group at
+    all (`runs_alone`), the world of one, whose collectives are the
+    identity."""
+    if runs_alone(group):
+        with _lock:
+            if _alone["comm"] is None:
+                _alone["comm"] = _C.single_process_communicator()
+            return _alone["comm"]
     group = _require_group(group)
     with _lock:
         entry = _communicators.get(id(group))

@@ -84,7 +84,13 @@ def _scalar(value, like, name):
 
 
 def _say_exact(name, inexact):
+    """Says, on rank 0 only, that the OpenCLIP flags which choose its
+    exchange are not needed: a warning for each loss made with flags that
+    would make OpenCLIP inexact, else a debug line once per process."""
     global _said_exact
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_rank():
+        return
     if inexact:
         log.warning(
             "dloss.%s: %s; dloss always computes the exact gradient of the "
@@ -92,10 +98,10 @@ def _say_exact(name, inexact):
             "gather_with_grad=True), whatever these are set to", name,
             ", ".join(inexact))
     elif not _said_exact:
-        log.info("dloss.%s: exact gradients of the global-batch loss on any "
-                 "number of ranks (OpenCLIP's local_loss, gather_with_grad, "
-                 "cache_labels, rank and world_size are not needed)", name)
-    _said_exact = True
+        log.debug("dloss.%s: exact gradients of the global-batch loss on any "
+                  "number of ranks (OpenCLIP's local_loss, gather_with_grad, "
+                  "cache_labels, rank and world_size are not needed)", name)
+        _said_exact = True
 
 
 class ClipLoss(_GraphLoss):
@@ -641,6 +647,7 @@ class PartialFC(_GraphLoss):
         self.sample_rate, self.fp16 = sample_rate, fp16
         comm = communicator(group)
         rank, world = comm.rank, comm.world_size
+        self._shard = (rank, world)
         if self.num_classes < world:
             raise make_error(
                 "PartialFC shards %d classes over %d ranks: some rank would "
@@ -661,6 +668,17 @@ class PartialFC(_GraphLoss):
 
     def forward(self, local_embeddings, local_labels):
         """The mean margin-softmax loss over the global batch."""
+        comm = communicator(self._group)
+        if (comm.rank, comm.world_size) != self._shard:
+            raise make_error(
+                "dloss.PartialFC was made as rank %d of %d (it holds classes "
+                "%d to %d) and now runs as rank %d of %d" % (
+                    self._shard + (self.class_start, self.class_start +
+                                   self.num_local - 1, comm.rank,
+                                   comm.world_size)),
+                "Make the PartialFC after torch.distributed."
+                "init_process_group: its weight is this rank's block of the "
+                "classes")
         labels = _labels(local_labels)
         if isinstance(labels, torch.Tensor) and labels.dim() == 2 and \
                 labels.shape[1] == 1:

@@ -42,7 +42,7 @@ class RankFailure(Exception):
 
 
 def _rank_main(fn, rank, world, port, args, queue, done, dloss_timeout,
-               backend, environ):
+               backend, environ, init):
     # The caller's environment as it is now (a test may have just set
     # DLOSS_GUARD), not the fork server's.
     os.environ.clear()
@@ -54,7 +54,10 @@ def _rank_main(fn, rank, world, port, args, queue, done, dloss_timeout,
     start = time.monotonic()
     try:
         import dloss
-        dloss.init(backend=backend, timeout=dloss_timeout)
+        if init:
+            dloss.init(backend=backend, timeout=dloss_timeout)
+        else:
+            dloss.set_timeout(dloss_timeout)
         result = fn(rank, world, *args)
         queue.put((rank, "ok", result, time.monotonic() - start))
     except BaseException as e:  # noqa: B902 - everything goes back
@@ -77,10 +80,11 @@ def _rank_main(fn, rank, world, port, args, queue, done, dloss_timeout,
 
 
 def run(world, fn, *args, timeout=120, dloss_timeout=60.0, backend="gloo",
-        expect_errors=False):
+        expect_errors=False, init=True):
     """Runs fn on `world` ranks. Returns a list of per-rank results, or,
     with expect_errors, a list of per-rank ("ok", result, seconds) or
-    ("error", (type, message, trace, is_dloss_error), seconds)."""
+    ("error", (type, message, trace, is_dloss_error), seconds). With
+    init=False the ranks start with no group: fn calls dloss.init()."""
     # A fork server with torch imported once: a rank starts in about 0.06 s
     # of CPU, where a spawned one (a fresh interpreter importing torch) takes
     # 1.2 s. Each rank imports dloss itself (its import reads DLOSS_GUARD).
@@ -91,7 +95,7 @@ def run(world, fn, *args, timeout=120, dloss_timeout=60.0, backend="gloo",
     port = free_port()
     procs = [ctx.Process(target=_rank_main,
                          args=(fn, r, world, port, args, queue, done, dloss_timeout,
-                               backend, dict(os.environ)))
+                               backend, dict(os.environ), init))
              for r in range(world)]
     for p in procs:
         p.start()

@@ -282,17 +282,25 @@ class InitTest(unittest.TestCase):
         self.assertIn("ERROR", out)
         self.assertIn("not MASTER_ADDR, MASTER_PORT", out)
 
-    def test_no_group(self):
+    def test_no_group_is_one_process(self):
+        # A fresh interpreter that never initialises torch.distributed (a
+        # notebook): the drop-in gives the loss of its own batch.
         code = ("import dloss, torch\n"
-                "try:\n"
-                "    dloss.ClipLoss()(torch.zeros(2, 3), torch.zeros(2, 3), "
-                "1.0)\n"
-                "except dloss.Error as e:\n"
-                "    print('ERROR', e)\n")
+                "import torch.nn.functional as F\n"
+                "torch.manual_seed(0)\n"
+                "x, y = torch.randn(3, 4), torch.randn(3, 4)\n"
+                "got = dloss.ClipLoss()(x, y, 2.0)\n"
+                "z, t = 2.0 * x @ y.T, torch.arange(3)\n"
+                "want = (F.cross_entropy(z, t) + F.cross_entropy(z.T, t)) / 2\n"
+                "print('LOSS', got.item(), want.item(),\n"
+                "      torch.distributed.is_initialized())\n")
         out = subprocess.run([sys.executable, "-c", code],
                              capture_output=True, text=True, timeout=120)
-        self.assertIn("no torch.distributed process group is initialised",
-                      out.stdout + out.stderr)
+        lines = [l for l in out.stdout.splitlines() if l.startswith("LOSS")]
+        self.assertEqual(len(lines), 1, out.stdout + out.stderr)
+        got, want, initialised = lines[0].split()[1:]
+        self.assertAlmostEqual(float(got), float(want), places=5)
+        self.assertEqual(initialised, "False")
 
 
 if __name__ == "__main__":
