@@ -4,8 +4,9 @@
 # and the runtime tests, CUDA tiles and the c10d group's NCCL backend included, against
 # the CUDA torch (torch 2.14.1, CUDA 13) and the cuBLAS of its nvidia wheels, so
 # that every DLOSS_TORCH_HAS_CUDA branch compiles and links as users build it;
-# then the runtime's tests run against that torch on the CPU (a second torch).
-# Runs where that torch lies on this machine's disk (pip takes it from there in
+# then the runtime's tests run against that torch on the CPU (a second torch),
+# and OpenCLIP's own trainer with dloss's losses (test/open_clip_train/: its
+# torchvision pairs with this torch only). Runs where that torch lies on this machine's disk (pip takes it from there in
 # about a minute); elsewhere it says in one line that it skipped and why: its
 # download (several GB) would be too slow. scripts/test.sh calls it.
 #
@@ -29,7 +30,7 @@ VERSION=${DLOSS_CUDA_TORCH:-2.14.1}
 VENV=${DLOSS_CUDA_VENV:-$ROOT/.venv-cuda}
 BUILD_DIR=${DLOSS_CUDA_BUILD_DIR:-$ROOT/build-cuda}
 
-skip() { echo "cuda-build: SKIPPED: $*"; exit 0; }
+skip() { echo "cuda-build: SKIPPED (the CUDA build, and OpenCLIP's trainer test in its venv): $*"; exit 0; }
 
 # pip's local sources (find-links folders and file:// indexes) that hold the wheel.
 local_wheel() {
@@ -49,6 +50,23 @@ if ! "$VENV/bin/python" -c "import torch; assert torch.__version__.startswith('$
     grep -v "^WARNING: Location" || true
 fi
 "$VENV/bin/python" -c "import torch; print('cuda-build: torch', torch.__version__, 'CUDA', torch.version.cuda)"
+# OpenCLIP's trainer and what it imports (torchvision pairs with this torch,
+# not with the main venv's CPU torch), for the trainer test below: pip runs
+# only where a pinned version is missing.
+TRAINER_REQUIREMENTS=$ROOT/test/requirements-open-clip-train.txt
+if ! "$VENV/bin/python" - "$TRAINER_REQUIREMENTS" 2>/dev/null <<'PY'
+import importlib.metadata as m, sys
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if "==" in line:
+        name, version = line.split("==")
+        assert m.version(name.split("[")[0]) == version, name
+PY
+then
+  echo "cuda-build: pip install -r $TRAINER_REQUIREMENTS"
+  "$VENV/bin/python" -m pip install --progress-bar off -q -r "$TRAINER_REQUIREMENTS" 2>&1 |
+    grep -v "^WARNING: Location" || true
+fi
 [ "$STEP" != --venv-only ] || exit 0
 
 DLOSS_CUDA_TAG=cuda-build
@@ -100,6 +118,21 @@ ctest --test-dir "$BUILD_DIR" -j "$(nproc)" --timeout 300 --output-on-failure "$
   > "$BUILD_DIR/ctest.log" 2>&1 ||
   { tail -40 "$BUILD_DIR/ctest.log"; echo "cuda-build: FAILED: the runtime's tests against torch $VERSION"; exit 1; }
 grep "tests passed" "$BUILD_DIR/ctest.log"
+
+# OpenCLIP's own trainer, unchanged, with dloss's losses against OpenCLIP's
+# (test/open_clip_train/): torchrun on 2 CPU ranks in this venv, plans
+# compiled by the main build's compiler.
+if [ -f "$COMPILER_LIB" ]; then
+  log=$BUILD_DIR/open-clip-train.log
+  DLOSS_CACHE_DIR=$BUILD_DIR/plan-cache DLOSS_COMPILER_LIBRARY=$COMPILER_LIB \
+    PYTHONPATH="$BUILD_DIR/python:$ROOT/test/open_clip_train" \
+    "$VENV/bin/python" -m unittest -v test_trainer > "$log" 2>&1 ||
+    { tail -80 "$log"; echo "cuda-build: FAILED: OpenCLIP's trainer with dloss's losses (log: $log)"; exit 1; }
+  grep "^METRIC" "$log" | sed "s/^/cuda-build: /"
+  echo "cuda-build: OpenCLIP's trainer with dloss's losses: $(grep -E '^Ran [0-9]+ tests' "$log"), $(tail -1 "$log")"
+else
+  echo "cuda-build: no $COMPILER_LIB (the main build's): OpenCLIP's trainer test is skipped"
+fi
 if [ "$gpus" != 0 ]; then
   echo "cuda-build: PASS: built against torch $VERSION's CUDA libraries; import dloss and its runtime tests pass ($gpus GPUs)"
   exit 0
