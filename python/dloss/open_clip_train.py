@@ -177,4 +177,9 @@ def main(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
+    from .errors import Error
+    try:
+        _trainer()  # a trainer that is missing or differs: its message alone
+    except Error as e:
+        sys.exit(str(e))
     main()
