@@ -13,6 +13,10 @@ by row or by loss), each with its baseline, the original:
                            gather_with_grad=True, rank, world_size)
                            (the baseline)
           dloss-clip       dloss.ClipLoss()
+          dloss-clip-compiled
+                           dloss.ClipLoss() called in a function compiled
+                           with torch.compile(fullgraph=True) (Inductor; the
+                           compile falls in the warm-up calls)
           cpp-jit          build/bin/dloss-bench-jit-clip --world N: the same
                            loss through dloss::jit from C++ (its own Gloo
                            group), the reference of the Python overhead
@@ -64,7 +68,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # loss -> (baseline row, the other rows).
 LOSSES = collections.OrderedDict([
-    ("clip", ("openclip-clip", ["dloss-clip", "cpp-jit"])),
+    ("clip", ("openclip-clip", ["dloss-clip", "dloss-clip-compiled",
+                                "cpp-jit"])),
     ("siglip", ("openclip-siglip", ["dloss-siglip"])),
     ("ntxent", ("pml-ntxent", ["dloss-ntxent"])),
     ("supcon", ("pml-supcon", ["dloss-supcon"])),
@@ -173,7 +178,11 @@ def make_inputs(loss, rank, b_local, dim):
 def make_call(row, rank, world, tensors, labels):
     """(call, how to turn the rank's value into the global loss)."""
     import dloss
-    if row.startswith("dloss-"):
+    if row == "dloss-clip-compiled":
+        import torch
+        clip = dloss.ClipLoss()
+        fn = torch.compile(lambda *args: clip(*args), fullgraph=True)
+    elif row.startswith("dloss-"):
         fn = {"dloss-clip": dloss.ClipLoss, "dloss-siglip": dloss.SigLipLoss,
               "dloss-ntxent": dloss.NTXentLoss,
               "dloss-supcon": dloss.SupConLoss}[row]()
@@ -436,6 +445,14 @@ def main():
             print("B_local %d: Python overhead over the C++ JIT "
                   "(dloss-clip / cpp-jit - 1) %+.1f%%" % (
                       b_local, 100 * overhead), flush=True)
+        if all(results.get(k, {}).get("status") == "ran"
+               for k in ("dloss-clip", "dloss-clip-compiled")):
+            print("B_local %d: the compiled step over the eager one "
+                  "(dloss-clip-compiled / dloss-clip - 1) %+.1f%%" % (
+                      b_local, 100 * (
+                          results["dloss-clip-compiled"]["median_ms"] /
+                          results["dloss-clip"]["median_ms"] - 1)),
+                  flush=True)
     print("\n%-15s %7s %-9s %10s %11s %8s %8s  %s" % (
         "impl", "B_local", "status", "median_ms", "loss_mem_mb", "time_x",
         "mem_x", "note"))

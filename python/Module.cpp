@@ -643,6 +643,13 @@ void bindJit(py::module_ &m) {
            py::arg("plan"), py::arg("communicator"), py::arg("entry") = "")
       .def("__call__", &CompiledLoss::operator(), py::arg("inputs"),
            GilRelease())
+      .def("run", &CompiledLoss::run, py::arg("inputs"),
+           py::arg("requires_grad"), GilRelease(),
+           "The call without autograd: [loss] or, when a flag is true, "
+           "[loss, one gradient per grad_argument_indices entry].")
+      .def_property_readonly("grad_argument_indices",
+                             &CompiledLoss::gradArgumentIndices)
+      .def_property_readonly("result_dtypes", &CompiledLoss::resultTypes)
       .def_property_readonly("argument_names", &CompiledLoss::argumentNames)
       .def_property_readonly("loss_name", &CompiledLoss::lossName)
       .def_property_readonly("grad_mode", &CompiledLoss::gradMode);

@@ -2,11 +2,14 @@
 autograd and uneven shapes."""
 
 import zlib
+from typing import List
 
 import torch
+import torch.distributed as dist
 
+from . import _ops
 from .errors import caller_location, make_error
-from .group import communicator
+from .group import communicator, world_size
 
 # The shape exchange: [ndim, dtype, sizes...] padded to a fixed length.
 _MAX_DIMS = 16
@@ -86,6 +89,85 @@ def _exchange_shapes(comm, x, location, op, pad=False):
     return [list(row[2:2 + row[0]]) for row in rows]
 
 
+def _group_name(group):
+    """The name dloss's ops take a group by ("" for the default group or
+    none): a string, which Dynamo keeps as a constant."""
+    if group is None or not dist.is_available() or \
+            not dist.is_initialized() or group is dist.group.WORLD:
+        return ""
+    return group.group_name
+
+
+def _group(name):
+    return dist.distributed_c10d._resolve_process_group(name) if name \
+        else None
+
+
+@torch.library.custom_op("dloss::all_gather", mutates_args=())
+def _all_gather_op(x: torch.Tensor, group: str,
+                   site: str) -> List[torch.Tensor]:
+    """[every rank's x along dim 0, the rows each rank sent (int64)], after
+    checking on every rank that the ranks' tensors agree beyond dim 0."""
+    comm = communicator(_group(group))
+    shapes = _exchange_shapes(comm, x, site, "dloss.all_gather")
+    scalar = x.dim() == 0
+    sizes = [s[0] if s else 1 for s in shapes]
+    gathered = comm.all_gather((x.reshape(1) if scalar else x).contiguous(),
+                               0, sizes, "dloss.all_gather", site)
+    return _ops.fresh([gathered, torch.tensor(sizes, dtype=torch.int64)],
+                      [x])
+
+
+@_all_gather_op.register_fake
+def _all_gather_fake(x, group, site):
+    world = world_size(_group(group))
+    if x.dim() == 0:  # one element per rank
+        return [x.new_empty((world,)), torch.empty(world, dtype=torch.int64)]
+    # The gathered rows are known at run time only (every rank's batch),
+    # and are at least this rank's.
+    rows = torch.library.get_ctx().new_dynamic_size()
+    torch._check(rows >= x.shape[0])
+    return [x.new_empty((rows,) + tuple(x.shape[1:])),
+            torch.empty(world, dtype=torch.int64)]
+
+
+@torch.library.custom_op("dloss::all_gather_backward", mutates_args=())
+def _all_gather_backward_op(grad: torch.Tensor, sizes: torch.Tensor,
+                            rows: int, group: str,
+                            site: str) -> torch.Tensor:
+    """The exact gradient of dloss::all_gather: rank r's input reached every
+    rank's output, so its gradient is the sum over ranks of their
+    cotangents' r-th slice (a reduce-scatter)."""
+    comm = communicator(_group(group))
+    return _ops.fresh([comm.reduce_scatter(
+        grad.contiguous(), "sum", 0, sizes.tolist(),
+        "dloss.all_gather (backward)", site)], [grad])[0]
+
+
+@_all_gather_backward_op.register_fake
+def _all_gather_backward_fake(grad, sizes, rows, group, site):
+    return grad.new_empty((rows,) + tuple(grad.shape[1:]))
+
+
+def _all_gather_setup(ctx, inputs, output):
+    x, ctx.group, ctx.site = inputs
+    ctx.rows = x.shape[0] if x.dim() else 1
+    ctx.scalar = x.dim() == 0
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(output[1])
+
+
+def _all_gather_backward(ctx, grads):
+    sizes, = ctx.saved_tensors
+    grad = _all_gather_backward_op(grads[0], sizes, ctx.rows, ctx.group,
+                                   ctx.site)
+    return (grad.reshape(()) if ctx.scalar else grad), None, None
+
+
+_all_gather_op.register_autograd(_all_gather_backward,
+                                 setup_context=_all_gather_setup)
+
+
 class _AllGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, comm, sizes, location):
@@ -143,8 +225,15 @@ def all_gather(x, group=None):
     all_gather must also run backward through it, as with
     torch.distributed.nn.all_gather.
     """
-    gathered, _, scalar = _gather(x, group, "dloss.all_gather")
-    return gathered
+    if not isinstance(x, torch.Tensor):
+        raise make_error("dloss.all_gather takes a tensor, got %s" %
+                         type(x).__name__, "Pass a torch.Tensor")
+    if x.device.type == "meta":
+        # No op to dispatch to (its meta kernel would be the fake one): the
+        # communicator refuses a tensor with no data, on every rank.
+        return _gather(x, group, "dloss.all_gather")[0]
+    site = _ops.traced_site() if _ops.is_compiling() else caller_location(2)
+    return _all_gather_op(x, _group_name(group), site)[0]
 
 
 def gather_all_tensors(result, group=None):

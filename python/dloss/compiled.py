@@ -5,7 +5,7 @@ graph)."""
 
 import torch
 
-from . import _C
+from . import _C, _ops
 from .errors import Error, caller_location, is_dloss_location, make_error
 from .group import communicator
 
@@ -29,9 +29,15 @@ class CompiledLoss(torch.nn.Module):
         self._entry = entry or ""
         self._group = group
         self._callables = {}
-        self.argument_names = list(self._callable().argument_names)
+        fn = self._callable()
+        self.argument_names = list(fn.argument_names)
+        self._loss_name = fn.loss_name
+        # The name torch.compile's graph calls this loss by (dloss/_ops.py).
+        self._op_key = _ops.register(self)
 
     def _callable(self):
+        """The C++ loss on the group's communicator as it is now (a group
+        made after this module is picked up)."""
         comm = communicator(self._group)
         fn = self._callables.get(id(comm))
         if fn is None:
@@ -39,9 +45,21 @@ class CompiledLoss(torch.nn.Module):
             self._callables[id(comm)] = fn
         return fn
 
+    def _op_target(self, part, inputs):
+        return self
+
+    def _run(self, inputs, requires_grad, site):
+        """dloss::loss's implementation: [loss] or [loss, gradients...],
+        errors located at `site`."""
+        fn = self._callable()
+        try:
+            return fn.run(inputs, requires_grad)
+        except Error as e:
+            raise self._at_call_site(e, fn, site) from None
+
     @property
     def loss_name(self):
-        return self._callable().loss_name
+        return self._loss_name
 
     def plan_text(self):
         """The compiled plan as text, one line per step (as `dlossc
@@ -62,24 +80,37 @@ class CompiledLoss(torch.nn.Module):
         """The global loss of this call's inputs (by position or by name, in
         the loss's argument order: ``argument_names``). An error names the
         user's line that made the call (see _at_call_site)."""
-        fn = self._callable()
-        site = caller_location(2)
-        names = self.argument_names
-        tensors, problem = self._bind(fn, names, args, kwargs)
+        site = _ops.traced_site() if _ops.is_compiling() else \
+            caller_location(2)
+        tensors, problem = self._bind(self._loss_name, self.argument_names,
+                                      args, kwargs)
         if problem is not None:
-            # Every rank makes this call, so its preflight tells the peers:
-            # one input too many is refused on every rank at once, where a
-            # local raise would leave them waiting for the deadline. This
-            # rank then raises its own, more precise, error.
-            try:
-                fn([torch.empty(0)] * (len(names) + 1))
-            except Error as preflight:
-                raise self._at_call_site(problem, fn, site) from preflight
-            raise self._at_call_site(problem, fn, site)
+            self._refuse(problem, site)
+        return call(self._op_key, tensors, site)
+
+    def _refuse(self, problem, site):
+        """Raises `problem`, a mistake in the call's arguments, after
+        telling the peers: every rank makes this call, so its preflight
+        refuses one input too many on every rank at once, where a local
+        raise would leave them waiting for the deadline. This rank then
+        raises its own, more precise, error."""
+        fn = self._callable()
         try:
-            return fn(tensors)
-        except Error as e:
-            raise self._at_call_site(e, fn, site) from None
+            fn([torch.empty(0)] * (len(self.argument_names) + 1))
+        except Error as preflight:
+            raise self._at_call_site(problem, fn, site) from preflight
+        raise self._at_call_site(problem, fn, site)
+
+    def __getstate__(self):
+        # The C++ callables hold a communicator (a group): not picklable, and
+        # made again on first use.
+        state = dict(self.__dict__)
+        state["_callables"] = {}
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._op_key = _ops.register(self)
 
     @staticmethod
     def _at_call_site(error, fn, site):
@@ -95,20 +126,20 @@ class CompiledLoss(torch.nn.Module):
                           error.op or "@" + fn.loss_name, site)
 
     @staticmethod
-    def _bind(fn, names, args, kwargs):
+    def _bind(loss_name, names, args, kwargs):
         """(the inputs in argument order, None) or (None, the call's
         mistake as a dloss.Error)."""
         if len(args) > len(names):
             return None, make_error(
                 "@%s takes %d inputs (%s), got %d" %
-                (fn.loss_name, len(names), ", ".join(names), len(args)),
+                (loss_name, len(names), ", ".join(names), len(args)),
                 "Pass one tensor per input")
         values = list(args) + [None] * (len(names) - len(args))
         for key, value in kwargs.items():
             if key not in names:
                 return None, make_error(
                     "@%s has no input named %r (its inputs: %s)" %
-                    (fn.loss_name, key, ", ".join(names)),
+                    (loss_name, key, ", ".join(names)),
                     "Use one of the input names")
             index = names.index(key)
             if values[index] is not None:
@@ -119,7 +150,7 @@ class CompiledLoss(torch.nn.Module):
         missing = [n for n, v in zip(names, values) if v is None]
         if missing:
             return None, make_error(
-                "@%s is missing input(s) %s" % (fn.loss_name,
+                "@%s is missing input(s) %s" % (loss_name,
                                                 ", ".join(missing)),
                 "Pass every input: %s" % ", ".join(names))
         tensors = []
@@ -132,9 +163,22 @@ class CompiledLoss(torch.nn.Module):
             except (TypeError, ValueError, RuntimeError):
                 return None, make_error(
                     "input %r of @%s is a %s, not a tensor or a number" %
-                    (name, fn.loss_name, type(value).__name__),
+                    (name, loss_name, type(value).__name__),
                     "Pass a torch.Tensor")
         return tensors, None
+
+
+def call(key, tensors, site):
+    """The loss the registered `key` names (dloss/_ops.py) on `tensors`, with
+    autograd: the loss alone, its gradients kept for backward."""
+    grad = torch.is_grad_enabled()
+    requires_grad = [grad and t.requires_grad for t in tensors]
+    if any(t.device.type == "meta" for t in tensors):
+        # The op's meta kernel is its fake one, which would skip the
+        # collectives: the runtime's preflight refuses such a tensor, on
+        # every rank.
+        return _ops.run(key, tensors, requires_grad, site)[0]
+    return torch.ops.dloss.loss(tensors, key, requires_grad, site)[0]
 
 
 def compile_graph(graph, grad_mode=None, fuse=True, entry=None, group=None):

@@ -116,6 +116,14 @@ def runs_alone(group=None):
     return not dist.is_initialized()
 
 
+def world_size(group=None):
+    """The number of ranks a call on `group` runs on (1 with no group), read
+    from torch.distributed, which torch.compile folds to a constant."""
+    if runs_alone(group):
+        return 1
+    return dist.get_world_size(group)
+
+
 def communicator(group=None):
     """The dloss communicator of `group` (default: the default group),
     made on first use and kept for the group's lifetime; with no group at

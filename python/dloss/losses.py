@@ -20,11 +20,12 @@ import sys
 
 import torch
 
-from . import _C
+from . import _C, _ops
 from .compile import compile as compile_loss
-from .errors import make_error
+from .compiled import call
+from .errors import caller_location, make_error
 from .graph import to_dtype
-from .group import communicator
+from .group import communicator, world_size
 
 log = logging.getLogger("dloss")
 _said_exact = False
@@ -44,31 +45,64 @@ class _ScaleGrad(torch.autograd.Function):
 
 
 class _GraphLoss(torch.nn.Module):
-    """Compiles `make_graph(dtype)` once per dtype, for the module's group."""
+    """Compiles its graphs once per (part, dtype), for the module's group,
+    and calls them through dloss's custom op (dloss/_ops.py), so that
+    torch.compile traces its forward into one graph. A part names one of the
+    module's graphs ("": the main one, from `_make_graph`)."""
 
     def __init__(self, group=None, fuse=True):
         super().__init__()
         self._group = group
         self._fuse = fuse
         self._compiled = {}
+        self._op_key = _ops.register(self)
 
     def _make_graph(self, dtype):
         raise NotImplementedError
 
-    def _loss(self, dtype):
-        fn = self._compiled.get(dtype)
+    def _graph(self, part, dtype):
+        """The dloss._C.Graph of `part` for `dtype` (a dloss._C.DType)."""
+        return self._make_graph(dtype)
+
+    def _loss(self, dtype, part=""):
+        """The dloss.CompiledLoss of `part` for inputs of `dtype`, compiled
+        on first use."""
+        key = (part, dtype)
+        fn = self._compiled.get(key)
         if fn is None:
-            fn = compile_loss(self._make_graph(to_dtype(dtype)),
+            fn = compile_loss(self._graph(part, to_dtype(dtype)),
                               fuse=self._fuse, group=self._group)
-            self._compiled[dtype] = fn
+            self._compiled[key] = fn
         return fn
+
+    def _op_target(self, part, inputs):
+        """What dloss::loss runs for this module's key (dloss/_ops.py): the
+        plan of `part` for the first input's dtype."""
+        return self._loss(inputs[0].dtype, part)
+
+    def _call(self, part, *tensors):
+        """The global loss of `part` on `tensors` (its graph's inputs, the
+        first of the plan's dtype), with autograd; errors name the user's
+        line."""
+        site = _ops.traced_site() if _ops.is_compiling() else \
+            caller_location(2)
+        return call(self._op_key + "/" + part, list(tensors), site)
 
     def _ddp_features(self, features):
         """`features` whose gradient is N times the global-mode one: the
         loss is compiled in global mode for the parameters it owns (dF/dW on
         every rank), and features follow the ddp contract (N * dF/dx_r)."""
-        world = communicator(self._group).world_size
-        return _ScaleGrad.apply(features, float(world))
+        return _ScaleGrad.apply(features, float(world_size(self._group)))
+
+    def __getstate__(self):
+        # Compiled plans hold the group: made again on first use.
+        state = dict(self.__dict__)
+        state["_compiled"] = {}
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._op_key = _ops.register(self)
 
 
 def _scalar(value, like, name):
@@ -152,8 +186,7 @@ class ClipLoss(_GraphLoss):
         logit alike, which leaves softmax cross-entropy unchanged: it gets a
         zero gradient."""
         scale = _scalar(logit_scale, image_features, "logit_scale")
-        loss = self._loss(image_features.dtype)(image_features, text_features,
-                                                scale)
+        loss = self._call("", image_features, text_features, scale)
         if logit_bias is not None and isinstance(logit_bias, torch.Tensor):
             loss = loss + 0.0 * logit_bias.sum().to(loss.dtype)
         return {"contrastive_loss": loss} if output_dict else loss
@@ -221,8 +254,8 @@ class SigLipLoss(_GraphLoss):
         scale = _scalar(logit_scale, image_features, "logit_scale")
         bias = _scalar(logit_bias, image_features, "logit_bias")
         # The fused kernel takes the log-temperature: log(exp(t)) = t.
-        loss = self._loss(image_features.dtype)(image_features, text_features,
-                                                torch.log(scale), bias)
+        loss = self._call("", image_features, text_features,
+                          torch.log(scale), bias)
         return {"contrastive_loss": loss} if output_dict else loss
 
 
@@ -314,14 +347,10 @@ class DistillClipLoss(ClipLoss):
     does).
     """
 
-    def _distill_loss(self, dtype, teacher_grad):
-        key = ("distill", dtype, teacher_grad)
-        fn = self._compiled.get(key)
-        if fn is None:
-            fn = compile_loss(_distill_graph(to_dtype(dtype), teacher_grad),
-                              fuse=self._fuse, group=self._group)
-            self._compiled[key] = fn
-        return fn
+    def _graph(self, part, dtype):
+        if part.startswith("distill"):
+            return _distill_graph(dtype, part == "distill-teacher")
+        return super()._graph(part, dtype)
 
     def forward(self, image_features, text_features, logit_scale,
                 dist_image_features, dist_text_features, dist_logit_scale,
@@ -336,10 +365,10 @@ class DistillClipLoss(ClipLoss):
                           "dist_logit_scale")
         teacher_grad = any(isinstance(t, torch.Tensor) and t.requires_grad
                            for t in teacher + [t_scale])
-        contrastive = self._loss(dtype)(image_features, text_features, scale)
-        distill = self._distill_loss(dtype, teacher_grad)(
-            image_features, text_features, scale, teacher[0], teacher[1],
-            t_scale)
+        contrastive = self._call("", image_features, text_features, scale)
+        distill = self._call("distill-teacher" if teacher_grad else "distill",
+                             image_features, text_features, scale, teacher[0],
+                             teacher[1], t_scale)
         if output_dict:
             return {"contrastive_loss": contrastive, "distill_loss": distill}
         return contrastive, distill
@@ -382,14 +411,10 @@ class CoCaLoss(ClipLoss):
         self.caption_loss_weight = caption_loss_weight
         self.pad_id = pad_id
 
-    def _caption_loss(self, dtype):
-        key = ("caption", dtype)
-        fn = self._compiled.get(key)
-        if fn is None:
-            fn = compile_loss(_caption_graph(to_dtype(dtype)),
-                              fuse=self._fuse, group=self._group)
-            self._compiled[key] = fn
-        return fn
+    def _graph(self, part, dtype):
+        if part == "caption":
+            return _caption_graph(dtype)
+        return super()._graph(part, dtype)
 
     def forward(self, image_features, text_features, logits, labels,
                 logit_scale, output_dict=False):
@@ -417,8 +442,8 @@ class CoCaLoss(ClipLoss):
         # A pad's label may be outside the vocabulary (-100): any valid
         # class will do, its term is multiplied by 0.
         tokens = torch.where(keep, tokens, torch.zeros_like(tokens))
-        caption_loss = self.caption_loss_weight * self._caption_loss(
-            rows.dtype)(rows, tokens, keep.to(rows.dtype))
+        caption_loss = self.caption_loss_weight * self._call(
+            "caption", rows, tokens, keep.to(rows.dtype))
         if output_dict:
             return {"contrastive_loss": clip_loss,
                     "caption_loss": caption_loss}
@@ -479,8 +504,8 @@ class _MarginLoss(_GraphLoss):
                 "every rank's embeddings")
         labels = _labels(labels)
         weights = self.W.t().contiguous().to(embeddings.dtype)
-        return self._loss(embeddings.dtype)(self._ddp_features(embeddings),
-                                            labels, weights)
+        return self._call("", self._ddp_features(embeddings), labels,
+                          weights)
 
 
 def _labels(labels):
@@ -666,8 +691,7 @@ class PartialFC(_GraphLoss):
                                self._m, dtype, _C.GradMode.global_, True,
                                False)
 
-    def forward(self, local_embeddings, local_labels):
-        """The mean margin-softmax loss over the global batch."""
+    def _op_target(self, part, inputs):
         comm = communicator(self._group)
         if (comm.rank, comm.world_size) != self._shard:
             raise make_error(
@@ -679,10 +703,14 @@ class PartialFC(_GraphLoss):
                 "Make the PartialFC after torch.distributed."
                 "init_process_group: its weight is this rank's block of the "
                 "classes")
+        return super()._op_target(part, inputs)
+
+    def forward(self, local_embeddings, local_labels):
+        """The mean margin-softmax loss over the global batch."""
         labels = _labels(local_labels)
         if isinstance(labels, torch.Tensor) and labels.dim() == 2 and \
                 labels.shape[1] == 1:
             labels = labels.reshape(-1)
         weight = self.weight.to(local_embeddings.dtype)
-        return self._loss(local_embeddings.dtype)(
-            self._ddp_features(local_embeddings), labels, weight)
+        return self._call("", self._ddp_features(local_embeddings), labels,
+                          weight)

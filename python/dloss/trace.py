@@ -50,8 +50,9 @@ import torch
 from ._trace import (FLOAT_DTYPES, all_gather, all_reduce, broadcast, fail,
                      global_size, rank, reduce_scatter, ring_shift,
                      shard_offset, trace_graph, world_size)
-from .compiled import compile_graph
-from .errors import make_error
+from . import _ops
+from .compiled import call, compile_graph
+from .errors import caller_location, make_error
 
 __all__ = ["Input", "Loss", "Replicated", "all_gather", "all_reduce",
            "broadcast", "global_size", "loss", "rank", "reduce_scatter",
@@ -129,6 +130,25 @@ def _describe(fn, name, tensor, loc):
 # The callable.
 # ---------------------------------------------------------------------------
 
+# "<key>/<part>" -> the call signature it stands for: per argument, (name,
+# True, dtype, dims, sizes after the first) for a tensor, (name, False, type
+# name, value) for a constant.
+_PARTS = {}
+_PART_OF = {}
+
+
+@torch._dynamo.assume_constant_result
+def _part(key, spec):
+    """The part of `key` that names the call signature `spec` (made on
+    first use). Under torch.compile it runs while Dynamo traces, and its
+    result is a constant of the graph."""
+    part = _PART_OF.get((key, spec))
+    if part is None:
+        part = str(len(_PART_OF))
+        _PART_OF[(key, spec)] = part
+        _PARTS[key + "/" + part] = spec
+    return part
+
 class Loss:
     """A loss written in PyTorch, compiled by dloss (see @dloss.loss). Call
     it with the function's arguments on every rank; it returns the global
@@ -143,8 +163,23 @@ class Loss:
         self.fn, self.grad_mode, self.fuse, self.group = \
             fn, grad_mode, fuse, group
         self.name = name or fn.__name__
-        self.params = list(inspect.signature(fn).parameters)
+        signature = inspect.signature(fn)
+        self.params = list(signature.parameters)
+        self._positional = [
+            name for name, p in signature.parameters.items()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        self._defaults = {
+            name: p.default for name, p in signature.parameters.items()
+            if p.default is not p.empty}
+        self._simple = all(p.kind in (p.POSITIONAL_ONLY,
+                                      p.POSITIONAL_OR_KEYWORD,
+                                      p.KEYWORD_ONLY)
+                           for p in signature.parameters.values())
         self._compiled = {}
+        # The name dloss::loss calls this function by (dloss/_ops.py), and
+        # the signatures its parts stand for.
+        self._op_key = _ops.register(self)
+        self._parts = {}
 
     def _signature(self, args, kwargs):
         try:
@@ -197,9 +232,68 @@ class Loss:
         """The compiled plan for these arguments, as text."""
         return self.compiled(*args, **kwargs).plan_text()
 
+    def _values(self, args, kwargs):
+        """The arguments in parameter order, as torch.compile can trace it
+        (inspect.signature's bind cannot be): None when the call does not
+        fit the parameters, which `_signature` then explains."""
+        if not self._simple or len(args) > len(self._positional):
+            return None
+        values = dict(zip(self._positional, args))
+        for name, value in kwargs.items():
+            if name not in self.params or name in values:
+                return None
+            values[name] = value
+        for name in self.params:
+            if name not in values:
+                if name not in self._defaults:
+                    return None
+                values[name] = self._defaults[name]
+        return [values[name] for name in self.params]
+
     def __call__(self, *args, **kwargs):
-        key, tensors, constants, values = self._signature(args, kwargs)
-        return self._compile(key, tensors, constants)(*values)
+        """The global loss: dloss::loss on the tensor arguments, the plan
+        chosen by the call's signature (`_part`), compiled on first use."""
+        values = self._values(args, kwargs)
+        if values is None:
+            self._signature(args, kwargs)  # raises the binding's error
+            raise make_error("@%s: the arguments do not fit its parameters" %
+                             self.name, "Pass the function's arguments")
+        tensors, spec = [], []
+        for name, value in zip(self.params, values):
+            if isinstance(value, torch.Tensor):
+                tensors.append(value)
+                spec.append((name, True, value.dtype, value.dim(),
+                             tuple(value.shape[1:])))
+            else:
+                spec.append((name, False, type(value).__name__, value))
+        if not _ops.is_compiling():
+            for entry in spec:
+                if not entry[1]:
+                    try:
+                        hash(entry[3])
+                    except TypeError:
+                        self._signature(args, kwargs)  # raises its error
+        part = _part(self._op_key, tuple(spec))
+        site = _ops.traced_site() if _ops.is_compiling() else \
+            caller_location(2)
+        return call(self._op_key + "/" + part, tensors, site)
+
+    def _op_target(self, part, inputs):
+        """The dloss.CompiledLoss of `part`'s signature for `inputs` (its
+        tensor arguments, in order): traced and compiled on first use."""
+        spec = _PARTS[self._op_key + "/" + part]
+        loc = (self.fn.__code__.co_filename, self.fn.__code__.co_firstlineno)
+        tensors, constants = {}, {}
+        given = iter(inputs)
+        for entry in spec:
+            if entry[1]:
+                tensors[entry[0]] = _describe(self.fn, entry[0], next(given),
+                                              loc)
+            else:
+                constants[entry[0]] = entry[3]
+        key = (tuple(tensors.items()), tuple(sorted(
+            (k, type(v).__name__, v) for k, v in constants.items())))
+        return self._compile(key, tensors, constants)
 
     def __repr__(self):
         return "<dloss.loss %s>" % self.name

@@ -2,6 +2,7 @@
 #include "runtime/autograd/CompiledLoss.h"
 
 #include "runtime/exec/Executor.h"
+#include "runtime/kernels/DTypes.h"
 #include "runtime/support/Error.h"
 
 #include <torch/csrc/autograd/custom_function.h>
@@ -67,22 +68,57 @@ CompiledLoss::~CompiledLoss() = default;
 CompiledLoss::CompiledLoss(CompiledLoss &&) noexcept = default;
 CompiledLoss &CompiledLoss::operator=(CompiledLoss &&) noexcept = default;
 
-at::Tensor CompiledLoss::operator()(const std::vector<at::Tensor> &inputs) {
+std::vector<at::Tensor>
+CompiledLoss::run(const std::vector<at::Tensor> &inputs,
+                  const std::vector<bool> &requiresGrad) {
+  if (requiresGrad.size() != inputs.size())
+    throw Error("CompiledLoss::run got " + std::to_string(inputs.size()) +
+                    " inputs and " + std::to_string(requiresGrad.size()) +
+                    " requires-grad flags",
+                "Pass one flag per input");
   bool wantsGrad = false;
-  for (const at::Tensor &t : inputs)
-    wantsGrad |= t.defined() && t.requires_grad();
-  // The executor gets the caller's tensors, not detached copies, so that its
-  // preflight can reject an input that requires grad but gets no gradient,
-  // on every rank; NoGradGuard keeps autograd out of its steps (autograd
-  // sees one node, below).
+  // The preflight reads each input's requires_grad (an input that requires
+  // grad but gets no gradient is refused on every rank): aliases carry the
+  // caller's flags, which a traced graph's plain tensors do not.
+  std::vector<at::Tensor> flagged(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined())
+      continue;
+    flagged[i] = inputs[i].detach();
+    if (requiresGrad[i] && at::isFloatingType(flagged[i].scalar_type()))
+      flagged[i].requires_grad_(true);
+    wantsGrad |= requiresGrad[i];
+  }
   std::vector<at::Tensor> outputs;
   {
     at::NoGradGuard noGrad;
-    outputs = executor->run(wantsGrad ? grad : loss, inputs);
+    outputs = executor->run(wantsGrad ? grad : loss, flagged);
   }
+  if (!wantsGrad)
+    outputs.resize(1);
   for (at::Tensor &t : outputs)
     if (t.defined())
       t = t.detach();
+  return outputs;
+}
+
+std::vector<at::ScalarType> CompiledLoss::resultTypes() const {
+  PlanEntry chosen = plan->entry(loss, "the loss");
+  std::vector<at::ScalarType> types;
+  if (const auto *results = chosen.grad->result_types())
+    for (const plan::TypeInfo *type : *results)
+      types.push_back(toScalarType(type->dtype()));
+  return types;
+}
+
+at::Tensor CompiledLoss::operator()(const std::vector<at::Tensor> &inputs) {
+  std::vector<bool> requiresGrad(inputs.size());
+  bool wantsGrad = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    requiresGrad[i] = inputs[i].defined() && inputs[i].requires_grad();
+    wantsGrad |= requiresGrad[i];
+  }
+  std::vector<at::Tensor> outputs = run(inputs, requiresGrad);
   if (!wantsGrad)
     return outputs.at(0);
   // Gradients in input order; undefined for inputs without dloss.grad.

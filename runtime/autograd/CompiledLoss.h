@@ -43,6 +43,20 @@ public:
 
   at::Tensor operator()(const std::vector<at::Tensor> &inputs);
 
+  /// The call without autograd, for callers that record it themselves
+  /// (Python's `dloss::loss` op, which torch.compile sees): the loss, then,
+  /// when `requiresGrad` holds a true (one flag per input: whether the
+  /// caller's tensor requires grad, which the preflight checks on every rank
+  /// as for operator()), one gradient per `gradArgumentIndices()` entry, all
+  /// detached.
+  std::vector<at::Tensor> run(const std::vector<at::Tensor> &inputs,
+                              const std::vector<bool> &requiresGrad);
+  /// For each gradient run() returns, the input it belongs to.
+  const std::vector<int> &gradArgumentIndices() const { return gradArguments; }
+  /// The element types of @<loss>_grad's results (the loss, then each
+  /// gradient), as the compiler inferred them.
+  std::vector<at::ScalarType> resultTypes() const;
+
   /// The inputs' names, in call order (from dloss.name / the source).
   const std::vector<std::string> &argumentNames() const { return names; }
   const std::string &lossName() const { return loss; }

@@ -1,0 +1,154 @@
+"""dloss's torch.library custom ops: what torch.compile sees of dloss.
+
+Every compiled loss is called through one op, ``dloss::loss(inputs, key,
+requires_grad, site)``: `key` names the loss in this module's registry (a
+string, so that Dynamo keeps it as a constant), `requires_grad` says which
+inputs require grad (a traced graph's tensors carry no such flag; the
+runtime's preflight refuses, on every rank, an input that requires grad but
+gets no gradient), `site` is the user's ``file:line`` for errors. The op
+runs the plan's @<loss>_grad, every collective included, and returns the
+loss and the gradients; its registered autograd scales the gradients by the
+loss's incoming gradient, so the backward communicates nothing (an op of
+torch's, which AOTAutograd records). The fake implementation takes the
+output dtypes and the gradients' inputs from the plan, compiling it first
+if needed: that runs when Dynamo propagates shapes, never inside the code
+Dynamo traces. Shapes stay symbolic: the loss is 0-d and each gradient has
+its input's shape.
+
+The op is opaque to Inductor, so the collectives inside it keep the plan's
+order. A key is registered by the object that owns the plans
+(`register`): it resolves the key's part and the inputs' dtype to a
+dloss.CompiledLoss (`_op_target`), compiling on first use.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import List
+
+import torch
+
+from .errors import _is_users, make_error
+
+# key -> weak reference to the object that resolves it (a module holding
+# compiled plans); a dead reference means the loss was deleted.
+_TARGETS: dict = {}
+_NUMBERS = itertools.count()
+
+
+def register(owner) -> str:
+    """A new key for `owner`, whose ``_op_target(part, inputs)`` returns
+    the dloss.CompiledLoss for the key's part (the text after "/", which
+    the owner chooses) and these inputs."""
+    key = "%s-%d" % (type(owner).__name__, next(_NUMBERS))
+    _TARGETS[key] = weakref.ref(owner, lambda _: _TARGETS.pop(key, None))
+    return key
+
+
+def _callable(key, inputs):
+    """The C++ loss of `key` for `inputs`, outside any dispatch mode: while
+    torch.compile traces, FakeTensorMode would otherwise catch the tensors
+    that compiling the plan and building its executor make (its constants)
+    and make them fake too."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return _target(key, inputs)._callable()
+
+
+def _target(key, inputs):
+    owner_key, _, part = key.partition("/")
+    reference = _TARGETS.get(owner_key)
+    owner = reference() if reference is not None else None
+    if owner is None:
+        raise make_error(
+            "dloss::loss was called with the key %r, whose loss no longer "
+            "exists in this process" % key,
+            "Keep the loss module alive while its compiled step runs")
+    return owner._op_target(part, inputs)
+
+
+@torch.library.custom_op("dloss::loss", mutates_args=())
+def loss(inputs: List[torch.Tensor], key: str, requires_grad: List[bool],
+         site: str) -> List[torch.Tensor]:
+    """The loss of `key` on `inputs`: [loss], or [loss, gradients...] when
+    an input requires grad (see the module's docstring)."""
+    return fresh(run(key, inputs, requires_grad, site), inputs)
+
+
+def run(key, inputs, requires_grad, site):
+    """dloss::loss's work, without the op around it."""
+    return _target(key, inputs)._run(inputs, requires_grad, site)
+
+
+def fresh(outputs, inputs):
+    """`outputs` as a custom op must return them: none aliasing an input (a
+    world of one's collectives return their input), each contiguous, as the
+    fake implementations say."""
+    storages = {t.untyped_storage().data_ptr() for t in inputs
+                if t.numel()}
+    return [t.clone() if t.numel() and
+            t.untyped_storage().data_ptr() in storages else t.contiguous()
+            for t in outputs]
+
+
+@loss.register_fake
+def _loss_fake(inputs, key, requires_grad, site):
+    fn = _callable(key, inputs)
+    dtypes = fn.result_dtypes
+    device = next((t.device for t in inputs if t.is_floating_point()),
+                  inputs[0].device)
+    outputs = [torch.empty((), dtype=dtypes[0], device=device)]
+    if any(requires_grad):
+        for k, i in enumerate(fn.grad_argument_indices):
+            outputs.append(inputs[i].new_empty(inputs[i].shape,
+                                               dtype=dtypes[1 + k]))
+    return outputs
+
+
+def _loss_setup(ctx, inputs, output):
+    tensors, key, _, _ = inputs
+    ctx.count = len(tensors)
+    ctx.indices = list(_callable(key, tensors).grad_argument_indices)
+    gradients = output[1:]
+    ctx.mark_non_differentiable(*gradients)
+    ctx.save_for_backward(*gradients)
+
+
+def _loss_backward(ctx, grads):
+    scale = grads[0]
+    result = [None] * ctx.count
+    for i, gradient in zip(ctx.indices, ctx.saved_tensors):
+        result[i] = gradient * scale.to(gradient.dtype)
+    return result, None, None, None
+
+
+loss.register_autograd(_loss_backward, setup_context=_loss_setup)
+
+
+def is_compiling() -> bool:
+    """Whether Dynamo is tracing the caller (torch.compile)."""
+    return torch.compiler.is_compiling()
+
+
+@torch._dynamo.assume_constant_result
+def traced_site() -> str:
+    """The user's ``file:line`` of the call Dynamo is tracing: the innermost
+    frame of the traced user stack outside dloss and torch. Called while
+    tracing, its result is a constant of the graph: no frame is inspected
+    when the compiled step runs."""
+    from torch._guards import TracingContext
+
+    context = TracingContext.try_get()
+    if context is None:
+        return ""
+    users = _is_users()
+    for frame in reversed(list(context.extract_stack())):
+        if users(frame.filename):
+            return "%s:%d" % (frame.filename, frame.lineno)
+    return ""
+
+
+__all__ = ["fresh", "is_compiling", "loss", "register", "run",
+           "traced_site"]
