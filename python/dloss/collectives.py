@@ -236,6 +236,10 @@ def all_gather(x, group=None):
     return _all_gather_op(x, _group_name(group), site)[0]
 
 
+@torch.compiler.disable(reason=(
+    "dloss.gather_all_tensors returns one tensor per rank, each of a shape "
+    "known only when it runs, so it is not an op: under torch.compile it "
+    "runs eagerly, breaking the graph (dloss.all_gather is an op)"))
 def gather_all_tensors(result, group=None):
     """TorchMetrics' ``gather_all_tensors``: a list with every rank's
     `result`, one tensor per rank, in rank order. As in TorchMetrics, every

@@ -12,7 +12,8 @@ Every loss is one opaque node (the custom op dloss::loss, dloss/_ops.py):
   process;
 - an error under torch.compile (ranks whose shapes disagree) names the
   user's line of the loss call;
-- dloss.all_gather in a compiled step (fullgraph, no break);
+- dloss.all_gather in a compiled step (fullgraph, no break), and
+  gather_all_tensors, which is not an op, saying why under fullgraph;
 - torch.library.opcheck of dloss::loss and dloss::all_gather.
 """
 
@@ -435,6 +436,25 @@ class CompiledErrors(unittest.TestCase):
             self.assertIsNotNone(text, rank)
             self.assertIn("%s:%d" % (os.path.abspath(__file__), line), text)
             self.assertIn("rank %d" % rank, text)
+
+
+class NotAnOp(unittest.TestCase):
+    def test_gather_all_tensors_says_why(self):
+        # In this process, which has no group: [x].
+        import dloss
+
+        def step(x):
+            return dloss.gather_all_tensors(x * 2)[0] + 1
+        torch._dynamo.reset()
+        self.assertTrue(torch.equal(torch.compile(step, backend=BACKEND)(
+            torch.ones(3)), torch.full((3,), 3.0)))
+        torch._dynamo.reset()
+        with self.assertRaises(torch._dynamo.exc.Unsupported) as caught:
+            torch.compile(step, fullgraph=True, backend=BACKEND)(
+                torch.ones(3))
+        self.assertIn("dloss.gather_all_tensors returns one tensor per rank",
+                      str(caught.exception))
+        torch._dynamo.reset()
 
 
 class OpCheck(unittest.TestCase):
