@@ -46,6 +46,33 @@ def register(owner) -> str:
     return key
 
 
+class Registered:
+    """Base of the objects dloss::loss calls by key (`register`): made, and
+    copied or unpickled, each under a key of its own. Its compiled state
+    (the attributes named in ``_TRANSIENT``: plans hold the group's
+    communicator) is dropped when it is pickled or copied, and made again
+    on first use, so that ``copy.deepcopy`` of a loss that ran works."""
+
+    _TRANSIENT = ()
+
+    def _register(self):
+        self._op_key = register(self)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        for name in self._TRANSIENT:
+            state[name] = {}
+        return state
+
+    def __setstate__(self, state):
+        parent = getattr(super(), "__setstate__", None)
+        if parent is not None:  # torch.nn.Module's
+            parent(state)
+        else:
+            self.__dict__.update(state)
+        self._register()
+
+
 def _callable(key, inputs):
     """The C++ loss of `key` for `inputs`, outside any dispatch mode: while
     torch.compile traces, FakeTensorMode would otherwise catch the tensors
@@ -150,5 +177,5 @@ def traced_site() -> str:
     return ""
 
 
-__all__ = ["fresh", "is_compiling", "loss", "register", "run",
+__all__ = ["Registered", "fresh", "is_compiling", "loss", "register", "run",
            "traced_site"]

@@ -10,7 +10,7 @@ from .errors import Error, caller_location, is_dloss_location, make_error
 from .group import communicator
 
 
-class CompiledLoss(torch.nn.Module):
+class CompiledLoss(_ops.Registered, torch.nn.Module):
     """A compiled loss: call it with the loss's inputs, by position or by
     name, on every rank of the group; it returns the global loss (the same
     value on every rank) with autograd. ``loss.backward()`` gives each
@@ -23,6 +23,9 @@ class CompiledLoss(torch.nn.Module):
     backward() cannot hang its peers.
     """
 
+    # The C++ callables hold a communicator (a group).
+    _TRANSIENT = ("_callables",)
+
     def __init__(self, plan, entry="", group=None):
         super().__init__()
         self._plan = plan
@@ -33,7 +36,7 @@ class CompiledLoss(torch.nn.Module):
         self.argument_names = list(fn.argument_names)
         self._loss_name = fn.loss_name
         # The name torch.compile's graph calls this loss by (dloss/_ops.py).
-        self._op_key = _ops.register(self)
+        self._register()
 
     def _callable(self):
         """The C++ loss on the group's communicator as it is now (a group
@@ -100,17 +103,6 @@ class CompiledLoss(torch.nn.Module):
         except Error as preflight:
             raise self._at_call_site(problem, fn, site) from preflight
         raise self._at_call_site(problem, fn, site)
-
-    def __getstate__(self):
-        # The C++ callables hold a communicator (a group): not picklable, and
-        # made again on first use.
-        state = dict(self.__dict__)
-        state["_callables"] = {}
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._op_key = _ops.register(self)
 
     @staticmethod
     def _at_call_site(error, fn, site):

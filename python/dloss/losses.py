@@ -44,7 +44,7 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.factor, None
 
 
-class _GraphLoss(torch.nn.Module):
+class _GraphLoss(_ops.Registered, torch.nn.Module):
     """Compiles its graphs once per (part, dtype), for the module's group,
     and calls them through dloss's custom op (dloss/_ops.py), so that
     torch.compile traces its forward into one graph. A part names one of the
@@ -55,7 +55,10 @@ class _GraphLoss(torch.nn.Module):
         self._group = group
         self._fuse = fuse
         self._compiled = {}
-        self._op_key = _ops.register(self)
+        self._register()
+
+    # Compiled plans hold the group.
+    _TRANSIENT = ("_compiled",)
 
     def _make_graph(self, dtype):
         raise NotImplementedError
@@ -94,15 +97,6 @@ class _GraphLoss(torch.nn.Module):
         every rank), and features follow the ddp contract (N * dF/dx_r)."""
         return _ScaleGrad.apply(features, float(world_size(self._group)))
 
-    def __getstate__(self):
-        # Compiled plans hold the group: made again on first use.
-        state = dict(self.__dict__)
-        state["_compiled"] = {}
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._op_key = _ops.register(self)
 
 
 def _scalar(value, like, name):

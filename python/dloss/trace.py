@@ -149,10 +149,13 @@ def _part(key, spec):
         _PARTS[key + "/" + part] = spec
     return part
 
-class Loss:
+class Loss(_ops.Registered):
     """A loss written in PyTorch, compiled by dloss (see @dloss.loss). Call
     it with the function's arguments on every rank; it returns the global
     loss with autograd."""
+
+    # Compiled plans hold the group.
+    _TRANSIENT = ("_compiled",)
 
     def __init__(self, fn, grad_mode="ddp", fuse=True, group=None,
                  name=None):
@@ -176,10 +179,8 @@ class Loss:
                                       p.KEYWORD_ONLY)
                            for p in signature.parameters.values())
         self._compiled = {}
-        # The name dloss::loss calls this function by (dloss/_ops.py), and
-        # the signatures its parts stand for.
-        self._op_key = _ops.register(self)
-        self._parts = {}
+        # The name dloss::loss calls this function by (dloss/_ops.py).
+        self._register()
 
     def _signature(self, args, kwargs):
         try:

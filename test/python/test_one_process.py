@@ -175,6 +175,24 @@ class OneProcess(unittest.TestCase):
                              lambda e, w: reference_loss(kind, e, labels, w),
                              (emb, weight))
 
+    def test_copies_of_a_loss_that_ran(self):
+        # Compiled state is dropped on copy and made again; each copy is
+        # called by a key of its own (dloss/_ops.py).
+        import copy
+        dloss = self.dloss
+        x, y = torch.randn(4, 3), torch.randn(4, 3)
+        labels = torch.tensor([0, 1, 0, 1])
+        for loss, args in ((dloss.ClipLoss(), (x, y, 5.0)),
+                           (dloss.NTXentLoss(), (x, labels)),
+                           (dloss.ArcFaceLoss(2, 3), (x, labels))):
+            first = loss(*args)
+            twin = copy.deepcopy(loss)
+            keys = [getattr(m, "_op_key", None) or m._fn._op_key
+                    for m in (loss, twin)]
+            self.assertNotEqual(keys[0], keys[1])
+            self.assertTrue(torch.equal(twin(*args), first))
+            self.assertTrue(torch.equal(loss(*args), first))
+
     def test_gathers_are_the_identity(self):
         dloss = self.dloss
         x = torch.randn(3, 4, requires_grad=True)
