@@ -29,7 +29,7 @@ from typing import List
 
 import torch
 
-from .errors import _is_users, make_error
+from .errors import Error, _is_users, caller_location, make_error
 
 # key -> weak reference to the object that resolves it (a module holding
 # compiled plans); a dead reference means the loss was deleted.
@@ -105,8 +105,15 @@ def loss(inputs: List[torch.Tensor], key: str, requires_grad: List[bool],
 
 
 def run(key, inputs, requires_grad, site):
-    """dloss::loss's work, without the op around it."""
-    return _target(key, inputs)._run(inputs, requires_grad, site)
+    """dloss::loss's work, without the op around it; an error in finding
+    the loss's plan (PartialFC's shard) is located at the user's `site`."""
+    try:
+        target = _target(key, inputs)
+    except Error as e:
+        if e.location or not site:
+            raise
+        raise make_error(e.problem, e.hint, e.rank, e.op, site) from None
+    return target._run(inputs, requires_grad, site)
 
 
 def fresh(outputs, inputs):
@@ -154,9 +161,13 @@ def _loss_backward(ctx, grads):
 loss.register_autograd(_loss_backward, setup_context=_loss_setup)
 
 
-def is_compiling() -> bool:
-    """Whether Dynamo is tracing the caller (torch.compile)."""
-    return torch.compiler.is_compiling()
+def call_site() -> str:
+    """The user's ``file:line`` of the dloss call being made: while Dynamo
+    traces it, a constant of the graph (`traced_site`); else read from the
+    caller's frames."""
+    if torch.compiler.is_compiling():
+        return traced_site()
+    return caller_location(3)
 
 
 @torch._dynamo.assume_constant_result
@@ -177,5 +188,5 @@ def traced_site() -> str:
     return ""
 
 
-__all__ = ["Registered", "fresh", "is_compiling", "loss", "register", "run",
+__all__ = ["Registered", "call_site", "fresh", "loss", "register", "run",
            "traced_site"]

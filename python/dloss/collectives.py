@@ -112,8 +112,7 @@ def _all_gather_op(x: torch.Tensor, group: str,
     shapes = _exchange_shapes(comm, x, site, "dloss.all_gather")
     scalar = x.dim() == 0
     sizes = [s[0] if s else 1 for s in shapes]
-    gathered = comm.all_gather((x.reshape(1) if scalar else x).contiguous(),
-                               0, sizes, "dloss.all_gather", site)
+    gathered = _gather_rows(comm, x.reshape(1) if scalar else x, sizes, site)
     return _ops.fresh([gathered, torch.tensor(sizes, dtype=torch.int64)],
                       [x])
 
@@ -135,13 +134,10 @@ def _all_gather_fake(x, group, site):
 def _all_gather_backward_op(grad: torch.Tensor, sizes: torch.Tensor,
                             rows: int, group: str,
                             site: str) -> torch.Tensor:
-    """The exact gradient of dloss::all_gather: rank r's input reached every
-    rank's output, so its gradient is the sum over ranks of their
-    cotangents' r-th slice (a reduce-scatter)."""
+    """The exact gradient of dloss::all_gather (`_scatter_rows`)."""
     comm = communicator(_group(group))
-    return _ops.fresh([comm.reduce_scatter(
-        grad.contiguous(), "sum", 0, sizes.tolist(),
-        "dloss.all_gather (backward)", site)], [grad])[0]
+    return _ops.fresh([_scatter_rows(comm, grad, sizes.tolist(), site)],
+                      [grad])[0]
 
 
 @_all_gather_backward_op.register_fake
@@ -168,21 +164,33 @@ _all_gather_op.register_autograd(_all_gather_backward,
                                  setup_context=_all_gather_setup)
 
 
+def _gather_rows(comm, x, sizes, location):
+    """Every rank's rows of `x` (rank r sends sizes[r]), in rank order."""
+    return comm.all_gather(x.contiguous(), 0, sizes, "dloss.all_gather",
+                           location)
+
+
+def _scatter_rows(comm, grad, sizes, location):
+    """The exact gradient of `_gather_rows`: rank r's input reached every
+    rank's output, so its gradient is the sum over ranks of their
+    cotangents' r-th slice (a reduce-scatter)."""
+    return comm.reduce_scatter(grad.contiguous(), "sum", 0, sizes,
+                               "dloss.all_gather (backward)", location)
+
+
 class _AllGather(torch.autograd.Function):
+    """`_gather_rows` with its exact gradient, for gather_all_tensors (not
+    an op: see there)."""
+
     @staticmethod
     def forward(ctx, x, comm, sizes, location):
         ctx.comm, ctx.sizes, ctx.location = comm, sizes, location
-        return comm.all_gather(x.contiguous(), 0, sizes, "dloss.all_gather",
-                               location)
+        return _gather_rows(comm, x, sizes, location)
 
     @staticmethod
     def backward(ctx, grad):
-        # Exact: rank r's input reached every rank's output, so its gradient
-        # is the sum over ranks of their cotangents' r-th slice.
-        out = ctx.comm.reduce_scatter(grad.contiguous(), "sum", 0, ctx.sizes,
-                                      "dloss.all_gather (backward)",
-                                      ctx.location)
-        return out, None, None, None
+        return _scatter_rows(ctx.comm, grad, ctx.sizes, ctx.location), None, \
+            None, None
 
 
 def _gather(x, group, op, pad=False):
@@ -232,8 +240,7 @@ def all_gather(x, group=None):
         # No op to dispatch to (its meta kernel would be the fake one): the
         # communicator refuses a tensor with no data, on every rank.
         return _gather(x, group, "dloss.all_gather")[0]
-    site = _ops.traced_site() if _ops.is_compiling() else caller_location(2)
-    return _all_gather_op(x, _group_name(group), site)[0]
+    return _all_gather_op(x, _group_name(group), _ops.call_site())[0]
 
 
 @torch.compiler.disable(reason=(

@@ -6,7 +6,7 @@ graph)."""
 import torch
 
 from . import _C, _ops
-from .errors import Error, caller_location, is_dloss_location, make_error
+from .errors import Error, is_dloss_location, make_error
 from .group import communicator
 
 
@@ -83,8 +83,7 @@ class CompiledLoss(_ops.Registered, torch.nn.Module):
         """The global loss of this call's inputs (by position or by name, in
         the loss's argument order: ``argument_names``). An error names the
         user's line that made the call (see _at_call_site)."""
-        site = _ops.traced_site() if _ops.is_compiling() else \
-            caller_location(2)
+        site = _ops.call_site()
         tensors, problem = self._bind(self._loss_name, self.argument_names,
                                       args, kwargs)
         if problem is not None:

@@ -23,7 +23,7 @@ import torch
 from . import _C, _ops
 from .compile import compile as compile_loss
 from .compiled import call
-from .errors import caller_location, make_error
+from .errors import make_error
 from .graph import to_dtype
 from .group import communicator, world_size
 
@@ -87,16 +87,14 @@ class _GraphLoss(_ops.Registered, torch.nn.Module):
         """The global loss of `part` on `tensors` (its graph's inputs, the
         first of the plan's dtype), with autograd; errors name the user's
         line."""
-        site = _ops.traced_site() if _ops.is_compiling() else \
-            caller_location(2)
-        return call(self._op_key + "/" + part, list(tensors), site)
+        return call(self._op_key + "/" + part, list(tensors),
+                    _ops.call_site())
 
     def _ddp_features(self, features):
         """`features` whose gradient is N times the global-mode one: the
         loss is compiled in global mode for the parameters it owns (dF/dW on
         every rank), and features follow the ddp contract (N * dF/dx_r)."""
         return _ScaleGrad.apply(features, float(world_size(self._group)))
-
 
 
 def _scalar(value, like, name):

@@ -52,7 +52,7 @@ from ._trace import (FLOAT_DTYPES, all_gather, all_reduce, broadcast, fail,
                      shard_offset, trace_graph, world_size)
 from . import _ops
 from .compiled import call, compile_graph
-from .errors import caller_location, make_error
+from .errors import make_error
 
 __all__ = ["Input", "Loss", "Replicated", "all_gather", "all_reduce",
            "broadcast", "global_size", "loss", "rank", "reduce_scatter",
@@ -148,6 +148,7 @@ def _part(key, spec):
         _PART_OF[(key, spec)] = part
         _PARTS[key + "/" + part] = spec
     return part
+
 
 class Loss(_ops.Registered):
     """A loss written in PyTorch, compiled by dloss (see @dloss.loss). Call
@@ -267,7 +268,7 @@ class Loss(_ops.Registered):
                              tuple(value.shape[1:])))
             else:
                 spec.append((name, False, type(value).__name__, value))
-        if not _ops.is_compiling():
+        if not torch.compiler.is_compiling():
             for entry in spec:
                 if not entry[1]:
                     try:
@@ -275,9 +276,7 @@ class Loss(_ops.Registered):
                     except TypeError:
                         self._signature(args, kwargs)  # raises its error
         part = _part(self._op_key, tuple(spec))
-        site = _ops.traced_site() if _ops.is_compiling() else \
-            caller_location(2)
-        return call(self._op_key + "/" + part, tensors, site)
+        return call(self._op_key + "/" + part, tensors, _ops.call_site())
 
     def _op_target(self, part, inputs):
         """The dloss.CompiledLoss of `part`'s signature for `inputs` (its

@@ -18,7 +18,6 @@ Every loss is one opaque node (the custom op dloss::loss, dloss/_ops.py):
 """
 
 import contextlib
-import io
 import logging
 import os
 import unittest
