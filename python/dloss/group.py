@@ -102,14 +102,28 @@ def _store_of(group):
     return entry[1] if entry else None
 
 
+class _Alone:
+    """The type of ALONE."""
+
+    def __repr__(self):
+        return "dloss.group.ALONE"
+
+
+# As a `group`: this process alone, a world of one, whatever groups exist.
+# For a loss that is per rank by request (sentence-transformers'
+# gather_across_devices=False): each rank gets the loss of its own batch,
+# with no collective.
+ALONE = _Alone()
+
+
 def runs_alone(group=None):
-    """Whether a call on `group` runs as one process: no group given and no
-    default group (torch.distributed not initialised, or not built into
-    this torch). A one-GPU run, a notebook or a unit test then gets the
-    loss of its own batch, as the original library computes it. Decided at
-    every call, so a loss made before ``init_process_group`` runs on the
-    group once it exists."""
-    if not dist.is_available():
+    """Whether a call on `group` runs as one process: `group` is ALONE, or
+    no group is given and there is no default group (torch.distributed not
+    initialised, or not built into this torch). A one-GPU run, a notebook
+    or a unit test then gets the loss of its own batch, as the original
+    library computes it. Decided at every call, so a loss made before
+    ``init_process_group`` runs on the group once it exists."""
+    if group is ALONE or not dist.is_available():
         return True
     if group is not None and group is not dist.group.WORLD:
         return False

@@ -1,0 +1,373 @@
+"""sentence-transformers' in-batch-negative losses as exact, fused
+distributed drop-ins: swap the import, keep the training script.
+
+    from dloss.sentence_transformers import MultipleNegativesRankingLoss
+    loss = MultipleNegativesRankingLoss(model, gather_across_devices=True)
+
+Each class subclasses sentence-transformers' own (same constructor, same
+``forward(sentence_features, labels)``, same config, model card and
+citation); only the loss computed from the embeddings is dloss's:
+
+- ``gather_across_devices=True``: the loss of the global batch (every
+  rank's anchors against every rank's documents), the same value on every
+  rank, exact for batches of any size on each rank (sentence-transformers'
+  gather needs equal batches, hence its forced ``dataloader_drop_last``).
+  Embedding gradients follow the ddp contract: rank r gets N * dF/dx_r, so
+  DDP's average is the single-process gradient of the global batch.
+  Gather, similarity and log-sum-exp run as dloss's ring-tiled fused op for
+  ``cos_sim`` and ``dot_score``: no rank holds a B_local x B_global matrix.
+- ``gather_across_devices=False``: each rank's loss of its own batch, as
+  sentence-transformers computes it, with no collective (DDP then averages
+  the per-rank gradients).
+
+``CachedMultipleNegativesRankingLoss`` keeps sentence-transformers'
+GradCache (embedding in mini-batches without autograd, replaying each
+mini-batch's RNG state for the backward) and runs the loss once over the
+whole batch: one fused call per step, whatever the number of mini-batches.
+What is not supported, and why, is in docs/Migration.md.
+"""
+
+import inspect
+import logging
+import re
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+try:
+    from sentence_transformers.sentence_transformer import losses as _st
+    from sentence_transformers.util import cos_sim, dot_score
+except ImportError as e:
+    raise ImportError(
+        "dloss.sentence_transformers needs sentence-transformers 6 (tested "
+        "with 6.0.1), which is not installed or too old (%s): pip install "
+        "'dloss[sentence-transformers]'" % e) from e
+
+from .collectives import all_gather as _gather
+from .errors import Error, make_error
+from .group import ALONE, communicator, runs_alone
+from .metric_learning import _MASKED
+from .trace import Loss, all_gather, global_size, shard_offset
+
+__all__ = ["CachedMultipleNegativesRankingLoss",
+           "MultipleNegativesRankingLoss",
+           "MultipleNegativesSymmetricRankingLoss"]
+
+log = logging.getLogger("dloss")
+
+_NAME = "st_mnrl_%d_columns"
+
+
+# ---------------------------------------------------------------------------
+# The per-rank program: one per number of document columns.
+# ---------------------------------------------------------------------------
+
+def _mnrl(queries, docs, scale, directions, per_direction, cosine):
+    """sentence-transformers' MNRL over the global batch, as the program
+    one rank runs: this rank's queries (and positives) against every
+    rank's documents. `docs`: the positive column, then the hard
+    negatives'. Each direction is a log-sum-exp over one fused similarity;
+    the positive's logit is a local row-wise dot product."""
+    if cosine:
+        queries = F.normalize(queries, dim=1)
+        docs = [F.normalize(d, dim=1) for d in docs]
+    positives = docs[0]
+    rows = torch.arange(queries.shape[0]) + shard_offset(queries)
+    # Every column of this rank's documents, and the global row of the query
+    # each belongs to (its own positive and hard negatives).
+    local_docs = torch.cat(docs)
+    owners = torch.cat([rows] * len(docs))
+    lse = [torch.logsumexp(scale * (queries @ all_gather(local_docs).T),
+                           dim=1)]
+    if "query_to_query" in directions:
+        cols = torch.arange(global_size(queries))
+        logits = scale * (queries @ all_gather(queries).T)
+        lse.append(torch.logsumexp(
+            logits.masked_fill(rows[:, None] == cols[None, :], _MASKED),
+            dim=1))
+    if "doc_to_query" in directions:
+        lse.append(torch.logsumexp(
+            scale * (positives @ all_gather(queries).T), dim=1))
+    if "doc_to_doc" in directions:
+        logits = scale * (positives @ all_gather(local_docs).T)
+        lse.append(torch.logsumexp(logits.masked_fill(
+            rows[:, None] == all_gather(owners)[None, :], _MASKED), dim=1))
+    if per_direction:
+        log_z = sum(lse) / len(lse)
+    else:
+        # One softmax over every direction's columns: the log-sum-exps
+        # combined pairwise, log(e^z + e^v) = z - log sigmoid(z - v).
+        log_z = lse[0]
+        for v in lse[1:]:
+            log_z = log_z - F.logsigmoid(log_z - v)
+    positive = scale * (queries * positives).sum(dim=1)
+    return (log_z - positive).mean()
+
+
+def _program(columns):
+    """`_mnrl` with one tensor parameter per document column, as
+    @dloss.loss records it: the column count is part of the plan (and of
+    its function's name), so a rank with another count is refused."""
+    def program(*args):
+        return _mnrl(args[0], list(args[1:1 + columns]), *args[1 + columns:])
+
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    names = ["queries", "positives"] + ["negatives_%d" % i
+                                        for i in range(1, columns)]
+    program.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, kind) for n in names + [
+            "scale", "directions", "per_direction", "cosine"]])
+    program.__name__ = program.__qualname__ = _NAME % columns
+    return program
+
+
+def _columns_differ(error):
+    """The column counts of a preflight error between two MNRL plans, as
+    {count: ranks text}, or None when `error` is about something else."""
+    text = str(error)
+    if "ranks ran different plans" not in text:
+        return None
+    found = re.findall(r"(rank[s]? [\d,]+) called @st_mnrl_(\d+)_columns",
+                       text)
+    return found if len(found) > 1 else None
+
+
+# ---------------------------------------------------------------------------
+# The unfused path, for a similarity_fct that is not cos_sim or dot_score.
+# ---------------------------------------------------------------------------
+
+def _per_row_unfused(sim, scale, queries, docs, q_all, docs_all, offset,
+                     directions, per_direction):
+    """sentence-transformers' per-row loss (its compute_loss_from_embeddings
+    before the mean) with this rank's rows at global `offset`; `q_all`,
+    `docs_all`: the gathered columns (the local ones on one rank)."""
+    n, total = queries.shape[0], q_all.shape[0]
+    local = torch.arange(offset, offset + n, device=queries.device)
+    rows = torch.arange(n, device=queries.device)
+    own = torch.zeros(n, total, dtype=torch.bool, device=queries.device)
+    own[rows, local] = True
+    every_doc = torch.cat(docs_all)
+    sims = {"query_to_doc": sim(queries, every_doc)}
+    if "query_to_query" in directions:
+        sims["query_to_query"] = sim(queries, q_all).masked_fill(
+            own, -torch.inf)
+    if "doc_to_query" in directions:
+        sims["doc_to_query"] = sim(q_all, docs[0]).T
+    if "doc_to_doc" in directions:
+        sims["doc_to_doc"] = sim(every_doc, docs[0]).T.masked_fill(
+            own.repeat(1, len(docs)), -torch.inf)
+    sims = {k: v * scale for k, v in sims.items()}
+    positive = sims["query_to_doc"][rows, local]
+    if per_direction:
+        log_z = sum(torch.logsumexp(v, dim=1) for v in sims.values()) / \
+            len(sims)
+    else:
+        log_z = torch.logsumexp(torch.cat(list(sims.values()), dim=1), dim=1)
+    return log_z - positive
+
+
+# ---------------------------------------------------------------------------
+# The drop-ins.
+# ---------------------------------------------------------------------------
+
+class MultipleNegativesRankingLoss(_st.MultipleNegativesRankingLoss):
+    """sentence-transformers' ``MultipleNegativesRankingLoss`` (InfoNCE with
+    in-batch and hard negatives), exact and fused across ranks.
+
+    Same constructor and forward; every ``directions`` and
+    ``partition_mode`` value. Columns: anchor, positive, then any number of
+    hard negatives (the same number on every rank). With
+    ``gather_across_devices=True`` it returns the loss of the global batch,
+    the same on every rank, exact for uneven batches; with False, each
+    rank's own (sentence-transformers' meaning of the flag).
+    ``similarity_fct``: ``cos_sim`` and ``dot_score`` run fused; any other
+    callable runs unfused (exact, but builds the similarity matrix), with a
+    one-time remark. ``hardness_mode`` is refused (docs/Migration.md).
+
+    Extra keywords: ``group`` (a torch.distributed group; default the
+    default group) and ``fuse`` (the ring-tiled fused kernel, default True).
+    """
+
+    def __init__(self, model, scale=20.0, similarity_fct=cos_sim,
+                 gather_across_devices=False,
+                 directions=("query_to_doc",), partition_mode="joint",
+                 hardness_mode=None, hardness_strength=0.0, group=None,
+                 fuse=True):
+        super().__init__(model, scale=scale, similarity_fct=similarity_fct,
+                         gather_across_devices=gather_across_devices,
+                         directions=directions,
+                         partition_mode=partition_mode,
+                         hardness_mode=hardness_mode,
+                         hardness_strength=hardness_strength)
+        if hardness_mode is not None and hardness_strength > 0.0:
+            raise make_error(
+                "dloss.%s does not support hardness_mode=%r yet: its penalty "
+                "adds a stop-gradient copy of each similarity to the logit, "
+                "and dloss's fused programs have no stop-gradient op" %
+                (type(self).__name__, hardness_mode),
+                "Use hardness_mode=None (or hardness_strength=0.0), or "
+                "sentence-transformers' own loss for hardness weighting")
+        self._group = group
+        self._fuse = fuse
+        self._programs = {}
+        self._remarked = False
+
+    def _program_for(self, columns, gathered):
+        key = (columns, gathered)
+        fn = self._programs.get(key)
+        if fn is None:
+            fn = Loss(_program(columns), grad_mode="ddp", fuse=self._fuse,
+                      group=self._group if gathered else ALONE,
+                      name=_NAME % columns)
+            self._programs[key] = fn
+        return fn
+
+    def _similarity(self):
+        """True for cos_sim, False for dot_score, None for another."""
+        if self.similarity_fct is cos_sim:
+            return True
+        if self.similarity_fct is dot_score:
+            return False
+        return None
+
+    def compute_loss_from_embeddings(self, embeddings, labels=None):
+        """The loss of (anchor, positive, negatives...) embeddings: the
+        global batch's with gather_across_devices, else this rank's."""
+        if len(embeddings) < 2:
+            raise ValueError("Expected at least 2 embeddings, got %d" %
+                             len(embeddings))
+        gathered = bool(self.gather_across_devices) and \
+            not runs_alone(self._group)
+        cosine = self._similarity()
+        if cosine is None:
+            return self._unfused(embeddings, gathered)
+        fn = self._program_for(len(embeddings) - 1, gathered)
+        try:
+            return fn(*embeddings, float(self.scale), tuple(self.directions),
+                      self.partition_mode == "per_direction", cosine)
+        except Error as e:
+            counts = _columns_differ(e)
+            if counts is None:
+                raise
+            raise make_error(
+                "dloss.%s: the ranks passed different numbers of input "
+                "columns: %s" % (type(self).__name__, ", ".join(
+                    "%s passed %d" % (ranks, int(count) + 1)
+                    for ranks, count in counts)),
+                "Every rank's batch must have the same columns (anchor, "
+                "positive and the same number of hard negatives): check the "
+                "dataset's columns and the collator") from None
+
+    def _unfused(self, embeddings, gathered):
+        """The loss with a similarity_fct dloss does not fuse: gathered with
+        dloss.all_gather (exact gradients, uneven batches), the matrix
+        built as sentence-transformers builds it."""
+        if not self._remarked:
+            self._remarked = True
+            if not torch.distributed.is_initialized() or \
+                    torch.distributed.get_rank() == 0:
+                log.warning(
+                    "dloss.%s: similarity_fct=%s is neither "
+                    "sentence_transformers.util.cos_sim nor dot_score, so "
+                    "the loss runs unfused: each rank builds its B_local x "
+                    "B_global similarity matrices (still exact, uneven "
+                    "batches included). Use cos_sim or dot_score for the "
+                    "fused kernel.", type(self).__name__,
+                    getattr(self.similarity_fct, "__name__",
+                            type(self.similarity_fct).__name__))
+        queries, docs = embeddings[0], list(embeddings[1:])
+        per_direction = self.partition_mode == "per_direction"
+        if not gathered:
+            return _per_row_unfused(
+                self.similarity_fct, self.scale, queries, docs, queries,
+                docs, 0, self.directions, per_direction).mean()
+        group = self._group
+        sizes = _gather(torch.tensor([queries.shape[0]],
+                                     device=queries.device), group)
+        offset = int(sizes[:communicator(group).rank].sum())
+        per_row = _per_row_unfused(
+            self.similarity_fct, self.scale, queries, docs,
+            _gather(queries, group), [_gather(d, group) for d in docs],
+            offset, self.directions, per_direction)
+        # Gathered, so that every rank's value is the global mean and each
+        # rank's rows get N times their share (the ddp contract).
+        return _gather(per_row, group).mean()
+
+
+class MultipleNegativesSymmetricRankingLoss(MultipleNegativesRankingLoss):
+    """sentence-transformers' deprecated
+    ``MultipleNegativesSymmetricRankingLoss``: MultipleNegativesRankingLoss
+    with ``directions=("query_to_doc", "doc_to_query")`` and
+    ``partition_mode="per_direction"``, as sentence-transformers defines
+    it (and warns, as it does, that it is deprecated)."""
+
+    def __init__(self, model, scale=20.0, similarity_fct=cos_sim,
+                 gather_across_devices=False, group=None, fuse=True):
+        warnings.warn(
+            "The MultipleNegativesSymmetricRankingLoss is deprecated and "
+            "will be removed in a future release. Please use "
+            "MultipleNegativesRankingLoss with `directions=('query_to_doc', "
+            "'doc_to_query')` and `partition_mode='per_direction'` instead.",
+            DeprecationWarning, stacklevel=2)
+        super().__init__(model, scale=scale, similarity_fct=similarity_fct,
+                         gather_across_devices=gather_across_devices,
+                         directions=("query_to_doc", "doc_to_query"),
+                         partition_mode="per_direction", group=group,
+                         fuse=fuse)
+
+
+class CachedMultipleNegativesRankingLoss(
+        _st.CachedMultipleNegativesRankingLoss):
+    """sentence-transformers' ``CachedMultipleNegativesRankingLoss``
+    (GradCache), with the loss stage run once over the whole batch.
+
+    sentence-transformers' own caching is kept: every mini-batch is embedded
+    without autograd (its RNG state saved), then re-embedded with autograd
+    in the backward, the cached embedding gradients backpropagated. Between
+    the two, dloss's MultipleNegativesRankingLoss runs once over all the
+    embeddings (one fused call, so one ring across the ranks, not one
+    gather per mini-batch and column), so value and gradients are
+    MultipleNegativesRankingLoss's on the same batch. Peak memory: one
+    mini-batch's activations plus O(B_local * d) for the loss.
+
+    Extra keywords: ``group`` and ``fuse``, as for
+    MultipleNegativesRankingLoss.
+    """
+
+    def __init__(self, model, scale=20.0, similarity_fct=cos_sim,
+                 mini_batch_size=32, mini_batch_num_tokens=None,
+                 gather_across_devices=False,
+                 directions=("query_to_doc",), partition_mode="joint",
+                 show_progress_bar=False, hardness_mode=None,
+                 hardness_strength=0.0, group=None, fuse=True):
+        super().__init__(model, scale=scale, similarity_fct=similarity_fct,
+                         mini_batch_size=mini_batch_size,
+                         mini_batch_num_tokens=mini_batch_num_tokens,
+                         gather_across_devices=gather_across_devices,
+                         directions=directions,
+                         partition_mode=partition_mode,
+                         show_progress_bar=show_progress_bar,
+                         hardness_mode=hardness_mode,
+                         hardness_strength=hardness_strength)
+        # The wrapped loss owns the hyperparameters, as in
+        # sentence-transformers: dloss's computes.
+        self.loss = MultipleNegativesRankingLoss(
+            model, scale=scale, similarity_fct=similarity_fct,
+            gather_across_devices=gather_across_devices,
+            directions=directions, partition_mode=partition_mode,
+            hardness_mode=hardness_mode, hardness_strength=hardness_strength,
+            group=group, fuse=fuse)
+
+    def calculate_loss(self, reps, labels=None, *, with_backward=False):
+        """The loss over every mini-batch's embeddings at once (`reps`: per
+        column, its mini-batches); with_backward, their gradients (the
+        cache) by one backward."""
+        loss = self.loss.compute_loss_from_embeddings(
+            [torch.cat(r) for r in reps], labels)
+        if with_backward:
+            loss.backward()
+            loss = loss.detach()
+        return loss
+
+
