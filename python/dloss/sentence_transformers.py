@@ -359,6 +359,10 @@ class CachedMultipleNegativesRankingLoss(
             hardness_mode=hardness_mode, hardness_strength=hardness_strength,
             group=group, fuse=fuse)
 
+    # Of the mini-batches the backward re-embeds, how many are still to come
+    # before the last (see embed_minibatch).
+    _unsynced = 0
+
     def calculate_loss(self, reps, labels=None, *, with_backward=False):
         """The loss over every mini-batch's embeddings at once (`reps`: per
         column, its mini-batches); with_backward, their gradients (the
@@ -368,6 +372,26 @@ class CachedMultipleNegativesRankingLoss(
         if with_backward:
             loss.backward()
             loss = loss.detach()
+            self._unsynced = sum(len(r) for r in reps) - 1
         return loss
+
+    def embed_minibatch(self, sentence_feature, begin, end, with_grad,
+                        copy_random_state, random_state=None):
+        """sentence-transformers' embed_minibatch; under DDP (the trainer
+        puts the DDP module in ``self.model``), the backward's re-embedding
+        of every mini-batch but the last runs in ``no_sync``: one gradient
+        all-reduce per step, not one per mini-batch. Each rank then makes
+        the same collectives whatever its number of mini-batches, which an
+        uneven last batch makes differ."""
+        if with_grad and self._unsynced > 0 and \
+                hasattr(self.model, "no_sync"):
+            self._unsynced -= 1
+            with self.model.no_sync():
+                return super().embed_minibatch(
+                    sentence_feature, begin, end, with_grad,
+                    copy_random_state, random_state)
+        return super().embed_minibatch(sentence_feature, begin, end,
+                                       with_grad, copy_random_state,
+                                       random_state)
 
 

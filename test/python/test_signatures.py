@@ -1,6 +1,6 @@
 """Signature parity: every parameter of each installed original (OpenCLIP,
-pytorch-metric-learning, torchmetrics, at the versions test/requirements*.txt
-pins) is a parameter of its dloss drop-in, in __init__ and in forward (or of
+pytorch-metric-learning, torchmetrics, sentence-transformers, at the
+versions test/requirements*.txt pins) is a parameter of its dloss drop-in, in __init__ and in forward (or of
 the function it replaces). A keyword a new upstream release adds thus fails
 here, not in a user's training run. Parameters that mean nothing to dloss are
 still accepted and documented (docs/Migration.md).
@@ -129,6 +129,16 @@ class SignatureParity(unittest.TestCase):
                              "does not accept %s" % missing)
             print("pytorch_metric_learning DistributedLossWrapper: %d "
                   "parameters, all accepted" % len(names))
+
+    def test_sentence_transformers(self):
+        from sentence_transformers.sentence_transformer import losses
+
+        import dloss.sentence_transformers as dst
+        for name in dst.__all__:
+            with self.subTest(name):
+                self.compare(getattr(losses, name), getattr(dst, name),
+                             "sentence_transformers",
+                             "sentence_transformers " + name)
 
     def test_torchmetrics(self):
         tm = upstream.torchmetrics()
