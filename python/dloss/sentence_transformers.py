@@ -51,6 +51,7 @@ from .metric_learning import _MASKED
 from .trace import Loss, all_gather, global_size, shard_offset
 
 __all__ = ["CachedMultipleNegativesRankingLoss",
+           "CachedMultipleNegativesSymmetricRankingLoss",
            "MultipleNegativesRankingLoss",
            "MultipleNegativesSymmetricRankingLoss"]
 
@@ -295,6 +296,16 @@ class MultipleNegativesRankingLoss(_st.MultipleNegativesRankingLoss):
         return _gather(per_row, group).mean()
 
 
+def _deprecated(name, base):
+    """sentence-transformers' deprecation warning for its symmetric alias
+    `name` of `base`."""
+    warnings.warn(
+        "The %s is deprecated and will be removed in a future release. "
+        "Please use %s with `directions=('query_to_doc', 'doc_to_query')` "
+        "and `partition_mode='per_direction'` instead." % (name, base),
+        DeprecationWarning, stacklevel=3)
+
+
 class MultipleNegativesSymmetricRankingLoss(MultipleNegativesRankingLoss):
     """sentence-transformers' deprecated
     ``MultipleNegativesSymmetricRankingLoss``: MultipleNegativesRankingLoss
@@ -304,12 +315,8 @@ class MultipleNegativesSymmetricRankingLoss(MultipleNegativesRankingLoss):
 
     def __init__(self, model, scale=20.0, similarity_fct=cos_sim,
                  gather_across_devices=False, group=None, fuse=True):
-        warnings.warn(
-            "The MultipleNegativesSymmetricRankingLoss is deprecated and "
-            "will be removed in a future release. Please use "
-            "MultipleNegativesRankingLoss with `directions=('query_to_doc', "
-            "'doc_to_query')` and `partition_mode='per_direction'` instead.",
-            DeprecationWarning, stacklevel=2)
+        _deprecated("MultipleNegativesSymmetricRankingLoss",
+                    "MultipleNegativesRankingLoss")
         super().__init__(model, scale=scale, similarity_fct=similarity_fct,
                          gather_across_devices=gather_across_devices,
                          directions=("query_to_doc", "doc_to_query"),
@@ -395,3 +402,27 @@ class CachedMultipleNegativesRankingLoss(
                                        random_state)
 
 
+
+
+class CachedMultipleNegativesSymmetricRankingLoss(
+        CachedMultipleNegativesRankingLoss):
+    """sentence-transformers' deprecated
+    ``CachedMultipleNegativesSymmetricRankingLoss``: the cached loss with
+    ``directions=("query_to_doc", "doc_to_query")`` and
+    ``partition_mode="per_direction"``, as sentence-transformers defines
+    it."""
+
+    def __init__(self, model, scale=20.0, similarity_fct=cos_sim,
+                 mini_batch_size=32, mini_batch_num_tokens=None,
+                 gather_across_devices=False, show_progress_bar=False,
+                 group=None, fuse=True):
+        _deprecated("CachedMultipleNegativesSymmetricRankingLoss",
+                    "CachedMultipleNegativesRankingLoss")
+        super().__init__(model, scale=scale, similarity_fct=similarity_fct,
+                         mini_batch_size=mini_batch_size,
+                         mini_batch_num_tokens=mini_batch_num_tokens,
+                         gather_across_devices=gather_across_devices,
+                         directions=("query_to_doc", "doc_to_query"),
+                         partition_mode="per_direction",
+                         show_progress_bar=show_progress_bar, group=group,
+                         fuse=fuse)

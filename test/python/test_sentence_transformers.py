@@ -22,8 +22,8 @@ Float32, TOL 1e-5.
   gather_across_devices=False each rank's value and gradients equal
   sentence-transformers' local loss.
 - A rank with another number of columns: the same dloss.Error on every rank.
-- On one process: hardness_mode is refused, the symmetric alias equals
-  sentence-transformers', the unfused path says why once.
+- On one process: hardness_mode is refused, the symmetric aliases (plain
+  and cached) equal sentence-transformers', the unfused path says why once.
 """
 
 import logging
@@ -251,22 +251,26 @@ class SentenceTransformersTest(unittest.TestCase):
         # Strength 0 is no weighting at all: accepted.
         MultipleNegativesRankingLoss(model, hardness_mode="hard_negatives")
 
-    def test_symmetric_alias_and_one_process(self):
-        from dloss.sentence_transformers import (
-            MultipleNegativesSymmetricRankingLoss)
+    def test_symmetric_aliases_on_one_process(self):
+        import dloss.sentence_transformers as dst
         cols = fx.columns(6, 7, n_columns=2)
         model = fx.load(self.path)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            ours = _step(model, MultipleNegativesSymmetricRankingLoss(
-                model, gather_across_devices=True), cols)
-            theirs = _step(model, _st_loss(
-                "MultipleNegativesSymmetricRankingLoss", model), cols)
-        self.assertTrue(any(issubclass(w.category, DeprecationWarning) and
-                            "deprecated" in str(w.message) for w in caught))
-        self.assertLess(abs(float(ours[0] - theirs[0])) / float(theirs[0]),
-                        TOL)
-        self.assertLess(_err(ours[1], theirs[1]), TOL)
+        for name, kwargs in (
+                ("MultipleNegativesSymmetricRankingLoss", {}),
+                ("CachedMultipleNegativesSymmetricRankingLoss",
+                 dict(mini_batch_size=4))):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ours = _step(model, getattr(dst, name)(
+                    model, gather_across_devices=True, **kwargs), cols)
+                theirs = _step(model, _st_loss(name, model, **kwargs), cols)
+            self.assertTrue(any(
+                issubclass(w.category, DeprecationWarning) and
+                "%s is deprecated" % name in str(w.message)
+                for w in caught), name)
+            self.assertLess(abs(float(ours[0] - theirs[0])) /
+                            float(theirs[0]), TOL, name)
+            self.assertLess(_err(ours[1], theirs[1]), TOL, name)
 
     def test_unfused_similarity_says_why_once(self):
         from dloss.sentence_transformers import MultipleNegativesRankingLoss
