@@ -234,47 +234,68 @@ def rank_main(row, rank, world, port, b_local, dim, iters, warmup, queue):
         loss.backward()
         return loss.item()
 
+    loss, median_ms, loss_mem_mb, reset = measure(step, iters, warmup,
+                                                  dist.barrier)
+    values = [None] * world
+    dist.all_gather_object(values, loss * scale)
+    queue.put({"impl": row, "rank": rank, "b_local": b_local,
+               "loss": sum(values) / world, "median_ms": median_ms,
+               "loss_mem_mb": loss_mem_mb, "hwm_reset": reset})
+    dist.barrier()
+
+
+def measure(step, iters, warmup, barrier):
+    """Runs `step` `warmup` times, then `iters` timed times, each after
+    `barrier()` (the ranks line up, so a call's time is its own). Returns
+    the last step's value, the median time in ms, and the loss's memory:
+    the peak RSS over all the calls minus the RSS before the first (MB),
+    and whether the peak could be reset first."""
     before = rss_mb("VmRSS")
     reset = reset_peak()
     for _ in range(warmup):
         step()
     times = []
     for _ in range(iters):
-        dist.barrier()
+        barrier()
         start = time.perf_counter()
-        loss = step()
+        value = step()
         times.append((time.perf_counter() - start) * 1000.0)
-    hwm = rss_mb("VmHWM")
-    values = [None] * world
-    dist.all_gather_object(values, loss * scale)
-    queue.put({"impl": row, "rank": rank, "b_local": b_local,
-               "loss": sum(values) / world,
-               "median_ms": statistics.median(times),
-               "loss_mem_mb": hwm - before, "hwm_reset": reset})
-    dist.barrier()
+    return (value, statistics.median(times), rss_mb("VmHWM") - before,
+            reset)
 
 
-def run_python(row, args, b_local):
+def write_table(table, path):
+    """Writes the rows (dicts with the same keys) to the CSV file `path`;
+    the exit status: 1 if a row failed."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(table[0]))
+        writer.writeheader()
+        writer.writerows(table)
+    print("wrote", path)
+    return 1 if any(r["status"] == "failed" for r in table) else 0
+
+
+def run_ranks(target, world, timeout, rank_args):
+    """Runs `target(*rank_args(rank, port, queue))` on `world` ranks and
+    returns what each put on the queue (one dict per rank). The parent hosts
+    the store, as torchrun's agent does. A fork server with torch imported
+    once is reused by every row: a rank starts in about 0.1 s of CPU, where
+    a spawned one (a fresh interpreter importing torch) takes 1.5 s. Each
+    rank still imports what its row needs itself; the loss's memory is
+    measured from a reset peak."""
     import torch.multiprocessing as mp
-    # A fork server with torch imported once, reused by every row: a rank
-    # starts in about 0.1 s of CPU, where a spawned one (a fresh interpreter
-    # importing torch) takes 1.5 s. Each rank still imports what its row
-    # needs itself; the loss's memory is measured from a reset peak.
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch"])
     queue = ctx.Queue()
     from datetime import timedelta
     import torch.distributed as dist
-    store = dist.TCPStore("127.0.0.1", 0, args.world, True,
+    store = dist.TCPStore("127.0.0.1", 0, world, True,
                           timedelta(seconds=600), wait_for_workers=False)
-    port = store.port
-    procs = [ctx.Process(target=rank_main,
-                         args=(row, r, args.world, port, b_local, args.dim,
-                               args.iters, args.warmup, queue))
-             for r in range(args.world)]
+    procs = [ctx.Process(target=target, args=rank_args(r, store.port, queue))
+             for r in range(world)]
     for p in procs:
         p.start()
-    rows, deadline = [], time.time() + args.timeout
+    rows, deadline = [], time.time() + timeout
     while len(rows) < len(procs):
         try:
             rows.append(queue.get(timeout=5))
@@ -290,10 +311,17 @@ def run_python(row, args, b_local):
                 p.join()
             raise RuntimeError(
                 "a rank exited with %s" % dead[0] if dead else
-                "timed out after %g s" % args.timeout)
+                "timed out after %g s" % timeout)
     for p in procs:
         p.join()
     return rows
+
+
+def run_python(row, args, b_local):
+    return run_ranks(rank_main, args.world, args.timeout,
+                     lambda r, port, queue: (
+                         row, r, args.world, port, b_local, args.dim,
+                         args.iters, args.warmup, queue))
 
 
 def run_jit(args, b_local):
@@ -463,13 +491,7 @@ def main():
             row["mem_vs_baseline"], row["note"]))
     if args.dry_run:
         return 0
-    path = os.path.join(args.out, "python_clip.csv")
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(table[0]))
-        writer.writeheader()
-        writer.writerows(table)
-    print("wrote", path)
-    return 1 if any(r["status"] == "failed" for r in table) else 0
+    return write_table(table, os.path.join(args.out, "python_clip.csv"))
 
 
 if __name__ == "__main__":

@@ -64,44 +64,51 @@ _NAME = "st_mnrl_%d_columns"
 # The per-rank program: one per number of document columns.
 # ---------------------------------------------------------------------------
 
+def _logaddexp(values):
+    """log(sum(exp(v))) of per-row log-sum-exps, pairwise:
+    log(e^z + e^v) = z - log sigmoid(z - v). The first must be finite."""
+    total = values[0]
+    for v in values[1:]:
+        total = total - F.logsigmoid(total - v)
+    return total
+
+
 def _mnrl(queries, docs, scale, directions, per_direction, cosine):
     """sentence-transformers' MNRL over the global batch, as the program
     one rank runs: this rank's queries (and positives) against every
     rank's documents. `docs`: the positive column, then the hard
-    negatives'. Each direction is a log-sum-exp over one fused similarity;
-    the positive's logit is a local row-wise dot product."""
+    negatives'. Each direction is one fused similarity per column (a
+    log-sum-exp per row; the softmax over several columns combines them),
+    so no concatenated copy of the columns is made and each ring carries
+    one column; the positive's logit is a local row-wise dot product."""
     if cosine:
         queries = F.normalize(queries, dim=1)
         docs = [F.normalize(d, dim=1) for d in docs]
     positives = docs[0]
     rows = torch.arange(queries.shape[0]) + shard_offset(queries)
-    # Every column of this rank's documents, and the global row of the query
-    # each belongs to (its own positive and hard negatives).
-    local_docs = torch.cat(docs)
-    owners = torch.cat([rows] * len(docs))
-    lse = [torch.logsumexp(scale * (queries @ all_gather(local_docs).T),
-                           dim=1)]
+    # Row j of every gathered column belongs to the query of global row j.
+    cols = torch.arange(global_size(queries))
+    terms = {"query_to_doc": [
+        torch.logsumexp(scale * (queries @ all_gather(d).T), dim=1)
+        for d in docs]}
     if "query_to_query" in directions:
-        cols = torch.arange(global_size(queries))
         logits = scale * (queries @ all_gather(queries).T)
-        lse.append(torch.logsumexp(
+        terms["query_to_query"] = [torch.logsumexp(
             logits.masked_fill(rows[:, None] == cols[None, :], _MASKED),
-            dim=1))
+            dim=1)]
     if "doc_to_query" in directions:
-        lse.append(torch.logsumexp(
-            scale * (positives @ all_gather(queries).T), dim=1))
+        terms["doc_to_query"] = [torch.logsumexp(
+            scale * (positives @ all_gather(queries).T), dim=1)]
     if "doc_to_doc" in directions:
-        logits = scale * (positives @ all_gather(local_docs).T)
-        lse.append(torch.logsumexp(logits.masked_fill(
-            rows[:, None] == all_gather(owners)[None, :], _MASKED), dim=1))
+        # Not the row's own positive and hard negatives.
+        terms["doc_to_doc"] = [torch.logsumexp(
+            (scale * (positives @ all_gather(d).T)).masked_fill(
+                rows[:, None] == cols[None, :], _MASKED), dim=1)
+            for d in docs]
     if per_direction:
-        log_z = sum(lse) / len(lse)
+        log_z = sum(_logaddexp(t) for t in terms.values()) / len(terms)
     else:
-        # One softmax over every direction's columns: the log-sum-exps
-        # combined pairwise, log(e^z + e^v) = z - log sigmoid(z - v).
-        log_z = lse[0]
-        for v in lse[1:]:
-            log_z = log_z - F.logsigmoid(log_z - v)
+        log_z = _logaddexp([v for t in terms.values() for v in t])
     positive = scale * (queries * positives).sum(dim=1)
     return (log_z - positive).mean()
 

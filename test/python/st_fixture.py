@@ -6,6 +6,9 @@ Pooling). No hub download."""
 
 import os
 import random
+import shutil
+import tempfile
+import unittest
 
 import torch
 
@@ -84,3 +87,17 @@ def flat_grads(model):
     return torch.cat([(p.grad if p.grad is not None else
                        torch.zeros_like(p)).reshape(-1)
                       for p in model.parameters()])
+
+
+class ModelTestCase(unittest.TestCase):
+    """A test case whose class holds a tiny model folder, `cls.path`, in a
+    temporary folder, `cls.dir`, removed at the end."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="dloss-st-")
+        cls.path = make_model_dir(os.path.join(cls.dir, "model"))
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)

@@ -27,10 +27,7 @@ Float32, TOL 1e-5.
 """
 
 import logging
-import os
-import shutil
 import sys
-import tempfile
 import unittest
 import warnings
 
@@ -158,16 +155,7 @@ def _err(a, b):
     return float((a - b).norm() / b.norm())
 
 
-class SentenceTransformersTest(unittest.TestCase):
-
-    @classmethod
-    def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="dloss-st-")
-        cls.path = fx.make_model_dir(os.path.join(cls.dir, "model"))
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.dir, ignore_errors=True)
+class SentenceTransformersTest(fx.ModelTestCase):
 
     def _reference(self, cols, **kwargs):
         """sentence-transformers' MNRL on one process, no group."""

@@ -16,9 +16,7 @@ gradient that is analytically zero (attention's key bias) but rounds to
 then measure rounding, not dloss."""
 
 import os
-import shutil
 import sys
-import tempfile
 import unittest
 
 import torch
@@ -75,16 +73,7 @@ def _rank(rank, world, path, out_dir, cached):
                   cached)
 
 
-class TrainerTest(unittest.TestCase):
-
-    @classmethod
-    def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="dloss-st-trainer-")
-        cls.path = fx.make_model_dir(os.path.join(cls.dir, "model"))
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.dir, ignore_errors=True)
+class TrainerTest(fx.ModelTestCase):
 
     def _check(self, cached):
         ranks = multiproc.run(WORLD, _rank, self.path, self.dir, cached,
