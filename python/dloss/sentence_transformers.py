@@ -142,14 +142,21 @@ def _columns_differ(error):
 
 
 # ---------------------------------------------------------------------------
-# The unfused path, for a similarity_fct that is not cos_sim or dot_score.
+# The unfused path: another similarity_fct, or hardness weighting.
 # ---------------------------------------------------------------------------
 
-def _per_row_unfused(sim, scale, queries, docs, q_all, docs_all, offset,
-                     directions, per_direction):
+def _hardness(loss):
+    """Whether `loss` weights negatives by hardness (a penalty that is
+    there at all)."""
+    return loss.hardness_mode is not None and loss.hardness_strength > 0.0
+
+
+def _per_row_unfused(loss, queries, docs, q_all, docs_all, offset):
     """sentence-transformers' per-row loss (its compute_loss_from_embeddings
-    before the mean) with this rank's rows at global `offset`; `q_all`,
-    `docs_all`: the gathered columns (the local ones on one rank)."""
+    before the mean, hardness penalty included) with `loss`'s settings and
+    this rank's rows at global `offset`; `q_all`, `docs_all`: the gathered
+    columns (the local ones on one rank)."""
+    sim, directions = loss.similarity_fct, loss.directions
     n, total = queries.shape[0], q_all.shape[0]
     local = torch.arange(offset, offset + n, device=queries.device)
     rows = torch.arange(n, device=queries.device)
@@ -165,9 +172,27 @@ def _per_row_unfused(sim, scale, queries, docs, q_all, docs_all, offset,
     if "doc_to_doc" in directions:
         sims["doc_to_doc"] = sim(every_doc, docs[0]).T.masked_fill(
             own.repeat(1, len(docs)), -torch.inf)
-    sims = {k: v * scale for k, v in sims.items()}
+    penalty = None
+    if _hardness(loss):
+        # hardness_strength * stop_grad(similarity) on the chosen negatives
+        # of query_to_doc, never on the positive, not temperature-scaled.
+        own_docs = own.repeat(1, len(docs))
+        if loss.hardness_mode == "hard_negatives":
+            keep = own_docs
+            keep[:, :total] = False
+        elif loss.hardness_mode == "in_batch_negatives":
+            keep = ~own_docs
+        else:  # all_negatives
+            keep = own_docs.clone()
+            keep[:, :total] = False
+            keep |= ~own_docs
+        penalty = loss.hardness_strength * torch.where(
+            keep, sims["query_to_doc"].detach(), 0.0)
+    sims = {k: v * loss.scale for k, v in sims.items()}
+    if penalty is not None:
+        sims["query_to_doc"] = sims["query_to_doc"] + penalty
     positive = sims["query_to_doc"][rows, local]
-    if per_direction:
+    if loss.partition_mode == "per_direction":
         log_z = sum(torch.logsumexp(v, dim=1) for v in sims.values()) / \
             len(sims)
     else:
@@ -191,7 +216,9 @@ class MultipleNegativesRankingLoss(_st.MultipleNegativesRankingLoss):
     rank's own (sentence-transformers' meaning of the flag).
     ``similarity_fct``: ``cos_sim`` and ``dot_score`` run fused; any other
     callable runs unfused (exact, but builds the similarity matrix), with a
-    one-time remark. ``hardness_mode`` is refused (docs/Migration.md).
+    one-time remark; so does ``hardness_mode`` with a positive
+    ``hardness_strength`` (its penalty is a stop-gradient copy of the
+    similarity, which dloss's fused programs cannot express yet).
 
     Extra keywords: ``group`` (a torch.distributed group; default the
     default group) and ``fuse`` (the ring-tiled fused kernel, default True).
@@ -208,14 +235,6 @@ class MultipleNegativesRankingLoss(_st.MultipleNegativesRankingLoss):
                          partition_mode=partition_mode,
                          hardness_mode=hardness_mode,
                          hardness_strength=hardness_strength)
-        if hardness_mode is not None and hardness_strength > 0.0:
-            raise make_error(
-                "dloss.%s does not support hardness_mode=%r yet: its penalty "
-                "adds a stop-gradient copy of each similarity to the logit, "
-                "and dloss's fused programs have no stop-gradient op" %
-                (type(self).__name__, hardness_mode),
-                "Use hardness_mode=None (or hardness_strength=0.0), or "
-                "sentence-transformers' own loss for hardness weighting")
         self._group = group
         self._fuse = fuse
         self._programs = {}
@@ -249,7 +268,16 @@ class MultipleNegativesRankingLoss(_st.MultipleNegativesRankingLoss):
             not runs_alone(self._group)
         cosine = self._similarity()
         if cosine is None:
-            return self._unfused(embeddings, gathered)
+            return self._unfused(embeddings, gathered, (
+                "similarity_fct=%s is neither "
+                "sentence_transformers.util.cos_sim nor dot_score" %
+                getattr(self.similarity_fct, "__name__",
+                        type(self.similarity_fct).__name__)))
+        if _hardness(self):
+            return self._unfused(embeddings, gathered, (
+                "hardness_mode=%r adds a stop-gradient copy of each "
+                "similarity to its logit, which dloss's fused programs "
+                "cannot express yet" % self.hardness_mode))
         fn = self._program_for(len(embeddings) - 1, gathered)
         try:
             return fn(*embeddings, float(self.scale), tuple(self.directions),
@@ -267,37 +295,30 @@ class MultipleNegativesRankingLoss(_st.MultipleNegativesRankingLoss):
                 "positive and the same number of hard negatives): check the "
                 "dataset's columns and the collator") from None
 
-    def _unfused(self, embeddings, gathered):
-        """The loss with a similarity_fct dloss does not fuse: gathered with
-        dloss.all_gather (exact gradients, uneven batches), the matrix
-        built as sentence-transformers builds it."""
+    def _unfused(self, embeddings, gathered, why):
+        """The loss where dloss does not fuse (`why`, said once on rank 0):
+        gathered with dloss.all_gather (exact gradients, uneven batches),
+        the matrix built as sentence-transformers builds it."""
         if not self._remarked:
             self._remarked = True
             if not torch.distributed.is_initialized() or \
                     torch.distributed.get_rank() == 0:
                 log.warning(
-                    "dloss.%s: similarity_fct=%s is neither "
-                    "sentence_transformers.util.cos_sim nor dot_score, so "
-                    "the loss runs unfused: each rank builds its B_local x "
-                    "B_global similarity matrices (still exact, uneven "
-                    "batches included). Use cos_sim or dot_score for the "
-                    "fused kernel.", type(self).__name__,
-                    getattr(self.similarity_fct, "__name__",
-                            type(self.similarity_fct).__name__))
+                    "dloss.%s: %s, so the loss runs unfused: each rank "
+                    "builds its B_local x B_global similarity matrices "
+                    "(still exact, uneven batches included).",
+                    type(self).__name__, why)
         queries, docs = embeddings[0], list(embeddings[1:])
-        per_direction = self.partition_mode == "per_direction"
         if not gathered:
-            return _per_row_unfused(
-                self.similarity_fct, self.scale, queries, docs, queries,
-                docs, 0, self.directions, per_direction).mean()
+            return _per_row_unfused(self, queries, docs, queries, docs,
+                                    0).mean()
         group = self._group
         sizes = _gather(torch.tensor([queries.shape[0]],
                                      device=queries.device), group)
         offset = int(sizes[:communicator(group).rank].sum())
         per_row = _per_row_unfused(
-            self.similarity_fct, self.scale, queries, docs,
-            _gather(queries, group), [_gather(d, group) for d in docs],
-            offset, self.directions, per_direction)
+            self, queries, docs, _gather(queries, group),
+            [_gather(d, group) for d in docs], offset)
         # Gathered, so that every rank's value is the global mean and each
         # rank's rows get N times their share (the ddp contract).
         return _gather(per_row, group).mean()

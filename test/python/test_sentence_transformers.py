@@ -12,18 +12,20 @@ Float32, TOL 1e-5.
   every rank and the gradients averaged over the ranks (what DDP does)
   equal sentence-transformers' MultipleNegativesRankingLoss run on one
   process over the global batch, for every directions / partition_mode
-  combination, cos_sim and dot_score fused, a custom similarity unfused;
-  the cached loss with mini_batch_size=2 too, and it starts as many dloss
-  collectives per step as with one mini-batch (one fused call, not one per
-  chunk).
+  combination, cos_sim and dot_score fused, a custom similarity and each
+  hardness_mode unfused; the cached loss with mini_batch_size=2 too, and it
+  starts as many dloss collectives per step as with one mini-batch (one
+  fused call, not one per chunk).
 - Equal batches: each rank's gradients equal sentence-transformers' own
   gather_across_devices=True run on the same ranks (the same contract), and
   the value is the mean of its per-rank values; with
   gather_across_devices=False each rank's value and gradients equal
   sentence-transformers' local loss.
 - A rank with another number of columns: the same dloss.Error on every rank.
-- On one process: hardness_mode is refused, the symmetric aliases (plain
-  and cached) equal sentence-transformers', the unfused path says why once.
+- On one process: hardness_mode runs unfused, equals
+  sentence-transformers' and says why once, as a custom similarity does; the
+  symmetric aliases (plain and cached) equal sentence-transformers'; without
+  sentence-transformers the import says what to install.
 """
 
 import logging
@@ -68,6 +70,15 @@ def _cases():
                                     directions=GTE[0])))
     cases.append(("unfused", dict(similarity_fct=_scaled_cos,
                                   directions=GTE[0])))
+    # Hardness weighting runs unfused (a stop-gradient penalty).
+    cases.append(("hardness/hard_negatives", dict(
+        hardness_mode="hard_negatives", hardness_strength=5.0)))
+    cases.append(("hardness/in_batch_negatives", dict(
+        hardness_mode="in_batch_negatives", hardness_strength=9.0,
+        directions=GTE[0])))
+    cases.append(("hardness/all_negatives", dict(
+        hardness_mode="all_negatives", hardness_strength=3.0,
+        directions=COMBOS[-1][0], partition_mode="per_direction")))
     return cases
 
 
@@ -229,15 +240,22 @@ class SentenceTransformersTest(fx.ModelTestCase):
             self.assertIn("rank 1 passed 2", text)
             self.assertIn("ranks 0,2 passed 3", text)
 
-    def test_hardness_mode_refused(self):
-        import dloss
+    def test_hardness_mode_runs_unfused_and_says_why(self):
         from dloss.sentence_transformers import MultipleNegativesRankingLoss
         model = fx.load(self.path)
-        with self.assertRaisesRegex(dloss.Error, "hardness_mode"):
-            MultipleNegativesRankingLoss(model, hardness_mode="hard_negatives",
-                                         hardness_strength=5.0)
-        # Strength 0 is no weighting at all: accepted.
-        MultipleNegativesRankingLoss(model, hardness_mode="hard_negatives")
+        cols = fx.columns(5, 11)
+        kwargs = dict(hardness_mode="hard_negatives", hardness_strength=5.0)
+        loss = MultipleNegativesRankingLoss(model, **kwargs)
+        with self.assertLogs("dloss", logging.WARNING) as logs:
+            ours = _step(model, loss, cols)
+            _step(model, loss, cols)
+        self.assertEqual(len(logs.records), 1)
+        self.assertIn("hardness_mode='hard_negatives'", logs.output[0])
+        self.assertIn("runs unfused", logs.output[0])
+        theirs = self._reference(cols, **kwargs)
+        self.assertLess(abs(float(ours[0] - theirs[0])) / float(theirs[0]),
+                        TOL)
+        self.assertLess(_err(ours[1], theirs[1]), TOL)
 
     def test_symmetric_aliases_on_one_process(self):
         import dloss.sentence_transformers as dst
@@ -259,6 +277,25 @@ class SentenceTransformersTest(fx.ModelTestCase):
             self.assertLess(abs(float(ours[0] - theirs[0])) /
                             float(theirs[0]), TOL, name)
             self.assertLess(_err(ours[1], theirs[1]), TOL, name)
+
+    def test_import_without_sentence_transformers_says_what_to_install(self):
+        import importlib
+        import sys as _sys
+        saved = {k: v for k, v in _sys.modules.items()
+                 if k == "dloss.sentence_transformers" or
+                 k.split(".")[0] == "sentence_transformers"}
+        for k in saved:
+            del _sys.modules[k]
+        _sys.modules["sentence_transformers"] = None  # as if not installed
+        try:
+            with self.assertRaises(ImportError) as caught:
+                importlib.import_module("dloss.sentence_transformers")
+        finally:
+            del _sys.modules["sentence_transformers"]
+            _sys.modules.update(saved)
+        self.assertIn("needs sentence-transformers", str(caught.exception))
+        self.assertIn("pip install 'dloss[sentence-transformers]'",
+                      str(caught.exception))
 
     def test_unfused_similarity_says_why_once(self):
         from dloss.sentence_transformers import MultipleNegativesRankingLoss
