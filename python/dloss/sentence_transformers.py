@@ -131,8 +131,9 @@ def _program(columns):
 
 
 def _columns_differ(error):
-    """The column counts of a preflight error between two MNRL plans, as
-    {count: ranks text}, or None when `error` is about something else."""
+    """The document-column counts of a preflight error between MNRL plans,
+    as [(ranks text, count)], or None when `error` is about something
+    else."""
     text = str(error)
     if "ranks ran different plans" not in text:
         return None
