@@ -210,8 +210,9 @@ def make_call(row, rank, world, tensors, labels):
     return call, scale
 
 
-def rank_main(row, rank, world, port, b_local, dim, iters, warmup, queue):
-    # The parent hosts the store, as torchrun's agent does (run_python).
+def join_ranks(rank, world, port):
+    """A rank started by run_ranks joins the group: Gloo, one intra-op
+    thread, the store in the parent (as torchrun's agent hosts it)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                       RANK=str(rank), WORLD_SIZE=str(world),
                       OMP_NUM_THREADS="1", TORCHELASTIC_USE_AGENT_STORE="True",
@@ -219,10 +220,16 @@ def rank_main(row, rank, world, port, b_local, dim, iters, warmup, queue):
     import warnings
     import torch
     import torch.distributed as dist
-    # OpenCLIP 3.3 calls torch.distributed.nn.all_gather, deprecated in 2.x.
+    # OpenCLIP 3.3 and sentence-transformers call
+    # torch.distributed.nn.all_gather, deprecated in 2.x.
     warnings.filterwarnings("ignore", category=FutureWarning)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+
+
+def rank_main(row, rank, world, port, b_local, dim, iters, warmup, queue):
+    import torch.distributed as dist
+    join_ranks(rank, world, port)
 
     tensors, labels = make_inputs(LOSS_OF[row], rank, b_local, dim)
     call, scale = make_call(row, rank, world, tensors, labels)

@@ -63,7 +63,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 # The CLIP bench's memory probes (the module has no import-time effects).
-from python_clip_bench import measure, run_ranks, write_table  # noqa: E402
+from python_clip_bench import (  # noqa: E402
+    join_ranks, measure, run_ranks, write_table)
 
 BASELINE = "st-mnrl"
 ROWS = ["st-mnrl", "st-cmnrl", "dloss-mnrl", "dloss-cmnrl"]
@@ -140,17 +141,9 @@ def count_collectives(call):
 
 def rank_main(row, rank, world, port, b_local, dim, mini_batch, iters,
               warmup, queue):
-    # The parent hosts the store, as torchrun's agent does (run_row).
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      RANK=str(rank), WORLD_SIZE=str(world),
-                      OMP_NUM_THREADS="1", TORCHELASTIC_USE_AGENT_STORE="True",
-                      TORCHELASTIC_RESTART_COUNT="0")
-    import warnings
     import torch
     import torch.distributed as dist
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    join_ranks(rank, world, port)
 
     g = torch.Generator().manual_seed(rank)
     loss_fn = make_loss(row, mini_batch)

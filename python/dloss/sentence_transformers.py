@@ -85,26 +85,28 @@ def _mnrl(queries, docs, scale, directions, per_direction, cosine):
         queries = F.normalize(queries, dim=1)
         docs = [F.normalize(d, dim=1) for d in docs]
     positives = docs[0]
-    rows = torch.arange(queries.shape[0]) + shard_offset(queries)
-    # Row j of every gathered column belongs to the query of global row j.
-    cols = torch.arange(global_size(queries))
-    terms = {"query_to_doc": [
-        torch.logsumexp(scale * (queries @ all_gather(d).T), dim=1)
-        for d in docs]}
+
+    def lse(rows, cols, own_masked=False):
+        """The log-sum-exp per row of scale * rows . every rank's cols; with
+        `own_masked`, without the row's own column (row j of a gathered
+        column belongs to the query of global row j)."""
+        logits = scale * (rows @ all_gather(cols).T)
+        if own_masked:
+            ids = torch.arange(rows.shape[0]) + shard_offset(rows)
+            logits = logits.masked_fill(
+                ids[:, None] == torch.arange(global_size(rows))[None, :],
+                _MASKED)
+        return torch.logsumexp(logits, dim=1)
+
+    terms = {"query_to_doc": [lse(queries, d) for d in docs]}
     if "query_to_query" in directions:
-        logits = scale * (queries @ all_gather(queries).T)
-        terms["query_to_query"] = [torch.logsumexp(
-            logits.masked_fill(rows[:, None] == cols[None, :], _MASKED),
-            dim=1)]
+        terms["query_to_query"] = [lse(queries, queries, own_masked=True)]
     if "doc_to_query" in directions:
-        terms["doc_to_query"] = [torch.logsumexp(
-            scale * (positives @ all_gather(queries).T), dim=1)]
+        terms["doc_to_query"] = [lse(positives, queries)]
     if "doc_to_doc" in directions:
         # Not the row's own positive and hard negatives.
-        terms["doc_to_doc"] = [torch.logsumexp(
-            (scale * (positives @ all_gather(d).T)).masked_fill(
-                rows[:, None] == cols[None, :], _MASKED), dim=1)
-            for d in docs]
+        terms["doc_to_doc"] = [lse(positives, d, own_masked=True)
+                               for d in docs]
     if per_direction:
         log_z = sum(_logaddexp(t) for t in terms.values()) / len(terms)
     else:
@@ -273,12 +275,14 @@ class MultipleNegativesRankingLoss(_st.MultipleNegativesRankingLoss):
                 "similarity_fct=%s is neither "
                 "sentence_transformers.util.cos_sim nor dot_score" %
                 getattr(self.similarity_fct, "__name__",
-                        type(self.similarity_fct).__name__)))
+                        type(self.similarity_fct).__name__)),
+                "Use cos_sim or dot_score for the fused kernel")
         if _hardness(self):
             return self._unfused(embeddings, gathered, (
                 "hardness_mode=%r adds a stop-gradient copy of each "
                 "similarity to its logit, which dloss's fused programs "
-                "cannot express yet" % self.hardness_mode))
+                "cannot express yet" % self.hardness_mode),
+                "hardness_mode=None runs fused")
         fn = self._program_for(len(embeddings) - 1, gathered)
         try:
             return fn(*embeddings, float(self.scale), tuple(self.directions),
@@ -296,10 +300,10 @@ class MultipleNegativesRankingLoss(_st.MultipleNegativesRankingLoss):
                 "positive and the same number of hard negatives): check the "
                 "dataset's columns and the collator") from None
 
-    def _unfused(self, embeddings, gathered, why):
-        """The loss where dloss does not fuse (`why`, said once on rank 0):
-        gathered with dloss.all_gather (exact gradients, uneven batches),
-        the matrix built as sentence-transformers builds it."""
+    def _unfused(self, embeddings, gathered, why, hint):
+        """The loss where dloss does not fuse (`why` and `hint`, said once on
+        rank 0): gathered with dloss.all_gather (exact gradients, uneven
+        batches), the matrix built as sentence-transformers builds it."""
         if not self._remarked:
             self._remarked = True
             if not torch.distributed.is_initialized() or \
@@ -307,8 +311,8 @@ class MultipleNegativesRankingLoss(_st.MultipleNegativesRankingLoss):
                 log.warning(
                     "dloss.%s: %s, so the loss runs unfused: each rank "
                     "builds its B_local x B_global similarity matrices "
-                    "(still exact, uneven batches included).",
-                    type(self).__name__, why)
+                    "(still exact, uneven batches included). %s.",
+                    type(self).__name__, why, hint)
         queries, docs = embeddings[0], list(embeddings[1:])
         if not gathered:
             return _per_row_unfused(self, queries, docs, queries, docs,
