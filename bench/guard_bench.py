@@ -1,8 +1,10 @@
 """dloss.guard's cost on 4 CPU ranks (Gloo on loopback, one thread each):
-per collective (an all_reduce of one float) and per DDP training step (a
+per collective (an all_reduce of one float), per DDP training step (a
 small MLP with dloss.ClipLoss, DDP's gradient all-reduce in 1 bucket or
-several), each guarded and unguarded in the same run, alternating, with the
-ratio guarded / unguarded. No target: the guard is a debugging mode; the
+several) and per FSDP2 step (the same MLP, each Linear and the root under
+fully_shard: its all-gathers and reduce-scatters), each guarded and
+unguarded in the same run, alternating, with the ratio guarded /
+unguarded. No target: the guard is a debugging mode; the
 numbers go to docs/Lightning.md.
 
     python bench/guard_bench.py [--ranks 4] [--steps 40] [--collectives 400]
@@ -42,17 +44,31 @@ def _rank(rank, world, port, args, queue):
     y = torch.randn(128, 64, generator=g)
     scale = torch.tensor(10.0)
 
-    def steps(bucket_cap_mb):
-        ddp = torch.nn.parallel.DistributedDataParallel(
-            model, bucket_cap_mb=bucket_cap_mb)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    def timed(wrapped):
+        """Seconds per training step of `wrapped` (DDP or FSDP2)."""
+        opt = torch.optim.SGD(wrapped.parameters(), lr=0.01)
         dist.barrier()
         start = time.perf_counter()
         for _ in range(args.steps):
             opt.zero_grad()
-            loss_fn(ddp(x), y, scale).backward()
+            loss_fn(wrapped(x), y, scale).backward()
             opt.step()
         return (time.perf_counter() - start) / args.steps
+
+    def steps(bucket_cap_mb):
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, bucket_cap_mb=bucket_cap_mb)
+        return timed(ddp)
+
+    def fsdp_steps():
+        import copy
+
+        from torch.distributed.fsdp import fully_shard
+        sharded = copy.deepcopy(model)
+        fully_shard(sharded[0])
+        fully_shard(sharded[2])
+        fully_shard(sharded)
+        return timed(sharded)
 
     out = {}
     for repeat in range(2):
@@ -62,6 +78,7 @@ def _rank(rank, world, port, args, queue):
             out.setdefault(("collective", key), []).append(collectives())
             out.setdefault(("step, 1 bucket", key), []).append(steps(25))
             out.setdefault(("step, 4 buckets", key), []).append(steps(0.02))
+            out.setdefault(("FSDP2 step", key), []).append(fsdp_steps())
             if guard is not None:
                 guard.close()
     queue.put((rank, out))
@@ -93,7 +110,8 @@ def main():
     print("%d ranks, best of 2 alternating runs" % args.ranks)
     print("| figure | unguarded (ms) | guarded (ms) | added (ms) | ratio |")
     print("|---|---:|---:|---:|---:|")
-    for name in ("collective", "step, 1 bucket", "step, 4 buckets"):
+    for name in ("collective", "step, 1 bucket", "step, 4 buckets",
+                 "FSDP2 step"):
         plain = min(out[(name, "plain")]) * 1e3
         guarded = min(out[(name, "guarded")]) * 1e3
         print("| %s | %.3f | %.3f | %.3f | %.2f |" %

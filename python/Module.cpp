@@ -14,6 +14,7 @@
 #include "runtime/autograd/CompiledLoss.h"
 #include "runtime/comm/CallSite.h"
 #include "runtime/comm/Engines.h"
+#include "runtime/comm/GuardedBackend.h"
 #include "runtime/comm/Refusal.h"
 #include "runtime/comm/RendezvousOptions.h"
 #include "runtime/kernels/OpTable.h"
@@ -655,6 +656,58 @@ void bindJit(py::module_ &m) {
       .def_property_readonly("grad_mode", &CompiledLoss::gradMode);
 }
 
+/// dloss.guard's hooks: each calls a method of `checker` (a
+/// dloss.guard._Checker) with the GIL, on the op's own thread. Its
+/// dloss.Error crosses c10d and the autograd engine as a
+/// py::error_already_set, which torch's bindings raise as it is.
+comm::GuardHooks pythonHooks(const py::object &checker) {
+  // Released with the GIL, wherever the last hook goes (a group may end on
+  // a thread of c10d's); leaked if Python has already finalised.
+  std::shared_ptr<py::object> held(new py::object(checker), [](py::object *o) {
+    if (!Py_IsInitialized())
+      return;
+    py::gil_scoped_acquire gil;
+    delete o;
+  });
+  comm::GuardHooks hooks;
+  hooks.collective = [held](const std::string &call) {
+    py::gil_scoped_acquire gil;
+    held->attr("collective")(call);
+  };
+  hooks.post = [held](const std::string &call, int peer, bool send,
+                      int tag) -> int64_t {
+    py::gil_scoped_acquire gil;
+    return held->attr("post")(call, peer, send, tag).cast<int64_t>();
+  };
+  hooks.verify = [held](int64_t token) {
+    py::gil_scoped_acquire gil;
+    held->attr("verify")(token);
+  };
+  return hooks;
+}
+
+void bindGuard(py::module_ &m) {
+  m.def(
+      "guard_group",
+      [](const py::object &group, const py::object &checker) {
+        auto pg = borrowTorch<c10d::ProcessGroup>(group, "ProcessGroup");
+        comm::guardGroup(*pg, pythonHooks(checker));
+      },
+      py::arg("group"), py::arg("checker"),
+      "Registers on `group`, in place of its backends, one that calls "
+      "checker.collective(call) before each collective, checker.post(call, "
+      "peer, send, tag) when a send or recv is posted and "
+      "checker.verify(token) before its wait (runtime/comm/GuardedBackend.h).");
+  m.def(
+      "unguard_group",
+      [](const py::object &group) {
+        auto pg = borrowTorch<c10d::ProcessGroup>(group, "ProcessGroup");
+        return comm::unguardGroup(*pg);
+      },
+      py::arg("group"),
+      "Gives `group` its own backends back; False when it was not guarded.");
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -730,6 +783,7 @@ PYBIND11_MODULE(_C, m) {
       "collective inside a dloss call on this thread: dloss raises it as it "
       "is.");
   bindCommunicator(m);
+  bindGuard(m);
   bindGraph(m);
   bindLosses(m);
   bindJit(m);

@@ -45,6 +45,7 @@ def _is_users(skip=()):
     torch.nn.Module.__call__) and outside the directories in `skip` (a
     framework between the user and dloss)."""
     import os
+    import sys
 
     import torch
 
@@ -52,6 +53,12 @@ def _is_users(skip=()):
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
     skip = (package, os.path.dirname(os.path.abspath(torch.__file__)) +
             os.sep) + tuple(skip)
+    # torch wraps some of its API (all_gather_into_tensor,
+    # reduce_scatter_tensor) in typing_extensions' @deprecated, whose
+    # wrapper's frame sits between the user and torch.
+    extensions = sys.modules.get("typing_extensions")
+    if getattr(extensions, "__file__", None):
+        skip += (os.path.abspath(extensions.__file__),)
 
     def test(filename):
         return not os.path.abspath(filename).startswith(skip)

@@ -16,12 +16,19 @@ the same collective number:
   the ranks that never came, and a rank that comes later raises the same
   error.
 
-Mechanism: the guarded group is a ``torch.distributed.ProcessGroup``
-written in Python around the group's own backends, and becomes torch's
-default group. Every collective of the public API that goes through a
-ProcessGroup method reaches it: the user's ``torch.distributed`` calls,
-Lightning's ``sync_dist`` reductions and barriers, DDP's C++ reducer, and
-dloss's runtime. See docs/Lightning.md for why, its cost, and its limits.
+Sends and recvs are checked per pair: each end records its op when it is
+posted and compares it with its peer's before its wait.
+
+Mechanism: the guard registers a C++ backend (runtime/comm/GuardedBackend.h)
+on the user's own group, in place of its Gloo and NCCL backends, that calls
+this module's checker before each op. torch dispatches every op of a group
+to its backend, so every holder of the group is covered: the user's
+``torch.distributed`` calls, Lightning's ``sync_dist`` reductions and
+barriers, DDP's reducer (a DDP module built before the guard included),
+FSDP2's all-gathers and reduce-scatters, and dloss's runtime. The records
+go through a connection of the guard's own to the group's store, whose
+waits end at the guard's deadline. See docs/Lightning.md for its cost and
+its limits.
 """
 
 import itertools
@@ -32,7 +39,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.distributed import ProcessGroup
 
 from . import _C
 from .errors import framework_dirs, make_error, split_stack
@@ -106,129 +112,158 @@ def _user_site(start):
     return text
 
 
-def _python_caller(override):
-    """The frame that called the guarded method `override`, and whether it
-    is on this thread: a collective that C++ starts on a thread of its own
-    (the CUDA autograd engine's, for DDP's reducer) has no Python caller,
-    and the main thread's stack says where the user is."""
-    if override.f_back is not None:
-        return override.f_back, True
+def _python_caller(hook):
+    """The Python frame under the guard's `hook` (the frame that called
+    into torch, which called the group's backend), and whether it is on
+    this thread: an op that C++ starts on a thread of its own (the CUDA
+    autograd engine's, for DDP's reducer) has no Python frame under it, and
+    the main thread's stack says where the user is."""
+    if hook.f_back is not None:
+        return hook.f_back, True
     main = sys._current_frames().get(threading.main_thread().ident)
     return main, False
 
 
-def _tensors(tensors):
-    if not tensors:
-        return "[]"
-    dtypes = {str(t.dtype).replace("torch.", "") for t in tensors}
-    shapes = ",".join("[%s]" % "x".join(str(s) for s in t.shape)
-                      for t in tensors)
-    return "%s%s" % ("/".join(sorted(dtypes)), shapes)
+_FSDP_DIR = os.path.join(_TORCH_DIR, "distributed", "fsdp", "_fully_shard")
 
 
-def _reduce_op(opts):
-    op = getattr(opts, "reduceOp", None)
-    text = str(getattr(op, "op", op))
-    return text.split(".")[-1].split(":")[0].strip("<>")
+def _fsdp_origin(frame, call):
+    """" (FSDP2 all-gather of encoder.layers.0)" when `frame` runs inside an
+    FSDP2 parameter group's unshard or gradient reduction, else None."""
+    depth = 0
+    while frame is not None and depth < 40:
+        if frame.f_code.co_filename.startswith(_FSDP_DIR):
+            owner = frame.f_locals.get("self")
+            modules = getattr(owner, "modules", None)
+            if modules is not None and hasattr(owner, "_module_fqn"):
+                # fully_shard makes each module's class a subclass
+                # ("FSDPLinear") of the user's.
+                kind = next((k.__name__ for k in type(modules[0]).__mro__
+                             if not k.__name__.startswith("FSDP")), "?")
+                name = "%s (%s)" % (
+                    "module '%s'" % owner._module_fqn if owner._module_fqn
+                    else "the root module", kind)
+                what = ("all-gather" if call.startswith("all_gather") else
+                        "reduce-scatter" if call.startswith("reduce_scatter")
+                        else call.split(" ")[0].replace("_", "-"))
+                return " (FSDP2 %s of %s)" % (what, name)
+        frame = frame.f_back
+        depth += 1
+    return None
 
 
-class _GuardedGroup(ProcessGroup):
-    """The group `inner`, each collective checked first (see the module's
-    docstring). Ops that a Python ProcessGroup cannot override go straight
-    to `inner`'s backends, unchecked."""
+class _Checker:
+    """What a guarded group's backend (runtime/comm/GuardedBackend.h) calls
+    before each op: the record on the store, and the comparison with every
+    rank's (a collective) or with the peer's (a send or recv)."""
 
-    def __init__(self, inner, store, timeout, label):
-        super().__init__(inner.rank(), inner.size())
-        self._inner = inner
+    def __init__(self, group, store, timeout, label):
+        self._inner = group
         self._store = store
-        self._timeout = timeout
+        self.timeout = timeout
         self._label = label
-        self._rank = inner.rank()
-        self._world = inner.size()
+        self._rank = group.rank()
+        self._world = group.size()
         self._prefix = "dloss/guard/%d/" % next(_generations)
         self._seq = 0
         self.enabled = True
         self._broken = None  # the refusal's text, once refused
         self._ddp_task = (None, 0)  # (autograd graph task, next bucket)
-        for device in inner._device_types:
-            backend = inner._get_backend(device)
-            kind = {"gloo": ProcessGroup.BackendType.GLOO,
-                    "nccl": ProcessGroup.BackendType.NCCL}.get(
-                        backend.name(), ProcessGroup.BackendType.CUSTOM)
-            self._register_backend(device, kind, backend)
-        if inner.bound_device_id is not None:
-            self.bound_device_id = inner.bound_device_id
-        self._set_group_name(inner.group_name)
-        self._set_group_desc(inner.group_desc)
+        # Point to point: posts per (src, dst, tag), and the posted ops
+        # not yet verified, by token.
+        self._posts = {}
+        self._pending = {}
+        self._tokens = itertools.count()
 
-    def getBackendName(self):  # noqa: N802 - torch's name
-        return self._inner.name()
+    # -- the hooks ---------------------------------------------------------
+    def collective(self, call):
+        if not self.enabled:
+            return
+        caller, on_this_thread = _python_caller(sys._getframe(0))
+        self._check(call, caller, on_this_thread)
 
-    # -- the checked collectives ----------------------------------------
-    def allreduce(self, tensors, opts):
-        self._check("all_reduce %s %s" % (_tensors(tensors), _reduce_op(opts)))
-        return self._inner.allreduce(tensors, opts)
+    def post(self, call, peer, send, tag):
+        if not self.enabled or _C.current_call_site() is not None:
+            # dloss's own ring transfers follow from the call's plan, which
+            # the ranks checked agree (its first, checked, collective): a
+            # record per transfer would add four store round trips each.
+            return -1
+        caller, on_this_thread = _python_caller(sys._getframe(0))
+        site = _user_site(caller)
+        if self._broken is not None:
+            self._refuse(self._broken, "", site, stored=True)
+        call += self._origin(caller, on_this_thread, call)
+        src, dst = (self._rank, peer) if send else (peer, self._rank)
+        pair = (src, dst, tag)
+        n = self._posts.get(pair, 0)
+        self._posts[pair] = n + 1
+        base = self._prefix + "p2p/%d-%d/%d/%d/" % (src, dst, tag, n)
+        mine, theirs = (base + "s", base + "r") if send else \
+            (base + "r", base + "s")
+        try:
+            self._store.set(mine, call + "\n" + site)
+        except dist.DistStoreError as e:
+            self._lost_store(e, call, site)
+        token = next(self._tokens)
+        self._pending[token] = (theirs, call, site, peer, n)
+        return token
 
-    def allreduce_coalesced(self, tensors, opts):
-        self._check("all_reduce_coalesced %s %s" %
-                    (_tensors(tensors), _reduce_op(opts)))
-        return self._inner.allreduce_coalesced(tensors, opts)
+    def verify(self, token):
+        entry = self._pending.pop(token, None)
+        if entry is None or not self.enabled:
+            return
+        theirs, call, site, peer, n = entry
+        store = self._store
+        try:
+            try:
+                store.wait([theirs], timedelta(seconds=self.timeout))
+            except dist.DistStoreError as e:
+                if not _timed_out(e):
+                    raise
+                self._abort(self._keys(self._seq), self._cause() +
+                            "%s #%d with rank %d on %s (%s at %s) met no "
+                            "matching %s on rank %d within %g s" % (
+                                call.split(" ")[0], n, peer, self._label,
+                                call, site,
+                                "recv" if call.startswith("send") else "send",
+                                peer, self.timeout),
+                            _hint([], missing=True), site)
+            other = store.get(theirs).decode().split("\n", 1)
+            store.delete_key(theirs)
+        except dist.DistStoreError as e:
+            self._lost_store(e, call, site)
+        if other[0].split(" ", 1)[1:] != call.split(" ", 1)[1:]:
+            mine = (self._rank, call, site)
+            pair = sorted([mine, (peer, other[0], other[1])])
+            self._abort(self._keys(self._seq),
+                        "a send and its recv disagree on %s: %s" % (
+                            self._label, "; ".join(
+                                "rank %d: %s at %s" % p for p in pair)),
+                        "A send and the recv that pairs with it (the same "
+                        "peers and tag, in posting order) must move the "
+                        "same dtype and shape: fix the side that differs",
+                        site)
 
-    def allgather(self, outputs, inputs, opts):
-        self._check("all_gather %s" % _tensors(inputs))
-        return self._inner.allgather(outputs, inputs, opts)
-
-    def all_gather_single_coalesced(self, outputs, inputs, opts):
-        self._check("all_gather_into_tensor_coalesced %s" % _tensors(inputs))
-        return self._inner.allgather_into_tensor_coalesced(outputs, inputs,
-                                                           opts)
-
-    def broadcast(self, tensors, opts):
-        self._check("broadcast %s from rank %d" %
-                    (_tensors(tensors), opts.rootRank))
-        return self._inner.broadcast(tensors, opts)
-
-    def barrier(self, opts):
-        self._check("barrier")
-        return self._inner.barrier(opts)
-
-    def reduce_scatter(self, outputs, inputs, opts):
-        self._check("reduce_scatter %s %s" %
-                    (_tensors(outputs), _reduce_op(opts)))
-        return self._inner.reduce_scatter(outputs, inputs, opts)
-
-    def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
-        self._check("reduce_scatter_tensor_coalesced %s %s" %
-                    (_tensors(outputs), _reduce_op(opts)))
-        return self._inner.reduce_scatter_tensor_coalesced(outputs, inputs,
-                                                           opts)
-
-    def all_to_all_single(self, output, input, output_splits, input_splits,
-                          opts):
-        # The split sizes differ between ranks by design: only the dtype
-        # and the trailing dimensions must agree.
-        self._check("all_to_all_single %s[*x%s]" % (
-            str(input.dtype).replace("torch.", ""),
-            "x".join(str(s) for s in input.shape[1:])))
-        return self._inner.alltoall_base(output, input, output_splits,
-                                         input_splits, opts)
-
-    # -- the check --------------------------------------------------------
-    def _origin(self, caller, on_this_thread):
+    # -- the collective check ----------------------------------------------
+    def _origin(self, caller, on_this_thread, call):
         """Who makes the call, when not the user's own code: dloss's
-        runtime, or DDP's reducer (a collective the autograd engine starts,
-        from Python's backward call or on a thread of its own). Part of
-        what the ranks must agree on."""
+        runtime, FSDP2, or DDP's reducer (a collective the autograd engine
+        starts, from Python's backward call or on a thread of its own).
+        Part of what the ranks must agree on."""
         dloss_site = _C.current_call_site()
         if dloss_site is not None:
             function, op, _, phase = dloss_site
             return " (dloss @%s, %s)" % (function, op or phase)
-        if not on_this_thread or (caller is not None and
-                                  caller.f_code.co_filename.endswith((
-                                      os.path.join("torch", "autograd",
-                                                   "graph.py"),
-                                      os.path.join("torch", "autograd",
-                                                   "__init__.py")))):
+        fsdp = _fsdp_origin(caller, call) if on_this_thread else None
+        if fsdp is not None:
+            return fsdp
+        if call.startswith("all_reduce") and (
+                not on_this_thread or (caller is not None and
+                                       caller.f_code.co_filename.endswith((
+                                           os.path.join("torch", "autograd",
+                                                        "graph.py"),
+                                           os.path.join("torch", "autograd",
+                                                        "__init__.py"))))):
             task = torch._C._current_graph_task_id()
             last, bucket = self._ddp_task
             bucket = bucket if last == task else 0
@@ -236,22 +271,20 @@ class _GuardedGroup(ProcessGroup):
             return " (DDP gradient all-reduce, bucket %d)" % bucket
         return ""
 
-    def _check(self, call):
-        if not self.enabled:
-            return
+    def _keys(self, seq):
+        base = self._prefix + "%d/" % seq
+        return [base + str(r) for r in range(self._world)]
+
+    def _check(self, call, caller, on_this_thread):
         _hook_lightning()
         if self._broken is not None:
             # The ranks disagree on the order from here on: any collective
             # would pair with the wrong one or hang.
-            self._refuse(self._broken, "",
-                         _user_site(_python_caller(sys._getframe(1))[0]),
-                         stored=True)
+            self._refuse(self._broken, "", _user_site(caller), stored=True)
         seq = self._seq
         self._seq += 1
-        base = self._prefix + "%d/" % seq
-        keys = [base + str(r) for r in range(self._world)]
-        caller, on_this_thread = _python_caller(sys._getframe(1))
-        call += self._origin(caller, on_this_thread)
+        keys = self._keys(seq)
+        call += self._origin(caller, on_this_thread, call)
         site = _user_site(caller)
         store = self._store
         try:
@@ -262,17 +295,12 @@ class _GuardedGroup(ProcessGroup):
             if found.startswith(_ABORT):
                 self._refuse(found[len(_ABORT):], "", site, stored=True)
             values = self._gather(seq, keys, site)
+            if seq > 0:
+                # Every rank wrote #seq, so every rank has read #seq-1.
+                store.delete_key(self._prefix + "%d/%d" % (seq - 1,
+                                                           self._rank))
         except dist.DistStoreError as e:
-            self._refuse(
-                "collective #%d on %s: the group's store stopped answering "
-                "while this rank checked %s at %s (%s): the rank that hosts "
-                "it (rank 0 for torchrun and env:// groups) has probably "
-                "exited" % (seq, self._label, call, site,
-                            str(e).splitlines()[0]),
-                "Look at that rank's output for why it stopped", site)
-        if seq > 0:
-            # Every rank wrote #seq, so every rank has read #seq-1.
-            store.delete_key(self._prefix + "%d/%d" % (seq - 1, self._rank))
+            self._lost_store(e, "collective #%d: %s" % (seq, call), site)
         calls = [v.split("\n", 1) for v in values]
         if any(c[0] != calls[0][0] for c in calls):
             self._abort(keys, "the ranks reached different collectives as "
@@ -280,16 +308,30 @@ class _GuardedGroup(ProcessGroup):
                         (seq, self._label, _by_rank(calls)),
                         _hint(calls), site)
 
+    def _lost_store(self, error, call, site):
+        self._refuse(
+            "%s: the group's store stopped answering while this rank "
+            "checked %s at %s (%s): the rank that hosts it (rank 0 for "
+            "torchrun and env:// groups) has probably exited" % (
+                self._label, call, site, str(error).splitlines()[0]),
+            "Look at that rank's output for why it stopped", site)
+
+    def _cause(self):
+        """"<root cause> (the first rank that left or failed); because of
+        it, " when a rank recorded why it left, else ""."""
+        cause = root_cause(self._inner)
+        return cause + " (the first rank that left or failed); because of " \
+            "it, " if cause else ""
+
     def _gather(self, seq, keys, site):
         """Every rank's record of collective #seq: one blocking wait on the
         store, until all are there (an abort fills the missing ones) or the
         deadline."""
         store = self._store
         try:
-            store.wait(keys, timedelta(seconds=self._timeout))
+            store.wait(keys, timedelta(seconds=self.timeout))
         except dist.DistStoreError as e:
-            if "timeout" not in str(e).lower() and \
-                    "timed out" not in str(e).lower():
+            if not _timed_out(e):
                 raise
             present = [store.check([k]) for k in keys]
             came = [None if v is None else v.decode().split("\n", 1)
@@ -297,18 +339,14 @@ class _GuardedGroup(ProcessGroup):
             aborted = [c for c in came if c is not None and
                        c[0].startswith(_ABORT)]
             if aborted:
-                self._refuse(aborted[0][0][len(_ABORT):] + "\n" + aborted[0][1],
-                             "", site, stored=True)
+                self._refuse(aborted[0][0][len(_ABORT):] + "\n" +
+                             aborted[0][1], "", site, stored=True)
             missing = [r for r, c in enumerate(came) if c is None]
-            # A rank that left recorded why (dloss.group's exit hooks).
-            cause = root_cause(self._inner)
-            cause = cause + " (the first rank that left or failed); " \
-                "because of it, " if cause else ""
             self._abort(
-                keys, cause + "collective #%d on %s: %s never reached it "
-                "within %g s, "
-                "while %s" % (seq, self._label, _ranks(missing),
-                              self._timeout, _by_rank(came)),
+                keys, self._cause() + "collective #%d on %s: %s never "
+                "reached it within %g s, while %s" % (
+                    seq, self._label, _ranks(missing), self.timeout,
+                    _by_rank(came)),
                 _hint([c for c in came if c is not None], missing=True), site)
         values = [v.decode() for v in store.multi_get(keys)]
         for value in values:
@@ -318,7 +356,7 @@ class _GuardedGroup(ProcessGroup):
 
     def _abort(self, keys, problem, hint, site):
         """Raises `problem` here and on every rank waiting for, or coming
-        later to, this collective: the first rank to abort writes its text
+        later to, collective `keys`: the first rank to abort writes its text
         into the records of the ranks that never came, which ends the
         others' waits."""
         text = problem + "\n" + hint
@@ -338,6 +376,11 @@ class _GuardedGroup(ProcessGroup):
             # Inside a dloss call: its runtime raises this error as it is.
             _C.refuse_collective(error)
         raise error
+
+
+def _timed_out(error):
+    text = str(error).lower()
+    return "timeout" in text or "timed out" in text
 
 
 def _fill(store, keys, present):
@@ -377,6 +420,33 @@ def _hint(calls, missing=False):
     return text
 
 
+# The guard installed on each group, while it checks.
+_installed = {}
+
+
+# The guard's own connection to each group's store, made once per group:
+# guards come and go (one per Lightning stage, or per test), connections
+# stay.
+_connections = {}
+
+
+def _own_connection(group, store, timeout):
+    """A connection of the guard's own to `group`'s `store`, whose every
+    wait ends within `timeout` (the group's store waits for the group's
+    timeout, minutes, and that setting is the user's); the store itself
+    where it has no clone."""
+    connection = _connections.get(group)
+    if connection is None:
+        try:
+            connection = store.clone()
+        except (RuntimeError, AttributeError, NotImplementedError):
+            connection = store
+        _connections[group] = connection
+    if connection is not store:
+        connection.set_timeout(timedelta(seconds=timeout))
+    return connection
+
+
 class Guard:
     """An installed guard (see guard()): ``group`` is the guarded group,
     ``close()`` (or the end of a ``with`` block) removes it."""
@@ -386,44 +456,38 @@ class Guard:
             raise make_error("dloss.guard: timeout must be a positive number "
                              "of seconds, got %r" % (timeout,),
                              "Pass timeout=30, say")
-        original = _require_group(group)
-        if isinstance(original, _GuardedGroup) and original.enabled:
+        group = _require_group(group)
+        self.group = None
+        existing = _installed.get(group)
+        if existing is not None:
             # Guarded already (a Lightning setup() runs once per stage):
             # the new deadline applies; the first guard keeps ownership.
-            original._timeout = float(timeout)
-            self.group, self._original = None, None
+            existing._checker.timeout = float(timeout)
+            _own_connection(group, None, timeout)
             return
-        store = _store_of(original)
+        store = _store_of(group)
         if store is None:
             raise make_error(
                 "dloss.guard: torch keeps no store for this group",
                 "Guard a group made by torch.distributed.init_process_group "
                 "or new_group")
-        default = dist.distributed_c10d._get_default_group()
-        self._is_default = original is default
-        label = "the default group" if self._is_default else \
-            "group %s" % original.group_name
-        self._original = original
-        communicator(original)  # its exit hooks record why a rank left
-        self.group = _GuardedGroup(original, store, float(timeout), label)
-        world = dist.distributed_c10d._world
-        for table in _tables():
-            if original in table:
-                table[self.group] = table[original]
-        if self._is_default:
-            world.default_pg = self.group
+        label = "the default group" if \
+            group is dist.distributed_c10d._get_default_group() else \
+            "group %s" % group.group_name
+        communicator(group)  # its exit hooks record why a rank left
+        self._checker = _Checker(group, _own_connection(group, store, timeout),
+                                 float(timeout), label)
+        _C.guard_group(group, self._checker)
+        _installed[group] = self
+        self.group = group
 
     def close(self):
-        """Stops checking and gives torch back the original group (a DDP
-        module made under the guard keeps the guarded one, unchecked)."""
+        """Stops checking: the group gets its own backends back."""
         if self.group is None:
             return
-        self.group.enabled = False
-        world = dist.distributed_c10d._world
-        if self._is_default and world.default_pg is self.group:
-            world.default_pg = self._original
-        for table in _tables():
-            table.pop(self.group, None)
+        self._checker.enabled = False
+        _C.unguard_group(self.group)
+        _installed.pop(self.group, None)
         self.group = None
 
     def __enter__(self):
@@ -433,29 +497,18 @@ class Guard:
         self.close()
 
 
-def _tables():
-    """torch's per-group tables that every collective and query reads (those
-    this torch has: pg_to_tag is a 2.x addition)."""
-    world = dist.distributed_c10d._world
-    names = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config",
-             "pg_to_tag")
-    return tuple(table for table in (getattr(world, n, None) for n in names)
-                 if table is not None)
-
-
 def guard(group=None, timeout=_DEFAULT_TIMEOUT):
     """Checks every collective on `group` (default: torch.distributed's
     default group) before it runs: every rank must reach the same op with
     the same sizes and dtype, within `timeout` seconds of the first. A
     mismatch or a missing rank raises dloss.Error on every rank that waits,
-    with each rank's call site. Call it on every rank, after the group is
-    initialised, and before DDP wraps the model (DDP keeps the group it was
-    given).
+    with each rank's call site. Sends and recvs are checked per pair.
+    Call it on every rank, after the group is initialised; it guards the
+    group itself, so a DDP module or an FSDP2 mesh on the group is covered
+    whenever it was built.
 
     As a call it guards until the end of the process (or ``.close()``); as
-    a context, ``with dloss.guard(): ...``, until the block ends. For the
-    default group torch itself then hands out the guarded group; for
-    another group, use the returned guard's ``.group`` in its place.
+    a context, ``with dloss.guard(): ...``, until the block ends.
     ``DLOSS_GUARD=<seconds>`` (or ``1``: 30 s) guards the default group of a
     script that imports dloss, from its init_process_group on."""
     return Guard(group, timeout)

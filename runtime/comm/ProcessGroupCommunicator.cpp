@@ -38,6 +38,7 @@
 // has no coalescing.
 #include "runtime/comm/ContractCommunicator.h"
 #include "runtime/comm/Engines.h"
+#include "runtime/comm/GuardedBackend.h"
 #include "runtime/comm/Refusal.h"
 #include "runtime/comm/RingBuffers.h"
 
@@ -96,9 +97,8 @@ constexpr EngineWording kNcclGroupWording{
 // The name of the backend that moves `device`'s tensors, or "" when the
 // group has none for that device type.
 std::string backendFor(c10d::ProcessGroup &group, c10::DeviceType device) {
-  if (!group.hasBackendForDeviceType(device))
-    return "";
-  return group.getBackend(device)->getBackendName();
+  c10::intrusive_ptr<c10d::Backend> backend = movingBackend(group, device);
+  return backend ? backend->getBackendName() : "";
 }
 
 // The wording of the group's CPU engine when it has one (Gloo), else of its
@@ -199,7 +199,7 @@ public:
     if (ownGroup && broken.empty() &&
         group->hasBackendForDeviceType(c10::DeviceType::CUDA)) {
       try {
-        group->getBackend(c10::DeviceType::CUDA)->shutdown();
+        movingBackend(*group, c10::DeviceType::CUDA)->shutdown();
       } catch (...) { // A destructor reports nothing; the process goes on.
       }
     }
@@ -354,7 +354,7 @@ private:
     if (gpuAborted || !group->hasBackendForDeviceType(c10::DeviceType::CUDA))
       return;
     gpuAborted = true;
-    group->getBackend(c10::DeviceType::CUDA)->abort();
+    movingBackend(*group, c10::DeviceType::CUDA)->abort();
   }
 
   c10::intrusive_ptr<c10d::ProcessGroup> group;

@@ -1,10 +1,11 @@
 // A collective refused by a layer between dloss and the group's backend.
 //
-// dloss.guard is a ProcessGroup written in Python: when it refuses one of
-// dloss's collectives, its error crosses c10d as a bare exception, which
-// would read as a failed collective (the communicator would then wait for
-// its peers' records and name them). It leaves its error here first, on
-// the calling thread; the communicator raises that error as it is.
+// dloss.guard checks in Python, called from the group's backend
+// (GuardedBackend.h): when it refuses one of dloss's collectives, its error
+// crosses c10d as a bare exception, which would read as a failed collective
+// (the communicator would then wait for its peers' records and name them). It
+// leaves its error here first, on the calling thread; the communicator raises
+// that error as it is.
 #ifndef DLOSS_RUNTIME_COMM_REFUSAL_H
 #define DLOSS_RUNTIME_COMM_REFUSAL_H
 

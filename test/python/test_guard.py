@@ -62,9 +62,17 @@ def _training(rank, world, guarded):
     dist.all_gather(gathered, torch.tensor([rank * 2.0]))
     dist.barrier()
     if guard is not None:
-        assert dist.distributed_c10d._get_default_group() is guard.group
+        group = dist.distributed_c10d._get_default_group()
+        assert guard.group is group
+        # torch dispatches the group's ops to the guard's backend, which
+        # says it is the Gloo it wraps.
+        backend = group._get_backend(torch.device("cpu"))
+        assert type(backend).__name__ == "Backend", type(backend)
+        assert backend.name() == "gloo"
         guard.close()
-        assert dist.distributed_c10d._get_default_group() is not guard.group
+        assert guard.group is None
+        assert type(group._get_backend(torch.device("cpu"))).__name__ == \
+            "ProcessGroupGloo"
     return (loss.detach(), [p.grad.clone() for p in model.parameters()],
             b.grad.clone(), total, torch.cat(gathered))
 
