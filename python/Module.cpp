@@ -644,10 +644,19 @@ void bindJit(py::module_ &m) {
            py::arg("plan"), py::arg("communicator"), py::arg("entry") = "")
       .def("__call__", &CompiledLoss::operator(), py::arg("inputs"),
            GilRelease())
-      .def("run", &CompiledLoss::run, py::arg("inputs"),
-           py::arg("requires_grad"), GilRelease(),
-           "The call without autograd: [loss] or, when a flag is true, "
-           "[loss, one gradient per grad_argument_indices entry].")
+      .def(
+          "run",
+          [](CompiledLoss &loss, const std::vector<at::Tensor> &inputs,
+             const std::vector<bool> &requiresGrad, const std::string &site) {
+            CallerScope caller(site);
+            return loss.run(inputs, requiresGrad);
+          },
+          py::arg("inputs"), py::arg("requires_grad"), py::arg("site") = "",
+          GilRelease(),
+          "The call without autograd: [loss] or, when a flag is true, "
+          "[loss, one gradient per grad_argument_indices entry]. `site`: "
+          "the user's file:line of the call, which peers, errors and "
+          "flight records name for steps located in dloss's own sources.")
       .def_property_readonly("grad_argument_indices",
                              &CompiledLoss::gradArgumentIndices)
       .def_property_readonly("result_dtypes", &CompiledLoss::resultTypes)
@@ -768,6 +777,12 @@ PYBIND11_MODULE(_C, m) {
       "(function, op, location, phase) of the dloss plan step or phase this "
       "thread is running, or None outside dloss: dloss.guard tells dloss's "
       "own collectives from the user's and DDP's with it.");
+  m.def("is_own_location", &isOwnLocation, py::arg("location"),
+        "Whether an IR location is in dloss's own sources (a drop-in's "
+        "graph) rather than the user's program.");
+  m.def("add_own_source_dir", &addOwnSourceDir, py::arg("dir"),
+        "Adds a directory (ending in '/') of dloss's own sources: the "
+        "installed Python package.");
   m.def(
       "refuse_collective",
       [](const py::object &error) {

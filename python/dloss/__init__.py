@@ -16,6 +16,14 @@ from ._check import check_torch_objects_cross as _check_torch_objects_cross
 
 _check_torch_objects_cross()
 
+import os as _os
+
+from . import _C
+
+# The package's sources are dloss's own: a step located there is named by
+# the user's call of the loss instead (runtime/comm/CallSite.h).
+_C.add_own_source_dir(_os.path.dirname(_os.path.abspath(__file__)) + _os.sep)
+
 from .collectives import all_gather, gather_all_tensors
 from .compile import CompiledLoss, compile
 from .errors import Error

@@ -56,7 +56,7 @@ class CompiledLoss(_ops.Registered, torch.nn.Module):
         errors located at `site`."""
         fn = self._callable()
         try:
-            return fn.run(inputs, requires_grad)
+            return fn.run(inputs, requires_grad, site or "")
         except Error as e:
             raise self._at_call_site(e, fn, site) from None
 

@@ -139,10 +139,9 @@ def caller_location(depth=2):
 def is_dloss_location(location):
     """Whether an IR location is in dloss's own sources (the graphs of its
     drop-ins: "frontend/Losses.cpp:36", "dloss/losses.py:250", or a path in
-    the installed package) rather than in the user's loss."""
-    import os
+    the installed package) rather than in the user's loss: the runtime's
+    rule (runtime/comm/CallSite.h), which also locates such steps' records
+    at the user's call."""
+    from . import _C
 
-    path = location.split(":")[0]
-    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    return path.startswith(("frontend/", "dloss/")) or (
-        os.path.isabs(path) and path.startswith(package))
+    return bool(location) and _C.is_own_location(location)

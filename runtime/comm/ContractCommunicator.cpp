@@ -318,6 +318,8 @@ Error ContractCommunicator::diagnose(Call &call, const std::string &detail,
                  : call.describe() + " failed " + where() + " (" + detail + ")";
   if (!summary.empty())
     problem += ": " + summary;
+  if (peers && !peers->lostStoreClause().empty())
+    problem += "; " + peers->lostStoreClause();
   if (timedOut)
     problem += " (" + detail + ")";
   problem += wording.failureSuffix;

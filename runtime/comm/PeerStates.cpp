@@ -5,9 +5,22 @@
 #include "runtime/comm/StoreRendezvous.h"
 #include "runtime/support/Format.h"
 
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
 #include <sstream>
 #include <thread>
+
+#include <arpa/inet.h>
+#include <cerrno>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 namespace dloss::comm {
 
@@ -28,12 +41,51 @@ const char *const kLeftPrefix = "dloss/left/";
 // Set by every failure and exit record: a rank waiting in a collective
 // reads the records only once it exists.
 const char *const kAlarmKey = "dloss/alarm";
+// Where the last rank's mirror of the records listens ("<host> <port>"), in the
+// group's store.
+const char *const kMirrorKey = "dloss/mirror";
 // How long a failed rank 0 keeps the store up for the peers' diagnosis.
 constexpr std::chrono::milliseconds kFailureLinger{3000};
 // Peers named one by one in an error; the rest are counted.
 constexpr size_t kMaxPeerClauses = 8;
 
 constexpr char kFieldSeparator = '\x1f';
+
+/// The address of this host's interface that routes to `host`:`port` (the
+/// store's), which the other ranks reach this host by; the host name where
+/// none is found.
+std::string localAddressTowards(const std::string &host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo *found = nullptr;
+  std::string out;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) ==
+      0) {
+    for (addrinfo *a = found; a && out.empty(); a = a->ai_next) {
+      int fd = socket(a->ai_family, a->ai_socktype, 0);
+      if (fd < 0)
+        continue;
+      sockaddr_storage local{};
+      socklen_t length = sizeof(local);
+      char text[INET6_ADDRSTRLEN] = {0};
+      // A datagram socket's connect() sends nothing: it only picks the
+      // route, and with it the local address.
+      if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+          getsockname(fd, reinterpret_cast<sockaddr *>(&local), &length) == 0 &&
+          getnameinfo(reinterpret_cast<sockaddr *>(&local), length, text,
+                      sizeof(text), nullptr, 0, NI_NUMERICHOST) == 0)
+        out = text;
+      close(fd);
+    }
+    freeaddrinfo(found);
+  }
+  if (out.empty()) {
+    char name[256] = {0};
+    gethostname(name, sizeof(name) - 1);
+    out = name;
+  }
+  return out;
+}
 
 std::string encodeState(int64_t seq, const std::string &state,
                         const std::string &collective, const CallSite &site,
@@ -84,15 +136,245 @@ std::string truncated(const std::string &text, size_t limit) {
 
 } // namespace
 
-PeerStates::PeerStates(c10::intrusive_ptr<c10d::Store> store,
+/// A store whose every operation ends within a limit: each runs on a
+/// worker thread of its own, and one that has not answered by the limit
+/// fails, as does every later one (the worker is stuck on a connection that
+/// no longer answers; it is left to the process's end).
+class BoundedStore {
+public:
+  BoundedStore(c10::intrusive_ptr<c10d::Store> store,
+               std::chrono::milliseconds limit, std::string what)
+      : state(std::make_shared<State>()), limit(limit), what(std::move(what)) {
+    state->store = std::move(store);
+    worker = std::thread([state = state] { serve(*state); });
+  }
+  ~BoundedStore() {
+    bool stuck;
+    {
+      std::lock_guard<std::mutex> lock(state->mutex);
+      state->stop = true;
+      stuck = state->stuck;
+    }
+    state->changed.notify_all();
+    if (stuck)
+      worker.detach();
+    else
+      worker.join();
+  }
+  BoundedStore(const BoundedStore &) = delete;
+  BoundedStore &operator=(const BoundedStore &) = delete;
+
+  void set(const std::string &key, const std::string &value) {
+    run([key, value](c10d::Store &s) { s.set(key, toBytes(value)); });
+  }
+  bool check(const std::string &key) {
+    auto out = std::make_shared<bool>(false);
+    run([out, key](c10d::Store &s) { *out = s.check({key}); });
+    return *out;
+  }
+  std::string get(const std::string &key) {
+    auto out = std::make_shared<std::string>();
+    run([out, key](c10d::Store &s) { *out = fromBytes(s.get(key)); });
+    return *out;
+  }
+
+private:
+  struct Job {
+    std::function<void(c10d::Store &)> op;
+    bool done = false;
+    std::exception_ptr error;
+  };
+  struct State {
+    c10::intrusive_ptr<c10d::Store> store;
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::deque<std::shared_ptr<Job>> jobs;
+    bool stop = false;
+    bool stuck = false;
+  };
+
+  static void serve(State &state) {
+    std::unique_lock<std::mutex> lock(state.mutex);
+    while (true) {
+      state.changed.wait(lock,
+                         [&] { return state.stop || !state.jobs.empty(); });
+      if (state.jobs.empty())
+        return;
+      std::shared_ptr<Job> job = state.jobs.front();
+      state.jobs.pop_front();
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        job->op(*state.store);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      job->error = error;
+      job->done = true;
+      state.changed.notify_all();
+    }
+  }
+
+  void run(std::function<void(c10d::Store &)> op) {
+    auto job = std::make_shared<Job>();
+    job->op = std::move(op);
+    std::unique_lock<std::mutex> lock(state->mutex);
+    if (state->stuck)
+      throw std::runtime_error(what + " stopped answering earlier");
+    state->jobs.push_back(job);
+    state->changed.notify_all();
+    if (!state->changed.wait_for(lock, limit, [&] { return job->done; })) {
+      state->stuck = true;
+      throw std::runtime_error(what + " did not answer within " +
+                               seconds(limit));
+    }
+    if (job->error)
+      std::rethrow_exception(job->error);
+  }
+
+  std::shared_ptr<State> state;
+  std::chrono::milliseconds limit;
+  std::string what;
+  std::thread worker;
+};
+
+PeerStates::PeerStates(c10::intrusive_ptr<c10d::Store> groupStore,
                        const RendezvousOptions &options)
-    : store(std::move(store)), rank(options.rank), worldSize(options.worldSize),
+    : mirrored(options.worldSize > 1 && !options.agentStore &&
+               options.masterPort > 0 && !options.masterAddr.empty()),
+      masterAddr(options.masterAddr), masterPort(options.masterPort),
+      deadline(options.timeout), rank(options.rank),
+      worldSize(options.worldSize),
       hostsStore(options.rank == 0 && !options.agentStore),
       // A group made elsewhere (torch.distributed's) may not say where its
       // store is: masterPort 0.
       storeAt(options.masterPort > 0
                   ? "the rendezvous store at " + storeAddress(options)
-                  : std::string("the process group's store")) {}
+                  : std::string("the process group's store")) {
+  // A connection of dloss's own (the group's store itself where it has no
+  // clone: a HashStore), each operation bounded by dloss's deadline.
+  groupStore_ = std::move(groupStore);
+  store = std::make_shared<BoundedStore>(ownConnection(), deadline, storeAt);
+  if (hostsMirror())
+    connectMirror();
+}
+
+void PeerStates::connectMirror() {
+  if (!mirrored || mirror)
+    return;
+  try {
+    if (hostsMirror()) {
+      c10d::TCPStoreOptions options;
+      options.port = 0;
+      options.isServer = true;
+      options.waitWorkers = false;
+      options.timeout = deadline;
+      std::string host = localAddressTowards(masterAddr, masterPort);
+      auto server = c10::make_intrusive<c10d::TCPStore>(host, options);
+      store->set(kMirrorKey, host + " " + std::to_string(server->getPort()));
+      mirror = std::make_shared<BoundedStore>(
+          server, deadline,
+          "the records' mirror on rank " + std::to_string(worldSize - 1));
+      return;
+    }
+    if (primaryLost || !store->check(kMirrorKey))
+      return;
+    std::string address = store->get(kMirrorKey);
+    size_t space = address.rfind(' ');
+    c10d::TCPStoreOptions options;
+    options.port = static_cast<std::uint16_t>(
+        std::strtol(address.c_str() + space + 1, nullptr, 10));
+    options.timeout = deadline;
+    mirror = std::make_shared<BoundedStore>(
+        c10::make_intrusive<c10d::TCPStore>(address.substr(0, space), options),
+        deadline,
+        "the records' mirror on rank " + std::to_string(worldSize - 1));
+  } catch (const std::exception &) {
+    // No mirror: the records live in the group's store alone.
+    mirrored = false;
+  }
+}
+
+c10::intrusive_ptr<c10d::Store> PeerStates::ownConnection() {
+  try {
+    c10::intrusive_ptr<c10d::Store> own = groupStore_->clone();
+    own->setTimeout(deadline);
+    return own;
+  } catch (const std::exception &) {
+    return groupStore_;
+  }
+}
+
+void PeerStates::loseStore() {
+  if (!primaryLost)
+    primaryLostUnixMs = unixMillis();
+  primaryLost = true;
+}
+
+std::string PeerStates::lostStoreClause() const {
+  if (!primaryLost)
+    return "";
+  std::ostringstream ago;
+  ago.precision(1);
+  ago << std::fixed
+      << std::max<int64_t>(0, unixMillis() - primaryLostUnixMs) / 1000.0;
+  return storeAt + " stopped answering this rank " + ago.str() +
+         " s ago (the peers' records above were read from their mirror on "
+         "rank " +
+         std::to_string(worldSize - 1) +
+         "): this host may be cut off from the store's host and the ranks "
+         "there";
+}
+
+template <typename Fn> auto PeerStates::firstAnswer(Fn &&fn) {
+  if (!primaryLost) {
+    try {
+      return fn(*store);
+    } catch (const std::exception &) {
+      if (!mirror)
+        throw;
+      loseStore();
+    }
+  }
+  if (!mirror)
+    throw std::runtime_error(storeAt + " stopped answering");
+  return fn(*mirror);
+}
+
+void PeerStates::put(const std::string &key, const std::string &value) {
+  connectMirror();
+  bool stored = false;
+  if (!primaryLost) {
+    try {
+      store->set(key, value);
+      stored = true;
+    } catch (const std::exception &) {
+      if (!mirror)
+        throw;
+      loseStore();
+    }
+  }
+  if (mirror) {
+    try {
+      mirror->set(key, value);
+      stored = true;
+    } catch (const std::exception &) {
+      mirror.reset();
+      mirrored = false;
+      if (!stored)
+        throw;
+    }
+  }
+}
+
+bool PeerStates::has(const std::string &key) {
+  return firstAnswer([&](BoundedStore &s) { return s.check(key); });
+}
+
+std::string PeerStates::fetch(const std::string &key) {
+  return firstAnswer([&](BoundedStore &s) { return s.get(key); });
+}
 
 void PeerStates::publish(int64_t seq, const std::string &state,
                          const std::string &collective, const CallSite &site,
@@ -100,9 +382,9 @@ void PeerStates::publish(int64_t seq, const std::string &state,
   if (!usable)
     return;
   try {
-    store->set(kSeqPrefix + std::to_string(rank),
-               toBytes(encodeState(seq, state, collective, site, unixMs,
-                                   truncated(detail, 600))));
+    put(kSeqPrefix + std::to_string(rank),
+        encodeState(seq, state, collective, site, unixMs,
+                    truncated(detail, 600)));
   } catch (const std::exception &) {
     usable = false;
   }
@@ -114,7 +396,7 @@ void PeerStates::raiseAlarm() {
   if (!usable)
     return;
   try {
-    store->set(kAlarmKey, toBytes("1"));
+    put(kAlarmKey, "1");
   } catch (const std::exception &) {
     usable = false;
   }
@@ -124,11 +406,11 @@ PeerState PeerStates::readPeer(int r) {
   PeerState peer;
   peer.rank = r;
   std::string key = kSeqPrefix + std::to_string(r);
-  if (store->check({key}))
-    peer = decodeState(r, fromBytes(store->get(key)));
+  if (has(key))
+    peer = decodeState(r, fetch(key));
   std::string left = kLeftPrefix + std::to_string(r);
-  if (store->check({left})) {
-    std::vector<std::string> fields = splitFields(fromBytes(store->get(left)));
+  if (has(left)) {
+    std::vector<std::string> fields = splitFields(fetch(left));
     if (fields.size() >= 5) {
       peer.exited = true;
       peer.exit.rank = r;
@@ -185,7 +467,7 @@ std::vector<PeerState> PeerStates::failed(const Call &call,
   std::vector<PeerState> peers = read(grace, storeProblem);
   if (usable) {
     try {
-      store->set(kDonePrefix + std::to_string(rank), toBytes("1"));
+      put(kDonePrefix + std::to_string(rank), "1");
     } catch (const std::exception &) {
       usable = false;
     }
@@ -294,7 +576,7 @@ void PeerStates::recordExit(int64_t seq, const std::string &reason, bool raised,
     record += kFieldSeparator;
   }
   try {
-    store->set(kLeftPrefix + std::to_string(rank), toBytes(record));
+    put(kLeftPrefix + std::to_string(rank), record);
   } catch (const std::exception &) {
     usable = false;
   }
@@ -320,7 +602,7 @@ std::string PeerStates::doomed(const Call &call) {
   if (!usable)
     return "";
   try {
-    if (!store->check({kAlarmKey}))
+    if (!has(kAlarmKey))
       return "";
   } catch (const std::exception &) {
     usable = false;
@@ -418,7 +700,9 @@ PeerStates::~PeerStates() {
 }
 
 void PeerStates::keepStoreForPeers(int64_t started) {
-  if (!hostsStore || !usable || keptStore)
+  // The last rank hosts the mirror, which peers read once rank 0 left.
+  bool hosts = hostsStore || (hostsMirror() && mirror);
+  if (!hosts || !usable || keptStore)
     return;
   keptStore = true;
   // Rank 0 hosts the store: keep it up while peers that were in the failed
@@ -434,7 +718,7 @@ void PeerStates::keepStoreForPeers(int64_t started) {
     while (Clock::now() < end) {
       bool diagnosing = false, silent = false;
       for (int r = 0; r < worldSize; ++r) {
-        if (r == rank || store->check({kDonePrefix + std::to_string(r)}))
+        if (r == rank || has(kDonePrefix + std::to_string(r)))
           continue;
         PeerState peer = readPeer(r);
         if (peer.exited || !peer.known || peer.seq < due)

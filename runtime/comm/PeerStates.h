@@ -10,6 +10,20 @@
 // name them, leading with the root cause: the first rank that left or
 // failed on its own. Store failures only turn the bookkeeping off: the
 // collective itself reports a dead peer.
+//
+// The records are kept twice, so that they outlive the exit of the store's
+// host (rank 0 for env:// groups, mp.spawn and Lightning's launcher, which
+// may end at once, by os._exit or a kill): in the group's store, and in a
+// mirror that the last rank hosts (a TCPStore of dloss's own, whose address
+// it leaves in the group's store). The records are lost only when both
+// rank 0 and the last rank leave before a peer reads them. Every record
+// goes to both; a read goes to the group's store until it stops answering,
+// then to the mirror. A peer
+// that reaches its failure after rank 0 left still reads why everyone
+// left. Every store operation ends within dloss's deadline (BoundedStore):
+// the group's store waits the user's timeout, often 30 minutes, and a
+// TCPStore's check waits for its reply with no timeout at all, so a rank
+// cut off from the store's host would otherwise hang.
 #ifndef DLOSS_RUNTIME_COMM_PEERSTATES_H
 #define DLOSS_RUNTIME_COMM_PEERSTATES_H
 
@@ -21,10 +35,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace dloss::comm {
+
+class BoundedStore;
 
 /// A peer's latest collective as it recorded it in the store.
 struct PeerState {
@@ -105,6 +122,9 @@ public:
   /// silent (dead without a word). The one rule every report uses.
   RootCause rootCause(const Call *call, const std::vector<PeerState> &peers,
                       bool timedOut) const;
+  /// When the group's store stopped answering and the records were read
+  /// from the mirror: a clause saying so (where, since when), else "".
+  std::string lostStoreClause() const;
   /// Every rank's exit record, earliest first (empty when the store cannot
   /// be read).
   std::vector<Communicator::PeerExit> exits();
@@ -117,6 +137,23 @@ public:
   void keepStoreForPeers(int64_t started);
 
 private:
+  // The records' store operations: both copies for a write, the first that
+  // answers for a read; each throws only when no copy answers.
+  void put(const std::string &key, const std::string &value);
+  bool has(const std::string &key);
+  std::string fetch(const std::string &key);
+  /// The last rank: hosts the mirror. Others: connect to it once the last
+  /// rank has left its address. No-op once connected, or where there is no
+  /// mirror.
+  void connectMirror();
+  template <typename Fn> auto firstAnswer(Fn &&fn);
+  /// Marks the group's store as no longer answering.
+  void loseStore();
+  /// A new connection to the group's store, with dloss's deadline (the
+  /// group's own connection where it has no clone).
+  c10::intrusive_ptr<c10d::Store> ownConnection();
+  bool hostsMirror() const { return mirrored && rank == worldSize - 1; }
+
   std::vector<PeerState> read(std::chrono::milliseconds grace,
                               std::string &storeProblem);
   /// Sets kAlarmKey: some rank failed in a collective or exited.
@@ -124,7 +161,20 @@ private:
   /// Peer `r`'s records; throws on a store failure.
   PeerState readPeer(int r);
 
-  c10::intrusive_ptr<c10d::Store> store;
+  /// The group's store (a connection of dloss's own, with its deadline)
+  /// and the mirror (null until connected); `primaryLost` once the group's
+  /// store stopped answering.
+  std::shared_ptr<BoundedStore> store;
+  std::shared_ptr<BoundedStore> mirror;
+  c10::intrusive_ptr<c10d::Store> groupStore_;
+  bool primaryLost = false;
+  int64_t primaryLostUnixMs = 0;
+  /// Whether this run keeps a mirror (rank 0 hosts the group's store, and
+  /// there is a second rank and an address to reach the store by).
+  bool mirrored = false;
+  std::string masterAddr;
+  int masterPort = 0;
+  std::chrono::milliseconds deadline;
   int rank;
   int worldSize;
   /// Rank 0 hosts the store (no launcher does).

@@ -7,8 +7,10 @@ rank that neither returns nor raises within `timeout` seconds fails the run:
 a test can never hang.
 """
 
+import json
 import os
 import socket
+import subprocess
 import sys
 import time
 import traceback
@@ -134,6 +136,33 @@ def run(world, fn, *args, timeout=120, dloss_timeout=60.0, backend="gloo",
         if status == "error":
             raise RankFailure(r, value[0], value[1], value[2])
     return [value for _, value, _ in ordered]
+
+
+def finish(procs, start, limit):
+    """({rank: exit code}, {rank: stderr}) of script ranks started as
+    subprocesses (stderr piped) at `start`; a rank still running `limit`
+    seconds after it is killed."""
+    codes, stderr = {}, {}
+    for r, p in enumerate(procs):
+        try:
+            _, stderr[r] = p.communicate(
+                timeout=max(1, limit - (time.monotonic() - start)))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, stderr[r] = p.communicate()
+        codes[r] = p.returncode
+    return codes, stderr
+
+
+def reports(out, world):
+    """{rank: the JSON report a script rank left as out/rank<r>.json}."""
+    found = {}
+    for r in range(world):
+        path = os.path.join(out, "rank%d.json" % r)
+        if os.path.exists(path):
+            with open(path) as f:
+                found[r] = json.load(f)
+    return found
 
 
 def outcome(fn):

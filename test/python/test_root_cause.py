@@ -12,6 +12,9 @@ process through Python's own exit path). At step 3 one rank leaves:
 - the same, but rank 0 (which hosts the store) lets its dloss.Error end the
   process: ranks 2 and 3 must still name rank 1, not rank 0 or the store;
 - rank 0 itself raises: its peers name it although it hosts the store;
+- rank 1 raises and rank 0 ends at once, by os._exit right after its own
+  error or by SIGKILL while the others wait: the live ranks still name
+  rank 1 (the records are mirrored on the last rank);
 - rank 1 ends with os._exit: "left without a word";
 - rank 1 raises under dloss.guard (DLOSS_GUARD): the guard's error leads
   with it too;
@@ -24,7 +27,6 @@ A healthy run must exit promptly. Each scenario's time to fail (in the
 failing loss call, per rank) is printed as a table at the end.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -38,7 +40,7 @@ WORLD = 4
 FAILING_STEP = 3
 
 SCRIPT = '''\
-import json, os, sys, time
+import json, os, signal, sys, time
 import torch
 import dloss
 
@@ -72,6 +74,13 @@ def step(i):
     image = torch.randn(4, 8, generator=gen, requires_grad=True)
     text = torch.randn(4, 8, generator=gen, requires_grad=True)
     check_batch(i)
+    if scenario == "host-killed" and rank == 0 and i == FAILING_STEP:
+        # Killed (as a launcher tears a rank down) once rank 1 has left,
+        # while the others wait in their loss call or are about to.
+        until = time.monotonic() + 60
+        while 1 not in dloss.group.peer_exits() and time.monotonic() < until:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGKILL)
     if scenario.startswith("stray") and rank == 0 and i == FAILING_STEP:
         start = time.monotonic()
         try:
@@ -99,6 +108,8 @@ for i in range(FAILING_STEP + 3):
                exits=dloss.group.peer_exits(), root=dloss.group.root_cause())
         if scenario == "cascade" and rank == 0:
             raise
+        if scenario == "host-exits" and rank == 0:
+            os._exit(3)  # at once: no exit record, no lingering store
         # Stay until every live rank has reported.
         until = time.monotonic() + 30
         while time.monotonic() < until and len(
@@ -149,23 +160,9 @@ def _run(scenario):
         env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for r in range(WORLD)]
-    codes, stderr = {}, {}
-    for r, p in enumerate(procs):
-        try:
-            _, stderr[r] = p.communicate(
-                timeout=max(1, 120 - (time.monotonic() - start)))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            _, stderr[r] = p.communicate()
-        codes[r] = p.returncode
+    codes, stderr = multiproc.finish(procs, start, 120)
     ended = time.monotonic() - start
-    reports = {}
-    for r in range(WORLD):
-        path = os.path.join(out, "rank%d.json" % r)
-        if os.path.exists(path):
-            with open(path) as f:
-                reports[r] = json.load(f)
-    return script, codes, reports, ended, stderr
+    return script, codes, multiproc.reports(out, WORLD), ended, stderr
 
 
 class RootCauseTest(unittest.TestCase):
@@ -191,6 +188,9 @@ class RootCauseTest(unittest.TestCase):
             self.assertIn(loss_call, report["message"])
             self.assertNotIn("could not be reached", problem)
             self.assertNotIn("cannot be read", problem)
+            # dloss's own ops are named by the user's call, never by the
+            # drop-in's source line in dloss.
+            self.assertNotIn("frontend/", report["message"])
             times[r] = report["seconds"]
             report["script"] = script
         TIMES.append((scenario, times))
@@ -243,7 +243,18 @@ class RootCauseTest(unittest.TestCase):
                           "working, or waits in a collective that this rank "
                           "never made", report["problem"])
             self.assertIn("DLOSS_GUARD=30", report["message"])
+            self.assertNotIn("frontend/", report["message"])
+            self.assertIn("at %s of @clip_grad)" % loss_call,
+                          report["problem"])
             times[r] = report["seconds"]
+        # Their flight records locate dloss's steps at the loss call too.
+        for r in (1, 2, 3):
+            path = os.path.join(os.path.dirname(script),
+                                "dloss-flight-rank%d.json" % r)
+            with open(path) as f:
+                record = f.read()
+            self.assertIn(loss_call, record)
+            self.assertNotIn("frontend/", record)
         self.assertEqual(reports[0]["kind"], "torch-error", stderr[0][-2000:])
         self.assertEqual(codes[0], 4)
         times[0] = reports[0]["seconds"]
@@ -282,6 +293,20 @@ class RootCauseTest(unittest.TestCase):
         """Rank 0 (the store's host) raises and exits: its peers name it,
         because it keeps the store up while they read it."""
         self._check("host-raises", 0, [1, 2, 3], self.raised(0))
+
+    def test_the_store_host_exits_at_once(self):
+        """Rank 1 raises; rank 0, which hosts the store, ends with os._exit
+        right after its own error (no exit record, no lingering store):
+        ranks 2 and 3 still name rank 1, read from the last rank's mirror
+        of the records."""
+        _, codes, _ = self._check("host-exits", 1, [0, 2, 3], self.raised(1))
+        self.assertEqual(codes[0], 3)
+
+    def test_the_store_host_is_killed(self):
+        """Rank 1 raises; rank 0 is SIGKILLed while the others wait: ranks
+        2 and 3 name rank 1."""
+        _, codes, _ = self._check("host-killed", 1, [2, 3], self.raised(1))
+        self.assertEqual(codes[0], -9)
 
     def test_a_rank_dies_without_a_word(self):
         """Rank 1 ends with os._exit (as a kill would): nothing recorded,
