@@ -141,14 +141,16 @@ def main():
 
     reader = threading.Thread(target=read_stderr, daemon=True)
     reader.start()
-    # The ranks run once each holds its Gloo mesh: a socket per peer, one to
-    # the store and Gloo's listener (then a second for a few iterations).
+    # The ranks run once each holds its Gloo mesh (a socket per peer, one to
+    # the store and Gloo's listener) and dloss's bookkeeping connections: its
+    # own to the store and one to the records' mirror, made at the first
+    # collective, the connection check (then a second for a few iterations).
     start = time.monotonic()
     ranks = {}
     while time.monotonic() - start < STARTUP_LIMIT and proc.poll() is None:
         ranks = {rank_of(p): p for p in children_of(proc.pid)}
         ranks.pop(None, None)
-        if len(ranks) == WORLD and all(sockets(p) >= WORLD + 1 for p in ranks.values()):
+        if len(ranks) == WORLD and all(sockets(p) >= WORLD + 3 for p in ranks.values()):
             break
         time.sleep(0.1)
     time.sleep(1.0)
