@@ -138,6 +138,20 @@ def run(world, fn, *args, timeout=120, dloss_timeout=60.0, backend="gloo",
     return [value for _, value, _ in ordered]
 
 
+def script_dir(text, prefix):
+    """(directory, script path, out directory) of a fresh temporary
+    directory holding `text` as train.py, for script ranks to report into
+    out/rank<r>.json (`reports`)."""
+    import tempfile
+    directory = tempfile.mkdtemp(prefix=prefix)
+    script = os.path.join(directory, "train.py")
+    with open(script, "w") as f:
+        f.write(text)
+    out = os.path.join(directory, "out")
+    os.mkdir(out)
+    return directory, script, out
+
+
 def finish(procs, start, limit):
     """({rank: exit code}, {rank: stderr}) of script ranks started as
     subprocesses (stderr piped) at `start`; a rank still running `limit`

@@ -19,7 +19,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
@@ -143,12 +142,7 @@ def _run(scenario, hosts=None, on_ready=None):
     """The script on WORLD ranks (ranks 0-1 on host A and 2-3 on host B, or
     all on loopback without `hosts`); returns ({rank: report}, {rank: exit
     code}, {rank: stderr}, script path)."""
-    directory = tempfile.mkdtemp(prefix="dloss-partition-")
-    script = os.path.join(directory, "train.py")
-    with open(script, "w") as f:
-        f.write(SCRIPT)
-    out = os.path.join(directory, "out")
-    os.mkdir(out)
+    directory, script, out = multiproc.script_dir(SCRIPT, "dloss-partition-")
     port = multiproc.free_port()
     master = hosts.addresses[0] if hosts else "127.0.0.1"
     procs = []

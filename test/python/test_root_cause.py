@@ -30,7 +30,6 @@ failing loss call, per rank) is printed as a table at the end.
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
@@ -142,12 +141,7 @@ def tearDownModule():
 def _run(scenario):
     """Runs the script on WORLD ranks; returns (directory, script path,
     {rank: exit code}, {rank: report}, seconds until every process ended)."""
-    directory = tempfile.mkdtemp(prefix="dloss-root-cause-")
-    script = os.path.join(directory, "train.py")
-    with open(script, "w") as f:
-        f.write(SCRIPT)
-    out = os.path.join(directory, "out")
-    os.mkdir(out)
+    directory, script, out = multiproc.script_dir(SCRIPT, "dloss-root-cause-")
     port = multiproc.free_port()
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1",
