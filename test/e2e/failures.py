@@ -81,20 +81,6 @@ def rank_of(pid):
     return int(m.group(1)) if m else None
 
 
-def sockets(pid):
-    count = 0
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:"):
-                    count += 1
-            except OSError:
-                pass
-    except OSError:
-        pass
-    return count
-
-
 def alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -130,32 +116,33 @@ def main():
 
     env = dict(os.environ)
     env.pop("DLOSS_FLIGHT_DIR", None)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True, cwd=out, env=env)
     # stderr lines with the time they arrived, for each rank's time to error.
     arrivals = []
+    warm = threading.Event()
 
     def read_stderr():
         for line in proc.stderr:
             arrivals.append((time.monotonic(), line.rstrip("\n")))
 
+    def read_stdout():
+        for line in proc.stdout:
+            if line.startswith("dloss-run: warm-up call done"):
+                warm.set()
+
     reader = threading.Thread(target=read_stderr, daemon=True)
     reader.start()
-    # The ranks run once each holds its Gloo mesh (a socket per peer, one to
-    # the store and Gloo's listener) and dloss's bookkeeping connections: its
-    # own to the store and one to the records' mirror, made at the first
-    # collective, the connection check (then a second for a few iterations).
+    threading.Thread(target=read_stdout, daemon=True).start()
+    # The ranks are in the loss once rank 0 ends its warm-up call: it needs
+    # every rank's data for that, so each is past the connection check. No
+    # sleep or socket count can say that under load.
     start = time.monotonic()
-    ranks = {}
-    while time.monotonic() - start < STARTUP_LIMIT and proc.poll() is None:
-        ranks = {rank_of(p): p for p in children_of(proc.pid)}
-        ranks.pop(None, None)
-        if len(ranks) == WORLD and all(sockets(p) >= WORLD + 3 for p in ranks.values()):
-            break
-        time.sleep(0.1)
-    time.sleep(1.0)
-    print(f"   ranks up after {time.monotonic() - start:.1f} s", flush=True)
-    running = proc.poll() is None and len(ranks) == WORLD
+    warm.wait(STARTUP_LIMIT)
+    ranks = {rank_of(p): p for p in children_of(proc.pid)}
+    ranks.pop(None, None)
+    print(f"   ranks in the loss after {time.monotonic() - start:.1f} s", flush=True)
+    running = warm.is_set() and proc.poll() is None and len(ranks) == WORLD
     expect(running, f"the {WORLD} ranks are running (pids {sorted(ranks.values())})")
     if not running:
         if proc.poll() is None:

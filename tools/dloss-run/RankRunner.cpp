@@ -16,6 +16,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -60,8 +61,19 @@ int runRank(const Options &o, const std::string &planPath) {
 
     // Inputs loaded, peers met: what the calls add from here is the loss's.
     auto memory = LossMemory::start();
+    auto warmupStart = std::chrono::steady_clock::now();
     std::vector<at::Tensor> outputs = executor.run(gradName, inputs); // warm-up
     memory.steady();
+    // Progress for long runs. Rank 0 ends its warm-up call only once every
+    // rank has sent it the call's data, so the line also says that the ranks
+    // are past the connection check and into the loss.
+    if (rank == 0)
+      std::cout << "dloss-run: warm-up call done in "
+                << std::chrono::duration<double, std::milli>(
+                       std::chrono::steady_clock::now() - warmupStart)
+                       .count()
+                << " ms; timing " << o.iters << " call"
+                << (o.iters == 1 ? "" : "s") << std::endl;
     double median = timeCalls(*comm, gradName, /*warmup=*/0, o.iters, [&] {
       outputs = executor.run(gradName, inputs);
     });
