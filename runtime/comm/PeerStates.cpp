@@ -44,6 +44,8 @@ const char *const kAlarmKey = "dloss/alarm";
 // Where the last rank's mirror of the records listens ("<host> <port>"), in the
 // group's store.
 const char *const kMirrorKey = "dloss/mirror";
+// Between two looks for the mirror's address.
+constexpr std::chrono::milliseconds kMirrorPoll{100};
 // How long a failed rank 0 keeps the store up for the peers' diagnosis.
 constexpr std::chrono::milliseconds kFailureLinger{3000};
 // Peers named one by one in an error; the rest are counted.
@@ -140,23 +142,39 @@ std::string truncated(const std::string &text, size_t limit) {
 /// worker thread of its own, and one that has not answered by the limit
 /// fails, as does every later one (the worker is stuck on a connection that
 /// no longer answers; it is left to the process's end).
+///
+/// The worker also makes the connection (`connect`, its first job), so that
+/// no rank waits for it: a TCPStore connection costs a name lookup at each
+/// end (torch names the peer address in its logs), which a resolver that
+/// drops the query stretches to its timeout, 5 s. `post` queues a write
+/// without waiting for it (a later post of the same key replaces a queued
+/// one); a waited-for operation runs after every queued post.
 class BoundedStore {
 public:
-  BoundedStore(c10::intrusive_ptr<c10d::Store> store,
-               std::chrono::milliseconds limit, std::string what)
+  /// Makes the connection; its argument says whether the store is being
+  /// destroyed (a connect that waits for something should give up then).
+  using Connect = std::function<c10::intrusive_ptr<c10d::Store>(
+      const std::function<bool()> &stopping)>;
+
+  BoundedStore(Connect connect, std::chrono::milliseconds limit,
+               std::string what)
       : state(std::make_shared<State>()), limit(limit), what(std::move(what)) {
-    state->store = std::move(store);
-    worker = std::thread([state = state] { serve(*state); });
+    worker = std::thread([state = state, connect = std::move(connect)] {
+      serve(*state, connect);
+    });
   }
+  /// Lets the worker end its queued posts; one still connecting, or stuck,
+  /// is left behind (its peer may be gone: the connection would wait for it
+  /// until the deadline).
   ~BoundedStore() {
-    bool stuck;
+    bool leave;
     {
       std::lock_guard<std::mutex> lock(state->mutex);
       state->stop = true;
-      stuck = state->stuck;
+      leave = state->stuck || state->connecting;
     }
     state->changed.notify_all();
-    if (stuck)
+    if (leave)
       worker.detach();
     else
       worker.join();
@@ -177,24 +195,60 @@ public:
     run([out, key](c10d::Store &s) { *out = fromBytes(s.get(key)); });
     return *out;
   }
+  /// Whether the worker is still making the connection.
+  bool connecting() {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    return state->connecting;
+  }
+  /// Queues `key` = `value` and returns; throws only when an earlier
+  /// operation failed or did not answer in time.
+  void post(const std::string &key, const std::string &value) {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    throwIfFailed();
+    for (auto &job : state->jobs)
+      if (job->postedKey == key) {
+        job->op = [key, value](c10d::Store &s) { s.set(key, toBytes(value)); };
+        return;
+      }
+    auto job = std::make_shared<Job>();
+    job->postedKey = key;
+    job->op = [key, value](c10d::Store &s) { s.set(key, toBytes(value)); };
+    state->jobs.push_back(std::move(job));
+    state->changed.notify_all();
+  }
 
 private:
   struct Job {
     std::function<void(c10d::Store &)> op;
+    /// The key of a post (nobody waits for it); empty otherwise.
+    std::string postedKey;
     bool done = false;
     std::exception_ptr error;
   };
   struct State {
-    c10::intrusive_ptr<c10d::Store> store;
     std::mutex mutex;
     std::condition_variable changed;
     std::deque<std::shared_ptr<Job>> jobs;
     bool stop = false;
     bool stuck = false;
+    bool connecting = true;
+    /// Why the connection or a post failed: every later operation fails.
+    std::exception_ptr failure;
   };
 
-  static void serve(State &state) {
+  static void serve(State &state, const Connect &connect) {
+    c10::intrusive_ptr<c10d::Store> store;
+    try {
+      store = connect([&state] {
+        std::lock_guard<std::mutex> lock(state.mutex);
+        return state.stop;
+      });
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(state.mutex);
+      state.failure = std::current_exception();
+    }
     std::unique_lock<std::mutex> lock(state.mutex);
+    state.connecting = false;
     while (true) {
       state.changed.wait(lock,
                          [&] { return state.stop || !state.jobs.empty(); });
@@ -202,26 +256,36 @@ private:
         return;
       std::shared_ptr<Job> job = state.jobs.front();
       state.jobs.pop_front();
-      lock.unlock();
-      std::exception_ptr error;
-      try {
-        job->op(*state.store);
-      } catch (...) {
-        error = std::current_exception();
+      std::exception_ptr error = state.failure;
+      if (!error) {
+        lock.unlock();
+        try {
+          job->op(*store);
+        } catch (...) {
+          error = std::current_exception();
+        }
+        lock.lock();
       }
-      lock.lock();
+      if (error && !job->postedKey.empty() && !state.failure)
+        state.failure = error;
       job->error = error;
       job->done = true;
       state.changed.notify_all();
     }
   }
 
+  void throwIfFailed() {
+    if (state->stuck)
+      throw std::runtime_error(what + " stopped answering earlier");
+    if (state->failure)
+      std::rethrow_exception(state->failure);
+  }
+
   void run(std::function<void(c10d::Store &)> op) {
     auto job = std::make_shared<Job>();
     job->op = std::move(op);
     std::unique_lock<std::mutex> lock(state->mutex);
-    if (state->stuck)
-      throw std::runtime_error(what + " stopped answering earlier");
+    throwIfFailed();
     state->jobs.push_back(job);
     state->changed.notify_all();
     if (!state->changed.wait_for(lock, limit, [&] { return job->done; })) {
@@ -240,7 +304,7 @@ private:
 };
 
 PeerStates::PeerStates(c10::intrusive_ptr<c10d::Store> groupStore,
-                       const RendezvousOptions &options)
+                       const RendezvousOptions &options, bool ownStore)
     : mirrored(options.worldSize > 1 && !options.agentStore &&
                options.masterPort > 0 && !options.masterAddr.empty()),
       masterAddr(options.masterAddr), masterPort(options.masterPort),
@@ -252,58 +316,80 @@ PeerStates::PeerStates(c10::intrusive_ptr<c10d::Store> groupStore,
       storeAt(options.masterPort > 0
                   ? "the rendezvous store at " + storeAddress(options)
                   : std::string("the process group's store")) {
-  // A connection of dloss's own (the group's store itself where it has no
-  // clone: a HashStore), each operation bounded by dloss's deadline.
-  groupStore_ = std::move(groupStore);
-  store = std::make_shared<BoundedStore>(ownConnection(), deadline, storeAt);
+  // A store of dloss's own is used as it is. The user's gets a connection of
+  // dloss's own with dloss's deadline, so that the group's connection and
+  // timeout stay the user's (the group's own where it has no clone: a
+  // HashStore).
+  std::chrono::milliseconds limit = deadline;
+  store = std::make_shared<BoundedStore>(
+      [groupStore, ownStore, limit](const std::function<bool()> &) {
+        if (ownStore)
+          return groupStore;
+        try {
+          c10::intrusive_ptr<c10d::Store> own = groupStore->clone();
+          own->setTimeout(limit);
+          return own;
+        } catch (const std::exception &) {
+          return groupStore;
+        }
+      },
+      deadline, storeAt);
+  if (mirrored)
+    mirror = makeMirror();
+}
+
+std::shared_ptr<BoundedStore> PeerStates::makeMirror() {
+  std::string what =
+      "the records' mirror on rank " + std::to_string(worldSize - 1);
+  std::shared_ptr<BoundedStore> primary = store;
+  std::chrono::milliseconds limit = deadline;
   if (hostsMirror())
-    connectMirror();
-}
-
-void PeerStates::connectMirror() {
-  if (!mirrored || mirror)
-    return;
-  try {
-    if (hostsMirror()) {
-      c10d::TCPStoreOptions options;
-      options.port = 0;
-      options.isServer = true;
-      options.waitWorkers = false;
-      options.timeout = deadline;
-      std::string host = localAddressTowards(masterAddr, masterPort);
-      auto server = c10::make_intrusive<c10d::TCPStore>(host, options);
-      store->set(kMirrorKey, host + " " + std::to_string(server->getPort()));
-      mirror = std::make_shared<BoundedStore>(
-          server, deadline,
-          "the records' mirror on rank " + std::to_string(worldSize - 1));
-      return;
-    }
-    if (primaryLost || !store->check(kMirrorKey))
-      return;
-    std::string address = store->get(kMirrorKey);
-    size_t space = address.rfind(' ');
-    c10d::TCPStoreOptions options;
-    options.port = static_cast<std::uint16_t>(
-        std::strtol(address.c_str() + space + 1, nullptr, 10));
-    options.timeout = deadline;
-    mirror = std::make_shared<BoundedStore>(
-        c10::make_intrusive<c10d::TCPStore>(address.substr(0, space), options),
-        deadline,
-        "the records' mirror on rank " + std::to_string(worldSize - 1));
-  } catch (const std::exception &) {
-    // No mirror: the records live in the group's store alone.
-    mirrored = false;
-  }
-}
-
-c10::intrusive_ptr<c10d::Store> PeerStates::ownConnection() {
-  try {
-    c10::intrusive_ptr<c10d::Store> own = groupStore_->clone();
-    own->setTimeout(deadline);
-    return own;
-  } catch (const std::exception &) {
-    return groupStore_;
-  }
+    return std::make_shared<BoundedStore>(
+        [primary, limit, host = masterAddr,
+         port = masterPort](const std::function<bool()> &) {
+          c10::intrusive_ptr<c10d::Store> server;
+          std::string address = "none";
+          try {
+            c10d::TCPStoreOptions options;
+            options.port = 0;
+            options.isServer = true;
+            options.waitWorkers = false;
+            options.timeout = limit;
+            std::string local = localAddressTowards(host, port);
+            auto tcp = c10::make_intrusive<c10d::TCPStore>(local, options);
+            address = local + " " + std::to_string(tcp->getPort());
+            server = tcp;
+          } catch (const std::exception &) {
+            // The peers learn that there is none, and stop looking.
+          }
+          primary->set(kMirrorKey, address);
+          if (!server)
+            throw std::runtime_error("no mirror could be made");
+          return server;
+        },
+        deadline, what);
+  return std::make_shared<BoundedStore>(
+      [primary, limit](const std::function<bool()> &stopping) {
+        // The last rank leaves the mirror's address once it listens.
+        auto end = Clock::now() + limit;
+        while (!primary->check(kMirrorKey)) {
+          if (stopping() || Clock::now() >= end)
+            throw std::runtime_error("the mirror's address never came");
+          std::this_thread::sleep_for(kMirrorPoll);
+        }
+        std::string address = primary->get(kMirrorKey);
+        size_t space = address.rfind(' ');
+        if (space == std::string::npos)
+          throw std::runtime_error("the last rank made no mirror");
+        c10d::TCPStoreOptions options;
+        options.port = static_cast<std::uint16_t>(
+            std::strtol(address.c_str() + space + 1, nullptr, 10));
+        options.timeout = limit;
+        return c10::intrusive_ptr<c10d::Store>(
+            c10::make_intrusive<c10d::TCPStore>(address.substr(0, space),
+                                                options));
+      },
+      deadline, what);
 }
 
 void PeerStates::loseStore() {
@@ -337,17 +423,25 @@ template <typename Fn> auto PeerStates::firstAnswer(Fn &&fn) {
       loseStore();
     }
   }
-  if (!mirror)
+  if (!mirror || mirror->connecting())
     throw std::runtime_error(storeAt + " stopped answering");
   return fn(*mirror);
 }
 
 void PeerStates::put(const std::string &key, const std::string &value) {
-  connectMirror();
+  write(key, value, /*wait=*/true);
+}
+
+void PeerStates::post(const std::string &key, const std::string &value) {
+  write(key, value, /*wait=*/false);
+}
+
+void PeerStates::write(const std::string &key, const std::string &value,
+                       bool wait) {
   bool stored = false;
   if (!primaryLost) {
     try {
-      store->set(key, value);
+      wait ? store->set(key, value) : store->post(key, value);
       stored = true;
     } catch (const std::exception &) {
       if (!mirror)
@@ -356,8 +450,11 @@ void PeerStates::put(const std::string &key, const std::string &value) {
     }
   }
   if (mirror) {
+    // A mirror still connecting gets the write queued: its host may be gone
+    // already, and the connection would wait for it until the deadline.
+    bool waitMirror = wait && (!stored || !mirror->connecting());
     try {
-      mirror->set(key, value);
+      waitMirror ? mirror->set(key, value) : mirror->post(key, value);
       stored = true;
     } catch (const std::exception &) {
       mirror.reset();
@@ -381,10 +478,16 @@ void PeerStates::publish(int64_t seq, const std::string &state,
                          int64_t unixMs, const std::string &detail) {
   if (!usable)
     return;
+  // Entering a collective is posted, not waited for: it is the hot path,
+  // and every later read or failure record queues behind it.
+  std::string key = kSeqPrefix + std::to_string(rank);
+  std::string record =
+      encodeState(seq, state, collective, site, unixMs, truncated(detail, 600));
   try {
-    put(kSeqPrefix + std::to_string(rank),
-        encodeState(seq, state, collective, site, unixMs,
-                    truncated(detail, 600)));
+    if (state == "started")
+      post(key, record);
+    else
+      put(key, record);
   } catch (const std::exception &) {
     usable = false;
   }

@@ -23,7 +23,9 @@
 // left. Every store operation ends within dloss's deadline (BoundedStore):
 // the group's store waits the user's timeout, often 30 minutes, and a
 // TCPStore's check waits for its reply with no timeout at all, so a rank
-// cut off from the store's host would otherwise hang.
+// cut off from the store's host would otherwise hang. No rank waits on its
+// way into a collective: the connections are made, and the record of
+// entering a collective is written, by the store's worker thread.
 #ifndef DLOSS_RUNTIME_COMM_PEERSTATES_H
 #define DLOSS_RUNTIME_COMM_PEERSTATES_H
 
@@ -81,8 +83,10 @@ public:
   /// silent ones: a dead rank never records one.
   static constexpr std::chrono::milliseconds kReportGrace{1000};
 
+  /// `ownStore`: dloss made `store` for this group (connectProcessGroup),
+  /// and uses it as it is; else it makes a connection of its own.
   PeerStates(c10::intrusive_ptr<c10d::Store> store,
-             const RendezvousOptions &options);
+             const RendezvousOptions &options, bool ownStore);
   /// A failed rank 0 that hosts the store keeps the store up while its peers
   /// read each other's states.
   ~PeerStates();
@@ -138,20 +142,20 @@ public:
 
 private:
   // The records' store operations: both copies for a write, the first that
-  // answers for a read; each throws only when no copy answers.
+  // answers for a read; each throws only when no copy answers. A put waits
+  // for its write, a post queues it.
   void put(const std::string &key, const std::string &value);
+  void post(const std::string &key, const std::string &value);
+  void write(const std::string &key, const std::string &value, bool wait);
   bool has(const std::string &key);
   std::string fetch(const std::string &key);
-  /// The last rank: hosts the mirror. Others: connect to it once the last
-  /// rank has left its address. No-op once connected, or where there is no
-  /// mirror.
-  void connectMirror();
+  /// The mirror: the last rank hosts it and leaves its address in the
+  /// group's store; the others connect once it is there. Both in the
+  /// mirror's worker, so that no rank waits for it.
+  std::shared_ptr<BoundedStore> makeMirror();
   template <typename Fn> auto firstAnswer(Fn &&fn);
   /// Marks the group's store as no longer answering.
   void loseStore();
-  /// A new connection to the group's store, with dloss's deadline (the
-  /// group's own connection where it has no clone).
-  c10::intrusive_ptr<c10d::Store> ownConnection();
   bool hostsMirror() const { return mirrored && rank == worldSize - 1; }
 
   std::vector<PeerState> read(std::chrono::milliseconds grace,
@@ -161,12 +165,11 @@ private:
   /// Peer `r`'s records; throws on a store failure.
   PeerState readPeer(int r);
 
-  /// The group's store (a connection of dloss's own, with its deadline)
-  /// and the mirror (null until connected); `primaryLost` once the group's
-  /// store stopped answering.
+  /// The group's store (with dloss's deadline) and the mirror (null where
+  /// there is none or it failed); `primaryLost` once the group's store
+  /// stopped answering.
   std::shared_ptr<BoundedStore> store;
   std::shared_ptr<BoundedStore> mirror;
-  c10::intrusive_ptr<c10d::Store> groupStore_;
   bool primaryLost = false;
   int64_t primaryLostUnixMs = 0;
   /// Whether this run keeps a mirror (rank 0 hosts the group's store, and

@@ -184,11 +184,11 @@ public:
                            c10::intrusive_ptr<c10d::Store> store,
                            c10::intrusive_ptr<c10d::ProcessGroup> group,
                            bool ownGroup)
-      : ContractCommunicator(
-            options,
-            store ? std::make_unique<PeerStates>(std::move(store), options)
-                  : nullptr,
-            wordingOf(*group)),
+      : ContractCommunicator(options,
+                             store ? std::make_unique<PeerStates>(
+                                         std::move(store), options, ownGroup)
+                                   : nullptr,
+                             wordingOf(*group)),
         group(std::move(group)), ownGroup(ownGroup) {}
   // Closing the Gloo pairs first (before PeerStates' destructor keeps a
   // failed rank 0's store up) makes peers still blocked on this rank fail
