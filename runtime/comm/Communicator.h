@@ -120,6 +120,9 @@ public:
   /// did), as a clause ("rank 1 exited after raising ..."), from what the
   /// ranks recorded; empty when none did. The default knows of none.
   virtual std::string rootCause() { return ""; }
+  /// Whether this rank's records are in the last rank's mirror, up to date:
+  /// its connection made and nothing queued. The default keeps no mirror.
+  virtual bool recordsMirrored() { return false; }
 };
 
 /// Communicator::beginExchange for the lifetime of the scope.

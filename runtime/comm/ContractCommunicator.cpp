@@ -256,6 +256,10 @@ std::string ContractCommunicator::rootCause() {
   return peers ? peers->rootCause(nullptr, peers->current(), false).text : "";
 }
 
+bool ContractCommunicator::recordsMirrored() {
+  return peers && peers->mirrorUpToDate();
+}
+
 std::string ContractCommunicator::abandonReason(const Call &call) {
   return peers && call.seq >= 0 ? peers->doomed(call) : "";
 }

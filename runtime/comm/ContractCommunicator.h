@@ -65,6 +65,7 @@ public:
   void keepStoreForPeers() final;
   std::vector<PeerExit> peerExits() final;
   std::string rootCause() final;
+  bool recordsMirrored() final;
 
   at::Tensor allGather(const at::Tensor &input, int64_t axis,
                        const std::vector<int64_t> &sizes) final;

@@ -44,8 +44,6 @@ const char *const kAlarmKey = "dloss/alarm";
 // Where the last rank's mirror of the records listens ("<host> <port>"), in the
 // group's store.
 const char *const kMirrorKey = "dloss/mirror";
-// Between two looks for the mirror's address.
-constexpr std::chrono::milliseconds kMirrorPoll{100};
 // How long a failed rank 0 keeps the store up for the peers' diagnosis.
 constexpr std::chrono::milliseconds kFailureLinger{3000};
 // Peers named one by one in an error; the rest are counted.
@@ -195,6 +193,13 @@ public:
     run([out, key](c10d::Store &s) { *out = fromBytes(s.get(key)); });
     return *out;
   }
+  /// Whether the connection is made, answers, and every queued operation
+  /// ran.
+  bool settled() {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    return !state->connecting && !state->busy && !state->stuck &&
+           !state->failure && state->jobs.empty();
+  }
   /// Whether the worker is still making the connection.
   bool connecting() {
     std::lock_guard<std::mutex> lock(state->mutex);
@@ -232,6 +237,7 @@ private:
     bool stop = false;
     bool stuck = false;
     bool connecting = true;
+    bool busy = false; // running a job
     /// Why the connection or a post failed: every later operation fails.
     std::exception_ptr failure;
   };
@@ -258,6 +264,7 @@ private:
       state.jobs.pop_front();
       std::exception_ptr error = state.failure;
       if (!error) {
+        state.busy = true;
         lock.unlock();
         try {
           job->op(*store);
@@ -265,6 +272,7 @@ private:
           error = std::current_exception();
         }
         lock.lock();
+        state.busy = false;
       }
       if (error && !job->postedKey.empty() && !state.failure)
         state.failure = error;
@@ -375,7 +383,7 @@ std::shared_ptr<BoundedStore> PeerStates::makeMirror() {
         while (!primary->check(kMirrorKey)) {
           if (stopping() || Clock::now() >= end)
             throw std::runtime_error("the mirror's address never came");
-          std::this_thread::sleep_for(kMirrorPoll);
+          std::this_thread::sleep_for(kStorePoll);
         }
         std::string address = primary->get(kMirrorKey);
         size_t space = address.rfind(' ');
@@ -392,6 +400,8 @@ std::shared_ptr<BoundedStore> PeerStates::makeMirror() {
       deadline, what);
 }
 
+bool PeerStates::mirrorUpToDate() { return mirror && mirror->settled(); }
+
 void PeerStates::loseStore() {
   if (!primaryLost)
     primaryLostUnixMs = unixMillis();
@@ -405,10 +415,13 @@ std::string PeerStates::lostStoreClause() const {
   ago.precision(1);
   ago << std::fixed
       << std::max<int64_t>(0, unixMillis() - primaryLostUnixMs) / 1000.0;
-  return storeAt + " stopped answering this rank " + ago.str() +
-         " s ago (the peers' records above were read from their mirror on "
-         "rank " +
-         std::to_string(worldSize - 1) +
+  std::string mirrorText =
+      readMirror ? "the peers' records above were read from their mirror on "
+                   "rank " +
+                       std::to_string(worldSize - 1)
+                 : "and no mirror of the records answered";
+  return storeAt + " stopped answering this rank " + ago.str() + " s ago (" +
+         mirrorText +
          "): this host may be cut off from the store's host and the ranks "
          "there";
 }
@@ -425,7 +438,9 @@ template <typename Fn> auto PeerStates::firstAnswer(Fn &&fn) {
   }
   if (!mirror || mirror->connecting())
     throw std::runtime_error(storeAt + " stopped answering");
-  return fn(*mirror);
+  auto answer = fn(*mirror);
+  readMirror = true;
+  return answer;
 }
 
 void PeerStates::put(const std::string &key, const std::string &value) {

@@ -129,6 +129,8 @@ public:
   /// When the group's store stopped answering and the records were read
   /// from the mirror: a clause saying so (where, since when), else "".
   std::string lostStoreClause() const;
+  /// Whether the mirror holds this rank's records: connected, nothing queued.
+  bool mirrorUpToDate();
   /// Every rank's exit record, earliest first (empty when the store cannot
   /// be read).
   std::vector<Communicator::PeerExit> exits();
@@ -171,6 +173,8 @@ private:
   std::shared_ptr<BoundedStore> store;
   std::shared_ptr<BoundedStore> mirror;
   bool primaryLost = false;
+  /// Whether a read was answered by the mirror.
+  bool readMirror = false;
   int64_t primaryLostUnixMs = 0;
   /// Whether this run keeps a mirror (rank 0 hosts the group's store, and
   /// there is a second rank and an address to reach the store by).

@@ -378,6 +378,59 @@ TEST(ReliabilityTest, RankKilledInTheBackwardFailsItsPeersQuickly) {
   EXPECT_EQ(outcomes[2].signal, SIGKILL) << describe(outcomes[2]);
 }
 
+// Rank 0, which hosts the store, freezes (SIGSTOP) before its third call:
+// its connections stay open and silent, as across a network partition, and
+// no store operation answers. Ranks 1 and 2 still fail at the deadline (3 s),
+// each store wait bounded by it too, naming rank 0 from the records' mirror
+// on rank 2, and saying that the store stopped answering.
+TEST(ReliabilityTest, FrozenStoreHostFailsItsPeersAtTheDeadline) {
+  Scenario scenario("frozen-store-host");
+  constexpr auto deadline = std::chrono::seconds(3);
+  auto plan = buildPlan({lossGrad("loss_grad")});
+  int port = freePort();
+  std::string pidFile = scenario.dir + "frozen.pid";
+  auto outcomes = runChildren({0, 1, 2}, [&](int rank) {
+    auto comm =
+        dloss::connectProcessGroup(scenario.options(port, rank, 3, deadline));
+    Executor executor(plan, *comm, ExecutorOptions{});
+    executor.run("loss_grad", inputsOf(rank));
+    // The mirror's connection is made beside the ranks' work: wait for it,
+    // so that rank 0's records are there when it freezes.
+    Clock::time_point limit = Clock::now() + std::chrono::seconds(30);
+    while (rank != 2 && !comm->recordsMirrored() && Clock::now() < limit)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    CHILD_CHECK(rank == 2 || comm->recordsMirrored(),
+                "the records are not mirrored after 30 s");
+    executor.run("loss_grad", inputsOf(rank));
+    if (rank == 0) {
+      std::ofstream(pidFile) << ::getpid();
+      ::raise(SIGSTOP);
+      return;
+    }
+    // The deadline, then a store read that the frozen host never answers
+    // (bounded by the deadline as well).
+    std::string message = expectError(
+        scenario, rank, [&] { executor.run("loss_grad", inputsOf(rank)); },
+        3.0 + 3.0, 2.5);
+    CHILD_EXPECT_CONTAINS(message, "rank 0 never arrived");
+    CHILD_EXPECT_CONTAINS(
+        message, "the rendezvous store at 127.0.0.1:" + std::to_string(port) +
+                     " stopped answering this rank");
+    CHILD_EXPECT_CONTAINS(message, "read from their mirror on rank 2");
+    CHILD_CHECK(contains(message, "timed out on rank " + std::to_string(rank) +
+                                      " of 3 after the deadline of 3 s") ||
+                    contains(message, "failed on rank " + std::to_string(rank) +
+                                          " of 3"),
+                "unexpected message: " << message);
+    expectFlightRecord(scenario, rank, message);
+    if (rank == 1)
+      ::kill(std::stoi(readFile(pidFile)), SIGKILL);
+  });
+  ASSERT_EQ(outcomes.size(), 3u);
+  expectAllSucceeded({outcomes[1], outcomes[2]}, "survivor");
+  EXPECT_EQ(outcomes[0].signal, SIGKILL) << describe(outcomes[0]);
+}
+
 // Check mode: NaN and infinite inputs are reported through the preflight,
 // the same message on every rank; without check mode the same call runs.
 TEST(ReliabilityTest, NonFiniteInputsFailThePreflightInCheckMode) {
