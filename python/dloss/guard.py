@@ -33,6 +33,7 @@ its limits.
 
 import itertools
 import os
+import queue
 import sys
 import threading
 from datetime import timedelta
@@ -311,10 +312,12 @@ class _Checker:
     def _lost_store(self, error, call, site):
         self._refuse(
             "%s: the group's store stopped answering while this rank "
-            "checked %s at %s (%s): the rank that hosts it (rank 0 for "
-            "torchrun and env:// groups) has probably exited" % (
+            "checked %s at %s (%s): the process that hosts it (rank 0 for "
+            "env:// groups and mp.spawn, torchrun's agent) has exited, or "
+            "this host is cut off from it" % (
                 self._label, call, site, str(error).splitlines()[0]),
-            "Look at that rank's output for why it stopped", site)
+            "Look at that process's output for why it stopped, and at the "
+            "network between the hosts", site)
 
     def _cause(self):
         """"<root cause> (the first rank that left or failed); because of
@@ -360,10 +363,13 @@ class _Checker:
         into the records of the ranks that never came, which ends the
         others' waits."""
         text = problem + "\n" + hint
-        stored = self._store.compare_set(self._prefix + "abort", "", text)
-        stored = stored.decode() if isinstance(stored, bytes) else stored
-        for key in keys:
-            self._store.compare_set(key, "", _ABORT + stored)
+        try:
+            stored = self._store.compare_set(self._prefix + "abort", "", text)
+            stored = stored.decode() if isinstance(stored, bytes) else stored
+            for key in keys:
+                self._store.compare_set(key, "", _ABORT + stored)
+        except dist.DistStoreError:
+            stored = text  # the others cannot learn it: this rank still can
         self._refuse(stored, "", site, stored=True)
 
     def _refuse(self, problem, hint, site, stored=False):
@@ -430,20 +436,86 @@ _installed = {}
 _connections = {}
 
 
+class _BoundedStore:
+    """The guard's connection to a group's store, each operation of which
+    ends in time: it runs on the connection's worker thread, and one that
+    has not answered within the guard's deadline (plus a margin, since a
+    wait's own timeout is the store server's to report) fails, as does every
+    later one. torch's store client waits for each reply with no limit of its
+    own, so a rank cut off from the store's host (a partition, a frozen
+    host) would hang in the guard."""
+
+    def __init__(self, store, owned):
+        self._store = store
+        self._owned = owned  # a clone of the guard's own: its timeout too
+        self._jobs = queue.SimpleQueue()
+        self._stuck = None
+        self.limit = None
+        threading.Thread(target=self._serve, name="dloss-guard-store",
+                         daemon=True).start()
+
+    def _serve(self):
+        while True:
+            fn, args, box, done = self._jobs.get()
+            try:
+                box["value"] = fn(*args)
+            except BaseException as e:  # handed to the caller
+                box["error"] = e
+            done.set()
+
+    def set_deadline(self, seconds):
+        if self._owned:
+            self._store.set_timeout(timedelta(seconds=seconds))
+        self.limit = seconds + max(2.0, seconds / 2)
+
+    def _call(self, name, *args):
+        if self._stuck is not None:
+            raise dist.DistStoreError(self._stuck)
+        box, done = {}, threading.Event()
+        self._jobs.put((getattr(self._store, name), args, box, done))
+        if not done.wait(self.limit):
+            self._stuck = ("the store did not answer within %g s: this host "
+                           "may be cut off from the store's host" % self.limit)
+            raise dist.DistStoreError(self._stuck)
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    def set(self, key, value):
+        return self._call("set", key, value)
+
+    def get(self, key):
+        return self._call("get", key)
+
+    def wait(self, keys, timeout):
+        return self._call("wait", keys, timeout)
+
+    def check(self, keys):
+        return self._call("check", keys)
+
+    def multi_get(self, keys):
+        return self._call("multi_get", keys)
+
+    def compare_set(self, key, expected, desired):
+        return self._call("compare_set", key, expected, desired)
+
+    def delete_key(self, key):
+        return self._call("delete_key", key)
+
+
 def _own_connection(group, store, timeout):
-    """A connection of the guard's own to `group`'s `store`, whose every
-    wait ends within `timeout` (the group's store waits for the group's
-    timeout, minutes, and that setting is the user's); the store itself
-    where it has no clone."""
+    """The guard's connection to `group`'s `store` (a clone of its own, so
+    that the group's connection and timeout stay the user's; the store
+    itself where it has no clone), every operation of which ends within
+    `timeout` and a margin."""
     connection = _connections.get(group)
     if connection is None:
         try:
-            connection = store.clone()
+            connection = _BoundedStore(store.clone(), owned=True)
         except (RuntimeError, AttributeError, NotImplementedError):
-            connection = store
+            connection = _BoundedStore(store, owned=False)
         _connections[group] = connection
-    if connection is not store:
-        connection.set_timeout(timedelta(seconds=timeout))
+    connection.set_deadline(timeout)
     return connection
 
 

@@ -19,7 +19,9 @@ process through Python's own exit path). At step 3 one rank leaves:
 - rank 1 raises under dloss.guard (DLOSS_GUARD): the guard's error leads
   with it too;
 - rank 0 runs a stray all_reduce of its own where ranks 1-3 enter the loss
-  (issue #24's stray collective), with and without the guard.
+  (issue #24's stray collective), with and without the guard;
+- rank 0 freezes (SIGSTOP, as a partition looks from the others) under the
+  guard: the guard's store waits still end.
 
 Every live rank's error must name the root cause with its exception and
 the user's file:line, and carry the call site of the rank's own loss call.
@@ -62,7 +64,8 @@ def report(kind, **fields):
 
 
 def check_batch(i):
-    if not scenario.startswith(("healthy", "stray")) and rank == leaver \
+    if not scenario.startswith(("healthy", "stray", "frozen")) \
+            and rank == leaver \
             and i == FAILING_STEP:
         if scenario == "silent":
             os._exit(1)
@@ -80,6 +83,11 @@ def step(i):
         while 1 not in dloss.group.peer_exits() and time.monotonic() < until:
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGKILL)
+    if scenario.startswith("frozen") and rank == 0 and i == FAILING_STEP:
+        # Its connections stay open and silent, as across a partition.
+        with open(os.path.join(out, "rank0.pid"), "w") as f:
+            f.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)
     if scenario.startswith("stray") and rank == 0 and i == FAILING_STEP:
         start = time.monotonic()
         try:
@@ -102,9 +110,13 @@ for i in range(FAILING_STEP + 3):
         step(i)
     except dloss.Error as e:
         seconds = time.monotonic() - start
+        # With the store frozen, reading the records waits for dloss's
+        # deadline (30 s) once before the mirror answers: not asked there.
+        frozen = scenario.startswith("frozen")
         report("error", message=str(e), problem=e.problem,
                location=e.location, seconds=seconds, step=i,
-               exits=dloss.group.peer_exits(), root=dloss.group.root_cause())
+               exits=None if frozen else dloss.group.peer_exits(),
+               root=None if frozen else dloss.group.root_cause())
         if scenario == "cascade" and rank == 0:
             raise
         if scenario == "host-exits" and rank == 0:
@@ -116,6 +128,9 @@ for i in range(FAILING_STEP + 3):
         while time.monotonic() < until and len(
                 [n for n in os.listdir(out) if n.endswith(".json")]) < reporters:
             time.sleep(0.05)
+        if scenario.startswith("frozen") and rank == 1:
+            with open(os.path.join(out, "rank0.pid")) as f:
+                os.kill(int(f.read()), signal.SIGKILL)
         sys.exit(3)
 report("ok")
 '''.replace("FAILING_STEP", str(FAILING_STEP))
@@ -272,6 +287,33 @@ class RootCauseTest(unittest.TestCase):
             self.assertIn(loss, report["problem"])
             times[r] = report["seconds"]
         TIMES.append(("stray-guarded", times))
+
+    def test_the_store_host_freezes_under_the_guard(self):
+        """Rank 0, which hosts the store, freezes (SIGSTOP: its connections
+        stay open and silent, as across a network partition) before its
+        loss call. Under DLOSS_GUARD=3 the guard's store operations of ranks
+        1-3 never get an answer; each ends after the guard's 3 s and a 2 s
+        margin, saying that the store stopped answering."""
+        script, codes, reports, _, stderr = _run("frozen-host-guarded")
+        loss_call = "%s:%d" % (script, _line("# LOSS CALL"))
+        times = {}
+        for r in (1, 2, 3):
+            self.assertIn(r, reports, "rank %d reported nothing (exit code "
+                          "%s): %s" % (r, codes[r], stderr[r][-3000:]))
+            report = reports[r]
+            self.assertEqual(report["kind"], "error", report)
+            self.assertEqual(report["step"], FAILING_STEP, report)
+            self.assertEqual(report["location"], loss_call, report)
+            self.assertIn("the group's store stopped answering while this "
+                          "rank checked collective #", report["problem"])
+            self.assertIn("the store did not answer within 5 s: this host "
+                          "may be cut off from the store's host",
+                          report["problem"])
+            self.assertIn("network between the hosts", report["message"])
+            times[r] = report["seconds"]
+            self.assertLess(times[r], 5 + 10)  # 10 s for a loaded machine
+        self.assertEqual(codes[0], -9)
+        TIMES.append(("frozen-host-guarded", times))
 
     def test_the_store_host_fails_in_cascade(self):
         """Rank 1 raises; rank 0, which hosts the store, fails in dloss's
