@@ -208,16 +208,17 @@ public:
   /// Queues `key` = `value` and returns; throws only when an earlier
   /// operation failed or did not answer in time.
   void post(const std::string &key, const std::string &value) {
+    auto op = [key, value](c10d::Store &s) { s.set(key, toBytes(value)); };
     std::lock_guard<std::mutex> lock(state->mutex);
     throwIfFailed();
     for (auto &job : state->jobs)
       if (job->postedKey == key) {
-        job->op = [key, value](c10d::Store &s) { s.set(key, toBytes(value)); };
+        job->op = op;
         return;
       }
     auto job = std::make_shared<Job>();
     job->postedKey = key;
-    job->op = [key, value](c10d::Store &s) { s.set(key, toBytes(value)); };
+    job->op = op;
     state->jobs.push_back(std::move(job));
     state->changed.notify_all();
   }
