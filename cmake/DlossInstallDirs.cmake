@@ -8,9 +8,16 @@
 #   include/dloss/...                      dloss/include/dloss/...
 #   lib/cmake/dloss/                       dloss/lib/cmake/dloss/ (dloss.cmake_prefix_path)
 #   lib/python3/dist-packages/dloss/       dloss/
+#
+# The compiler alone (DLOSS_BUILD_RUNTIME=OFF: the dloss-compiler wheel,
+# packaging/compiler) puts the same layout under dloss_compiler/ instead.
 if(SKBUILD)
   set(DLOSS_WHEEL ON)
-  set(_root dloss/)
+  if(DLOSS_BUILD_RUNTIME)
+    set(_root dloss/)
+  else()
+    set(_root dloss_compiler/)
+  endif()
   set(DLOSS_PYTHON_INSTALL_DIR "." CACHE STRING "Where the dloss package goes, relative to the prefix")
 else()
   set(DLOSS_WHEEL OFF)

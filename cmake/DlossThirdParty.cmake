@@ -1,12 +1,10 @@
-# Third-party build inputs from one folder instead of the system's packages,
-# for machines that lack Debian's libgloo-dev, libflatbuffers-dev,
-# flatbuffers-compiler and googletest (the GPU machines, which also have no
-# network): -DDLOSS_THIRD_PARTY_DIR=<dir>, filled by scripts/gpu-prepare.sh.
+# Third-party build inputs from one folder, for machines that have no network
+# to install them from PyPI and no Debian packages (the GPU machines):
+# -DDLOSS_THIRD_PARTY_DIR=<dir>, filled by scripts/gpu-prepare.sh.
 #
-#   <dir>/include/gloo/         Gloo's headers       -> DLOSS_GLOO_INCLUDE_DIR
-#   <dir>/include/flatbuffers/  FlatBuffers' headers -> DLOSS_FLATBUFFERS_INCLUDE_DIR,
-#                               on every target's include path
+#   <dir>/include/flatbuffers/  FlatBuffers' headers -> DLOSS_FLATBUFFERS_INCLUDE_DIR
 #   <dir>/bin/flatc             the schema compiler  -> DLOSS_FLATC
+#                               (both checked by cmake/DlossFlatBuffers.cmake)
 #   <dir>/googletest/           GoogleTest's sources, built in the build tree,
 #                               found by find_package(GTest) (GTest::gtest_main)
 #
@@ -28,16 +26,9 @@ if(NOT IS_DIRECTORY "${_dloss_tp}")
 endif()
 
 set(_dloss_tp_used "")
-if(EXISTS "${_dloss_tp}/include/gloo/config.h")
-  set(DLOSS_GLOO_INCLUDE_DIR "${_dloss_tp}/include" CACHE PATH "Gloo's headers (a folder holding gloo/)" FORCE)
-  list(APPEND _dloss_tp_used "Gloo headers")
-endif()
 if(EXISTS "${_dloss_tp}/include/flatbuffers/flatbuffers.h")
   set(DLOSS_FLATBUFFERS_INCLUDE_DIR "${_dloss_tp}/include" CACHE PATH
     "FlatBuffers' headers (a folder holding flatbuffers/)" FORCE)
-  # Plan_generated.h includes <flatbuffers/flatbuffers.h> from every target
-  # that reads plans (runtime, JIT, extension, tools, tests, bench).
-  include_directories(SYSTEM "${DLOSS_FLATBUFFERS_INCLUDE_DIR}")
   list(APPEND _dloss_tp_used "FlatBuffers headers")
 endif()
 if(EXISTS "${_dloss_tp}/bin/flatc")

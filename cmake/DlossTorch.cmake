@@ -1,10 +1,10 @@
 # The user's torch: the one the active Python imports (torch.utils.cmake_prefix_path),
-# its bundled pybind11 and libtorch_python, and the Gloo headers c10d's Gloo header needs.
+# its bundled pybind11 and libtorch_python.
 #
 # Sets Python3_EXECUTABLE (the Python with torch), DLOSS_TORCH_VERSION,
 # DLOSS_TORCH_CUDA_VERSION (empty for a CPU-only torch),
-# DLOSS_TORCH_PYTHON_LIBRARY, DLOSS_TORCH_PYBIND11_INCLUDE_DIR and
-# DLOSS_GLOO_INCLUDE_DIR, and promotes torch's imported targets to global.
+# DLOSS_TORCH_PYTHON_LIBRARY and DLOSS_TORCH_PYBIND11_INCLUDE_DIR, and
+# promotes torch's imported targets to global.
 
 # The Python that has torch: an explicit -DPython3_EXECUTABLE, else the
 # active environment's python3 (a venv's, when one is active).
@@ -91,30 +91,6 @@ find_library(DLOSS_TORCH_PYTHON_LIBRARY torch_python
 if(NOT DLOSS_TORCH_PYBIND11_INCLUDE_DIR OR NOT DLOSS_TORCH_PYTHON_LIBRARY)
   message(FATAL_ERROR "dloss: torch in ${TORCH_INSTALL_PREFIX} ships no pybind11 headers "
     "or no libtorch_python; dloss needs a torch installed from a wheel (pip install torch)")
-endif()
-
-# c10d's ProcessGroupGloo.hpp includes Gloo's headers, which torch's wheels do
-# not ship. Only pointers to Gloo's types cross that header (checked for torch
-# 2.11-2.14: devices, contexts and the store are shared_ptr/unique_ptr members),
-# so any Gloo's declarations compile against it; the library that runs is
-# always torch's own. The Gloo tests (ProcessGroupCommunicator, the e2e runs)
-# are what proves a given pair works.
-find_path(DLOSS_GLOO_INCLUDE_DIR gloo/config.h HINTS ${TORCH_INCLUDE_DIRS})
-if(NOT DLOSS_GLOO_INCLUDE_DIR)
-  message(FATAL_ERROR "dloss: Gloo's headers (gloo/config.h) were not found: torch's wheel "
-    "ships none; install them (Debian: libgloo-dev, as scripts/setup.sh does) or pass "
-    "-DDLOSS_GLOO_INCLUDE_DIR=<dir holding gloo/>")
-endif()
-foreach(_dir IN LISTS TORCH_INCLUDE_DIRS)
-  if(DLOSS_GLOO_INCLUDE_DIR STREQUAL _dir)
-    set(_dloss_gloo_from_torch TRUE)
-  endif()
-endforeach()
-if(_dloss_gloo_from_torch)
-  message(STATUS "dloss: Gloo headers from torch (${DLOSS_GLOO_INCLUDE_DIR})")
-else()
-  message(STATUS "dloss: Gloo headers from ${DLOSS_GLOO_INCLUDE_DIR}, not torch's (its wheel ships "
-    "none): only their declarations are used, torch's own Gloo runs")
 endif()
 
 # dloss_precompile_torch_headers(TARGET [REUSE_FROM OTHER] [SKIP source...]):

@@ -5,6 +5,7 @@
 #include "runtime/support/Error.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -31,10 +32,30 @@ std::string ownDirectory() {
 Error loadError(const std::string &problem) {
   return Error("the dloss compiler library could not be loaded (" + problem +
                    ")",
-               "Install dloss with its compiler (the wheel has it; a source "
-               "build needs DLOSS_BUILD_COMPILER=ON), or point "
-               "DLOSS_COMPILER_LIBRARY at the libdloss_compiler.so of the same "
-               "dloss build");
+               "Install the dloss-compiler wheel built from the same sources "
+               "as dloss (pip wheel packaging/compiler; README: Install with "
+               "pip), build dloss from source with DLOSS_BUILD_COMPILER=ON, "
+               "or point DLOSS_COMPILER_LIBRARY at the libdloss_compiler.so "
+               "of the same dloss sources");
+}
+
+bool exists(const std::string &path) { return access(path.c_str(), F_OK) == 0; }
+
+/// Where the library is looked for, first found first: DLOSS_COMPILER_LIBRARY;
+/// beside libdloss_jit (a build tree, an install prefix); the dloss-compiler
+/// wheel's package beside dloss's in site-packages (dloss/lib ->
+/// dloss_compiler/lib). None found: the first candidate, whose dlopen error
+/// says what is missing.
+std::string libraryPath() {
+  if (const char *explicitPath = std::getenv("DLOSS_COMPILER_LIBRARY");
+      explicitPath && *explicitPath)
+    return explicitPath;
+  std::string own = ownDirectory();
+  std::string beside = own + "/" + kLibraryName;
+  std::string wheel = own + "/../../dloss_compiler/lib/" + kLibraryName;
+  if (!exists(beside) && exists(wheel))
+    return wheel;
+  return beside;
 }
 
 template <typename Fn>
@@ -46,12 +67,7 @@ void bind(void *handle, const char *name, Fn &fn, const std::string &path) {
 }
 
 CompilerLibrary load() {
-  std::string path;
-  if (const char *explicitPath = std::getenv("DLOSS_COMPILER_LIBRARY");
-      explicitPath && *explicitPath)
-    path = explicitPath;
-  else
-    path = ownDirectory() + "/" + kLibraryName;
+  std::string path = libraryPath();
   void *handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) {
     const char *why = dlerror(); // It names the path.

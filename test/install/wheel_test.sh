@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# pip's path, as a user takes it: build the wheel (pip wheel, scikit-build-core,
-# against the build's torch), install it into a fresh venv that holds only
-# torch, then from a folder outside the source tree: 2 Gloo ranks of
-# dloss.ClipLoss against one process, a C++ consumer through
-# find_package(dloss) and dloss.cmake_prefix_path, the console scripts (dloss-run
-# compiling a loss with the wheel's compiler library), and
-# ldd: nothing resolves to LLVM, MLIR, the build or the source tree.
+# pip's path, as a user takes it: build the two wheels (pip wheel,
+# scikit-build-core): dloss-compiler (packaging/compiler: the compiler alone,
+# no torch) and dloss (the runtime, against the build's torch). Install both
+# into a fresh venv that holds only torch (pip check: dloss requires exactly
+# this dloss-compiler), then from a folder outside the source tree: 2 Gloo
+# ranks of dloss.ClipLoss against one process, a C++ consumer through
+# find_package(dloss) and dloss.cmake_prefix_path, the console scripts
+# (dloss-run compiling a loss with the compiler wheel's library), and ldd:
+# nothing resolves to LLVM, MLIR, the build or the source tree. Leaves the
+# wheels in WORK_DIR/dist for pip-install-sdist (test/install/pip_test.sh).
 # Driven by ctest (test/install/CMakeLists.txt, wheel-install).
 #
-# The wheel is built from scratch in WHEEL_BUILD_DIR, through the main build's
-# ccache (CCACHE_DIR, cmake/DlossCcache.cmake; empty: none): with the main
-# build folder at the same depth under the source tree, the objects whose flags
-# agree come from the main build's compiles, and the script says how many.
+# The wheels are built from scratch in WHEEL_BUILD_DIR and
+# WHEEL_BUILD_DIR-compiler, through the main build's ccache (CCACHE_DIR,
+# cmake/DlossCcache.cmake; empty: none): with the main build folder at the
+# same depth under the source tree, the objects whose flags agree come from
+# the main build's compiles, and the script says how many.
 #
 # usage: wheel_test.sh SOURCE_DIR WORK_DIR PYTHON WHEEL_BUILD_DIR CCACHE_DIR -- CMAKE_ARGS...
 set -euo pipefail
@@ -21,10 +25,9 @@ shift 5
 [[ ${1:-} == -- ]] && shift
 consumer_args=("$@")
 
-fail() { echo "FAIL: $*" >&2; exit 1; }
-step() { echo "== $* ($(date +%T))"; }
+source "$(dirname "$0")/common.sh"
 
-rm -rf "$work" "$wheel_build"
+rm -rf "$work" "$wheel_build" "$wheel_build-compiler"
 mkdir -p "$work"
 work=$(realpath "$work")
 unset LD_LIBRARY_PATH PYTHONPATH CMAKE_PREFIX_PATH VIRTUAL_ENV
@@ -43,14 +46,6 @@ venv_pid=$!
 # Where the build fails, its pip ends before this script does.
 trap 'wait "$venv_pid" 2>/dev/null || true' EXIT
 
-# ccache's counters (hits, misses) before and after the wheel's build.
-ccache_counts() {
-  [[ -n $ccache_dir ]] && command -v ccache > /dev/null || return 0
-  # An older ccache without --print-stats counts nothing, and fails nothing.
-  { CCACHE_DIR=$ccache_dir ccache --print-stats 2> /dev/null || true; } |
-    awk '$1 ~ /^(direct|preprocessed)_cache_hit$/ { hit += $2 } $1 == "cache_miss" { miss = $2 }
-         END { print hit + 0, miss + 0 }'
-}
 # The consumer's CMake definitions (the main build's compiler: the same name,
 # so ccache's hash agrees) go to the wheel's CMake too, which would otherwise
 # take Python's (sysconfig's g++).
@@ -59,35 +54,60 @@ for arg in "${consumer_args[@]}"; do
   [[ $arg != -D* ]] || build_args+=(-C "cmake.define.${arg#-D}")
 done
 [[ -z $ccache_dir ]] || build_args+=(-C "cmake.define.DLOSS_CCACHE_DIR=$ccache_dir")
-before=$(ccache_counts)
-step "pip wheel --no-build-isolation $source (torch $torch_version; the build prints [n/N])"
-"$python" -m pip wheel -v --no-build-isolation --no-deps -w "$work/dist" \
-  -C build-dir="$wheel_build" "${build_args[@]}" "$source" 2>&1 |
-  tee "$work/wheel.log" | grep -E '^\[[0-9]+/[0-9]+\]|Created wheel|error' || true
-after=$(ccache_counts)
-if [[ -n $before && -n $after ]]; then
-  read -r hit0 miss0 <<< "$before"
-  read -r hit1 miss1 <<< "$after"
-  echo "wheel: ccache ($ccache_dir): $((hit1 - hit0)) compiles taken from the cache, $((miss1 - miss0)) compiled"
-fi
+before=$(ccache_counts "$ccache_dir")
+# build_wheel NAME BUILD_DIR PROJECT_DIR: pip wheel PROJECT_DIR into $work/dist.
+build_wheel() {
+  step "pip wheel --no-build-isolation $3 (torch $torch_version; the build prints [n/N])"
+  "$python" -m pip wheel -v --no-build-isolation --no-deps -w "$work/dist" \
+    -C build-dir="$2" "${build_args[@]}" "$3" 2>&1 |
+    tee "$work/$1.log" | progress
+}
+build_wheel compiler-wheel "$wheel_build-compiler" "$source/packaging/compiler"
+build_wheel wheel "$wheel_build" "$source"
+ccache_report wheels "$ccache_dir" "$before" "$(ccache_counts "$ccache_dir")"
 shopt -s nullglob
+compiler_wheels=("$work"/dist/dloss_compiler-*.whl)
+[[ ${#compiler_wheels[@]} -eq 1 ]] || { tail -40 "$work/compiler-wheel.log"; fail "no dloss-compiler wheel was built"; }
 wheels=("$work"/dist/dloss-*.whl)
-[[ ${#wheels[@]} -eq 1 ]] || { tail -40 "$work/wheel.log"; fail "no wheel was built"; }
-echo "wheel: $(basename "${wheels[0]}"), $(du -m "${wheels[0]}" | cut -f1) MB"
+[[ ${#wheels[@]} -eq 1 ]] || { tail -40 "$work/wheel.log"; fail "no dloss wheel was built"; }
+identity=$(cmake -DSOURCE_DIR="$source" -P "$source/cmake/DlossCompilerIdentity.cmake")
+[[ $(basename "${compiler_wheels[0]}") == dloss_compiler-*+${identity:0:12}-py3-none-linux_x86_64.whl ]] ||
+  fail "$(basename "${compiler_wheels[0]}") is not version <project>+${identity:0:12}, tag py3-none-linux_x86_64"
+for wheel in "${compiler_wheels[0]}" "${wheels[0]}"; do
+  echo "wheel: $(basename "$wheel"), $(du -k "$wheel" | cut -f1) KiB"
+done
 
 step "a fresh venv with only torch==$torch_version (made beside the build), then the wheel"
 wait "$venv_pid" || { cat "$work/venv.log"; fail "making the venv failed"; }
 cat "$work/venv.log"
-"$venv_python" -m pip install --progress-bar off -q --no-deps "${wheels[0]}"
+"$venv_python" -m pip install --progress-bar off -q --no-deps "${compiler_wheels[0]}" "${wheels[0]}"
+"$venv_python" -m pip check || fail "pip check: the installed pair does not meet dloss's requirements"
 site=$("$venv_python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
 package=$site/dloss
+compiler_package=$site/dloss_compiler
 [[ -d $package ]] || fail "the wheel installed no dloss package in $site"
+[[ -f $compiler_package/lib/libdloss_compiler.so ]] ||
+  fail "the dloss-compiler wheel has no dloss_compiler/lib/libdloss_compiler.so"
+[[ ! -e $package/lib/libdloss_compiler.so ]] ||
+  fail "the dloss wheel carries a compiler library of its own: the compiler is dloss-compiler's"
 
 step "ldd: every library and tool of the install"
-mapfile -t binaries < <(find "$package" -type f \( -name '*.so*' -o -perm -u+x \) |
+mapfile -t binaries < <(find "$package" "$compiler_package" -type f \( -name '*.so*' -o -perm -u+x \) |
   while read -r f; do head -c 4 "$f" | grep -q ELF && echo "$f"; done)
 [[ ${#binaries[@]} -ge 7 ]] || fail "expected the extension, 3 libraries and 3 tools, found: ${binaries[*]}"
-[[ -f $package/lib/libdloss_compiler.so ]] || fail "the wheel has no lib/libdloss_compiler.so"
+# What the compiler wheel needs of the system: its newest glibc and libstdc++
+# symbol versions, at most Ubuntu 22.04's (glibc 2.35, GCC 12's libstdc++;
+# compiler/GlibcCompat.cpp keeps glibc 2.36's arc4random out).
+newest() { objdump -T "$1" | grep -o "$2_[0-9.]*" | sort -uV | tail -1; }
+for binary in "$compiler_package"/lib/libdloss_compiler.so "$compiler_package"/bin/dlossc \
+    "$compiler_package"/bin/dloss-opt; do
+  glibc=$(newest "$binary" GLIBC) glibcxx=$(newest "$binary" GLIBCXX)
+  echo "$(basename "$binary") needs $glibc and $glibcxx"
+  [[ $(printf '%s\n' "$glibc" GLIBC_2.35 | sort -V | tail -1) == GLIBC_2.35 ]] ||
+    fail "$binary needs $glibc: newer than Ubuntu 22.04's GLIBC_2.35"
+  [[ $(printf '%s\n' "$glibcxx" GLIBCXX_3.4.30 | sort -V | tail -1) == GLIBCXX_3.4.30 ]] ||
+    fail "$binary needs $glibcxx: newer than GCC 12's GLIBCXX_3.4.30"
+done
 for binary in "${binaries[@]}"; do
   deps=$(ldd "$binary")
   echo "$(basename "$binary"): $(grep -c '=>' <<< "$deps") libraries"
@@ -106,12 +126,7 @@ done
 
 outside=$work/outside
 mkdir -p "$outside"
-step "2 Gloo ranks of dloss.ClipLoss against one process, from $outside"
-(cd "$outside" && OMP_NUM_THREADS=1 DLOSS_CACHE_DIR="$work/plan-cache" \
-  "$venv_python" "$source/test/install/check_wheel.py") | tee "$work/python.log"
-grep -qx PASS "$work/python.log" || fail "the 2-rank check did not print PASS"
-grep -q "dloss imported from $package/" "$work/python.log" ||
-  fail "dloss was not imported from the installed wheel"
+check_clip_ranks "$venv_python" "$source" "$outside" "$work" "$package"
 
 step "the console scripts"
 "$work/venv/bin/dlossc" "$source/examples/clip.mlir" -o "$outside/clip.plan" ||
@@ -121,16 +136,7 @@ step "the console scripts"
   { cat "$work/dloss-run-help.log"; fail "dloss-run --help failed"; }
 "$work/venv/bin/dloss-opt" "$source/examples/clip.mlir" > /dev/null ||
   fail "dloss-opt failed"
-# dloss-run compiles a .mlir loss with the wheel's compiler library (an empty
-# cache: nothing to find there) and checks 2 uneven ranks against one process.
-(cd "$outside" && OMP_NUM_THREADS=1 DLOSS_CACHE_DIR="$work/dloss-run-cache" \
-  "$venv_python" "$source/examples/run_example.py" "$work/venv/bin/dloss-run" \
-  "$source/examples/clip.mlir" --sizes 3,2 --out "$outside/dloss-run") |
-  tee "$work/dloss-run.log"
-grep -q "tolerance 1e-05: PASS" "$work/dloss-run.log" ||
-  fail "dloss-run did not compile and check clip.mlir"
-compgen -G "$work/dloss-run-cache/*.plan" > /dev/null ||
-  fail "dloss-run cached no plan in DLOSS_CACHE_DIR"
+check_dloss_run "$venv_python" "$work/venv/bin/dloss-run" "$source" "$outside" "$work"
 
 step "C++ consumer through find_package(dloss) with dloss.cmake_prefix_path"
 prefix_path=$("$venv_python" -c 'import dloss, torch.utils; print(dloss.cmake_prefix_path + ";" + torch.utils.cmake_prefix_path)')
