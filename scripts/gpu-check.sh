@@ -28,10 +28,10 @@
 #   --limit STAGE=SECONDS  a stage's own limit (defaults: build 360, python
 #              120, kernels 150, tests 270, bench 200, sized for the H100
 #              machine's 16 cores; a 2-core CPU machine's build needs more)
-#   --hide-system-deps  (root, Linux) first hide Debian's Gloo, FlatBuffers,
-#              flatc and GoogleTest in a private mount namespace, so that a
-#              build on a CPU machine must take them from the carry, as on the
-#              GPU machine
+#   --hide-system-deps  (root, Linux) first hide Debian's LLVM, FlatBuffers,
+#              flatc and GoogleTest in a private mount namespace
+#              (scripts/without-system-deps.sh), so that a build on a CPU
+#              machine must take them from the carry, as on the GPU machine
 #
 # env: DLOSS_GPU_PYTHON (the Python with torch: default .venv-cuda's where it
 # has a CUDA torch, else python3), DLOSS_GPU_ALL_TARGETS=1 (build every
@@ -73,25 +73,10 @@ for stage in ${stages//,/ }; do
 done
 
 # ---- Hiding the system's third-party packages (the CPU machine's proof) ----
-if [ -n "$hide" ] && [ -z "${DLOSS_GPU_CHECK_HIDDEN:-}" ]; then
-  hidden=()
-  for path in /usr/include/gloo /usr/include/flatbuffers /usr/include/gtest /usr/include/gmock \
-      /usr/src/googletest /usr/src/gtest /usr/lib/x86_64-linux-gnu/cmake/GTest \
-      /usr/lib/x86_64-linux-gnu/cmake/flatbuffers /usr/bin/flatc \
-      /usr/lib/x86_64-linux-gnu/libgtest.a /usr/lib/x86_64-linux-gnu/libgtest_main.a \
-      /usr/lib/x86_64-linux-gnu/libflatbuffers.a /usr/lib/x86_64-linux-gnu/libflatbuffers.so; do
-    # A link is hidden with what it points to (and mounting on it fails).
-    [ -e "$path" ] && [ ! -L "$path" ] && hidden+=("$path")
-  done
-  echo "gpu-check: hiding ${hidden[*]} in a private mount namespace"
+if [ -n "$hide" ] && [ -z "${DLOSS_WITHOUT_SYSTEM_DEPS:-}" ]; then
   args=(--stage "$stages" --out "$out" --budget "$budget" --build-dir "$build_dir" --carry "$carry")
   for stage in "${ALL_STAGES[@]}"; do args+=(--limit "$stage=${LIMIT[$stage]}"); done
-  exec env DLOSS_GPU_CHECK_HIDDEN=1 unshare -m --propagation private bash -c '
-    for path in "${@:2:$1}"; do
-      if [ -d "$path" ]; then mount -t tmpfs none "$path"; else mount --bind /dev/null "$path"; fi ||
-        { echo "gpu-check: FAILED: could not hide $path (needs root and unshare)"; exit 1; }
-    done
-    exec bash "${@:$(($1 + 2))}"' hide "${#hidden[@]}" "${hidden[@]}" "$SELF" "${args[@]}"
+  exec bash "$ROOT/scripts/without-system-deps.sh" bash "$SELF" "${args[@]}"
 fi
 
 # ---- The machine --------------------------------------------------------------
@@ -102,7 +87,17 @@ elif "$ROOT/.venv-cuda/bin/python" -c 'import torch; assert torch.version.cuda' 
 else
   PY=$(command -v python3)
 fi
-COMPILER_LIB=$carry/lib/libdloss_compiler.so
+# The compiler library, from the dloss-compiler wheel the carry holds
+# (scripts/gpu-prepare.sh), unpacked into the build folder when the wheel is
+# newer than what is there.
+COMPILER_LIB=$build_dir/dloss-compiler/dloss_compiler/lib/libdloss_compiler.so
+compiler_wheel=$(ls "$carry"/dloss_compiler-*.whl 2> /dev/null | head -1)
+if [ -n "$compiler_wheel" ] && [ "$compiler_wheel" -nt "$COMPILER_LIB" ]; then
+  rm -rf "$build_dir/dloss-compiler"
+  mkdir -p "$build_dir/dloss-compiler"
+  "$PY" -m zipfile -e "$compiler_wheel" "$build_dir/dloss-compiler" ||
+    echo "gpu-check: could not unpack $compiler_wheel"
+fi
 # The stages run as child processes: they take these from the environment.
 export DLOSS_GPU_PYTHON=$PY
 
@@ -154,11 +149,11 @@ stage_build() {
     args+=(-DDLOSS_THIRD_PARTY_DIR="$carry")
     "$carry/bin/flatc" --version > /dev/null ||
       { note "the carried flatc does not run here: $("$carry/bin/flatc" --version 2>&1 | head -1)"; return 1; }
-  elif [ ! -f /usr/include/gloo/config.h ]; then
-    note "no carry at $carry and no system Gloo headers: run scripts/gpu-prepare.sh on a CPU machine and carry gpu-carry"
+  elif ! command -v flatc > /dev/null; then
+    note "no carry at $carry and no flatc here: run scripts/gpu-prepare.sh on a CPU machine and carry gpu-carry"
     return 1
   else
-    note "no carry: the system's Gloo, FlatBuffers and GoogleTest are used"
+    note "no carry: this machine's FlatBuffers and GoogleTest are used"
   fi
   # The extension needs Python.h; the carry has one for the GPU machine's Python.
   local include version

