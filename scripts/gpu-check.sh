@@ -105,6 +105,7 @@ export DLOSS_GPU_PYTHON=$PY
 machine_info() {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "host: $(hostname) ($(nproc) cores)"
+  echo "os: $(. /etc/os-release 2>/dev/null && echo "${PRETTY_NAME:-unknown}" || echo unknown); $(ldd --version 2>/dev/null | head -1 | grep -o '[0-9][0-9.]*$' | sed 's/^/glibc /' || echo 'glibc unknown')"
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo "not a git checkout (the carry's: $(sed -n 's/^commit //p' "$carry/MANIFEST.txt" 2>/dev/null || echo none))")"
   local gpus
   gpus=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null)
@@ -147,6 +148,8 @@ stage_build() {
   local args=(-DDLOSS_CUDA_WHEEL_LIBRARIES=ON)
   if [ -f "$carry/MANIFEST.txt" ]; then
     args+=(-DDLOSS_THIRD_PARTY_DIR="$carry")
+    # A carry may arrive without its exec bits.
+    chmod +x "$carry"/bin/* 2> /dev/null || true
     "$carry/bin/flatc" --version > /dev/null ||
       { note "the carried flatc does not run here: $("$carry/bin/flatc" --version 2>&1 | head -1)"; return 1; }
   elif ! command -v flatc > /dev/null; then
@@ -243,8 +246,10 @@ print(lib.dloss_compiler_identity().decode())' "$COMPILER_LIB" 2>&1 | tail -1)
   fi
   [ -f "$COMPILER_LIB" ] || return 1
   # dloss.ClipLoss on CUDA tensors against the same loss on the CPU, one process.
-  local line
-  line=$(DLOSS_COMPILER_LIBRARY=$COMPILER_LIB DLOSS_CACHE_DIR=$build_dir/gpu-check-plan-cache \
+  # Its whole output goes to the log; the result is the line that starts
+  # with cpu_loss= (a warning printed at exit must not stand in for it).
+  local output line
+  output=$(DLOSS_COMPILER_LIBRARY=$COMPILER_LIB DLOSS_CACHE_DIR=$build_dir/gpu-check-plan-cache \
     PYTHONPATH="$build_dir/python" "$PY" -c '
 import torch, torch.nn.functional as F, dloss
 dloss.init(backend="cpu:gloo,cuda:nccl")  # a world of one: CPU over Gloo, CUDA over NCCL
@@ -261,7 +266,11 @@ import math
 errs = [abs(lg - lc) / abs(lc), float((ag - ac).abs().max() / ac.abs().max()),
         float((bg - bc).abs().max() / bc.abs().max())]
 err = max(errs) if all(math.isfinite(e) for e in errs) else float("inf")  # max() skips a NaN
-print("cpu_loss=%.7g cuda_loss=%.7g max_rel_err=%.3g %s" % (lc, lg, err, "OK" if err < 1e-4 else "MISMATCH"))' 2>&1 | tail -1)
+print("cpu_loss=%.7g cuda_loss=%.7g max_rel_err=%.3g %s" % (lc, lg, err, "OK" if err < 1e-4 else "MISMATCH"))
+torch.distributed.destroy_process_group()' 2>&1)
+  echo "$output"
+  line=$(grep '^cpu_loss=' <<< "$output" | tail -1)
+  [ -n "$line" ] || line="no result line; its output ended: $(tail -3 <<< "$output" | tr '\n' ' ')"
   echo "gpu-check: python: CUDA smoke test: $line"
   [[ $line == *" OK" ]] || { note "dloss.ClipLoss on CUDA tensors: $line"; return 1; }
   number clip_cuda_max_rel_err "$(sed -n 's/.*max_rel_err=\([^ ]*\).*/\1/p' <<< "$line")"
