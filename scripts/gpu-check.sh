@@ -288,10 +288,13 @@ stage_kernels() {
   local failed=0 type log
   # Each run's output goes to the stage's log as it comes (tee -a: the log is
   # stderr, appended to), so a run that hangs still shows how far it got; and
-  # each has its own limit, so one hang leaves the others their time.
+  # each has its own limit, so one hang leaves the others their time. Line
+  # buffered (stdbuf -oL): a run killed at its limit keeps the lines it
+  # printed. --foreground keeps the inner timeout in the stage's process
+  # group, so that the stage's own limit reaches the bench too.
   # The general op (dloss.fused_similarity, never run before) against float64 loops.
   for type in f32 bf16 f16; do
-    log=$(timeout -k 5 60 "$bench" 4096 8192 256 $type similarity 2>&1 | tee -a /dev/stderr)
+    log=$(timeout --foreground -k 5 60 stdbuf -oL "$bench" 4096 8192 256 $type similarity 2>&1 | tee -a /dev/stderr)
     local err
     err=$(sed -n 's/.*max relative error \([^:]*\):.*/\1/p' <<< "$log" | head -1)
     number "similarity_${type}_max_rel_err" "${err:-none}"
@@ -304,7 +307,7 @@ stage_kernels() {
   done
   # Timings at the default size: the dedicated CLIP tiles, then the general op.
   for mode in clip similarity; do
-    log=$(timeout -k 5 60 "$bench" 16384 65536 512 bf16 $mode 2>&1 | tee -a /dev/stderr)
+    log=$(timeout --foreground -k 5 60 stdbuf -oL "$bench" 16384 65536 512 bf16 $mode 2>&1 | tee -a /dev/stderr)
     local rc=$?
     local fwd bwd
     # The tables' last column: GEMMs / fused (or / general).
