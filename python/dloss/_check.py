@@ -58,9 +58,10 @@ def check_compiler_pair():
     if have != want:
         try:
             mine = importlib.metadata.version("dloss")
+            release = mine.partition("+")[0]  # the pair shares dloss's release
         except importlib.metadata.PackageNotFoundError:
             mine = "(not installed as a package)"
-        release = installed.partition("+")[0]
+            release = installed.partition("+")[0]
         raise ImportError(
             f"dloss {mine} was built for the compiler of identity {want}, but "
             f"the installed dloss-compiler {installed} is "
