@@ -144,13 +144,17 @@ class CompiledLoss(_ops.Registered, torch.nn.Module):
                 "@%s is missing input(s) %s" % (loss_name,
                                                 ", ".join(missing)),
                 "Pass every input: %s" % ", ".join(names))
+        # A number joins the call's tensors on their device: the runtime
+        # computes a call on one device.
+        device = next((v.device for v in values
+                       if isinstance(v, torch.Tensor)), None)
         tensors = []
         for name, value in zip(names, values):
             if isinstance(value, torch.Tensor):
                 tensors.append(value)
                 continue
             try:
-                tensors.append(torch.tensor(value))
+                tensors.append(torch.tensor(value, device=device))
             except (TypeError, ValueError, RuntimeError):
                 return None, make_error(
                     "input %r of @%s is a %s, not a tensor or a number" %

@@ -2,6 +2,7 @@
 // rank's tensors.
 #include "runtime/exec/Executor.h"
 
+#include "runtime/exec/PreflightRecord.h"
 #include "runtime/exec/RankGroups.h"
 #include "runtime/kernels/DTypes.h"
 #include "runtime/support/Error.h"
@@ -27,8 +28,8 @@ public:
   using KnownShapes = const std::vector<std::vector<int64_t>> *;
 
   StepContext(Communicator &comm, std::vector<Value> &registers,
-              std::vector<KnownShapes> &known)
-      : comm(comm), registers(registers), known(known) {}
+              std::vector<KnownShapes> &known, at::Device device)
+      : comm(comm), registers(registers), known(known), callDevice(device) {}
 
   void begin(const BoundStep &next) {
     step = &next;
@@ -65,6 +66,7 @@ public:
   }
 
   Communicator &communicator() override { return comm; }
+  at::Device device() const override { return callDevice; }
   size_t numOperands() const override { return step->operands.size(); }
   const Value &operand(size_t i) const override {
     if (i >= step->operands.size())
@@ -105,6 +107,7 @@ private:
   Communicator &comm;
   std::vector<Value> &registers;
   std::vector<KnownShapes> &known;
+  at::Device callDevice;
   const BoundStep *step = nullptr;
   std::vector<Value> pending;
 };
@@ -205,7 +208,8 @@ std::vector<at::Tensor> Executor::run(const std::string &name,
       known[i] = &shapes[i];
   }
 
-  StepContext context(comm, registers, known);
+  StepContext context(comm, registers, known,
+                      preflight::callDevice(function, inputs));
   for (const BoundStep &step : bound->steps) {
     // A rank failing alone leaves its peers waiting at their next
     // collective: tell the communicator, so that they can name this rank.

@@ -75,15 +75,10 @@ std::vector<int64_t> localRecord(const PlanFile &plan, const std::string &name,
   for (size_t i = 0; i < inputs.size(); ++i)
     if (!computesOn(inputs[i].device()))
       return reject(UnsupportedDevice, i);
-  std::optional<at::Device> device;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!isTensor(i))
-      continue; // an index is read on the host, wherever it lives
-    if (!device)
-      device = inputs[i].device();
-    else if (inputs[i].device() != *device)
+  at::Device device = callDevice(*function, inputs);
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (isTensor(i) && inputs[i].device() != device)
       return reject(MixedDevices, i);
-  }
   if (isDerivedGradient(*function))
     for (size_t i = 0; i < inputs.size(); ++i)
       if (inputs[i].requires_grad() && !isDifferentiated(*function, i))
@@ -149,6 +144,17 @@ std::vector<int64_t> localRecord(const PlanFile &plan, const std::string &name,
 }
 
 } // namespace
+
+at::Device preflight::callDevice(const plan::Function &function,
+                                 const std::vector<at::Tensor> &inputs) {
+  // An index is read on the host, wherever it lives.
+  for (size_t i = 0; i < inputs.size() && i < numArguments(function); ++i)
+    if (function.arguments()->Get(i)->type()->kind() ==
+            plan::RegisterKind::tensor &&
+        inputs[i].defined())
+      return inputs[i].device();
+  return at::Device(at::kCPU);
+}
 
 Executor::RankShapes
 Executor::preflight(const std::string &name, const BoundFunction *bound,

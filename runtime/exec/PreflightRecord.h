@@ -114,6 +114,13 @@ std::vector<int64_t> newRecord(const PlanFile &plan, const std::string &name,
                                const std::vector<at::Tensor> &inputs,
                                bool check, int64_t collectiveSeq);
 
+/// The device a call of `function` computes on: that of its first tensor
+/// input (the preflight rejects a call whose tensor inputs differ), the CPU
+/// for a call with none. Kernels make the tensors a plan creates (arange,
+/// constants, indices cast to tensors) there.
+at::Device callDevice(const plan::Function &function,
+                      const std::vector<at::Tensor> &inputs);
+
 /// The FNV-1a hash of a function name: stable across processes and builds,
 /// unlike std::hash.
 int64_t hashName(const std::string &name);

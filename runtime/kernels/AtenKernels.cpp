@@ -16,8 +16,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <numeric>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 namespace dloss::aten {
 
@@ -213,6 +217,30 @@ at::Tensor materializeConstant(const plan::Constant &constant) {
   return tensor;
 }
 
+/// A dense constant: made on the host when the step is bound, copied to a
+/// call's device the first time a call computes there (a synchronous copy,
+/// so it is complete on every stream), then shared by every later call.
+class DeviceConstant {
+public:
+  explicit DeviceConstant(at::Tensor host) : host(std::move(host)) {}
+
+  at::Tensor on(const at::Device &device) {
+    if (device == host.device())
+      return host;
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto &[where, copy] : copies)
+      if (where == device)
+        return copy;
+    copies.emplace_back(device, host.to(device));
+    return copies.back().second;
+  }
+
+private:
+  at::Tensor host;
+  std::mutex mutex;
+  std::vector<std::pair<at::Device, at::Tensor>> copies;
+};
+
 KernelRule constantRule() {
   return {[](const StepAttrs &attrs) -> Kernel {
     const plan::Attr *value = attrs.find("value");
@@ -223,8 +251,11 @@ KernelRule constantRule() {
       return [index](KernelContext &ctx) { ctx.setResult(0, index); };
     }
     if (value->kind() == plan::AttrKind::constant && value->constant()) {
-      at::Tensor tensor = materializeConstant(*value->constant());
-      return [tensor](KernelContext &ctx) { ctx.setResult(0, tensor); };
+      auto constant = std::make_shared<DeviceConstant>(
+          materializeConstant(*value->constant()));
+      return [constant](KernelContext &ctx) {
+        ctx.setResult(0, constant->on(ctx.device()));
+      };
     }
     fail("arith.constant's 'value' is neither an integer nor a dense "
          "constant (only index, i1 and dense tensor constants run)",
@@ -448,8 +479,10 @@ KernelRule castRule() {
             return [type](KernelContext &ctx) {
               const Value &input = ctx.operand(0);
               if (input.isIndex())
-                ctx.setResult(0, at::scalar_tensor(input.index(),
-                                                   at::TensorOptions(type)));
+                ctx.setResult(
+                    0, at::scalar_tensor(
+                           input.index(),
+                           at::TensorOptions(type).device(ctx.device())));
               else
                 ctx.setResult(0, ctx.tensor(0).to(type));
             };
@@ -693,7 +726,8 @@ KernelRule arangeRule() {
         fail("arange with a negative count " + std::to_string(count));
       // Counted in int64 so the length is exact whatever the dtype.
       at::Tensor values =
-          at::arange(start, start + count, at::TensorOptions(at::kLong));
+          at::arange(start, start + count,
+                     at::TensorOptions(at::kLong).device(ctx.device()));
       ctx.setResult(0, values.to(type));
     };
   }};

@@ -59,6 +59,11 @@ public:
   /// rank order. Known from the preflight for arguments; otherwise this is a
   /// collective (allGatherInts), which every rank reaches at the same step.
   virtual std::vector<int64_t> rankSizes(size_t i, int64_t axis) = 0;
+  /// The device this call computes on (preflight::callDevice). A kernel
+  /// that makes a tensor from nothing but indices and attributes (arange, a
+  /// constant, an index cast to a tensor) makes it here, so that it meets
+  /// the call's other tensors on their device.
+  virtual at::Device device() const = 0;
 
   /// Operand `i` as a tensor / an index; a dloss::Error when the plan put
   /// the other kind (or nothing) there.

@@ -247,6 +247,26 @@ class OneRankMiscallsTest(unittest.TestCase):
                 self.assertLess(max(peer_s, own_s), 5.0)
 
 
+class NumbersTest(unittest.TestCase):
+    """A number passed for an input becomes a 0-d tensor on the device of
+    the call's tensors, which the runtime requires to be one (a CUDA call
+    with a Python float scale would otherwise mix devices). The meta
+    device stands in for CUDA here."""
+
+    def test_a_number_joins_the_tensors_device(self):
+        from dloss.compiled import CompiledLoss
+        image = torch.empty(4, DIM, device="meta")
+        tensors, problem = CompiledLoss._bind(
+            "clip", ["image", "text", "scale"], (image, image), {"scale": 10.0})
+        self.assertIsNone(problem)
+        self.assertEqual([t.device.type for t in tensors], ["meta"] * 3)
+        self.assertEqual(tensors[2].dtype, torch.float32)
+        cpu, _ = CompiledLoss._bind("clip", ["image", "scale"],
+                                    (torch.zeros(2, DIM), 3), {})
+        self.assertEqual(cpu[1].device.type, "cpu")
+        self.assertEqual(int(cpu[1]), 3)
+
+
 class GraphErrorTest(unittest.TestCase):
 
     def test_graph_error_names_python_line(self):

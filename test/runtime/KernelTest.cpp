@@ -2,6 +2,7 @@
 #include "PlanTestUtil.h"
 
 #include "runtime/comm/Engines.h"
+#include "runtime/kernels/KernelTable.h"
 #include "runtime/support/Error.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <sstream>
 
 namespace {
@@ -516,6 +518,102 @@ TEST(KernelTest, Constants) {
   EXPECT_NE(message.find("carries 3 bytes, expected 16"), std::string::npos)
       << message;
   EXPECT_NE(message.find("op arith.constant"), std::string::npos) << message;
+}
+
+/// One step's kernel run directly, as the executor would run it on a call
+/// that computes on `device`: a device no CPU test can have (CUDA) is
+/// stood in for by `meta`, which ATen creates tensors on without data.
+class DeviceContext final : public dloss::KernelContext {
+public:
+  DeviceContext(std::vector<dloss::Value> operands, at::Device device)
+      : operands(std::move(operands)), callDevice(device) {}
+  dloss::Communicator &communicator() override { return *comm; }
+  size_t numOperands() const override { return operands.size(); }
+  const dloss::Value &operand(size_t i) const override {
+    return operands.at(i);
+  }
+  void setResult(size_t i, dloss::Value value) override {
+    results.resize(std::max(results.size(), i + 1));
+    results[i] = std::move(value);
+  }
+  std::vector<int64_t> rankSizes(size_t, int64_t) override { return {}; }
+  at::Device device() const override { return callDevice; }
+
+  std::vector<dloss::Value> operands, results;
+
+private:
+  std::unique_ptr<dloss::Communicator> comm =
+      dloss::makeSingleProcessCommunicator();
+  at::Device callDevice;
+};
+
+/// The first step of `function`'s plan, bound and run in `context`.
+void runFirstStep(const dloss::test::FunctionSpec &function,
+                  DeviceContext &context) {
+  auto plan = buildPlan({function});
+  const dloss::plan::Step &step =
+      *plan->plan().functions()->Get(0)->steps()->Get(0);
+  dloss::bindKernel(step).run(context);
+}
+
+TEST(KernelTest, PlanMadeTensorsAreOnTheCallsDevice) {
+  // Kernels that make a tensor from indices or attributes alone make it on
+  // the call's device, where it meets the call's other tensors (an unfused
+  // plan's labels gathered from CUDA logits, say); the executor's call
+  // device is preflight::callDevice, its inputs'.
+  using dloss::Value;
+  for (at::Device device : {at::Device(at::kCPU), at::Device(at::kMeta)}) {
+    SCOPED_TRACE(device.str());
+    {
+      SCOPED_TRACE("arange");
+      DeviceContext context({Value::ofIndex(5), Value::ofIndex(3)}, device);
+      runFirstStep(
+          singleOpFunction("dloss.arange", {5, 3}, {textAttr("dtype", "i64")}),
+          context);
+      const at::Tensor &result = context.results.at(0).tensor();
+      EXPECT_EQ(result.device(), device);
+      EXPECT_EQ(result.sizes(), at::IntArrayRef({3}));
+      if (device.is_cpu())
+        expectEqual(result, longs({5, 6, 7}));
+    }
+    {
+      SCOPED_TRACE("cast of an index");
+      DeviceContext context({Value::ofIndex(12)}, device);
+      runFirstStep(singleOpFunction("dloss.cast", {int64_t(12)},
+                                    {textAttr("dtype", "f32")}),
+                   context);
+      const at::Tensor &result = context.results.at(0).tensor();
+      EXPECT_EQ(result.device(), device);
+      if (device.is_cpu())
+        expectEqual(result, at::scalar_tensor(12.0f));
+    }
+    for (bool splat : {false, true}) {
+      SCOPED_TRACE(splat ? "splat constant" : "dense constant");
+      dloss::test::FunctionSpec function;
+      function.numRegisters = 1;
+      function.results = {0};
+      StepSpec step;
+      step.op = "arith.constant";
+      step.results = {0};
+      at::Tensor dense = at::tensor({1.0f, -2.0f, 3.5f, 0.0f}).reshape({2, 2});
+      step.attrs = {splat ? splatAttr("value", at::scalar_tensor(2.5f), {2, 2})
+                          : constantAttr("value", dense)};
+      function.steps = {step};
+      // Twice: the second call takes the copy the first made.
+      auto plan = buildPlan({function});
+      dloss::BoundKernel kernel =
+          dloss::bindKernel(*plan->plan().functions()->Get(0)->steps()->Get(0));
+      for (int call = 0; call < 2; ++call) {
+        DeviceContext context({}, device);
+        kernel.run(context);
+        const at::Tensor &result = context.results.at(0).tensor();
+        EXPECT_EQ(result.device(), device);
+        EXPECT_EQ(result.sizes(), at::IntArrayRef({2, 2}));
+        if (device.is_cpu())
+          expectEqual(result, splat ? at::full({2, 2}, 2.5f) : dense);
+      }
+    }
+  }
 }
 
 TEST(KernelTest, IndexArithmetic) {
