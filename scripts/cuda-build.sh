@@ -156,4 +156,14 @@ for test in dloss-fused-cuda-tests dloss-process-group-cuda-tests; do
     { tail -40 "$log"; echo "cuda-build: FAILED: $test ran $ran tests without a GPU, $skips of them skipped"; exit 1; }
   skipped=$((skipped + skips))
 done
+# test_cuda.py's CUDA classes, the build's python-cuda entry (what `ctest -L
+# gpu` runs on the GPU machine): here every one skips, saying why.
+log=$BUILD_DIR/python-cuda.log
+ctest --test-dir "$BUILD_DIR" -R '^python-cuda$' -V > "$log" 2>&1 ||
+  { tail -40 "$log"; echo "cuda-build: FAILED: python-cuda without a GPU"; exit 1; }
+ran=$(sed -n 's/.*Ran \([0-9]*\) tests\? in .*/\1/p' "$log" | tail -1)
+skips=$(sed -n 's/.*OK (skipped=\([0-9]*\)).*/\1/p' "$log" | tail -1)
+[ -n "$ran" ] && [ "$ran" -gt 0 ] && [ "$ran" = "$skips" ] ||
+  { tail -40 "$log"; echo "cuda-build: FAILED: python-cuda ran ${ran:-no} tests without a GPU, ${skips:-none} of them skipped"; exit 1; }
+skipped=$((skipped + skips))
 echo "cuda-build: PASS: built against torch $VERSION's CUDA libraries; import dloss and its runtime tests pass on the CPU ($skipped GPU tests skipped: no GPU here)"
