@@ -15,6 +15,15 @@ d = 512, bf16 and f32, B_local 4096, 16384 and 65536 (--quick: 256 and
                                              -logsigmoid(z * logits) summed / n
   infonce  @dloss.loss (the general op)      cross-entropy of scale q @ k_all.T
 
+and, for CLIP, Inf-CL (pip's inf-cl 1.2.1, arXiv 2410.17243) where inf_cl
+imports and the device is CUDA: its ring (cal_inf_loss, at this group's
+world size) both ways, (cal_inf_loss(image, text, scale) +
+cal_inf_loss(text, image, scale)) / 2. Each call is one direction, the mean
+over this rank's rows of lse(scale q k_all^T) - scale q.k_i, with the
+scale applied by the caller: at world 1 exactly OpenCLIP's and dloss's
+loss. Its Triton kernels run in float32 (bf16 inputs are converted) with
+TF32 dot products, as Inf-CL ships them.
+
 Each measurement is one forward + backward: warm-up steps, then the median
 of timed ones (CUDA events; at most --reps, fewer for slow steps), and
 torch.cuda.max_memory_allocated over one step after a reset, less what was
@@ -34,21 +43,29 @@ that shape.
 
 Writes OUT/gpu_bench.json and OUT/gpu_bench.md (tables and the issue's
 targets: fused step <= 0.7x eager's time; fused loss memory <= 1/20 of
-eager's at B_local 16384; tiles >= 70% of the GEMMs' throughput). Each row
-also records its loss value (the last timed step's), and the fused value of
-every shape must match the eager one on the same inputs (relative 1e-4 in
-f32, 3e-2 in bf16): a mismatch fails the bench, as an error does.
+eager's at B_local 16384; tiles >= 70% of the GEMMs' throughput; dloss's
+CLIP step time and loss memory at most Inf-CL's at the same B_local). Each
+row also records its loss value (the last timed step's), and the fused
+value of every shape must match the eager one on the same inputs (relative
+1e-4 in f32, 3e-2 in bf16), Inf-CL's both the eager and the fused one: a
+mismatch fails the bench, as an error does (except Inf-CL's own errors:
+printed and recorded, but Inf-CL is the reference, not the subject).
 
 usage: python bench/gpu_bench.py --out DIR [--quick] [--skip-without-cuda]
            [--device cuda|cpu] [--dtypes bf16,f32]
            [--losses clip,siglip,infonce]
            [--b-local 4096,16384,65536] [--reps 5] [--no-share]
-           [--budget-s 200]
+           [--budget-s 200] [--backend nccl]
 
-Without CUDA it prints one line and exits 1 (0 with --skip-without-cuda).
-`--device cpu --quick` runs the whole harness on the CPU (times from
-perf_counter, no memory): a dry run, and it fills the plan cache
-(DLOSS_CACHE_DIR) with the plans the GPU run needs.
+--backend is dloss.init's (default nccl with --device cuda, gloo with
+cpu; "cpu:gloo,cuda:gloo" where NCCL does not work). Without CUDA it prints
+one line and exits 1 (0 with --skip-without-cuda). `--device cpu --quick`
+runs the whole harness on the CPU (times from perf_counter, no memory, no
+Inf-CL: one line says why): a dry run, and it fills the plan cache
+(DLOSS_CACHE_DIR) with the plans the GPU run needs. Where the dloss
+compiler library does not load, plans come from that cache alone and the
+@dloss.loss rows (infonce, clip-share) are skipped, saying so: tracing a
+function asks the library for shapes.
 """
 import argparse
 import json
@@ -108,7 +125,13 @@ def parse_args():
                    help="skip the 128k-share measurement")
     p.add_argument("--budget-s", type=float, default=200,
                    help="skip the rows left after this many seconds")
-    return p.parse_args()
+    p.add_argument("--backend", default=None,
+                   help="dloss.init's backend (default: nccl with --device "
+                   "cuda, gloo with cpu; e.g. cpu:gloo,cuda:gloo)")
+    args = p.parse_args()
+    if args.backend is None:
+        args.backend = "nccl" if args.device == "cuda" else "gloo"
+    return args
 
 
 # ---------------------------------------------------------------- the losses
@@ -193,6 +216,64 @@ def fused(name):
     if name == "infonce":
         return dloss.loss(infonce)
     return clip_share()
+
+
+def infcl_clip(image, text, scale):
+    """CLIP's symmetric loss with Inf-CL's ring (the default group's world
+    size; labels arange(B_local), the scale applied here by the caller, as
+    inf_cl's own example does). head_dim 256 (its default) splits d = 512
+    into two heads whose dot products it adds: the full dot product."""
+    import inf_cl
+    return (inf_cl.cal_inf_loss(image, text, scale=scale) +
+            inf_cl.cal_inf_loss(text, image, scale=scale)) / 2
+
+
+def infcl_state(device, backend):
+    """{"version", "rows", "why"}: whether the Inf-CL rows run and, if not,
+    why (one line; never a traceback). Its backward sends each ring step's
+    key gradient to the next rank even at world 1, to itself: NCCL takes
+    that, Gloo refuses it ("Pair is not connected"), so the rows need NCCL
+    for CUDA tensors."""
+    state = {"version": None, "rows": False, "why": None}
+    try:
+        import inf_cl
+    except Exception as e:  # noqa: B902 - ImportError, or triton's own
+        state["why"] = "inf_cl does not import (%s: %s); gpu-check.sh " \
+            "installs it from gpu-carry/wheels (scripts/gpu-prepare.sh), " \
+            "and a CUDA torch brings triton" % (
+                type(e).__name__, str(e).splitlines()[0][:200])
+        return state
+    try:
+        from importlib import metadata
+        state["version"] = metadata.version("inf-cl")
+    except Exception:  # noqa: B902 - a report only
+        state["version"] = getattr(inf_cl, "__version__", "unknown")
+    if device != "cuda":
+        state["why"] = ("inf_cl %s imports, but its kernels are Triton's, "
+                        "CUDA only (--device %s)" % (state["version"], device))
+    elif backend != "nccl" and "cuda:nccl" not in backend:
+        state["why"] = ("inf_cl %s imports, but its ring sends to itself at "
+                        "world 1, which Gloo refuses: it needs NCCL (the "
+                        "backend is %s)" % (state["version"], backend))
+    elif not hasattr(inf_cl, "cal_inf_loss"):
+        state["why"] = "inf_cl %s has no cal_inf_loss" % state["version"]
+    else:
+        state["rows"] = True
+    return state
+
+
+def compiler_state():
+    """None where the dloss compiler library loads, else why not. Without
+    it, drop-ins run plans from the plan cache (DLOSS_CACHE_DIR); a
+    @dloss.loss function cannot even be traced (the library gives each
+    op's shape)."""
+    import torch
+    import dloss
+    try:
+        dloss.Graph("probe").input("x", torch.float32, [2]).shape
+        return None
+    except Exception as e:  # noqa: B902 - dloss.Error: the report
+        return str(getattr(e, "problem", e)).splitlines()[0][:300]
 
 
 def inputs(name, b_local, dtype, device, gen):
@@ -335,7 +416,7 @@ def run_gemms(clock, b_local, b_global, dtype, device, args):
         row["status"] = "ok"
     except torch.cuda.OutOfMemoryError:
         row = {"status": "OOM"}
-    del rows, cols
+    rows = cols = None  # The step's cells hold them: free them here.
     if clock.cuda:
         torch.cuda.empty_cache()
     return row
@@ -372,19 +453,21 @@ def fmt(v, spec="%.3g", none="-"):
 
 
 def summarise(rows):
-    """One line per (loss, dtype, B_local): fused, eager, GEMM and the
-    ratios the targets are about."""
+    """One line per (loss, dtype, B_local): fused, eager, GEMM, Inf-CL (CLIP
+    only, where it ran) and the ratios the targets are about."""
     by = {}
     for r in rows:
         by.setdefault((r["loss"], r["dtype"], r["b_local"]), {})[r["impl"]] = r
     out = []
     for (loss, dtype, b), impls in sorted(by.items(), key=lambda kv: (
             kv[0][0], kv[0][1], kv[0][2])):
-        f, e, g = (impls.get(k, {}) for k in ("fused", "eager", "gemm"))
+        f, e, g, i = (impls.get(k, {}) for k in ("fused", "eager", "gemm",
+                                                   "infcl"))
         ok = lambda r: r.get("status") == "ok"  # noqa: E731
         fm = f.get("median_ms") if ok(f) else None
         em = e.get("median_ms") if ok(e) else None
         gm = g.get("median_ms") if ok(g) else None
+        im = i.get("median_ms") if ok(i) else None
         out.append({
             "loss": loss, "dtype": dtype, "b_local": b,
             "b_global": f.get("b_global", b),
@@ -401,26 +484,51 @@ def summarise(rows):
             "fused_ops": f.get("fused_ops"),
             "fused_value": f.get("loss_value") if ok(f) else None,
             "eager_value": e.get("loss_value") if ok(e) else None,
+            "infcl_status": i.get("status"), "infcl_ms": im,
+            "infcl_mb": i.get("loss_mem_mb") if ok(i) else None,
+            "infcl_value": i.get("loss_value") if ok(i) else None,
+            "time_vs_infcl": ratio(fm, im),
+            "mem_vs_infcl": ratio(f.get("loss_mem_mb") if ok(f) else None,
+                                  i.get("loss_mem_mb") if ok(i) else None),
         })
     return out
 
 
+def relative(got, want):
+    """|got - want| / |want|, and whether it is finite and within the
+    dtype's tolerance."""
+    error = abs(got - want) / max(abs(want), 1e-30)
+    return error, math.isfinite(got) and math.isfinite(want)
+
+
 def value_checks(summary):
-    """Fused against eager loss values, each PASS / FAIL; and whether any
-    failed."""
+    """Fused against eager loss values, and Inf-CL's against both, each
+    PASS / FAIL; and whether any failed."""
     lines, failed = [], False
     for s in summary:
-        f, e = s["fused_value"], s["eager_value"]
-        if f is None or e is None:
-            continue
+        f, e, i = s["fused_value"], s["eager_value"], s["infcl_value"]
         tolerance = VALUE_TOLERANCE[s["dtype"]]
-        error = abs(f - e) / max(abs(e), 1e-30)
-        good = math.isfinite(f) and math.isfinite(e) and error <= tolerance
+        what = "%s %s B_local %d" % (s["loss"], s["dtype"], s["b_local"])
+        if f is not None and e is not None:
+            error, finite = relative(f, e)
+            good = finite and error <= tolerance
+            failed |= not good
+            lines.append("value %s: fused %.7g, eager %.7g, relative %.2e "
+                         "(<= %g): %s" % (what, f, e, error, tolerance,
+                                          "PASS" if good else "FAIL"))
+        if i is None or (f is None and e is None):
+            continue
+        # Inf-CL's against each of the others that ran, the same rule.
+        parts, good = [], True
+        for name, want in (("eager", e), ("dloss", f)):
+            if want is None:
+                continue
+            error, finite = relative(i, want)
+            good &= finite and error <= tolerance
+            parts.append("%s %.7g, relative %.2e" % (name, want, error))
         failed |= not good
-        lines.append("value %s %s B_local %d: fused %.7g, eager %.7g, "
-                     "relative %.2e (<= %g): %s" % (
-                         s["loss"], s["dtype"], s["b_local"], f, e, error,
-                         tolerance, "PASS" if good else "FAIL"))
+        lines.append("value %s: Inf-CL %.7g; %s (<= %g): %s" % (
+            what, i, "; ".join(parts), tolerance, "PASS" if good else "FAIL"))
     return lines, failed
 
 
@@ -442,6 +550,7 @@ def verdicts(summary):
         if g is not None:
             lines.append("tiles %s: %.3f of the GEMMs (>= %.2f): %s" % (
                 what, g, GEMM_TARGET, "PASS" if g >= GEMM_TARGET else "FAIL"))
+        lines += infcl_verdicts(s, what)
         if s["b_local"] == MEM_TARGET_B:
             m = s["mem_vs_eager"]
             if s["eager_status"] == "OOM" and s["fused_mb"] is not None:
@@ -451,6 +560,34 @@ def verdicts(summary):
                 lines.append("mem   %s: fused/eager %.4f (<= 1/%d): %s" % (
                     what, m, round(1 / MEM_TARGET),
                     "PASS" if m <= MEM_TARGET else "FAIL"))
+    return lines
+
+
+def infcl_verdicts(s, what):
+    """The issue's target against Inf-CL: dloss's step time and loss memory
+    at most Inf-CL's at the same B_local (an Inf-CL OOM where dloss ran
+    passes; no memory figures on the CPU)."""
+    if s["infcl_status"] is None or s["fused_ms"] is None:
+        return []
+    lines = []
+    if s["infcl_status"] == "OOM":
+        return ["infcl %s: Inf-CL OOM, dloss %.1f ms, %s MB: PASS" % (
+            what, s["fused_ms"], fmt(s["fused_mb"], "%.1f"))]
+    if s["infcl_status"] != "ok":
+        return ["infcl %s: not measured (Inf-CL: %s)" % (
+            what, s["infcl_status"][:200])]
+    if s["infcl_ms"] is not None:
+        lines.append("infcl time %s: dloss %.2f ms, Inf-CL %.2f ms, "
+                     "dloss/Inf-CL %.3f (<= 1): %s" % (
+                         what, s["fused_ms"], s["infcl_ms"],
+                         s["time_vs_infcl"], "PASS"
+                         if s["fused_ms"] <= s["infcl_ms"] else "FAIL"))
+    if s["fused_mb"] is not None and s["infcl_mb"] is not None:
+        lines.append("infcl mem  %s: dloss %.1f MB, Inf-CL %.1f MB, "
+                     "dloss/Inf-CL %s (<= 1): %s" % (
+                         what, s["fused_mb"], s["infcl_mb"],
+                         fmt(s["mem_vs_infcl"], "%.3f"), "PASS"
+                         if s["fused_mb"] <= s["infcl_mb"] else "FAIL"))
     return lines
 
 
@@ -482,10 +619,16 @@ def share_line(summary):
 
 def markdown(meta, summary, lines):
     out = ["# GPU bench (bench/gpu_bench.py)", "",
-           "%s; torch %s; %s; d = %d; world 1; median of up to %d steps "
-           "after %d warm-ups" % (meta["device_name"], meta["torch"],
-                                  meta["when"], DIM, meta["reps"],
-                                  meta["warmup"]), "",
+           "%s; torch %s; %s; d = %d; world 1 over %s; median of up to %d "
+           "steps after %d warm-ups" % (meta["device_name"], meta["torch"],
+                                        meta["when"], DIM, meta["backend"],
+                                        meta["reps"], meta["warmup"]), ""]
+    if meta["compiler_library"]:
+        out += ["No compiler: %s. Plans came from the plan cache alone, "
+                "and the @dloss.loss rows were skipped." %
+                meta["compiler_library"], ""]
+    out += [
+
            "| loss | dtype | B_local | fused ms | eager ms | fused/eager "
            "(<= %.1f) | fused MB | eager MB | mem fused/eager (<= 1/%d at "
            "%d) | GEMMs ms | tiles/GEMMs (>= %.1f) | fused TFLOP/s |" % (
@@ -504,6 +647,31 @@ def markdown(meta, summary, lines):
                        fmt(s["gemm_ms"], "%.2f"),
                        fmt(s["gemm_fraction"], "%.3f"),
                        fmt(s["fused_tflops"], "%.1f")))
+    out += ["", "## dloss against Inf-CL (CLIP, the same inputs)", ""]
+    infcl = meta["infcl"]
+    if not infcl["rows"]:
+        out.append("No Inf-CL rows: %s." % infcl["why"])
+    else:
+        out += ["inf-cl %s, its ring at world 1; its kernels compute in "
+                "float32 with TF32 dot products." % infcl["version"], "",
+                "| dtype | B_local | dloss ms | Inf-CL ms | dloss/Inf-CL "
+                "time (<= 1) | dloss MB | Inf-CL MB | dloss/Inf-CL mem "
+                "(<= 1) | Inf-CL value | dloss value |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for s in summary:
+            if s["infcl_status"] is None:
+                continue
+            out.append("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |"
+                       % (s["dtype"], s["b_local"],
+                          fmt(s["fused_ms"], "%.2f", s["fused_status"] or
+                              "-"),
+                          fmt(s["infcl_ms"], "%.2f", s["infcl_status"]),
+                          fmt(s["time_vs_infcl"], "%.3f"),
+                          fmt(s["fused_mb"], "%.1f"),
+                          fmt(s["infcl_mb"], "%.1f"),
+                          fmt(s["mem_vs_infcl"], "%.3f"),
+                          fmt(s["infcl_value"], "%.7g"),
+                          fmt(s["fused_value"], "%.7g")))
     out += ["", "## Targets", ""] + ["- " + l for l in lines["verdicts"]]
     out += ["", "## One GPU's share of a 128k batch", ""] + \
         ["- " + l for l in lines["share"]]
@@ -528,9 +696,19 @@ def main():
               "folder on PYTHONPATH (build/python, or build-gpu/python on the "
               "GPU machine)" % e)
         return 1
-    dloss.init(backend="nccl" if args.device == "cuda" else "gloo")
+    dloss.init(backend=args.backend)
     torch.set_grad_enabled(True)
     device = args.device
+    print("gpu_bench: world %d over %s" % (dist.get_world_size(),
+                                           args.backend))
+    args.infcl = infcl_state(device, args.backend)
+    if not args.infcl["rows"]:
+        print("gpu_bench: no Inf-CL rows: %s" % args.infcl["why"])
+    args.compiler = compiler_state()
+    if args.compiler:
+        print("gpu_bench: %s: plans come from the plan cache "
+              "(DLOSS_CACHE_DIR) alone, and the @dloss.loss rows (infonce, "
+              "clip-share) are skipped" % args.compiler)
     clock = Clock(device)
     sizes = [int(b) for b in args.b_local.split(",")] if args.b_local else \
         list(QUICK_SIZES if args.quick else FULL_SIZES)
@@ -570,20 +748,28 @@ def main():
         base = {"loss": name, "dtype": dname, "b_local": b,
                 "b_global": b_global, "d": DIM}
         skipped = "skipped: the run passed --budget-s %g" % args.budget_s
+        impls = [("fused", fused), ("eager", eager)]
+        if name == "clip" and args.infcl["rows"]:
+            impls.append(("infcl", lambda _: infcl_clip))
         if over_budget():
-            for impl in ("fused", "eager", "gemm"):
+            for impl, _ in impls + [("gemm", None)]:
                 record(dict(base, impl=impl, status=skipped))
             continue
         leaves = inputs(name, b, dtype, device, gen)
-        for impl, make in (("fused", fused), ("eager", eager)):
+        for impl, make in impls:
             row = dict(base, impl=impl)
             if over_budget():
                 record(dict(row, status=skipped))
                 continue
+            if impl == "fused" and args.compiler and name in (
+                    "infonce", "clip-share"):
+                record(dict(row, status="skipped: @dloss.loss needs the "
+                            "compiler library to trace (it does not load)"))
+                continue
             fn = make(name)
             row.update(run_step(clock, fn, leaves, args))
             if impl == "fused":
-                    row["fused_ops"] = fused_ops(fn, leaves)
+                row["fused_ops"] = fused_ops(fn, leaves)
             record(row)
         del leaves
         if clock.cuda:
@@ -600,14 +786,19 @@ def main():
     print("gpu_bench: wrote %s and gpu_bench.md (%.0f s)" % (
         os.path.join(args.out, "gpu_bench.json"),
         time.monotonic() - STARTED))
+    # An error fails the run, except Inf-CL's: the reference, not the
+    # subject (its values are checked all the same).
     failed = [r for r in rows if r["status"].startswith("error")]
     for r in failed:
-        print("gpu_bench: FAILED: %s %s %s B_local %d: %s" % (
-            r["loss"], r["impl"], r["dtype"], r["b_local"], r["status"]))
+        print("gpu_bench: %s: %s %s %s B_local %d: %s" % (
+            "Inf-CL did not run (not a failure of this run)"
+            if r["impl"] == "infcl" else "FAILED", r["loss"], r["impl"],
+            r["dtype"], r["b_local"], r["status"]))
+    failed = [r for r in failed if r["impl"] != "infcl"]
     _, wrong = value_checks(summary)
     if wrong:
-        print("gpu_bench: FAILED: a fused loss value differs from the eager "
-              "one (the value lines above)")
+        print("gpu_bench: FAILED: a loss value differs from the eager one "
+              "(the value lines above)")
     return 1 if failed or wrong else 0
 
 
@@ -625,6 +816,8 @@ def write(args, device, clock, rows):
             "torch": torch.__version__, "cuda": torch.version.cuda,
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "reps": args.reps, "warmup": args.warmup, "quick": args.quick,
+            "backend": args.backend, "infcl": args.infcl,
+            "compiler_library": args.compiler,
             "seconds": round(time.monotonic() - STARTED, 1)}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "gpu_bench.json"), "w") as f:

@@ -1,32 +1,34 @@
 #!/usr/bin/env bash
 # The GPU path checked by one command on a GPU machine (docs/Cuda.md): builds
 # dloss there without LLVM against that machine's torch, with what
-# scripts/gpu-prepare.sh carried (gpu-carry/), then runs the GPU tests, the
-# CUDA tiles' checks and timings and bench/gpu_bench.py, each stage under its
-# own time limit, and writes summary.md, summary.json and the logs (at most 8
-# files) to the output folder. Without a GPU, each stage that needs one says
+# scripts/gpu-prepare.sh carried (gpu-carry/), probes NCCL, then runs the
+# CUDA tiles' checks and timings, bench/gpu_bench.py and the GPU tests, each
+# stage under its own time limit, and writes summary.md, summary.json and the
+# logs (at most 8 files) to the output folder. Without a GPU, each stage that needs one says
 # so in one line and is recorded as SKIP; the rest (the build, `import dloss`,
 # a plan from the carried compiler) runs, and the exit status is 0 unless a
 # stage FAILED or ran out of time (TIMEOUT).
 #
-#   bash scripts/gpu-check.sh [--stage build,python,kernels,tests,bench]
+#   bash scripts/gpu-check.sh [--stage build,python,kernels,bench,tests]
 #        [--out DIR] [--budget SECONDS] [--limit STAGE=SECONDS] [--build-dir DIR]
 #        [--carry DIR] [--hide-system-deps]
 #
 #   --stage    the stages to run, in this order (default all): build, python
 #              (import dloss, a plan from the carried compiler, a CUDA smoke
 #              test), kernels (dloss-bench-cuda-fused: the general op's
-#              checks in f32/bf16/f16 and the tiles' timings), tests (ctest
-#              -L gpu and the Python CUDA test), bench (bench/gpu_bench.py).
+#              checks in f32/bf16/f16 and the tiles' timings), bench
+#              (bench/gpu_bench.py: dloss, eager and Inf-CL), tests (ctest -L
+#              gpu: the CUDA runtime tests and test_cuda.py's CUDA classes).
 #              A later call on the same machine can run the rest: its summary
 #              lists the earlier calls' stages too.
 #   --out      where summary.md, summary.json and the logs go (default $OUT
 #              when set, as on the device tool, else BUILD_DIR/gpu-check)
 #   --budget   seconds for all stages together (default 570: the device tool
 #              kills a command at 600); a stage gets the smaller of its own
-#              limit and what is left, and is skipped under 30 s
-#   --limit STAGE=SECONDS  a stage's own limit (defaults: build 360, python
-#              120, kernels 150, tests 270, bench 200, sized for the H100
+#              limit and what is left once the later stages' reserves are
+#              kept back (the bench's 120 s), and is skipped under 30 s
+#   --limit STAGE=SECONDS  a stage's own limit (defaults: build 240, python
+#              90, kernels 150, bench 150, tests 270, sized for the H100
 #              machine's 16 cores; a 2-core CPU machine's build needs more)
 #   --hide-system-deps  (root, Linux) first hide Debian's LLVM, FlatBuffers,
 #              flatc and GoogleTest in a private mount namespace
@@ -40,9 +42,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 SELF=$ROOT/scripts/gpu-check.sh
-ALL_STAGES=(build python kernels tests bench)
-# Each stage's own limit in seconds (the budget may cut it).
-declare -A LIMIT=([build]=360 [python]=120 [kernels]=150 [tests]=270 [bench]=200)
+# In this order: the bench before the long tests, so that one call has time
+# for it.
+ALL_STAGES=(build python kernels bench tests)
+# Each stage's own limit in seconds (the budget may cut it), and the time
+# kept back for a stage while the stages before it in the same call run.
+declare -A LIMIT=([build]=240 [python]=90 [kernels]=150 [bench]=150 [tests]=270)
+declare -A RESERVE=([bench]=120)
 
 stages=$(IFS=,; echo "${ALL_STAGES[*]}")
 out=${OUT:-}
@@ -90,16 +96,26 @@ fi
 # The compiler library, from the dloss-compiler wheel the carry holds
 # (scripts/gpu-prepare.sh), unpacked into the build folder when the wheel is
 # newer than what is there.
-COMPILER_LIB=$build_dir/dloss-compiler/dloss_compiler/lib/libdloss_compiler.so
+# The stages run as child processes: they take COMPILER_LIB from the main
+# process, which sets it empty where the library does not load here (then
+# plans come from the plan cache alone, seeded from the carry's).
+UNPACKED_LIB=$build_dir/dloss-compiler/dloss_compiler/lib/libdloss_compiler.so
+COMPILER_LIB=${DLOSS_GPU_CHECK_COMPILER-$UNPACKED_LIB}
 compiler_wheel=$(ls "$carry"/dloss_compiler-*.whl 2> /dev/null | head -1)
-if [ -n "$compiler_wheel" ] && [ "$compiler_wheel" -nt "$COMPILER_LIB" ]; then
+if [ -z "$internal" ] && [ -n "$compiler_wheel" ] && [ "$compiler_wheel" -nt "$UNPACKED_LIB" ]; then
   rm -rf "$build_dir/dloss-compiler"
   mkdir -p "$build_dir/dloss-compiler"
   "$PY" -m zipfile -e "$compiler_wheel" "$build_dir/dloss-compiler" ||
     echo "gpu-check: could not unpack $compiler_wheel"
 fi
-# The stages run as child processes: they take these from the environment.
+# The plan caches the stages use: the tests' (ctest's DLOSS_CACHE_DIR) and
+# the python stage's and the bench's.
+TEST_CACHE=$build_dir/test-plan-cache
+RUN_CACHE=$build_dir/gpu-check-plan-cache
 export DLOSS_GPU_PYTHON=$PY
+# CUDA tensors' backend in the smoke test, test_cuda.py and the bench: the
+# main process sets gloo where NCCL fails its probe.
+export DLOSS_TEST_CUDA_BACKEND=${DLOSS_TEST_CUDA_BACKEND:-nccl}
 
 # One line per fact, for the log and the summary.
 machine_info() {
@@ -121,6 +137,51 @@ print(torch.__version__, "CUDA", torch.version.cuda, "cuda_available", torch.cud
     echo "carry: none at $carry (scripts/gpu-prepare.sh makes it)"
   fi
 }
+# The carried compiler library's identity, or why it does not load here (it
+# was built on another machine: glibc, MANIFEST.txt).
+compiler_identity() {
+  "$PY" -c 'import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+lib.dloss_compiler_identity.restype = ctypes.c_char_p
+print(lib.dloss_compiler_identity().decode())' "$1" 2>&1 | tail -1
+}
+
+# Copies the carry's plan cache (gpu-prepare.sh compiled every plan the
+# Python stages use) into the stages' caches, keeping what is there: no
+# plan is compiled on the GPU machine's time, and none needs the compiler
+# library when it does not load.
+seed_plan_caches() {
+  [ -d "$carry/plan-cache" ] || { echo "no plan cache in the carry"; return 0; }
+  local dir
+  for dir in "$TEST_CACHE" "$RUN_CACHE"; do
+    mkdir -p "$dir" && cp -rn "$carry/plan-cache/." "$dir/" || return 1
+  done
+  echo "the carry's $(find "$carry/plan-cache" -type f | wc -l) cached plan files"
+}
+
+# NCCL at world size 1: init, an all_reduce on the GPU, destroy, under 20 s.
+# Prints "ok SECONDS" or why it failed.
+nccl_probe() {
+  local output
+  output=$(NCCL_DEBUG=WARN timeout --foreground -k 5 20 "$PY" -c '
+import time, torch, torch.distributed as dist
+t0 = time.time()
+dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
+                        device_id=torch.device("cuda", 0))
+x = torch.ones(4, device="cuda")
+dist.all_reduce(x)
+torch.cuda.synchronize()
+assert float(x.sum()) == 4.0, x
+dist.destroy_process_group()
+print("nccl_probe=ok %.1f" % (time.time() - t0))' 2>&1)
+  local rc=$?
+  if grep -q '^nccl_probe=ok' <<< "$output"; then
+    sed -n 's/^nccl_probe=//p' <<< "$output" | tail -1
+  else
+    echo "FAILED (exit $rc$([ $rc -eq 124 ] && echo ': over 20 s')): $(grep -v '^\s*$' <<< "$output" | tail -2 | tr '\n' ' ' | cut -c1-300)"
+  fi
+}
+
 have_gpu() {
   [ -z "${DLOSS_GPU_CHECK_HAVE_GPU:-}" ] || return "$DLOSS_GPU_CHECK_HAVE_GPU"
   "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null ||
@@ -222,37 +283,33 @@ stage_build() {
 stage_python() {
   PYTHONPATH="$build_dir/python" "$PY" -c "import dloss, torch; print('gpu-check: python: import dloss works on torch', torch.__version__)" ||
     { note "import dloss failed"; return 1; }
-  if [ -f "$COMPILER_LIB" ]; then
-    # It was built on another machine: it needs glibc 2.36 or later (MANIFEST.txt).
-    local loaded
-    loaded=$("$PY" -c 'import ctypes, sys
-lib = ctypes.CDLL(sys.argv[1])
-lib.dloss_compiler_identity.restype = ctypes.c_char_p
-print(lib.dloss_compiler_identity().decode())' "$COMPILER_LIB" 2>&1 | tail -1)
-    [[ $loaded =~ ^[0-9a-f]{64}$ ]] ||
-      { note "the carried compiler library does not load here: $loaded"; return 1; }
-    note "the carried compiler library loads here (identity ${loaded:0:12})"
+  local failed=0
+  if [ -n "$COMPILER_LIB" ]; then
+    note "the carried compiler library loads here (identity $(compiler_identity "$COMPILER_LIB" | cut -c1-12))"
     DLOSS_CUDA_TAG="gpu-check: python"
     source "$ROOT/scripts/cuda-common.sh"
     dloss_cuda_check_drop_in "$build_dir" "$PY" "$COMPILER_LIB" | tee -a "$result.out" || return 1
     number drop_in_loss "$(sed -n 's/.*(loss=\(.*\))$/\1/p' "$result.out")"
     note "a plan from the carried compiler ran, then from the cache alone"
   else
-    note "no carried compiler library ($COMPILER_LIB): plans cannot be compiled here"
+    # The machine's line says why (main); the stages run from the carry's
+    # plan cache, which is what this stage then proves.
+    note "FAILED: no compiler library that loads here: plans come from the carry's plan cache alone"
+    failed=1
   fi
   if ! have_gpu; then
     note "CUDA smoke test: SKIP: $(no_gpu_reason)"
-    return 0
+    return $failed
   fi
-  [ -f "$COMPILER_LIB" ] || return 1
   # dloss.ClipLoss on CUDA tensors against the same loss on the CPU, one process.
   # Its whole output goes to the log; the result is the line that starts
   # with cpu_loss= (a warning printed at exit must not stand in for it).
   local output line
-  output=$(DLOSS_COMPILER_LIBRARY=$COMPILER_LIB DLOSS_CACHE_DIR=$build_dir/gpu-check-plan-cache \
+  output=$(DLOSS_COMPILER_LIBRARY=$COMPILER_LIB DLOSS_CACHE_DIR=$RUN_CACHE \
     PYTHONPATH="$build_dir/python" "$PY" -c '
-import torch, torch.nn.functional as F, dloss
-dloss.init(backend="cpu:gloo,cuda:nccl")  # a world of one: CPU over Gloo, CUDA over NCCL
+import os, torch, torch.nn.functional as F, dloss
+# A world of one: CPU over Gloo, CUDA over NCCL (Gloo where NCCL failed its probe).
+dloss.init(backend="cpu:gloo,cuda:" + os.environ["DLOSS_TEST_CUDA_BACKEND"])
 g = torch.Generator().manual_seed(0)
 x = F.normalize(torch.randn(256, 64, generator=g, dtype=torch.float64), dim=1).float()
 y = F.normalize(torch.randn(256, 64, generator=g, dtype=torch.float64), dim=1).float()
@@ -274,7 +331,8 @@ torch.distributed.destroy_process_group()' 2>&1)
   echo "gpu-check: python: CUDA smoke test: $line"
   [[ $line == *" OK" ]] || { note "dloss.ClipLoss on CUDA tensors: $line"; return 1; }
   number clip_cuda_max_rel_err "$(sed -n 's/.*max_rel_err=\([^ ]*\).*/\1/p' <<< "$line")"
-  note "dloss.ClipLoss on CUDA tensors matches the CPU ($line)"
+  note "dloss.ClipLoss on CUDA tensors (cuda:$DLOSS_TEST_CUDA_BACKEND) matches the CPU ($line)"
+  return $failed
 }
 
 stage_kernels() {
@@ -325,35 +383,6 @@ stage_kernels() {
   return $failed
 }
 
-# The Python CUDA test (python-cuda), when ctest does not run it: a build
-# without the compiler registers no Python tests. Same environment as its
-# ctest entry (test/python/CMakeLists.txt), but only the CUDA classes, CUDA's
-# first: CpuDryRunTest (alphabetically first) is what CI already runs, and
-# would spend the GPU's time compiling into an empty plan cache.
-python_cuda_test() {
-  local limit=$1
-  [ -f "$ROOT/test/python/test_cuda.py" ] || { note "no test/python/test_cuda.py in this tree"; return 0; }
-  local log
-  log=$(cd "$ROOT/test/python" && DLOSS_COMPILER_LIBRARY=$COMPILER_LIB \
-    DLOSS_CACHE_DIR=$build_dir/test-plan-cache OMP_NUM_THREADS=1 DLOSS_FLIGHT_DIR=$build_dir/gpu-check-flight \
-    PYTHONPATH="$build_dir/python:$ROOT/test/python" timeout "$limit" "$PY" -m unittest -v \
-    test_cuda.CudaDropInTest test_cuda.CudaRanksTest 2>&1 |
-    tee -a /dev/stderr)
-  local rc=$?
-  local ran skipped
-  ran=$(sed -n 's/^Ran \([0-9]*\) test.*/\1/p' <<< "$log" | tail -1)
-  skipped=$(grep -o 'skipped=[0-9]*' <<< "$log" | tail -1 | cut -d= -f2)
-  number python_cuda_ran "${ran:-0}"
-  number python_cuda_skipped "${skipped:-0}"
-  if [ $rc -eq 0 ]; then
-    note "test/python/test_cuda.py: $(tail -1 <<< "$log") (ran ${ran:-0})"
-    [ "${ran:-0}" -gt "${skipped:-0}" ] || { note "every Python CUDA test skipped on a GPU machine"; return 1; }
-  else
-    note "test/python/test_cuda.py FAILED (exit $rc): $(grep -E '^(FAIL|ERROR):' <<< "$log" | head -5 | tr '\n' ' ')"
-    return 1
-  fi
-}
-
 stage_tests() {
   local listed
   listed=$(ctest --test-dir "$build_dir" -N -L gpu 2>/dev/null | sed -n 's/^Total Tests: //p')
@@ -362,8 +391,13 @@ stage_tests() {
     return 77
   fi
   [ "${listed:-0}" -gt 0 ] || { note "ctest -L gpu lists no tests in $build_dir"; return 1; }
+  # test_cuda.py's CUDA classes are one of them (test/CMakeLists.txt).
+  [[ $(ctest --test-dir "$build_dir" -N -L gpu 2>/dev/null) == *python-cuda* ]] ||
+    { note "ctest -L gpu does not list python-cuda in $build_dir"; return 1; }
   local limit=$(( ${STAGE_LIMIT:-270} - 20 ))
   local log rc
+  # Plans from the carried compiler, or from the cache the carry seeded
+  # (TEST_CACHE: ctest's DLOSS_CACHE_DIR).
   log=$(DLOSS_COMPILER_LIBRARY=$COMPILER_LIB NCCL_DEBUG=WARN \
     ctest --test-dir "$build_dir" -L gpu -j 4 --timeout "$limit" --output-on-failure 2>&1 | tee -a /dev/stderr)
   rc=$?
@@ -379,16 +413,13 @@ stage_tests() {
   note "ctest -L gpu: $passed passed, ${failed:-?} failed, $skipped skipped of ${total:-?}"
   [ $rc -eq 0 ] || note "failed: $(sed -n 's/^[[:space:]]*[0-9]* - \(.*\)/\1/p' <<< "$log" | grep -v Skipped | head -8 | tr '\n' ';')"
   [ "$passed" -gt 0 ] || { note "no GPU test passed on a GPU machine"; rc=1; }
-  # The Python CUDA test (python-cuda), unless ctest ran it.
-  if [[ $(ctest --test-dir "$build_dir" -N -L gpu 2>/dev/null) != *python-cuda* ]]; then
-    # What is left of the stage's limit (SECONDS counts from this stage's start).
-    local left=$(( ${STAGE_LIMIT:-270} - SECONDS - 10 ))
-    if [ "$left" -lt 30 ]; then
-      note "no time left for test/python/test_cuda.py: run --stage tests alone"; rc=1
-    else
-      python_cuda_test "$left" || rc=1
-    fi
-  fi
+  # test_cuda.py's own counts (its ctest entry's output, when it failed).
+  local ran skipped
+  ran=$(sed -n 's/^Ran \([0-9]*\) test.*/\1/p' "$build_dir/Testing/Temporary/LastTest.log" 2>/dev/null | tail -1)
+  skipped=$(grep -o 'skipped=[0-9]*' "$build_dir/Testing/Temporary/LastTest.log" 2>/dev/null | tail -1 | cut -d= -f2)
+  number python_cuda_ran "${ran:-0}"
+  number python_cuda_skipped "${skipped:-0}"
+  note "test_cuda.py's CUDA classes (python-cuda): ran ${ran:-?}, skipped ${skipped:-0}$([ "$DLOSS_TEST_CUDA_BACKEND" != nccl ] && echo ", CUDA tensors over $DLOSS_TEST_CUDA_BACKEND: NCCL failed its probe")"
   return $rc
 }
 
@@ -397,11 +428,29 @@ stage_bench() {
   [ -f "$script" ] || { note "SKIP: bench/gpu_bench.py is not in this tree"; return 77; }
   mkdir -p "$out/bench"
   # Its own budget, inside the stage's limit, so that it writes its files.
-  local extra=()
-  [[ $("$PY" "$script" --help 2>/dev/null) == *--budget-s* ]] &&
-    extra=(--budget-s $(( ${STAGE_LIMIT:-200} - 40 )))
-  DLOSS_COMPILER_LIBRARY=$COMPILER_LIB DLOSS_CACHE_DIR=$build_dir/gpu-check-plan-cache \
-    PYTHONPATH="$build_dir/python" "$PY" "$script" --out "$out/bench" --skip-without-cuda "${extra[@]}"
+  local extra=() usage
+  usage=$("$PY" "$script" --help 2>/dev/null)
+  [[ $usage == *--budget-s* ]] && extra=(--budget-s $(( ${STAGE_LIMIT:-150} - 30 )))
+  # CUDA tensors over Gloo where NCCL failed its probe.
+  if [ "$DLOSS_TEST_CUDA_BACKEND" != nccl ]; then
+    [[ $usage == *--backend* ]] && extra+=(--backend "cpu:gloo,cuda:$DLOSS_TEST_CUDA_BACKEND")
+    note "NCCL failed its probe: the bench's group is cpu:gloo,cuda:$DLOSS_TEST_CUDA_BACKEND"
+  fi
+  # Inf-CL, the strongest GPU anchor, beside dloss: the carried wheel
+  # (pure Python; triton comes with the machine's torch), installed offline.
+  # Triton builds its launcher with Python.h: the carry's where Python has none.
+  local infcl=$build_dir/inf-cl wheel include
+  wheel=$(ls "$carry"/wheels/inf_cl-*.whl 2> /dev/null | head -1)
+  if [ -n "$wheel" ] && [ ! -d "$infcl/inf_cl" ]; then
+    "$PY" -m pip install -q --no-index --no-deps --target "$infcl" "$wheel" > /dev/null 2>&1 ||
+      "$PY" -m zipfile -e "$wheel" "$infcl" || note "could not install $wheel"
+  fi
+  [ -n "$wheel" ] || note "no Inf-CL wheel in the carry: the bench has no Inf-CL rows"
+  include=$("$PY" -c 'import sys, sysconfig; print(sysconfig.get_paths()["include"], "%d.%d" % sys.version_info[:2])')
+  [ -f "${include% *}/Python.h" ] || [ ! -d "$carry/python${include#* }" ] ||
+    export C_INCLUDE_PATH=$carry/python${include#* }${C_INCLUDE_PATH:+:$C_INCLUDE_PATH}
+  DLOSS_COMPILER_LIBRARY=$COMPILER_LIB DLOSS_CACHE_DIR=$RUN_CACHE \
+    PYTHONPATH="$build_dir/python:$infcl" "$PY" "$script" --out "$out/bench" --skip-without-cuda "${extra[@]}"
   local rc=$?
   [ $rc -eq 0 ] || { note "bench/gpu_bench.py exited $rc"; return 1; }
   if ! have_gpu; then
@@ -439,12 +488,36 @@ call=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 start=$SECONDS
 rm -rf "$out"/*.log "$out/bench" "$out/bench-results.tar.gz"
 machine_info > "$state/machine.txt"  # once: it imports torch
+have_gpu && gpu=1 || gpu=
+export DLOSS_GPU_CHECK_HAVE_GPU=$([ -n "$gpu" ] && echo 0 || echo 1)
+# The compiler library where it loads here; else plans from the carry's cache.
+loaded=none
+[ -f "$UNPACKED_LIB" ] && loaded=$(compiler_identity "$UNPACKED_LIB")
+if [[ $loaded =~ ^[0-9a-f]{64}$ ]]; then
+  export DLOSS_GPU_CHECK_COMPILER=$UNPACKED_LIB
+  echo "compiler: the carried library loads here (identity ${loaded:0:12})" >> "$state/machine.txt"
+else
+  export DLOSS_GPU_CHECK_COMPILER=
+  echo "compiler: FAILED: $([ "$loaded" = none ] && echo "none at $UNPACKED_LIB (no wheel in the carry?)" || echo "the carried library does not load here: $loaded"); plans come from the carry's plan cache alone" >> "$state/machine.txt"
+fi
+COMPILER_LIB=$DLOSS_GPU_CHECK_COMPILER
+echo "plan cache: $(seed_plan_caches 2>&1 | tail -1)" >> "$state/machine.txt"
+# NCCL first: if it does not start, CUDA tensors go through Gloo (the smoke
+# test, test_cuda.py and the bench), and the summary says so.
+DLOSS_TEST_CUDA_BACKEND=nccl
+if [ -n "$gpu" ]; then
+  probe=$(nccl_probe)
+  if [[ $probe == FAILED* ]]; then
+    DLOSS_TEST_CUDA_BACKEND=gloo
+    echo "nccl: $probe; CUDA tensors go through Gloo (cpu:gloo,cuda:gloo)" >> "$state/machine.txt"
+  else
+    echo "nccl: ok (world 1 all_reduce, ${probe}s)" >> "$state/machine.txt"
+  fi
+fi
 {
   echo "gpu-check: stages $stages; budget ${budget}s; output $out"
   sed 's/^/gpu-check: /' "$state/machine.txt"
 } | tee "$out/build.log"
-have_gpu && gpu=1 || gpu=
-export DLOSS_GPU_CHECK_HAVE_GPU=$([ -n "$gpu" ] && echo 0 || echo 1)
 
 build_failed=
 for stage in "${ALL_STAGES[@]}"; do
@@ -453,6 +526,14 @@ for stage in "${ALL_STAGES[@]}"; do
   result=$state/$stage.partial
   rm -f "$result" "$result.out"
   left=$((budget - (SECONDS - start)))
+  # Keep the later stages' reserves back (the bench's, before the tests).
+  later=
+  for next in "${ALL_STAGES[@]}"; do
+    if [ "$next" = "$stage" ]; then later=1
+    elif [ -n "$later" ] && [[ ",$stages," == *",$next,"* ]]; then
+      left=$((left - ${RESERVE[$next]:-0}))
+    fi
+  done
   limit=${LIMIT[$stage]}
   [ "$limit" -le "$left" ] || limit=$left
   t0=$SECONDS

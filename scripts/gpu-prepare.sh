@@ -13,6 +13,18 @@
 #                                       names are dloss's own: runtime/comm/gloo-declarations)
 #   gpu-carry/python3.12/               Python.h for the GPU machine's Python, used
 #                                       there only where its own is missing
+#   gpu-carry/wheels/inf_cl-*.whl       Inf-CL (PyPI's inf-cl, pure Python), for
+#                                       bench/gpu_bench.py's Inf-CL rows; its
+#                                       requirements (triton, numpy) come with the
+#                                       GPU machine's torch. Installed there with
+#                                       pip install --no-index --no-deps --target
+#   gpu-carry/plan-cache/               a DLOSS_CACHE_DIR holding every plan the GPU
+#                                       run's Python parts compile (gpu_bench.py,
+#                                       test_cuda.py's CUDA classes, the python
+#                                       stage's ClipLoss), compiled here by the
+#                                       wheel's library: the fallback where that
+#                                       library does not load there (its glibc).
+#                                       Proved here with the library hidden
 #   gpu-carry/MANIFEST.txt              commit, compiler identity, sizes
 #
 # Run after the main build (scripts/build.sh): it builds the compiler wheel
@@ -20,7 +32,8 @@
 # travel together (the device tool takes at most 64 MiB).
 #
 #   bash scripts/gpu-prepare.sh        # env: DLOSS_BUILD_DIR (build), DLOSS_GPU_CARRY (gpu-carry),
-#                                      # DLOSS_GPU_PYTHON_VERSION (3.12), DLOSS_GTEST_SOURCE
+#                                      # DLOSS_GPU_PYTHON_VERSION (3.12), DLOSS_GTEST_SOURCE,
+#                                      # DLOSS_INFCL_VERSION (1.2.1; "none" carries no Inf-CL)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -30,6 +43,7 @@ BUILD=$ROOT/${DLOSS_BUILD_DIR:-build}
 CARRY=${DLOSS_GPU_CARRY:-$ROOT/gpu-carry}
 PY_VERSION=${DLOSS_GPU_PYTHON_VERSION:-3.12}
 GTEST_SOURCE=${DLOSS_GTEST_SOURCE:-/usr/src/googletest}
+INFCL_VERSION=${DLOSS_INFCL_VERSION:-1.2.1}
 LIMIT=$((64 * 1024 * 1024))
 
 say() { echo "gpu-prepare: $*"; }
@@ -106,6 +120,78 @@ else
   say "no Python $PY_VERSION headers on this machine: the GPU machine must have its own (it has, if Triton runs there)"
 fi
 
+# Inf-CL for the bench's comparison rows: the wheel alone (pure Python, any
+# Python 3), downloaded once into the build folder and reused from there, so
+# that a later run needs no network. Its Requires-Dist (numpy, triton) are on
+# the GPU machine with its torch: nothing else is carried.
+infcl_wheel=
+if [ "$INFCL_VERSION" != none ]; then
+  wheels=$BUILD/gpu-prepare-wheels
+  mkdir -p "$wheels" "$CARRY/wheels"
+  infcl_wheel=$(ls "$wheels"/inf_cl-"$INFCL_VERSION"-py3-none-any.whl 2> /dev/null | head -1 || true)
+  if [ -z "$infcl_wheel" ]; then
+    "$DLOSS_PYTHON" -m pip download --no-deps --only-binary=:all: --python-version "$PY_VERSION" \
+      --implementation cp -d "$wheels" "inf-cl==$INFCL_VERSION" > "$BUILD/gpu-prepare-pip.log" 2>&1 ||
+      { tail -5 "$BUILD/gpu-prepare-pip.log"; fail "pip download inf-cl==$INFCL_VERSION (DLOSS_INFCL_VERSION=none carries no Inf-CL)"; }
+    infcl_wheel=$(ls "$wheels"/inf_cl-"$INFCL_VERSION"-py3-none-any.whl 2> /dev/null | head -1 || true)
+    [ -n "$infcl_wheel" ] || fail "pip download gave no pure-Python inf-cl $INFCL_VERSION wheel: $(ls "$wheels")"
+  fi
+  cp "$infcl_wheel" "$CARRY/wheels/"
+  infcl_wheel=$CARRY/wheels/$(basename "$infcl_wheel")
+  infcl_requires=$("$DLOSS_PYTHON" -c 'import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+print(", ".join(l.split(":", 1)[1].strip() for l in z.read(meta).decode().splitlines()
+                if l.startswith("Requires-Dist:")))' "$infcl_wheel")
+  # The install the GPU machine runs, into a throwaway folder: the package lands.
+  "$DLOSS_PYTHON" -m pip install -q --no-index --no-deps --target "$unpacked/inf-cl" "$infcl_wheel" > /dev/null 2>&1 &&
+    [ -f "$unpacked/inf-cl/inf_cl/ring.py" ] ||
+    fail "pip install --no-index --no-deps --target of $infcl_wheel did not install inf_cl"
+  say "Inf-CL: $(basename "$infcl_wheel") ($(stat -c %s "$infcl_wheel") bytes; requires $infcl_requires: the GPU machine's torch brings them)"
+fi
+
+# The plan cache: every plan the GPU run's Python parts compile, compiled here
+# by the wheel's library into gpu-carry/plan-cache (a DLOSS_CACHE_DIR). Its
+# keys hold the compiler identity of the dloss that looks them up, so the
+# main build's dloss must be of this tree's identity, as the GPU build's is.
+# The bench's plans come from its CPU dry run (the plans are shape-polymorphic:
+# one small B_local serves every size), test_cuda.py's CUDA classes' from
+# test/python/cuda_plans.py (those classes' checks with CPU tensors), and the
+# python stage's dloss.ClipLoss float32 is the bench's and the tests' ClipLoss.
+cache=$CARRY/plan-cache
+built=$(PYTHONPATH="$BUILD/python" "$DLOSS_PYTHON" -c 'from dloss import _C; print(_C.compiler_identity)' 2>&1 | tail -1)
+[ "$built" = "$want" ] ||
+  fail "$BUILD/python's dloss has compiler identity ${built:0:64}, the sources ${want:0:12}: rebuild $BUILD first (its plan cache keys would not match)"
+fill_started=$(date +%s)
+plans() { # LOG COMPILER_LIBRARY CACHE_DIR ARGS...: runs one filler, its log in $BUILD
+  local log=$BUILD/$1 library=$2 dir=$3
+  shift 3
+  DLOSS_CACHE_DIR=$dir DLOSS_COMPILER_LIBRARY=$library OMP_NUM_THREADS=1 \
+    PYTHONPATH="$BUILD/python:$ROOT/test/python" "$@" > "$log" 2>&1 ||
+    { tail -20 "$log"; return 1; }
+}
+bench_args=(--device cpu --quick --b-local 256 --reps 1 --warmup 1 --out "$unpacked/bench")
+plans gpu-prepare-bench.log "$library" "$cache" "$DLOSS_PYTHON" bench/gpu_bench.py "${bench_args[@]}" ||
+  fail "bench/gpu_bench.py --device cpu --quick (log: $BUILD/gpu-prepare-bench.log)"
+(cd test/python && plans gpu-prepare-cuda-plans.log "$library" "$cache" "$DLOSS_PYTHON" cuda_plans.py) ||
+  fail "test/python/cuda_plans.py (log: $BUILD/gpu-prepare-cuda-plans.log)"
+count=$(ls "$cache" | wc -l)
+say "plan cache: $count plans, $(mib "$(du -sb "$cache" | cut -f1)") in $(( $(date +%s) - fill_started )) s"
+# The proof: with no compiler library, a copy of the cache serves both again
+# and gains no entry (a missing drop-in's plan fails its check). Losses traced
+# from Python (@dloss.loss, NTXentLoss, SupConLoss) cannot run there at all:
+# tracing needs the library; the bench skips them, cuda_plans.py lists them.
+proof_started=$(date +%s)
+cp -r "$cache" "$unpacked/proof-cache"
+nowhere=/nonexistent/libdloss_compiler.so
+plans gpu-prepare-proof-bench.log $nowhere "$unpacked/proof-cache" "$DLOSS_PYTHON" bench/gpu_bench.py "${bench_args[@]}" ||
+  fail "bench/gpu_bench.py from the plan cache alone (log: $BUILD/gpu-prepare-proof-bench.log)"
+(cd test/python && plans gpu-prepare-proof-cuda-plans.log $nowhere "$unpacked/proof-cache" "$DLOSS_PYTHON" cuda_plans.py --cache-only) ||
+  fail "test/python/cuda_plans.py --cache-only (log: $BUILD/gpu-prepare-proof-cuda-plans.log)"
+[ "$(ls "$unpacked/proof-cache" | wc -l)" = "$count" ] ||
+  fail "the run without the compiler library added plans to the cache: something compiled"
+say "plan cache proved without the compiler library: the bench's drop-in rows ran from it (its @dloss.loss rows skip), and of test_cuda's CUDA checks $(sed -n 's/^cuda_plans: \([0-9]*\) need.*/\1/p' "$BUILD/gpu-prepare-proof-cuda-plans.log") need the library (traced losses), none missed the cache ($(( $(date +%s) - proof_started )) s)"
+
 commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 dirty=$(git status --porcelain --untracked-files=no 2>/dev/null | wc -l)
 carry_bytes=$(du -sb "$CARRY" | cut -f1)
@@ -122,6 +208,8 @@ compiler_wheel $(basename "$wheel") $(stat -c %s "$wheel") bytes; libdloss_compi
 flatc $("$CARRY/bin/flatc" --version)
 googletest $(sed -n 's/.*GOOGLETEST_VERSION \([0-9.]*\).*/\1/p' "$CARRY/googletest/CMakeLists.txt")
 python_headers ${python_headers:-none}
+wheels $( [ -n "$infcl_wheel" ] && echo "$(basename "$infcl_wheel") $(stat -c %s "$infcl_wheel") bytes, requires $infcl_requires (on the GPU machine with its torch)" || echo none)
+plan_cache $count plans, $(du -sb "$cache" | cut -f1) bytes, compiler_identity $want
 carry_bytes $carry_bytes
 EOF
 du -sh "$CARRY"/* | sed "s|$ROOT/||; s/^/gpu-prepare:   /"
