@@ -119,4 +119,6 @@ const CompilerLibrary &compilerLibrary() {
   return *library;
 }
 
+std::string compilerLibraryPath() { return libraryPath(); }
+
 } // namespace dloss

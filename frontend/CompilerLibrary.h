@@ -34,6 +34,10 @@ struct CompilerLibrary {
 /// the plan cache's keys). The failure is remembered, not retried.
 const CompilerLibrary &compilerLibrary();
 
+/// The path compilerLibrary() loads (or would load): the one place that
+/// decides it, also for `import dloss`'s check of the dloss-compiler wheel.
+std::string compilerLibraryPath();
+
 } // namespace dloss
 
 #endif // DLOSS_FRONTEND_COMPILERLIBRARY_H

@@ -8,6 +8,7 @@
 // reference (intrusive_ptr). `objects_cross` lets `import dloss` prove it.
 // Every call that may block releases the GIL, so Python's signal handlers and
 // other threads keep running while a rank waits for its peers.
+#include "frontend/CompilerLibrary.h"
 #include "frontend/Graph.h"
 #include "frontend/Jit.h"
 #include "frontend/Losses.h"
@@ -609,6 +610,10 @@ void bindJit(py::module_ &m) {
       },
       py::arg("path"));
   m.attr("compiler_identity") = kCompilerIdentity;
+  m.def("compiler_library_path", &compilerLibraryPath,
+        "The compiler library dloss loads when it compiles: "
+        "DLOSS_COMPILER_LIBRARY, the one beside the JIT, or the "
+        "dloss-compiler wheel's (frontend/CompilerLibrary.cpp).");
   m.def("cached_plans", &jit::cachedPlans);
   m.def("clear_plan_cache", &jit::clearPlanCache);
   m.def(

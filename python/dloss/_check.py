@@ -15,6 +15,9 @@ import torch.distributed as dist
 
 from . import _C
 
+# The library inside the dloss-compiler wheel (packaging/compiler).
+WHEEL_LIBRARY = "dloss_compiler/lib/libdloss_compiler.so"
+
 
 def check_torch_objects_cross():
     """Passes a fresh one-rank ProcessGroup and a HashStore to C++ and back."""
@@ -39,20 +42,20 @@ def check_torch_objects_cross():
 
 
 def check_compiler_pair():
-    """The dloss-compiler wheel that dloss would load (frontend/CompilerLibrary.cpp)
-    must be built from dloss's own compiler sources: its version's local label
-    is that identity (packaging/dloss_build_metadata.py). Another one would be
+    """The dloss-compiler wheel, when it holds the library dloss would load
+    (_C.compiler_library_path: frontend/CompilerLibrary.cpp decides), must be
+    built from dloss's own compiler sources: its version's local label is
+    that identity (packaging/dloss_build_metadata.py). Another one would be
     refused at the first compile, far from the cause; this makes it an
     ImportError now, naming both versions."""
-    from . import _paths
-
-    if os.environ.get("DLOSS_COMPILER_LIBRARY") or os.path.exists(
-            os.path.join(_paths.LIB_DIR, "libdloss_compiler.so")):
-        return  # Not the wheel's: a build tree, a prefix, or the user's choice.
     try:
-        installed = importlib.metadata.version("dloss-compiler")
+        wheel = importlib.metadata.distribution("dloss-compiler")
     except importlib.metadata.PackageNotFoundError:
         return  # Cached plans still run; compiling says what to install.
+    theirs = wheel.locate_file(WHEEL_LIBRARY)
+    if os.path.realpath(_C.compiler_library_path()) != os.path.realpath(theirs):
+        return  # Not the wheel's: a build tree, a prefix, or the user's choice.
+    installed = wheel.version
     want = _C.compiler_identity[:12]
     have = installed.partition("+")[2]
     if have != want:

@@ -5,9 +5,10 @@ The wheel's version carries the compiler's identity as its local label
 (packaging/dloss_build_metadata.py). Each case puts a real installed
 distribution of dloss-compiler (the .dist-info folder pip writes, with the
 version under test) on sys.path, where importlib.metadata finds it, and
-points dloss at a library folder without a compiler library beside the JIT,
-as in a pip install. A wheel of another identity fails with both versions and
-the fix; the right one, none, or DLOSS_COMPILER_LIBRARY pass. The wheels'
+makes the loader's choice (_C.compiler_library_path) that wheel's library, as
+in a pip install. A wheel of another identity fails with both versions and
+the fix; the right one, none, or another library chosen (DLOSS_COMPILER_LIBRARY,
+one beside the JIT) pass. The wheels'
 own pairing is proved end to end by wheel-install and pip-install-sdist.
 """
 
@@ -18,7 +19,7 @@ import unittest
 from unittest import mock
 
 import dloss
-from dloss import _C, _check, _paths
+from dloss import _C, _check
 
 
 class CompilerPairTest(unittest.TestCase):
@@ -27,14 +28,12 @@ class CompilerPairTest(unittest.TestCase):
         self.lib = tempfile.TemporaryDirectory()
         self.addCleanup(self.site.cleanup)
         self.addCleanup(self.lib.cleanup)
-        # Not beside the JIT: the wheel's library would be the one loaded.
-        patcher = mock.patch.object(_paths, "LIB_DIR", self.lib.name)
+        # The loader would take the wheel's library.
+        self.loaded = os.path.join(self.site.name, _check.WHEEL_LIBRARY)
+        patcher = mock.patch.object(_C, "compiler_library_path",
+                                    lambda: self.loaded)
         patcher.start()
         self.addCleanup(patcher.stop)
-        env = mock.patch.dict(os.environ)
-        env.start()
-        self.addCleanup(env.stop)
-        os.environ.pop("DLOSS_COMPILER_LIBRARY", None)
         sys.path.insert(0, self.site.name)
         self.addCleanup(sys.path.remove, self.site.name)
 
@@ -71,22 +70,28 @@ class CompilerPairTest(unittest.TestCase):
         # Cached plans still run; the first compile names what to install.
         _check.check_compiler_pair()
 
-    def test_a_library_named_by_the_user_or_beside_the_jit_is_not_the_wheels(self):
+    def test_another_library_loaded_is_not_the_wheels(self):
+        # DLOSS_COMPILER_LIBRARY, or one beside the JIT: the wheel's
+        # library is not the one loaded, whatever its version.
         self.install("0.1.0+0123456789ab")
-        os.environ["DLOSS_COMPILER_LIBRARY"] = "/somewhere/libdloss_compiler.so"
-        _check.check_compiler_pair()
-        del os.environ["DLOSS_COMPILER_LIBRARY"]
-        open(os.path.join(self.lib.name, "libdloss_compiler.so"), "w").close()
+        self.loaded = os.path.join(self.lib.name, "libdloss_compiler.so")
         _check.check_compiler_pair()
 
 
+class LibraryPathTest(unittest.TestCase):
+    """_C.compiler_library_path is the loader's own choice."""
 
-class LibDirTest(unittest.TestCase):
-    def test_lib_dir_is_where_the_jit_lies(self):
-        # The check's "beside the JIT" is the folder the C++ loader looks in
-        # (frontend/CompilerLibrary.cpp): the build tree's frontend/ here.
-        jit = os.path.join(_paths.LIB_DIR, "libdloss_jit.so")
-        self.assertTrue(os.path.exists(jit), f"{jit} (dloss/_paths.py LIB_DIR) does not exist")
+    def test_it_follows_the_environment_then_the_jit(self):
+        with mock.patch.dict(os.environ):
+            os.environ["DLOSS_COMPILER_LIBRARY"] = "/somewhere/libdloss_compiler.so"
+            self.assertEqual(_C.compiler_library_path(),
+                             "/somewhere/libdloss_compiler.so")
+            del os.environ["DLOSS_COMPILER_LIBRARY"]
+            # The build tree: beside the JIT (frontend/), where it was built.
+            path = _C.compiler_library_path()
+        self.assertTrue(os.path.exists(path), path)
+        self.assertTrue(os.path.exists(os.path.join(os.path.dirname(path),
+                                                    "libdloss_jit.so")), path)
         self.assertTrue(dloss.__file__)
 
 
