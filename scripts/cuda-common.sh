@@ -1,5 +1,6 @@
 # Sourced (not run) by scripts/cuda-build.sh (CI's CUDA build against torch
-# 2.14.1) and scripts/gpu-check.sh (the GPU machine's): the CUDA build's
+# 2.14.1), scripts/gpu-check.sh (the GPU machine's) and
+# scripts/torch-compat-build.sh (another torch, by hand): the CUDA build's
 # configuration and the checks of what it built, written once. Every function
 # prints its lines prefixed with "$DLOSS_CUDA_TAG: " and returns non-zero,
 # after a line saying FAILED and why, where a check fails.

@@ -498,9 +498,17 @@ bool unguardGroup(c10d::ProcessGroup &group) {
   return true;
 }
 
+bool hasBackend(const c10d::ProcessGroup &group, c10::DeviceType device) {
+  // setBackend records the device type in both of the group's tables.
+  for (const c10::Device &known : group.getDeviceTypes())
+    if (known.type() == device)
+      return true;
+  return false;
+}
+
 c10::intrusive_ptr<c10d::Backend> movingBackend(c10d::ProcessGroup &group,
                                                 c10::DeviceType device) {
-  if (!group.hasBackendForDeviceType(device))
+  if (!hasBackend(group, device))
     return {};
   c10::intrusive_ptr<c10d::Backend> backend = group.getBackend(device);
   if (auto *guarded = dynamic_cast<GuardedBackend *>(backend.get()))

@@ -57,6 +57,10 @@ void guardGroup(c10d::ProcessGroup &group, GuardHooks hooks);
 /// guarded backend stays in the group's table, idle, for a later guard.
 bool unguardGroup(c10d::ProcessGroup &group);
 
+/// Whether `group` has a backend for `device`: ProcessGroup's own
+/// hasBackendForDeviceType, which torch 2.11 lacks.
+bool hasBackend(const c10d::ProcessGroup &group, c10::DeviceType device);
+
 /// The backend that moves `group`'s tensors of `device` (looking through a
 /// GuardedBackend); null when the group has none for that device type.
 c10::intrusive_ptr<c10d::Backend> movingBackend(c10d::ProcessGroup &group,

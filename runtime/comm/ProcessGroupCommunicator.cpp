@@ -197,7 +197,7 @@ public:
   ~ProcessGroupCommunicator() override {
     posted.clear();
     if (ownGroup && broken.empty() &&
-        group->hasBackendForDeviceType(c10::DeviceType::CUDA)) {
+        hasBackend(*group, c10::DeviceType::CUDA)) {
       try {
         movingBackend(*group, c10::DeviceType::CUDA)->shutdown();
       } catch (...) { // A destructor reports nothing; the process goes on.
@@ -325,9 +325,8 @@ private:
   /// CPU tensors, else the current CUDA device (a user's NCCL-only group).
   at::TensorOptions smallExchange(at::ScalarType type) const {
     at::TensorOptions result = at::TensorOptions().dtype(type);
-    return group->hasBackendForDeviceType(c10::DeviceType::CPU)
-               ? result.device(at::kCPU)
-               : result.device(at::kCUDA);
+    return hasBackend(*group, c10::DeviceType::CPU) ? result.device(at::kCPU)
+                                                    : result.device(at::kCUDA);
   }
   /// Polls `work` against the deadline; see the file's comment.
   void awaitOnGpu(const c10::intrusive_ptr<c10d::Work> &work);
@@ -351,7 +350,7 @@ private:
   /// the group is unusable), and after any failure on a group of
   /// connectProcessGroup's.
   void abortGpu() {
-    if (gpuAborted || !group->hasBackendForDeviceType(c10::DeviceType::CUDA))
+    if (gpuAborted || !hasBackend(*group, c10::DeviceType::CUDA))
       return;
     gpuAborted = true;
     movingBackend(*group, c10::DeviceType::CUDA)->abort();

@@ -2,6 +2,7 @@
 // and every malformed-file error.
 #include "runtime/io/Npy.h"
 #include "runtime/support/Error.h"
+#include "test/runtime/RemoveTree.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -31,13 +32,10 @@ protected:
       if (c == '/')
         c = '_';
     dir = fs::temp_directory_path() / ("dloss-npy-test-" + name);
-    fs::remove_all(dir);
+    dloss::test::removeTree(dir);
     fs::create_directories(dir);
   }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
+  void TearDown() override { dloss::test::removeTree(dir); }
 
   std::string path(const std::string &name) const {
     return (dir / name).string();

@@ -14,6 +14,7 @@
 #include "runtime/support/Error.h"
 #include "test/runtime/ForwardingCommunicator.h"
 #include "test/runtime/MultiProcess.h"
+#include "test/runtime/RemoveTree.h"
 
 #include <gtest/gtest.h>
 
@@ -24,7 +25,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -138,10 +138,8 @@ struct Scenario {
 
   // Kept for inspection when the test failed.
   ~Scenario() {
-    if (!::testing::Test::HasFailure()) {
-      std::error_code ignored;
-      std::filesystem::remove_all(dir, ignored);
-    }
+    if (!::testing::Test::HasFailure())
+      dloss::test::removeTree(dir);
   }
 
   dloss::RendezvousOptions options(int port, int rank, int world,
