@@ -4,10 +4,10 @@
 # scripts/gpu-prepare.sh carried (gpu-carry/), probes NCCL, then runs the
 # CUDA tiles' checks and timings, bench/gpu_bench.py and the GPU tests, each
 # stage under its own time limit, and writes summary.md, summary.json and the
-# logs (at most 8 files) to the output folder. Without a GPU, each stage that needs one says
-# so in one line and is recorded as SKIP; the rest (the build, `import dloss`,
-# a plan from the carried compiler) runs, and the exit status is 0 unless a
-# stage FAILED or ran out of time (TIMEOUT).
+# logs (at most 8 files) to the output folder. Without a GPU, each stage that
+# needs one says so in one line and is recorded as SKIP; the rest (the build,
+# `import dloss`, a plan from the carried compiler) runs, and the exit status
+# is 0 unless a stage FAILED or ran out of time (TIMEOUT).
 #
 #   bash scripts/gpu-check.sh [--stage build,python,kernels,bench,tests]
 #        [--out DIR] [--budget SECONDS] [--limit STAGE=SECONDS] [--build-dir DIR]
@@ -137,13 +137,12 @@ print(torch.__version__, "CUDA", torch.version.cuda, "cuda_available", torch.cud
     echo "carry: none at $carry (scripts/gpu-prepare.sh makes it)"
   fi
 }
-# The carried compiler library's identity, or why it does not load here (it
-# was built on another machine: glibc, MANIFEST.txt).
+# The unpacked wheel's compiler identity, asked of its library by the
+# wheel's own package, or why it does not load here (it was built on another
+# machine: glibc, MANIFEST.txt).
 compiler_identity() {
-  "$PY" -c 'import ctypes, sys
-lib = ctypes.CDLL(sys.argv[1])
-lib.dloss_compiler_identity.restype = ctypes.c_char_p
-print(lib.dloss_compiler_identity().decode())' "$1" 2>&1 | tail -1
+  PYTHONPATH=$build_dir/dloss-compiler "$PY" -c 'import dloss_compiler
+print(dloss_compiler.identity())' 2>&1 | tail -1
 }
 
 # Copies the carry's plan cache (gpu-prepare.sh compiled every plan the
@@ -180,6 +179,19 @@ print("nccl_probe=ok %.1f" % (time.time() - t0))' 2>&1)
   else
     echo "FAILED (exit $rc$([ $rc -eq 124 ] && echo ': over 20 s')): $(grep -v '^\s*$' <<< "$output" | tail -2 | tr '\n' ' ' | cut -c1-300)"
   fi
+}
+
+# The Python headers the extension and Triton need: nothing where the
+# machine's Python has Python.h, else the carry's copy for its version (made
+# by gpu-prepare.sh); fails, saying so, where neither has one.
+carried_python_headers() {
+  local include version
+  include=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+  [ -f "$include/Python.h" ] && return 0
+  version=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  [ -f "$carry/python$version/Python.h" ] ||
+    { echo "no Python.h for Python $version in $include or in the carry"; return 1; }
+  echo "$carry/python$version"
 }
 
 have_gpu() {
@@ -220,14 +232,11 @@ stage_build() {
     note "no carry: this machine's FlatBuffers and GoogleTest are used"
   fi
   # The extension needs Python.h; the carry has one for the GPU machine's Python.
-  local include version
-  include=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-  version=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-  if [ ! -f "$include/Python.h" ]; then
-    [ -f "$carry/python$version/Python.h" ] ||
-      { note "no Python.h for Python $version here or in the carry"; return 1; }
-    note "Python.h from the carry ($carry/python$version): $include has none"
-    args+=(-DPython3_INCLUDE_DIR="$carry/python$version")
+  local headers
+  headers=$(carried_python_headers) || { note "$headers"; return 1; }
+  if [ -n "$headers" ]; then
+    note "Python.h from the carry ($headers): the machine's Python has none"
+    args+=(-DPython3_INCLUDE_DIR="$headers")
   fi
   DLOSS_CUDA_TAG="gpu-check: build"
   source "$ROOT/scripts/cuda-common.sh"
@@ -285,7 +294,7 @@ stage_python() {
     { note "import dloss failed"; return 1; }
   local failed=0
   if [ -n "$COMPILER_LIB" ]; then
-    note "the carried compiler library loads here (identity $(compiler_identity "$COMPILER_LIB" | cut -c1-12))"
+    note "the carried compiler library loads here (the summary's compiler line)"
     DLOSS_CUDA_TAG="gpu-check: python"
     source "$ROOT/scripts/cuda-common.sh"
     dloss_cuda_check_drop_in "$build_dir" "$PY" "$COMPILER_LIB" | tee -a "$result.out" || return 1
@@ -384,15 +393,16 @@ stage_kernels() {
 }
 
 stage_tests() {
-  local listed
-  listed=$(ctest --test-dir "$build_dir" -N -L gpu 2>/dev/null | sed -n 's/^Total Tests: //p')
+  local listing listed
+  listing=$(ctest --test-dir "$build_dir" -N -L gpu 2>/dev/null)
+  listed=$(sed -n 's/^Total Tests: //p' <<< "$listing")
   if ! have_gpu; then
     note "SKIP: $(no_gpu_reason); ctest -L gpu lists ${listed:-0} tests here"
     return 77
   fi
   [ "${listed:-0}" -gt 0 ] || { note "ctest -L gpu lists no tests in $build_dir"; return 1; }
   # test_cuda.py's CUDA classes are one of them (test/CMakeLists.txt).
-  [[ $(ctest --test-dir "$build_dir" -N -L gpu 2>/dev/null) == *python-cuda* ]] ||
+  [[ $listing == *python-cuda* ]] ||
     { note "ctest -L gpu does not list python-cuda in $build_dir"; return 1; }
   local limit=$(( ${STAGE_LIMIT:-270} - 20 ))
   local log rc
@@ -443,16 +453,15 @@ stage_bench() {
   # Inf-CL, the strongest GPU anchor, beside dloss: the carried wheel
   # (pure Python; triton comes with the machine's torch), installed offline.
   # Triton builds its launcher with Python.h: the carry's where Python has none.
-  local infcl=$build_dir/inf-cl wheel include
+  local infcl=$build_dir/inf-cl wheel headers
   wheel=$(ls "$carry"/wheels/inf_cl-*.whl 2> /dev/null | head -1)
   if [ -n "$wheel" ] && [ ! -d "$infcl/inf_cl" ]; then
     "$PY" -m pip install -q --no-index --no-deps --target "$infcl" "$wheel" > /dev/null 2>&1 ||
       "$PY" -m zipfile -e "$wheel" "$infcl" || note "could not install $wheel"
   fi
   [ -n "$wheel" ] || note "no Inf-CL wheel in the carry: the bench has no Inf-CL rows"
-  include=$("$PY" -c 'import sys, sysconfig; print(sysconfig.get_paths()["include"], "%d.%d" % sys.version_info[:2])')
-  [ -f "${include% *}/Python.h" ] || [ ! -d "$carry/python${include#* }" ] ||
-    export C_INCLUDE_PATH=$carry/python${include#* }${C_INCLUDE_PATH:+:$C_INCLUDE_PATH}
+  headers=$(carried_python_headers) && [ -n "$headers" ] &&
+    export C_INCLUDE_PATH=$headers${C_INCLUDE_PATH:+:$C_INCLUDE_PATH}
   DLOSS_COMPILER_LIBRARY=$COMPILER_LIB DLOSS_CACHE_DIR=$RUN_CACHE \
     PYTHONPATH="$build_dir/python:$infcl" "$PY" "$script" --out "$out/bench" --skip-without-cuda "${extra[@]}"
   local rc=$?
@@ -496,7 +505,7 @@ have_gpu && gpu=1 || gpu=
 export DLOSS_GPU_CHECK_HAVE_GPU=$([ -n "$gpu" ] && echo 0 || echo 1)
 # The compiler library where it loads here; else plans from the carry's cache.
 loaded=none
-[ -f "$UNPACKED_LIB" ] && loaded=$(compiler_identity "$UNPACKED_LIB")
+[ -f "$UNPACKED_LIB" ] && loaded=$(compiler_identity)
 if [[ $loaded =~ ^[0-9a-f]{64}$ ]]; then
   export DLOSS_GPU_CHECK_COMPILER=$UNPACKED_LIB
   echo "compiler: the carried library loads here (identity ${loaded:0:12})" >> "$state/machine.txt"

@@ -75,10 +75,7 @@ wheel=$(ls "$CARRY"/dloss_compiler-*+"${want:0:12}"-py3-none-linux_x86_64.whl 2>
 unpacked=$(mktemp -d)
 trap 'rm -rf "$unpacked"' EXIT
 "$DLOSS_PYTHON" -m zipfile -e "$wheel" "$unpacked"
-have=$("$DLOSS_PYTHON" -c 'import ctypes, sys
-lib = ctypes.CDLL(sys.argv[1])
-lib.dloss_compiler_identity.restype = ctypes.c_char_p
-print(lib.dloss_compiler_identity().decode())' "$unpacked/dloss_compiler/lib/libdloss_compiler.so")
+have=$(PYTHONPATH=$unpacked "$DLOSS_PYTHON" -c 'import dloss_compiler; print(dloss_compiler.identity())')
 [ "$have" = "$want" ] || fail "the wheel's compiler library has identity $have, not the sources' $want"
 library=$unpacked/dloss_compiler/lib/libdloss_compiler.so
 say "compiler wheel: $(basename "$wheel"), $(mib "$(stat -c %s "$wheel")"); its library $(mib "$(stat -c %s "$library")"), identity ${want:0:12}"

@@ -13,9 +13,9 @@ differs from it only in the device.
   largest magnitude. In this process the group is "cpu:gloo,cuda:nccl" at
   world size 1, so CUDA tensors go through NCCL (through Gloo where
   DLOSS_TEST_CUDA_BACKEND=gloo: scripts/gpu-check.sh sets it when its NCCL
-  probe fails, and the NCCL rank test then skips, saying so). The CPU run compares with
-  float64 instead (bfloat16 only where no scale of 64 amplifies its
-  rounding beyond 2e-2: not ArcFace, not PartialFC).
+  probe fails, and the NCCL rank test then skips, saying so). The CPU run
+  compares with float64 instead (bfloat16 only where no scale of 64
+  amplifies its rounding beyond 2e-2: not ArcFace, not PartialFC).
 - Autograd: a two-tower model with its logit scale on `device`, ClipLoss,
   .backward(), every parameter's gradient against the float64 CPU model
   (float32, 1e-4).

@@ -547,13 +547,11 @@ private:
   at::Device callDevice;
 };
 
-/// The first step of `function`'s plan, bound and run in `context`.
-void runFirstStep(const dloss::test::FunctionSpec &function,
-                  DeviceContext &context) {
+/// The kernel of the first step of `function`'s plan, as the executor binds
+/// it (once, for any number of calls).
+dloss::BoundKernel bindFirstStep(const dloss::test::FunctionSpec &function) {
   auto plan = buildPlan({function});
-  const dloss::plan::Step &step =
-      *plan->plan().functions()->Get(0)->steps()->Get(0);
-  dloss::bindKernel(step).run(context);
+  return dloss::bindKernel(*plan->plan().functions()->Get(0)->steps()->Get(0));
 }
 
 TEST(KernelTest, PlanMadeTensorsAreOnTheCallsDevice) {
@@ -567,9 +565,9 @@ TEST(KernelTest, PlanMadeTensorsAreOnTheCallsDevice) {
     {
       SCOPED_TRACE("arange");
       DeviceContext context({Value::ofIndex(5), Value::ofIndex(3)}, device);
-      runFirstStep(
-          singleOpFunction("dloss.arange", {5, 3}, {textAttr("dtype", "i64")}),
-          context);
+      bindFirstStep(
+          singleOpFunction("dloss.arange", {5, 3}, {textAttr("dtype", "i64")}))
+          .run(context);
       const at::Tensor &result = context.results.at(0).tensor();
       EXPECT_EQ(result.device(), device);
       EXPECT_EQ(result.sizes(), at::IntArrayRef({3}));
@@ -579,9 +577,9 @@ TEST(KernelTest, PlanMadeTensorsAreOnTheCallsDevice) {
     {
       SCOPED_TRACE("cast of an index");
       DeviceContext context({Value::ofIndex(12)}, device);
-      runFirstStep(singleOpFunction("dloss.cast", {int64_t(12)},
-                                    {textAttr("dtype", "f32")}),
-                   context);
+      bindFirstStep(singleOpFunction("dloss.cast", {int64_t(12)},
+                                     {textAttr("dtype", "f32")}))
+          .run(context);
       const at::Tensor &result = context.results.at(0).tensor();
       EXPECT_EQ(result.device(), device);
       if (device.is_cpu())
@@ -600,9 +598,7 @@ TEST(KernelTest, PlanMadeTensorsAreOnTheCallsDevice) {
                           : constantAttr("value", dense)};
       function.steps = {step};
       // Twice: the second call takes the copy the first made.
-      auto plan = buildPlan({function});
-      dloss::BoundKernel kernel =
-          dloss::bindKernel(*plan->plan().functions()->Get(0)->steps()->Get(0));
+      dloss::BoundKernel kernel = bindFirstStep(function);
       for (int call = 0; call < 2; ++call) {
         DeviceContext context({}, device);
         kernel.run(context);
