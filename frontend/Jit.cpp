@@ -120,18 +120,28 @@ std::shared_ptr<Communicator> defaultCommunicator() {
   return communicator;
 }
 
+namespace {
+std::optional<fused::Schedule> scheduleOption(const Options &options) {
+  if (options.schedule.empty())
+    return std::nullopt;
+  return fused::parseSchedule(options.schedule, "jit::Options::schedule");
+}
+} // namespace
+
 CompiledLoss compile(const std::string &mlirText, Options options) {
+  auto schedule = scheduleOption(options);
   auto plan = compilePlan(mlirText, options.gradMode, "<jit>", options.fuse);
   return CompiledLoss(
       plan, options.communicator ? options.communicator : defaultCommunicator(),
-      options.entry);
+      options.entry, schedule);
 }
 
 CompiledLoss compile(const Graph &graph, Options options) {
+  auto schedule = scheduleOption(options);
   auto plan = compilePlan(graph, options.gradMode, options.fuse);
   return CompiledLoss(
       plan, options.communicator ? options.communicator : defaultCommunicator(),
-      options.entry.empty() ? graph.name() : options.entry);
+      options.entry.empty() ? graph.name() : options.entry, schedule);
 }
 
 int64_t plansCompiled() { return compiled.load(); }

@@ -21,6 +21,9 @@ struct Options {
   /// Fuse gather + similarity + loss into ring-tiled kernels
   /// (dloss-fuse-gather-similarity); false runs every op unfused.
   bool fuse = true;
+  /// The fused ops' schedule ("ring", "gather" or "auto": the cost model
+  /// chooses per call); "" follows the process default (DLOSS_SCHEDULE).
+  std::string schedule;
 };
 
 /// Compiles dloss MLIR text to a plan: verify collectives, fuse (unless

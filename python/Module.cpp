@@ -615,6 +615,27 @@ void bindJit(py::module_ &m) {
         "DLOSS_COMPILER_LIBRARY, the one beside the JIT, or the "
         "dloss-compiler wheel's (frontend/CompilerLibrary.cpp).");
   m.def("cached_plans", &jit::cachedPlans);
+  m.def(
+      "set_schedule",
+      [](const std::string &schedule) {
+        fused::setDefaultSchedule(fused::parseSchedule(schedule, "schedule"));
+      },
+      py::arg("schedule"),
+      "Sets the process's default schedule of the fused ops: \"auto\", "
+      "\"ring\" or \"gather\".");
+  m.def(
+      "get_schedule",
+      [] { return std::string(fused::scheduleName(fused::defaultSchedule())); },
+      "The process's default schedule of the fused ops.");
+  m.def(
+      "gather_crossover_bytes",
+      [](int worldSize, const std::string &device) {
+        return fused::gatherCrossoverBytes(
+            worldSize, c10::Device(device).type());
+      },
+      py::arg("world_size"), py::arg("device") = "cpu",
+      "The global operand size (bytes of every rank's travelling features) "
+      "up to which schedule \"auto\" gathers instead of running the ring.");
   m.def("clear_plan_cache", &jit::clearPlanCache);
   m.def(
       "plan_cache_stats",
@@ -645,10 +666,14 @@ void bindJit(py::module_ &m) {
   py::class_<CompiledLoss>(m, "CompiledLoss")
       .def(py::init([](std::shared_ptr<PlanFile> plan,
                        std::shared_ptr<Communicator> comm,
-                       const std::string &entry) {
-             return CompiledLoss(plan, std::move(comm), entry);
+                       const std::string &entry, const std::string &schedule) {
+             std::optional<fused::Schedule> setting;
+             if (!schedule.empty())
+               setting = fused::parseSchedule(schedule, "schedule");
+             return CompiledLoss(plan, std::move(comm), entry, setting);
            }),
-           py::arg("plan"), py::arg("communicator"), py::arg("entry") = "")
+           py::arg("plan"), py::arg("communicator"), py::arg("entry") = "",
+           py::arg("schedule") = "")
       .def("__call__", &CompiledLoss::operator(), py::arg("inputs"),
            GilRelease())
       .def(

@@ -45,7 +45,8 @@ struct LossFunction : torch::autograd::Function<LossFunction> {
 
 CompiledLoss::CompiledLoss(std::shared_ptr<const PlanFile> planFile,
                            std::shared_ptr<Communicator> communicator,
-                           const std::string &entry)
+                           const std::string &entry,
+                           std::optional<fused::Schedule> schedule)
     : plan(std::move(planFile)), comm(std::move(communicator)) {
   if (!plan || !comm)
     throw Error(
@@ -61,7 +62,9 @@ CompiledLoss::CompiledLoss(std::shared_ptr<const PlanFile> planFile,
   if (g.grad_arguments())
     gradArguments.assign(g.grad_arguments()->begin(),
                          g.grad_arguments()->end());
-  executor = std::make_unique<Executor>(plan, *comm);
+  ExecutorOptions options = ExecutorOptions::fromEnvironment();
+  options.schedule = schedule;
+  executor = std::make_unique<Executor>(plan, *comm, options);
 }
 
 CompiledLoss::~CompiledLoss() = default;

@@ -4,11 +4,13 @@
 #define DLOSS_RUNTIME_COMPILEDLOSS_H
 
 #include "runtime/comm/Communicator.h"
+#include "runtime/fused/Schedule.h"
 #include "runtime/plan/PlanFile.h"
 
 #include <ATen/ATen.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,9 +36,12 @@ class Executor;
 class CompiledLoss {
 public:
   /// `entry`: the loss to call (default: the plan's only loss).
+  /// `schedule`: the fused ops' schedule for this loss (fused/Schedule.h);
+  /// unset: the process default (DLOSS_SCHEDULE, setDefaultSchedule).
   CompiledLoss(std::shared_ptr<const PlanFile> plan,
                std::shared_ptr<Communicator> communicator,
-               const std::string &entry = "");
+               const std::string &entry = "",
+               std::optional<fused::Schedule> schedule = std::nullopt);
   ~CompiledLoss();
   CompiledLoss(CompiledLoss &&) noexcept;
   CompiledLoss &operator=(CompiledLoss &&) noexcept;

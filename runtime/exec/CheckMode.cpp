@@ -29,6 +29,9 @@ ExecutorOptions ExecutorOptions::fromEnvironment() {
                   "Set DLOSS_CHECK=1 to turn the runtime's check mode on, or "
                   "unset it");
   }
+  // A malformed DLOSS_SCHEDULE is reported here, before any call, not in
+  // the middle of one.
+  fused::defaultSchedule();
   return options;
 }
 

@@ -195,6 +195,8 @@ std::vector<at::Tensor> Executor::run(const std::string &name,
   }
   const plan::Function &function = *bound->function;
   int rank = comm.rank();
+  // The setting the preflight agreed on, for the fused ops' passes.
+  fused::ScheduleScope schedule(scheduleSetting());
 
   std::vector<Value> registers(function.num_registers());
   std::vector<StepContext::KnownShapes> known(registers.size(), nullptr);

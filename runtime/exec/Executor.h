@@ -5,6 +5,7 @@
 #include "runtime/comm/CallSite.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/exec/PreflightIndices.h"
+#include "runtime/fused/Schedule.h"
 #include "runtime/kernels/KernelTable.h"
 #include "runtime/plan/PlanFile.h"
 
@@ -12,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -30,9 +32,15 @@ struct ExecutorOptions {
   /// Costs a pass over the inputs and one small collective per call; every
   /// rank must run with the same setting (the preflight checks it).
   bool check = false;
+  /// The fused ops' schedule (fused/Schedule.h) for this executor's calls;
+  /// unset: the process default (DLOSS_SCHEDULE, dloss.set_schedule), read
+  /// at each call. Every rank must run with the same setting (the preflight
+  /// checks it): auto's choice is then the same on every rank.
+  std::optional<fused::Schedule> schedule;
 
   /// `check` from DLOSS_CHECK ("1" on; "0" or unset off); any other value
-  /// is a dloss::Error.
+  /// is a dloss::Error, as is a DLOSS_SCHEDULE other than auto, ring or
+  /// gather.
   static ExecutorOptions fromEnvironment();
 };
 
@@ -67,13 +75,18 @@ public:
   const PlanFile &planFile() const { return *plan; }
   Communicator &communicator() const { return comm; }
   const ExecutorOptions &options() const { return opts; }
+  /// The schedule setting of the next call: opts.schedule, else the
+  /// process default.
+  fused::Schedule scheduleSetting() const {
+    return opts.schedule.value_or(fused::defaultSchedule());
+  }
 
   /// The number of int64 values each rank contributes to the preflight. It
   /// is fixed (independent of the plan) so that ranks holding different
   /// plans still meet in a well-formed collective and report the mismatch.
   static constexpr size_t kPreflightArgs = 32;
   static constexpr size_t kPreflightDims = 8;
-  static constexpr size_t kPreflightHeader = 15;
+  static constexpr size_t kPreflightHeader = 16;
   /// Per input: dtype, number of dims, device, then kPreflightDims sizes.
   static constexpr size_t kPreflightSlotFields = 3;
   static constexpr size_t kPreflightLength =

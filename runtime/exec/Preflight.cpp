@@ -166,6 +166,7 @@ Executor::preflight(const std::string &name, const BoundFunction *bound,
   std::vector<int64_t> mine =
       localRecord(*plan, name, function, uses, inputs, opts.check,
                   comm.collectivesStarted(), localError);
+  mine[ScheduleSetting] = static_cast<int64_t>(scheduleSetting());
   std::vector<int64_t> all = comm.allGatherInts(mine);
   int worldSize = comm.worldSize();
   if (all.size() != kPreflightLength * static_cast<size_t>(worldSize))
@@ -303,6 +304,19 @@ Executor::preflight(const std::string &name, const BoundFunction *bound,
                  " with checks " + (byCheck[g].first ? "on" : "off");
     throw raise(problem, "Set DLOSS_CHECK (or ExecutorOptions::check) alike "
                          "on every rank");
+  }
+
+  auto bySchedule = groupRanks<int64_t>(
+      worldSize, [&](int r) { return record(r)[ScheduleSetting]; });
+  if (bySchedule.size() > 1) {
+    std::string problem = "ranks run with different schedule settings:";
+    for (size_t g = 0; g < bySchedule.size(); ++g)
+      problem += std::string(g ? "," : "") + " " +
+                 rankList(bySchedule[g].second) + " with " +
+                 fused::scheduleName(
+                     static_cast<fused::Schedule>(bySchedule[g].first));
+    throw raise(problem, "Set DLOSS_SCHEDULE, dloss.set_schedule() or the "
+                         "loss's schedule= alike on every rank");
   }
 
   auto byFailure = groupRanks<std::string>(worldSize, [&](int r) {

@@ -56,6 +56,7 @@ std::vector<int64_t> newRecord(const PlanFile &plan, const std::string &name,
   record[InputCount] = static_cast<int64_t>(inputs.size());
   record[CollectiveSeq] = collectiveSeq;
   record[CheckMode] = check ? 1 : 0;
+  record[ScheduleSetting] = 0;
   record[Detail0] = 0;
   record[Detail1] = 0;
   record[Detail2] = 0;

@@ -17,7 +17,7 @@ namespace dloss::preflight {
 
 /// Identifies the preflight layout, so that runtimes of different versions
 /// report the difference instead of misreading each other ("DLPF" v3).
-inline constexpr int64_t kPreflightMagic = 0x444c504600000003;
+inline constexpr int64_t kPreflightMagic = 0x444c504600000004;
 
 enum PreflightStatus : int64_t {
   Ok = 0,
@@ -53,6 +53,9 @@ enum PreflightField : size_t {
   // that made the same calls agree (-1: the engine does not count).
   CollectiveSeq,
   CheckMode,
+  // The fused ops' schedule setting (fused::Schedule): auto chooses from
+  // sizes every rank knows, so equal settings give equal choices.
+  ScheduleSetting,
   // What the status found in argument StatusArgument. NonFinite: the NaN
   // and infinite counts. IndexOutOfRange: the value, its flat position and
   // the size of the dimension it indexes.

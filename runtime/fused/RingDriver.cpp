@@ -3,6 +3,7 @@
 #include "runtime/fused/RingDriver.h"
 
 #include "runtime/comm/CallSite.h"
+#include "runtime/fused/Schedule.h"
 
 namespace dloss::fused {
 
@@ -91,15 +92,117 @@ private:
   std::vector<std::pair<int64_t, Tensors>> spares;
 };
 
-} // namespace
+/// The op whose pass this is ("ring_softmax_ce"), for the exchange's name.
+std::string passName() {
+  const CallSite *site = currentCallSite();
+  std::string op = site && !site->op.empty() ? site->op : "ring";
+  return op.substr(op.find('.') + 1);
+}
 
-Tensors runRing(Communicator &comm, const RingPass &pass) {
+/// The bytes of one row of each tensor (axis 0 is the chunk's length).
+int64_t rowBytes(const at::Tensor &tensor) {
+  int64_t elements = 1;
+  for (int64_t d = 1; d < tensor.dim(); ++d)
+    elements *= tensor.size(d);
+  return elements * static_cast<int64_t>(tensor.element_size());
+}
+
+/// Every rank's chunk, in rank order, from one all-gather: the chunk's
+/// tensors travel as the byte columns of one [length, row bytes] tensor,
+/// so that a chunk of several tensors (columns, targets, statistics) is
+/// still one collective.
+std::vector<Tensors> gatherChunks(Communicator &comm, const Tensors &features,
+                                  const std::vector<int64_t> &lengths) {
+  const int n = static_cast<int>(lengths.size());
+  int64_t total = 0;
+  for (int64_t length : lengths)
+    total += length;
+  Tensors gathered;
+  if (features.size() == 1) {
+    gathered.push_back(comm.allGather(features[0], 0, lengths));
+  } else {
+    const int64_t length = features[0].size(0);
+    Tensors bytes;
+    std::vector<int64_t> widths;
+    for (const at::Tensor &tensor : features) {
+      widths.push_back(rowBytes(tensor));
+      bytes.push_back(tensor.contiguous()
+                          .view(at::kByte)
+                          .reshape({length, widths.back()}));
+    }
+    at::Tensor packed = comm.allGather(at::cat(bytes, 1), 0, lengths);
+    int64_t column = 0;
+    for (size_t i = 0; i < features.size(); ++i) {
+      std::vector<int64_t> shape = features[i].sizes().vec();
+      shape[0] = total;
+      gathered.push_back(packed.narrow(1, column, widths[i])
+                             .contiguous()
+                             .view(features[i].scalar_type())
+                             .view(shape));
+      column += widths[i];
+    }
+  }
+  std::vector<Tensors> chunks(n);
+  for (int q = 0; q < n; ++q)
+    for (const at::Tensor &tensor : gathered)
+      chunks[q].push_back(
+          tensor.narrow(0, offsetOf(lengths, q), lengths[q]));
+  return chunks;
+}
+
+/// The gather schedule (Schedule.h): every chunk at once, then each chunk's
+/// carry straight to its owner. The chunks are visited, and the carries
+/// merged, in the ring's order, so the two schedules compute the same
+/// floating-point sums.
+Tensors runGather(Communicator &comm, const RingPass &pass) {
+  const int n = comm.worldSize(), r = comm.rank();
+  std::vector<Tensors> chunks = gatherChunks(comm, pass.features, pass.lengths);
+  const bool carries = static_cast<bool>(pass.newCarry);
+  // Each chunk's part of its carry, by chunk.
+  std::vector<Tensors> parts(n);
+  for (int k = 0; k < n; ++k) {
+    const int q = (r - k + n) % n;
+    Tensors part =
+        carries ? pass.newCarry(pass.lengths[q]) : Tensors{};
+    pass.visit(Chunk{offsetOf(pass.lengths, q), chunks[q]}, part);
+    parts[q] = std::move(part);
+  }
+  chunks.clear();
+  if (!carries || n == 1)
+    return carries ? parts[r] : Tensors{};
+  // One exchange: every rank's part of chunk q goes to q.
+  std::vector<Tensors> received(n);
+  {
+    ExchangeScope exchange(comm, passName() + " (gather)");
+    Pending pending;
+    for (int k = 1; k < n; ++k) {
+      const int from = (r - k + n) % n;
+      received[from] = pass.newCarry(pass.lengths[r]);
+      postRecvs(comm, received[from], from, ringTag(0, kCarrySlot), pending);
+    }
+    for (int k = 1; k < n; ++k) {
+      const int to = (r + k) % n;
+      postSends(comm, parts[to], to, ringTag(0, kCarrySlot), pending);
+    }
+    pending.wait();
+  }
+  // The ring's order: the part of rank r first, then r+1's merged over it,
+  // up to r-1's.
+  Tensors sum = std::move(parts[r]);
+  for (int k = 1; k < n; ++k) {
+    Tensors &mine = received[(r + k) % n];
+    pass.merge(mine, sum);
+    sum = std::move(mine);
+  }
+  return sum;
+}
+
+/// The ring schedule (RingDriver.h).
+Tensors runRingSchedule(Communicator &comm, const RingPass &pass) {
   const int n = comm.worldSize(), r = comm.rank();
   // The ring's transfers are one collective for errors and the flight
   // record, named after the op ("ring_softmax_ce").
-  const CallSite *site = currentCallSite();
-  std::string op = site && !site->op.empty() ? site->op : "ring";
-  ExchangeScope exchange(comm, op.substr(op.find('.') + 1));
+  ExchangeScope exchange(comm, passName());
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   const bool carries = static_cast<bool>(pass.newCarry);
   Spares chunkBuffers(
@@ -158,6 +261,21 @@ Tensors runRing(Communicator &comm, const RingPass &pass) {
   carrySent.wait();
   homeIn.wait();
   return home;
+}
+
+} // namespace
+
+Tensors runRing(Communicator &comm, const RingPass &pass) {
+  PassSize size;
+  size.worldSize = comm.worldSize();
+  for (const at::Tensor &tensor : pass.features)
+    size.globalBytes += rowBytes(tensor) * offsetOf(pass.lengths,
+                                                    size.worldSize);
+  if (!pass.features.empty())
+    size.device = pass.features[0].device().type();
+  return chooseSchedule(currentSchedule(), size) == Schedule::Gather
+             ? runGather(comm, pass)
+             : runRingSchedule(comm, pass);
 }
 
 ColumnGradient runGradientRing(

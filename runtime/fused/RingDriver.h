@@ -1,5 +1,6 @@
-// The ring schedule of the fused ops: column chunks travel round the ranks
-// while each rank computes its tiles.
+// The schedules of the fused ops' passes: column chunks travel round the ranks
+// while each rank computes its tiles (the ring), or arrive all at once (the
+// gather, for small batches: Schedule.h).
 //
 // Rank r keeps its rows; the column chunks travel round the ring. At step
 // k = 0..N-1 it holds the chunk owned by q = (r - k) mod N.
@@ -61,7 +62,12 @@ struct RingPass {
 };
 
 /// Runs `pass` on every rank's chunk; returns this rank's own chunk's
-/// complete carry.
+/// complete carry. The schedule is the call's setting (currentSchedule(),
+/// fused/Schedule.h) or, under auto, the cost model's choice from the
+/// chunks' sizes: the ring above, or the gather (one all-gather of every
+/// chunk, each visited in the ring's order, and one exchange that sends each
+/// chunk's carries straight to its owner, merged there in the ring's order,
+/// so both give the same sums). The gather holds every rank's chunk at once.
 Tensors runRing(Communicator &comm, const RingPass &pass);
 
 /// The backward's ring: the carry is each chunk's column gradient [length,

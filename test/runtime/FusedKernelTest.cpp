@@ -3,6 +3,7 @@
 #include "PlanTestUtil.h"
 
 #include "runtime/fused/FusedKernels.h"
+#include "runtime/fused/Schedule.h"
 #include "runtime/fused/TileMath.h"
 #include "runtime/support/Error.h"
 #include "test/runtime/MultiProcess.h"
@@ -22,6 +23,8 @@ namespace {
 
 using namespace dloss::test;
 using dloss::Communicator;
+using dloss::Error;
+namespace fused = dloss::fused;
 
 constexpr int64_t kWidth = 6;
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
@@ -319,22 +322,32 @@ void checkShardedSoftmax(const Case &c) {
 // Tests
 //===----------------------------------------------------------------------===//
 
-class FusedKernelTest : public ::testing::TestWithParam<int> {};
+/// (world size, schedule): every kernel runs as the ring and as the gather
+/// (fused/Schedule.h), each against the same global reference.
+class FusedKernelTest
+    : public ::testing::TestWithParam<std::tuple<int, fused::Schedule>> {
+protected:
+  int worldSize() const { return std::get<0>(GetParam()); }
+  fused::Schedule schedule() const { return std::get<1>(GetParam()); }
+};
 
 TEST_P(FusedKernelTest, RingSoftmaxCEMatchesGlobalReference) {
-  runGloo(GetParam(), [](Communicator &comm) {
+  runGloo(worldSize(), [schedule = schedule()](Communicator &comm) {
+    fused::ScheduleScope scope(schedule);
     forEachCase(comm, kF64, kTiles, checkRingSoftmaxCE);
   });
 }
 
 TEST_P(FusedKernelTest, RingSigmoidPairsMatchesGlobalReference) {
-  runGloo(GetParam(), [](Communicator &comm) {
+  runGloo(worldSize(), [schedule = schedule()](Communicator &comm) {
+    fused::ScheduleScope scope(schedule);
     forEachCase(comm, kF64, kTiles, checkRingSigmoidPairs);
   });
 }
 
 TEST_P(FusedKernelTest, ShardedSoftmaxMatchesGlobalReference) {
-  runGloo(GetParam(), [](Communicator &comm) {
+  runGloo(worldSize(), [schedule = schedule()](Communicator &comm) {
+    fused::ScheduleScope scope(schedule);
     forEachCase(comm, kF64, kTiles, checkShardedSoftmax);
   });
 }
@@ -342,8 +355,8 @@ TEST_P(FusedKernelTest, ShardedSoftmaxMatchesGlobalReference) {
 // One class in all (on rank 0, none elsewhere): nothing but the target is
 // left, so lse_rest is -inf, and the target dot is still exact.
 TEST_P(FusedKernelTest, ShardedSoftmaxWithOneClassGivesMinusInfinity) {
-  int worldSize = GetParam();
-  runGloo(worldSize, [&](Communicator &comm) {
+  runGloo(worldSize(), [&](Communicator &comm) {
+    fused::ScheduleScope scope(schedule());
     at::manual_seed(14);
     at::Tensor rows = at::randn({4, kWidth}, at::kDouble);
     at::Tensor weight = at::randn({1, kWidth}, at::kDouble);
@@ -360,11 +373,91 @@ TEST_P(FusedKernelTest, ShardedSoftmaxWithOneClassGivesMinusInfinity) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, FusedKernelTest,
-                         ::testing::Values(1, 2, 3, 4),
-                         [](const ::testing::TestParamInfo<int> &info) {
-                           return "N" + std::to_string(info.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    WorldSizes, FusedKernelTest,
+    ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                       ::testing::Values(fused::Schedule::Ring,
+                                         fused::Schedule::Gather)),
+    [](const ::testing::TestParamInfo<FusedKernelTest::ParamType> &info) {
+      return "N" + std::to_string(std::get<0>(info.param)) + "_" +
+             fused::scheduleName(std::get<1>(info.param));
+    });
+
+//===----------------------------------------------------------------------===//
+// Choosing the schedule
+//===----------------------------------------------------------------------===//
+
+TEST(ScheduleTest, NamesParseAndBadOnesSayWhatIsExpected) {
+  for (fused::Schedule s : {fused::Schedule::Auto, fused::Schedule::Ring,
+                            fused::Schedule::Gather})
+    EXPECT_EQ(fused::parseSchedule(fused::scheduleName(s), "test"), s);
+  try {
+    fused::parseSchedule("fast", "DLOSS_SCHEDULE");
+    FAIL() << "a bad name was accepted";
+  } catch (const Error &error) {
+    std::string text = error.what();
+    EXPECT_NE(text.find("DLOSS_SCHEDULE='fast'"), std::string::npos) << text;
+    EXPECT_NE(text.find("auto, ring or gather"), std::string::npos) << text;
+  }
+}
+
+TEST(ScheduleTest, AutoGathersUpToTheCrossoverAndForcedSettingsHold) {
+  using fused::Schedule;
+  for (c10::DeviceType device :
+       {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
+    for (int world : {2, 4, 64}) {
+      int64_t crossover = fused::gatherCrossoverBytes(world, device);
+      EXPECT_GT(crossover, 0);
+      EXPECT_LE(crossover, fused::engineCosts(device).gatherMemoryCap);
+      fused::PassSize small{world, crossover, device};
+      fused::PassSize large{world, crossover + 1, device};
+      EXPECT_EQ(fused::chooseSchedule(Schedule::Auto, small), Schedule::Gather);
+      EXPECT_EQ(fused::chooseSchedule(Schedule::Auto, large), Schedule::Ring);
+      EXPECT_EQ(fused::chooseSchedule(Schedule::Ring, small), Schedule::Ring);
+      EXPECT_EQ(fused::chooseSchedule(Schedule::Gather, large),
+                Schedule::Gather);
+    }
+    // More ranks, more hops for the ring: the crossover grows until the
+    // memory cap holds it.
+    EXPECT_LE(fused::gatherCrossoverBytes(2, device),
+              fused::gatherCrossoverBytes(4, device));
+    // One rank moves nothing: the ring's single step.
+    EXPECT_EQ(fused::chooseSchedule(Schedule::Auto, {1, 0, device}),
+              Schedule::Ring);
+  }
+}
+
+// Under auto, a small CLIP pass runs as the gather: the same collectives as
+// the forced gather (an all-gather and the carries' exchange), one more
+// than the ring's single exchange; and all three give the same results.
+TEST(ScheduleTest, AutoRunsTheGatherAtSmallSizes) {
+  runGloo(3, [](Communicator &comm) {
+    at::manual_seed(21 + comm.rank());
+    const int64_t n = 2 + comm.rank();
+    std::vector<at::Tensor> operands = {
+        at::randn({n, kWidth}, at::kDouble), at::randn({n, kWidth}, at::kDouble),
+        at::scalar_tensor(2.0, at::kDouble), at::zeros({n}, at::kLong),
+        at::zeros({n}, at::kLong)};
+    auto run = [&](fused::Schedule schedule, int64_t &collectives) {
+      fused::ScheduleScope scope(schedule);
+      int64_t before = comm.collectivesStarted();
+      std::vector<at::Tensor> results =
+          runFused(comm, "dloss.ring_softmax_ce", operands, 4);
+      collectives = comm.collectivesStarted() - before;
+      return results;
+    };
+    int64_t ring = 0, gather = 0, automatic = 0;
+    std::vector<at::Tensor> byRing = run(fused::Schedule::Ring, ring);
+    std::vector<at::Tensor> byGather = run(fused::Schedule::Gather, gather);
+    std::vector<at::Tensor> byAuto = run(fused::Schedule::Auto, automatic);
+    EXPECT_EQ(gather, ring + 1);
+    EXPECT_EQ(automatic, gather);
+    for (size_t k = 0; k < byRing.size(); ++k) {
+      expectClose(byGather[k], byRing[k], 1e-13, kF64, "gather against ring");
+      expectClose(byAuto[k], byGather[k], 0, kF64, "auto against gather");
+    }
+  });
+}
 
 // f32 inputs compute in f32: within 1e-5 of the f64 reference, relative.
 TEST(FusedKernelF32Test, EveryKernelMatchesTheF64Reference) {

@@ -6,6 +6,7 @@
 
 #include "runtime/fused/Epilogue.h"
 #include "runtime/fused/FusedKernels.h"
+#include "runtime/fused/Schedule.h"
 #include "runtime/support/Error.h"
 #include "test/runtime/MultiProcess.h"
 
@@ -19,10 +20,12 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <tuple>
 
 namespace {
 
 using namespace dloss::test;
+namespace fused = dloss::fused;
 using dloss::Communicator;
 using dloss::epilogue::Op;
 using dloss::epilogue::Reduce;
@@ -411,20 +414,29 @@ const std::vector<Mode> kModes = {Mode::Gathered, Mode::Local, Mode::Sharded};
 // Tests
 //===----------------------------------------------------------------------===//
 
-class FusedSimilarityTest : public ::testing::TestWithParam<int> {};
+/// (world size, schedule): every program runs as the ring and as the gather
+/// (fused/Schedule.h), each against the same global reference.
+class FusedSimilarityTest
+    : public ::testing::TestWithParam<std::tuple<int, fused::Schedule>> {};
 
 // Tiles that divide no size (3x5, 2x1) and the default one.
 TEST_P(FusedSimilarityTest, EveryProgramMatchesTheGlobalReference) {
-  runGloo(GetParam(), [](Communicator &comm) {
-    checkAll(comm, kF64, {"3x5", "2x1", ""}, kModes);
-  });
+  runGloo(std::get<0>(GetParam()),
+          [schedule = std::get<1>(GetParam())](Communicator &comm) {
+            fused::ScheduleScope scope(schedule);
+            checkAll(comm, kF64, {"3x5", "2x1", ""}, kModes);
+          });
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, FusedSimilarityTest,
-                         ::testing::Values(1, 2, 3, 4),
-                         [](const ::testing::TestParamInfo<int> &info) {
-                           return "N" + std::to_string(info.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    WorldSizes, FusedSimilarityTest,
+    ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                       ::testing::Values(fused::Schedule::Ring,
+                                         fused::Schedule::Gather)),
+    [](const ::testing::TestParamInfo<FusedSimilarityTest::ParamType> &info) {
+      return "N" + std::to_string(std::get<0>(info.param)) + "_" +
+             fused::scheduleName(std::get<1>(info.param));
+    });
 
 // f32 inputs compute in f32: within 2e-5 of the f64 reference, relative.
 TEST(FusedSimilarityF32Test, EveryProgramMatchesTheF64Reference) {

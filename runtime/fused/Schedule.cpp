@@ -1,0 +1,115 @@
+// The schedule settings (process default, per-call scope) and the cost model
+// that chooses between the ring and the gather.
+#include "runtime/fused/Schedule.h"
+
+#include "runtime/support/Error.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+
+namespace dloss::fused {
+
+namespace {
+
+// The process default, read from DLOSS_SCHEDULE on first use. -1: not read.
+std::atomic<int64_t> processDefault{-1};
+std::mutex environmentRead;
+
+thread_local bool haveCallSetting = false;
+thread_local Schedule callSetting = Schedule::Auto;
+
+} // namespace
+
+const char *scheduleName(Schedule schedule) {
+  switch (schedule) {
+  case Schedule::Auto:
+    return "auto";
+  case Schedule::Ring:
+    return "ring";
+  case Schedule::Gather:
+    return "gather";
+  }
+  return "?";
+}
+
+Schedule parseSchedule(const std::string &text, const std::string &source) {
+  for (Schedule schedule : {Schedule::Auto, Schedule::Ring, Schedule::Gather})
+    if (text == scheduleName(schedule))
+      return schedule;
+  throw Error(source + "='" + text +
+                  "' is not a schedule: expected auto, ring or gather",
+              "Use \"auto\" (the cost model chooses per call from the batch "
+              "sizes), \"ring\" or \"gather\"");
+}
+
+Schedule defaultSchedule() {
+  int64_t value = processDefault.load();
+  if (value >= 0)
+    return static_cast<Schedule>(value);
+  std::lock_guard<std::mutex> lock(environmentRead);
+  value = processDefault.load();
+  if (value >= 0)
+    return static_cast<Schedule>(value);
+  Schedule schedule = Schedule::Auto;
+  const char *text = std::getenv("DLOSS_SCHEDULE");
+  if (text && *text)
+    schedule = parseSchedule(text, "environment variable DLOSS_SCHEDULE");
+  processDefault.store(static_cast<int64_t>(schedule));
+  return schedule;
+}
+
+void setDefaultSchedule(Schedule schedule) {
+  processDefault.store(static_cast<int64_t>(schedule));
+}
+
+Schedule currentSchedule() {
+  return haveCallSetting ? callSetting : defaultSchedule();
+}
+
+ScheduleScope::ScheduleScope(Schedule schedule)
+    : hadPrevious(haveCallSetting), previous(callSetting) {
+  haveCallSetting = true;
+  callSetting = schedule;
+}
+
+ScheduleScope::~ScheduleScope() {
+  haveCallSetting = hadPrevious;
+  callSetting = previous;
+}
+
+EngineCosts engineCosts(c10::DeviceType device) {
+  if (device == c10::DeviceType::CUDA)
+    // NCCL within a node: about 10-20 us of latency per message plus the
+    // host's wait on the step's transfers (NCCL's tuning tables and
+    // nccl-tests' small-message figures), and 100 GB/s received per GPU, a
+    // conservative figure for NVLink. The gather's operand is at most
+    // 256 MiB, beside the tens of GiB a GPU has.
+    return {25e-6, 100e9, int64_t{256} << 20};
+  // Gloo over loopback TCP on this project's CI machine (2 cores, 4 ranks,
+  // one thread each), from bench/small_batch_bench.py's ring and gather
+  // rows (docs/Fusion.md): a hop costs about 0.5 ms (two context switches
+  // and a syscall each way) and a rank receives about 1.5 GB/s.
+  return {0.5e-3, 1.5e9, int64_t{64} << 20};
+}
+
+int64_t gatherCrossoverBytes(int worldSize, c10::DeviceType device) {
+  EngineCosts costs = engineCosts(device);
+  double crossover =
+      2.0 * std::max(worldSize - 1, 0) * costs.hopLatency * costs.bandwidth;
+  return std::min<int64_t>(static_cast<int64_t>(crossover),
+                           costs.gatherMemoryCap);
+}
+
+Schedule chooseSchedule(Schedule setting, const PassSize &size) {
+  if (setting != Schedule::Auto)
+    return setting;
+  if (size.worldSize <= 1)
+    return Schedule::Ring;
+  return size.globalBytes <= gatherCrossoverBytes(size.worldSize, size.device)
+             ? Schedule::Gather
+             : Schedule::Ring;
+}
+
+} // namespace dloss::fused

@@ -1,0 +1,90 @@
+// The fused ops' two schedules (ring, gather) and the cost model that picks
+// one per call from the sizes every rank knows after the preflight.
+//
+// Ring: the column chunks travel round the ranks, N-1 hops of features and
+// N hops of carries per pass, each overlapped with a chunk's tiles; a rank
+// holds two chunks, O(B_local d). Gather: one all-gather of every rank's
+// chunk, the same per-chunk tiles over the gathered batch, and one exchange
+// that sends each chunk's carry straight to its owner; a rank holds the
+// whole O(B_global d) operand. Neither builds the B_local x B_global matrix.
+// The ring pays a latency per hop, the gather pays the global operand's
+// bytes without overlap: at small batches every message is latency and the
+// gather wins, at large ones the ring hides its transfers behind the tiles
+// and holds less memory (docs/Fusion.md, "Choosing the schedule").
+#ifndef DLOSS_RUNTIME_FUSED_SCHEDULE_H
+#define DLOSS_RUNTIME_FUSED_SCHEDULE_H
+
+#include <c10/core/DeviceType.h>
+
+#include <cstdint>
+#include <string>
+
+namespace dloss::fused {
+
+/// A schedule setting: auto lets the cost model choose per call.
+enum class Schedule : int64_t { Auto = 0, Ring = 1, Gather = 2 };
+
+/// "auto", "ring" or "gather".
+const char *scheduleName(Schedule schedule);
+/// The setting `text` names ("auto", "ring", "gather"); a dloss::Error
+/// naming `source` (such as "DLOSS_SCHEDULE") otherwise.
+Schedule parseSchedule(const std::string &text, const std::string &source);
+
+/// The process-wide setting: DLOSS_SCHEDULE when first read (auto when
+/// unset), then whatever setDefaultSchedule last set. Thread-safe.
+Schedule defaultSchedule();
+void setDefaultSchedule(Schedule schedule);
+
+/// The setting of the call this thread runs (the executor's per-loss
+/// override or the process default), set for the call's duration; the
+/// process default outside any scope.
+Schedule currentSchedule();
+class ScheduleScope {
+public:
+  explicit ScheduleScope(Schedule schedule);
+  ~ScheduleScope();
+  ScheduleScope(const ScheduleScope &) = delete;
+  ScheduleScope &operator=(const ScheduleScope &) = delete;
+
+private:
+  bool hadPrevious;
+  Schedule previous;
+};
+
+/// What the cost model weighs for one pass of a fused op.
+struct PassSize {
+  int worldSize = 1;
+  /// The bytes of every rank's chunk together (features that travel:
+  /// columns, their per-column values): what a gather holds on each rank.
+  int64_t globalBytes = 0;
+  /// Where the chunks live: the engine (Gloo on the CPU, NCCL on CUDA)
+  /// sets the latency and bandwidth.
+  c10::DeviceType device = c10::DeviceType::CPU;
+};
+
+/// The engine figures the model uses, per device type.
+struct EngineCosts {
+  /// Seconds one ring hop costs beyond its bytes (the message latency,
+  /// the wake-up of the peer, the step's bookkeeping).
+  double hopLatency;
+  /// Bytes per second one rank receives.
+  double bandwidth;
+  /// The most bytes a gather may hold per rank, whatever the model says.
+  int64_t gatherMemoryCap;
+};
+EngineCosts engineCosts(c10::DeviceType device);
+
+/// The global operand size below which auto takes the gather: the ring's
+/// 2(N-1) hops of latency cost more than moving the gathered operand
+/// without overlap, 2 (N-1) hopLatency bandwidth, capped by the memory cap.
+int64_t gatherCrossoverBytes(int worldSize, c10::DeviceType device);
+
+/// The schedule a pass runs: `setting`, or the cost model's choice for
+/// Auto. The same on every rank for the same sizes and setting (the
+/// preflight checks that the settings agree). One rank runs the ring
+/// (nothing to move).
+Schedule chooseSchedule(Schedule setting, const PassSize &size);
+
+} // namespace dloss::fused
+
+#endif // DLOSS_RUNTIME_FUSED_SCHEDULE_H
