@@ -1,6 +1,8 @@
 // The cost report's text and JSON forms (see Output.h).
 #include "report/Output.h"
 
+#include "runtime/plan/ScheduleCosts.h"
+
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 
@@ -88,6 +90,25 @@ void writeJsonVariant(llvm::json::OStream &j, const FunctionReport &r) {
   });
 }
 
+/// Which schedule auto picks for a fused op's columns at these sizes, on
+/// each engine (runtime/plan/ScheduleCosts.h). The columns: every rank's
+/// `batch` rows of `dim` f32 values, as CLIP's and SigLIP's carry.
+void printSchedule(llvm::raw_ostream &os, const ReportOptions &options) {
+  using namespace ::dloss::schedule;
+  const int world = static_cast<int>(options.cost.worldSize);
+  const double columns = 4.0 * world * options.batch * options.dim;
+  auto choice = [&](Engine engine) {
+    int64_t crossover = gatherCrossoverBytes(world, engine);
+    return (world > 1 && columns <= crossover ? "gather" : "ring") +
+           std::string(" (crossover ") + mib(crossover) + " MiB)";
+  };
+  os << "  schedule (auto, chosen per call by the runtime): a fused op "
+        "gathers its columns while every rank's together are below the "
+        "crossover, else runs the ring; here "
+     << mib(columns) << " MiB of f32 columns: " << choice(Engine::Gloo)
+     << " with Gloo, " << choice(Engine::Nccl) << " with NCCL\n";
+}
+
 } // namespace
 
 void mlir::dloss::writeReportText(llvm::raw_ostream &os, StringRef source,
@@ -109,7 +130,9 @@ void mlir::dloss::writeReportText(llvm::raw_ostream &os, StringRef source,
      << options.cost.tileRows << " x " << options.cost.tileCols
      << " elements (the runtime sizes its tile from the L2 cache)\n"
      << "  communication: bytes one rank sends per call (ring all_gather, "
-        "ring all_reduce)\n\n";
+        "ring all_reduce)\n";
+  printSchedule(os, options);
+  os << "\n";
   for (const ReportEntry &entry : entries) {
     printVariant(os, *entry.fused, "fused");
     if (entry.unfused)

@@ -4,7 +4,6 @@
 
 #include "runtime/support/Error.h"
 
-#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -79,27 +78,13 @@ ScheduleScope::~ScheduleScope() {
   callSetting = previous;
 }
 
-EngineCosts engineCosts(c10::DeviceType device) {
-  if (device == c10::DeviceType::CUDA)
-    // NCCL within a node: about 10-20 us of latency per message plus the
-    // host's wait on the step's transfers (NCCL's tuning tables and
-    // nccl-tests' small-message figures), and 100 GB/s received per GPU, a
-    // conservative figure for NVLink. The gather's operand is at most
-    // 256 MiB, beside the tens of GiB a GPU has.
-    return {25e-6, 100e9, int64_t{256} << 20};
-  // Gloo over loopback TCP on this project's CI machine (2 cores, 4 ranks,
-  // one thread each), from bench/small_batch_bench.py's ring and gather
-  // rows (docs/Fusion.md): a hop costs about 0.5 ms (two context switches
-  // and a syscall each way) and a rank receives about 1.5 GB/s.
-  return {0.5e-3, 1.5e9, int64_t{64} << 20};
+schedule::Engine engineFor(c10::DeviceType device) {
+  return device == c10::DeviceType::CUDA ? schedule::Engine::Nccl
+                                         : schedule::Engine::Gloo;
 }
 
 int64_t gatherCrossoverBytes(int worldSize, c10::DeviceType device) {
-  EngineCosts costs = engineCosts(device);
-  double crossover =
-      2.0 * std::max(worldSize - 1, 0) * costs.hopLatency * costs.bandwidth;
-  return std::min<int64_t>(static_cast<int64_t>(crossover),
-                           costs.gatherMemoryCap);
+  return schedule::gatherCrossoverBytes(worldSize, engineFor(device));
 }
 
 Schedule chooseSchedule(Schedule setting, const PassSize &size) {

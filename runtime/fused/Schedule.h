@@ -10,9 +10,12 @@
 // The ring pays a latency per hop, the gather pays the global operand's
 // bytes without overlap: at small batches every message is latency and the
 // gather wins, at large ones the ring hides its transfers behind the tiles
-// and holds less memory (docs/Fusion.md, "Choosing the schedule").
+// and holds less memory (runtime/plan/ScheduleCosts.h has the model;
+// docs/Fusion.md, "Choosing the schedule", the measurements).
 #ifndef DLOSS_RUNTIME_FUSED_SCHEDULE_H
 #define DLOSS_RUNTIME_FUSED_SCHEDULE_H
+
+#include "runtime/plan/ScheduleCosts.h"
 
 #include <c10/core/DeviceType.h>
 
@@ -62,21 +65,10 @@ struct PassSize {
   c10::DeviceType device = c10::DeviceType::CPU;
 };
 
-/// The engine figures the model uses, per device type.
-struct EngineCosts {
-  /// Seconds one ring hop costs beyond its bytes (the message latency,
-  /// the wake-up of the peer, the step's bookkeeping).
-  double hopLatency;
-  /// Bytes per second one rank receives.
-  double bandwidth;
-  /// The most bytes a gather may hold per rank, whatever the model says.
-  int64_t gatherMemoryCap;
-};
-EngineCosts engineCosts(c10::DeviceType device);
-
-/// The global operand size below which auto takes the gather: the ring's
-/// 2(N-1) hops of latency cost more than moving the gathered operand
-/// without overlap, 2 (N-1) hopLatency bandwidth, capped by the memory cap.
+/// The engine that moves `device`'s tensors: NCCL for CUDA, else Gloo.
+schedule::Engine engineFor(c10::DeviceType device);
+/// The global operand size up to which auto takes the gather
+/// (runtime/plan/ScheduleCosts.h has the model).
 int64_t gatherCrossoverBytes(int worldSize, c10::DeviceType device);
 
 /// The schedule a pass runs: `setting`, or the cost model's choice for

@@ -16,7 +16,7 @@ PASS at the same tolerance.
 
 usage: fused_vs_unfused.py DLOSS_RUN DLOSSC EXAMPLE.mlir --sizes 5,3,7,1
                            [--sizes 5,3 ...] [--grad-mode ddp|global] [--dim 16]
-                           [--tolerance 1e-5] [--general] [--check] [--out DIR]
+                           [--tolerance 1e-5] [--general] [--schedule S] [--check] [--out DIR]
 
 The last line is the verdict of every size together:
   fused vs unfused, EXAMPLE.mlir, K runs: worst relative error E, tolerance T: PASS
@@ -78,8 +78,10 @@ def compare(a, sizes, out, mode, general):
     inputs = make_inputs(a.example, sizes, a.dim, out, np.random.default_rng(a.seed))
 
     runs = {}
-    for name, extra in (("fused", general + (["--check", "--tolerance", str(a.tolerance)]
-                                             if a.check else [])),
+    schedule = ["--schedule", a.schedule] if a.schedule else []
+    for name, extra in (("fused", general + schedule +
+                         (["--check", "--tolerance", str(a.tolerance)]
+                          if a.check else [])),
                         ("unfused", ["--no-fuse"])):
         d = os.path.join(out, name)
         cmd = [a.dloss_run, a.example, "--world", str(world), "--iters", "1",
@@ -121,6 +123,10 @@ def main():
     parser.add_argument("--tolerance", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="")
+    parser.add_argument("--schedule", default="",
+                        help="the fused run's schedule (dloss-run --schedule): "
+                             "ring or gather; default auto, which gathers at "
+                             "these sizes")
     parser.add_argument("--general", action="store_true",
                         help="fuse with --general-fusion-only: CLIP, SigLIP and "
                              "PartialFC through dloss.fused_similarity too")

@@ -408,7 +408,9 @@ TEST(ScheduleTest, AutoGathersUpToTheCrossoverAndForcedSettingsHold) {
     for (int world : {2, 4, 64}) {
       int64_t crossover = fused::gatherCrossoverBytes(world, device);
       EXPECT_GT(crossover, 0);
-      EXPECT_LE(crossover, fused::engineCosts(device).gatherMemoryCap);
+      EXPECT_LE(crossover,
+                dloss::schedule::engineCosts(fused::engineFor(device))
+                    .gatherMemoryCap);
       fused::PassSize small{world, crossover, device};
       fused::PassSize large{world, crossover + 1, device};
       EXPECT_EQ(fused::chooseSchedule(Schedule::Auto, small), Schedule::Gather);

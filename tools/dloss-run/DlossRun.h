@@ -30,6 +30,7 @@ struct Options {
   bool runtimeChecks = false; // else DLOSS_CHECK decides
   bool noFuse = false;        // compile without fusion (dlossc --no-fuse)
   bool generalOnly = false;   // as dlossc --general-fusion-only
+  std::string schedule; // the fused ops' schedule ("": DLOSS_SCHEDULE decides)
   int threads = 0; // intra-op threads per rank; 0: intraOpThreads() decides
 };
 

@@ -18,7 +18,7 @@ const char *kUsage =
     "                 [--check] [--tolerance T] [--timeout S] [--grad-mode "
     "ddp|global]\n"
     "                 [--runtime-checks] [--no-fuse] [--general-fusion-only]\n"
-    "                 [--threads T]\n"
+    "                 [--schedule auto|ring|gather] [--threads T]\n"
     "\n"
     "  --world N     start N local ranks (processes, Gloo on loopback); "
     "without it,\n"
@@ -55,6 +55,9 @@ const char *kUsage =
     "  --general-fusion-only  fuse CLIP, SigLIP and PartialFC into the "
     "general\n"
     "                dloss.fused_similarity too\n"
+    "  --schedule S  the fused ops' schedule: auto (the default, or "
+    "DLOSS_SCHEDULE;\n"
+    "                the cost model chooses per call), ring or gather\n"
     "  --threads T   intra-op threads per rank (default: OMP_NUM_THREADS, "
     "else the\n"
     "                cores divided by the ranks on this machine, at least 1)\n"
@@ -130,6 +133,12 @@ Options parseOptions(int argc, char **argv) {
         usageError("--threads must be at least 1");
     } else if (a == "--no-fuse") {
       o.noFuse = true;
+    } else if (a == "--schedule") {
+      o.schedule = value(i);
+      if (o.schedule != "auto" && o.schedule != "ring" &&
+          o.schedule != "gather")
+        usageError("--schedule must be auto, ring or gather, not '" +
+                   o.schedule + "'");
     } else if (a == "--general-fusion-only") {
       o.generalOnly = true;
     } else if (!a.empty() && a[0] == '-') {
