@@ -126,9 +126,13 @@ std::vector<Tensors> gatherChunks(Communicator &comm, const Tensors &features,
     std::vector<int64_t> widths;
     for (const at::Tensor &tensor : features) {
       widths.push_back(rowBytes(tensor));
-      bytes.push_back(tensor.contiguous()
-                          .view(at::kByte)
-                          .reshape({length, widths.back()}));
+      // A fresh dense copy: contiguous() keeps the stride 0 of an expanded
+      // tensor whose sizes are 0 or 1 (a per-column cotangent broadcast
+      // from a scalar), which view() cannot reinterpret as bytes.
+      const int64_t elements = widths.back() / tensor.element_size();
+      at::Tensor dense = at::empty({length, elements}, tensor.options())
+                             .copy_(tensor.reshape({length, elements}));
+      bytes.push_back(dense.view(at::kByte));
     }
     at::Tensor packed = comm.allGather(at::cat(bytes, 1), 0, lengths);
     int64_t column = 0;
