@@ -630,8 +630,8 @@ void bindJit(py::module_ &m) {
   m.def(
       "gather_crossover_bytes",
       [](int worldSize, const std::string &device) {
-        return fused::gatherCrossoverBytes(
-            worldSize, c10::Device(device).type());
+        return fused::gatherCrossoverBytes(worldSize,
+                                           c10::Device(device).type());
       },
       py::arg("world_size"), py::arg("device") = "cpu",
       "The global operand size (bytes of every rank's travelling features) "

@@ -149,8 +149,7 @@ std::vector<Tensors> gatherChunks(Communicator &comm, const Tensors &features,
   std::vector<Tensors> chunks(n);
   for (int q = 0; q < n; ++q)
     for (const at::Tensor &tensor : gathered)
-      chunks[q].push_back(
-          tensor.narrow(0, offsetOf(lengths, q), lengths[q]));
+      chunks[q].push_back(tensor.narrow(0, offsetOf(lengths, q), lengths[q]));
   return chunks;
 }
 
@@ -166,8 +165,7 @@ Tensors runGather(Communicator &comm, const RingPass &pass) {
   std::vector<Tensors> parts(n);
   for (int k = 0; k < n; ++k) {
     const int q = (r - k + n) % n;
-    Tensors part =
-        carries ? pass.newCarry(pass.lengths[q]) : Tensors{};
+    Tensors part = carries ? pass.newCarry(pass.lengths[q]) : Tensors{};
     pass.visit(Chunk{offsetOf(pass.lengths, q), chunks[q]}, part);
     parts[q] = std::move(part);
   }
@@ -273,8 +271,8 @@ Tensors runRing(Communicator &comm, const RingPass &pass) {
   PassSize size;
   size.worldSize = comm.worldSize();
   for (const at::Tensor &tensor : pass.features)
-    size.globalBytes += rowBytes(tensor) * offsetOf(pass.lengths,
-                                                    size.worldSize);
+    size.globalBytes +=
+        rowBytes(tensor) * offsetOf(pass.lengths, size.worldSize);
   if (!pass.features.empty())
     size.device = pass.features[0].device().type();
   return chooseSchedule(currentSchedule(), size) == Schedule::Gather

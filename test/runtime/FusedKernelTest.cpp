@@ -388,8 +388,8 @@ INSTANTIATE_TEST_SUITE_P(
 //===----------------------------------------------------------------------===//
 
 TEST(ScheduleTest, NamesParseAndBadOnesSayWhatIsExpected) {
-  for (fused::Schedule s : {fused::Schedule::Auto, fused::Schedule::Ring,
-                            fused::Schedule::Gather})
+  for (fused::Schedule s :
+       {fused::Schedule::Auto, fused::Schedule::Ring, fused::Schedule::Gather})
     EXPECT_EQ(fused::parseSchedule(fused::scheduleName(s), "test"), s);
   try {
     fused::parseSchedule("fast", "DLOSS_SCHEDULE");
@@ -403,8 +403,7 @@ TEST(ScheduleTest, NamesParseAndBadOnesSayWhatIsExpected) {
 
 TEST(ScheduleTest, AutoGathersUpToTheCrossoverAndForcedSettingsHold) {
   using fused::Schedule;
-  for (c10::DeviceType device :
-       {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
+  for (c10::DeviceType device : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
     for (int world : {2, 4, 64}) {
       int64_t crossover = fused::gatherCrossoverBytes(world, device);
       EXPECT_GT(crossover, 0);
@@ -436,10 +435,11 @@ TEST(ScheduleTest, AutoRunsTheGatherAtSmallSizes) {
   runGloo(3, [](Communicator &comm) {
     at::manual_seed(21 + comm.rank());
     const int64_t n = 2 + comm.rank();
-    std::vector<at::Tensor> operands = {
-        at::randn({n, kWidth}, at::kDouble), at::randn({n, kWidth}, at::kDouble),
-        at::scalar_tensor(2.0, at::kDouble), at::zeros({n}, at::kLong),
-        at::zeros({n}, at::kLong)};
+    std::vector<at::Tensor> operands = {at::randn({n, kWidth}, at::kDouble),
+                                        at::randn({n, kWidth}, at::kDouble),
+                                        at::scalar_tensor(2.0, at::kDouble),
+                                        at::zeros({n}, at::kLong),
+                                        at::zeros({n}, at::kLong)};
     auto run = [&](fused::Schedule schedule, int64_t &collectives) {
       fused::ScheduleScope scope(schedule);
       int64_t before = comm.collectivesStarted();
