@@ -35,6 +35,7 @@ from .guard import guard
 from .losses import (ArcFaceLoss, ClipLoss, CoCaLoss, CombinedMarginLoss,
                      CosFaceLoss, DistillClipLoss, PartialFC, SigLipLoss)
 from .metric_learning import DistributedLossWrapper, NTXentLoss, SupConLoss
+from .schedule import get_schedule, set_schedule
 from .sync import assert_grads_synced
 # After .collectives: inside a @dloss.loss function all_gather records the op.
 from .trace import (Input, Loss, Replicated, all_gather, all_reduce,
@@ -56,7 +57,7 @@ __all__ = [
     "CosFaceLoss", "DistributedLossWrapper", "Error", "Graph", "Input", "Loss", "NTXentLoss", "PartialFC",
     "Replicated", "SigLipLoss", "SupConLoss", "all_gather", "all_reduce",
     "assert_grads_synced", "broadcast", "cmake_prefix_path", "compile",
-    "gather_all_tensors", "global_size", "guard", "init", "loss", "rank",
-    "reduce_scatter", "ring_shift", "set_timeout", "shard_offset",
-    "world_size",
+    "gather_all_tensors", "get_schedule", "global_size", "guard", "init",
+    "loss", "rank", "reduce_scatter", "ring_shift", "set_schedule",
+    "set_timeout", "shard_offset", "world_size",
 ]

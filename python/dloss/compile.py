@@ -8,6 +8,7 @@ from . import _C
 from .compiled import CompiledLoss, compile_graph
 from .errors import make_error
 from .graph import Graph
+from .schedule import check_schedule
 from .trace import Loss
 
 
@@ -30,7 +31,8 @@ def _source_text(source):
         return f.read(), source
 
 
-def compile(source, grad_mode=None, fuse=True, entry=None, group=None):
+def compile(source, grad_mode=None, fuse=True, entry=None, group=None,
+            schedule=None):
     """Compiles a loss for this process group.
 
     source: dloss MLIR text, the path of a ``.mlir`` file, a
@@ -39,7 +41,9 @@ def compile(source, grad_mode=None, fuse=True, entry=None, group=None):
     contract (None keeps it). fuse: fuse gather + similarity + loss into
     ring-tiled kernels (False runs every op unfused). entry: the loss to call
     when the source defines several. group: the torch.distributed group
-    (default: the default group).
+    (default: the default group). schedule: how the fused ops move the
+    columns between ranks, "auto", "ring" or "gather" (None: the process
+    default, dloss.set_schedule); a setting of the run, not of the plan.
 
     Compiled plans are cached by source and options, in memory and on disk
     ($DLOSS_CACHE_DIR, default ~/.cache/dloss; ``off`` turns it off), so
@@ -49,13 +53,14 @@ def compile(source, grad_mode=None, fuse=True, entry=None, group=None):
     if grad_mode not in (None, "ddp", "global"):
         raise make_error("grad_mode must be 'ddp', 'global' or None, got %r"
                          % (grad_mode,), "See docs/Autodiff.md")
+    check_schedule(schedule, "dloss.compile")
     if callable(source) and not isinstance(source, (Graph, _C.Graph)):
         return Loss(source, grad_mode=grad_mode or "ddp", fuse=fuse,
-                    group=group, name=entry)
+                    group=group, name=entry, schedule=schedule)
     if isinstance(source, (Graph, _C.Graph)):
         graph = source._g if isinstance(source, Graph) else source
         return compile_graph(graph, grad_mode, fuse, entry or source.name,
-                             group)
+                             group, schedule)
     text, name = _source_text(source)
     plan = _C.compile_plan(text, grad_mode or "", name, bool(fuse))
-    return CompiledLoss(plan, entry or "", group)
+    return CompiledLoss(plan, entry or "", group, schedule)

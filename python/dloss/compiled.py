@@ -8,6 +8,7 @@ import torch
 from . import _C, _ops
 from .errors import Error, is_dloss_location, make_error
 from .group import communicator
+from .schedule import check_schedule
 
 
 class CompiledLoss(_ops.Registered, torch.nn.Module):
@@ -20,17 +21,20 @@ class CompiledLoss(_ops.Registered, torch.nn.Module):
 
     All communication happens in the call, which every rank must make;
     backward() only scales gradients computed there, so a rank that skips
-    backward() cannot hang its peers.
+    backward() cannot hang its peers. `schedule` is the fused ops' schedule
+    for this loss ("auto", "ring" or "gather"; None follows the process
+    default, dloss.set_schedule).
     """
 
     # The C++ callables hold a communicator (a group).
     _TRANSIENT = ("_callables",)
 
-    def __init__(self, plan, entry="", group=None):
+    def __init__(self, plan, entry="", group=None, schedule=None):
         super().__init__()
         self._plan = plan
         self._entry = entry or ""
         self._group = group
+        self._schedule = check_schedule(schedule, "dloss.CompiledLoss")
         self._callables = {}
         fn = self._callable()
         self.argument_names = list(fn.argument_names)
@@ -44,7 +48,8 @@ class CompiledLoss(_ops.Registered, torch.nn.Module):
         comm = communicator(self._group)
         fn = self._callables.get(id(comm))
         if fn is None:
-            fn = _C.CompiledLoss(self._plan, comm, self._entry)
+            fn = _C.CompiledLoss(self._plan, comm, self._entry,
+                                 self._schedule or "")
             self._callables[id(comm)] = fn
         return fn
 
@@ -176,10 +181,12 @@ def call(key, tensors, site):
     return torch.ops.dloss.loss(tensors, key, requires_grad, site)[0]
 
 
-def compile_graph(graph, grad_mode=None, fuse=True, entry=None, group=None):
+def compile_graph(graph, grad_mode=None, fuse=True, entry=None, group=None,
+                  schedule=None):
     """A dloss._C.Graph compiled for `group` (dloss.compile's options; the
     entry defaults to the graph's name). Cached under the graph's
     recording, not its MLIR text: a machine without the compiler library
-    runs a graph compiled elsewhere."""
+    runs a graph compiled elsewhere. The schedule is the loss's, not the
+    plan's: one cached plan serves every setting."""
     plan = _C.compile_graph_plan(graph, grad_mode or "", bool(fuse))
-    return CompiledLoss(plan, entry or graph.name, group)
+    return CompiledLoss(plan, entry or graph.name, group, schedule)

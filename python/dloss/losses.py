@@ -26,6 +26,7 @@ from .compiled import call
 from .errors import make_error
 from .graph import to_dtype
 from .group import communicator, world_size
+from .schedule import check_schedule
 
 log = logging.getLogger("dloss")
 _said_exact = False
@@ -50,10 +51,12 @@ class _GraphLoss(_ops.Registered, torch.nn.Module):
     torch.compile traces its forward into one graph. A part names one of the
     module's graphs ("": the main one, from `_make_graph`)."""
 
-    def __init__(self, group=None, fuse=True):
+    def __init__(self, group=None, fuse=True, schedule=None):
         super().__init__()
         self._group = group
         self._fuse = fuse
+        self._schedule = check_schedule(schedule,
+                                        "dloss." + type(self).__name__)
         self._compiled = {}
         self._register()
 
@@ -74,7 +77,8 @@ class _GraphLoss(_ops.Registered, torch.nn.Module):
         fn = self._compiled.get(key)
         if fn is None:
             fn = compile_loss(self._graph(part, to_dtype(dtype)),
-                              fuse=self._fuse, group=self._group)
+                              fuse=self._fuse, group=self._group,
+                              schedule=self._schedule)
             self._compiled[key] = fn
         return fn
 
@@ -144,13 +148,16 @@ class ClipLoss(_GraphLoss):
     ``n * rank`` mislabels them).
 
     Extra keyword arguments: ``group`` (a torch.distributed group; default
-    the default group) and ``fuse`` (ring-tiled fused kernel, default True).
+    the default group), ``fuse`` (ring-tiled fused kernel, default True)
+    and ``schedule`` (how the fused kernel moves the columns between ranks:
+    ``"auto"``, ``"ring"`` or ``"gather"``; default None, the process
+    default, dloss.set_schedule).
     """
 
     def __init__(self, local_loss=False, gather_with_grad=False,
                  cache_labels=False, rank=0, world_size=1, use_horovod=False,
-                 group=None, fuse=True):
-        super().__init__(group, fuse)
+                 group=None, fuse=True, schedule=None):
+        super().__init__(group, fuse, schedule)
         if use_horovod:
             raise make_error(
                 "dloss.%s runs on torch.distributed, not Horovod" %
@@ -204,15 +211,16 @@ class SigLipLoss(_GraphLoss):
     ``bidir`` and ``use_horovod`` (OpenCLIP 2.x's arguments, which 3.3 no
     longer has) are accepted by keyword for older scripts; Horovod raises.
 
-    Extra keyword arguments: ``group`` and ``fuse``, as in dloss.ClipLoss.
+    Extra keyword arguments: ``group``, ``fuse`` and ``schedule``, as in
+    dloss.ClipLoss.
     """
 
     _DIST_IMPLS = ("bidir", "shift", "reduce", "gather")
 
     def __init__(self, cache_labels=False, rank=0, world_size=1,
                  dist_impl=None, chunk_size=None, bidir=True,
-                 use_horovod=False, group=None, fuse=True):
-        super().__init__(group, fuse)
+                 use_horovod=False, group=None, fuse=True, schedule=None):
+        super().__init__(group, fuse, schedule)
         if use_horovod:
             raise make_error(
                 "dloss.SigLipLoss runs on torch.distributed, not Horovod",
@@ -324,9 +332,10 @@ class DistillClipLoss(ClipLoss):
     global batch in both directions.
 
     Same constructor as dloss.ClipLoss (OpenCLIP's ClipLoss arguments, none
-    of which is needed, plus ``group`` and ``fuse``). forward takes
-    OpenCLIP's arguments and returns ``(contrastive_loss, distill_loss)``,
-    or the dict ``{"contrastive_loss", "distill_loss"}`` with output_dict.
+    of which is needed, plus ``group``, ``fuse`` and ``schedule``). forward
+    takes OpenCLIP's arguments and returns ``(contrastive_loss,
+    distill_loss)``, or the dict ``{"contrastive_loss", "distill_loss"}``
+    with output_dict.
     Each is the global loss (the same value on every rank; with even batches
     the mean over ranks of OpenCLIP's per-rank values), with its own exact
     gradient: features follow the ddp contract (OpenCLIP's ``local_loss=True,
@@ -375,7 +384,8 @@ class CoCaLoss(ClipLoss):
 
     Same constructor as OpenCLIP's (``caption_loss_weight,
     clip_loss_weight, pad_id=0``, then ClipLoss's arguments, none of which
-    is needed), plus ``group`` and ``fuse``. Both terms are global losses,
+    is needed), plus ``group``, ``fuse`` and ``schedule`` (as in
+    dloss.ClipLoss). Both terms are global losses,
     the same value on every rank. The caption term is the mean over the
     global batch's non-pad tokens (the loss of the concatenated batch, as
     one process computes it), where OpenCLIP's rank averages its own
@@ -393,12 +403,12 @@ class CoCaLoss(ClipLoss):
     def __init__(self, caption_loss_weight, clip_loss_weight, pad_id=0,
                  local_loss=False, gather_with_grad=False, cache_labels=False,
                  rank=0, world_size=1, use_horovod=False, group=None,
-                 fuse=True):
+                 fuse=True, schedule=None):
         super().__init__(local_loss=local_loss,
                          gather_with_grad=gather_with_grad,
                          cache_labels=cache_labels, rank=rank,
                          world_size=world_size, use_horovod=use_horovod,
-                         group=group, fuse=fuse)
+                         group=group, fuse=fuse, schedule=schedule)
         self.clip_loss_weight = clip_loss_weight
         self.caption_loss_weight = caption_loss_weight
         self.pad_id = pad_id
@@ -448,11 +458,11 @@ class _MarginLoss(_GraphLoss):
     _kind = ""
 
     def __init__(self, num_classes, embedding_size, margin, scale,
-                 weight_init_func=None, group=None, fuse=True, distance=None,
-                 reducer=None, embedding_regularizer=None,
+                 weight_init_func=None, group=None, fuse=True, schedule=None,
+                 distance=None, reducer=None, embedding_regularizer=None,
                  embedding_reg_weight=1, weight_regularizer=None,
                  weight_reg_weight=1, collect_stats=None):
-        super().__init__(group, fuse)
+        super().__init__(group, fuse, schedule)
         # PML's keywords (distance, reducer, regularizers, collect_stats):
         # accepted when they hold PML's defaults, an error otherwise.
         from .metric_learning import check_pml_options
@@ -518,6 +528,10 @@ class ArcFaceLoss(_MarginLoss):
     dict loads). Where theta > pi - m the target logit is
     ``cos(theta) - m sin(m)``, as in PML. ``W`` gets the global gradient on
     every rank, so it stays identical with or without DDP.
+
+    Extra keyword arguments: ``group``, ``fuse`` and ``schedule``, as in
+    dloss.ClipLoss (``W`` is replicated: no column chunk travels between
+    ranks, so both schedules run the same steps).
     """
 
     _kind = "arcface"
@@ -535,7 +549,8 @@ class ArcFaceLoss(_MarginLoss):
 class CosFaceLoss(_MarginLoss):
     """pytorch-metric-learning's ``CosFaceLoss``: additive cosine margin
     ``s (cos(theta) - m)`` at the target class. Same signature and ``W`` as
-    PML (margin 0.35, scale 64)."""
+    PML (margin 0.35, scale 64). Extra keyword arguments as for
+    dloss.ArcFaceLoss."""
 
     _kind = "cosface"
 
@@ -620,11 +635,15 @@ class PartialFC(_GraphLoss):
     approximates: the margin's gradient is not straight-through, and no
     probability is clamped at 1e-30 (see docs/Migration.md). Only
     ``sample_rate=1.0``: every class is used in every step.
+
+    Extra keyword arguments: ``group``, ``fuse`` and ``schedule``, as in
+    dloss.ClipLoss (the class-sharded softmax combines its shards with
+    all-reduces, which no schedule changes).
     """
 
     def __init__(self, *args, margin_loss=None, sample_rate=1.0, fp16=False,
-                 group=None, fuse=True, **kwargs):
-        super().__init__(group, fuse)
+                 group=None, fuse=True, schedule=None, **kwargs):
+        super().__init__(group, fuse, schedule)
         args = list(args)
         if args and not isinstance(args[0], numbers.Integral):
             margin_loss = args.pop(0)  # insightface's order

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import make_error
+from .schedule import check_schedule
 from .trace import Loss, all_gather, all_reduce, global_size, shard_offset
 
 # What a masked similarity is set to: finite (as PML's finfo.min), so that a
@@ -190,11 +191,12 @@ class _PairLoss(torch.nn.Module):
     _program = None
     _reducer = "MeanReducer"
 
-    def __init__(self, temperature, group=None, fuse=True, distance=None,
-                 reducer=None, embedding_regularizer=None,
+    def __init__(self, temperature, group=None, fuse=True, schedule=None,
+                 distance=None, reducer=None, embedding_regularizer=None,
                  embedding_reg_weight=1, collect_stats=None):
         super().__init__()
         name = type(self).__name__
+        check_schedule(schedule, "dloss." + name)
         check_pml_options(name, dict(
             distance=distance, reducer=reducer,
             embedding_regularizer=embedding_regularizer,
@@ -202,7 +204,7 @@ class _PairLoss(torch.nn.Module):
             collect_stats=collect_stats), self._reducer)
         self.temperature = float(temperature)
         self._fn = Loss(type(self)._program, grad_mode="ddp", fuse=fuse,
-                        group=group, name=name.lower())
+                        group=group, name=name.lower(), schedule=schedule)
 
     def _inputs(self, embeddings, labels, indices_tuple, ref_emb,
                 ref_labels):
@@ -240,31 +242,35 @@ class NTXentLoss(_PairLoss):
     PML's other keywords (``distance``, ``reducer``,
     ``embedding_regularizer``, ``embedding_reg_weight``, ``collect_stats``)
     are accepted holding PML's defaults (check_pml_options). Extra keywords:
-    ``group``, ``fuse``."""
+    ``group``, ``fuse`` and ``schedule`` (as in dloss.ClipLoss)."""
 
     _program = staticmethod(_ntxent)
 
-    def __init__(self, temperature=0.07, group=None, fuse=True, **kwargs):
-        super().__init__(temperature, group, fuse, **kwargs)
+    def __init__(self, temperature=0.07, group=None, fuse=True,
+                 schedule=None, **kwargs):
+        super().__init__(temperature, group, fuse, schedule, **kwargs)
 
 
 class SupConLoss(_PairLoss):
     """pytorch-metric-learning's ``SupConLoss(temperature=0.1)``: per anchor
     the mean over its positives of -log softmax over every other row of the
     global batch, averaged over the anchors that have a positive. PML's
-    other keywords as for NTXentLoss. Extra keywords: ``group``, ``fuse``."""
+    other keywords as for NTXentLoss. Extra keywords: ``group``, ``fuse``
+    and ``schedule``, as for NTXentLoss."""
 
     _program = staticmethod(_supcon)
     _reducer = "AvgNonZeroReducer"
 
-    def __init__(self, temperature=0.1, group=None, fuse=True, **kwargs):
-        super().__init__(temperature, group, fuse, **kwargs)
+    def __init__(self, temperature=0.1, group=None, fuse=True,
+                 schedule=None, **kwargs):
+        super().__init__(temperature, group, fuse, schedule, **kwargs)
 
 
 _SUPPORTED = ("NTXentLoss", "SupConLoss", "ArcFaceLoss", "CosFaceLoss")
 
 
-def DistributedLossWrapper(loss, efficient=False, group=None, fuse=True):
+def DistributedLossWrapper(loss, efficient=False, group=None, fuse=True,
+                           schedule=None):
     """pytorch-metric-learning's ``DistributedLossWrapper(loss, efficient)``:
     returns the dloss loss equivalent to the PML `loss` object (its class's
     parameters, and for ArcFace/CosFace its current ``W``), which computes
@@ -275,8 +281,12 @@ def DistributedLossWrapper(loss, efficient=False, group=None, fuse=True):
     these classes is returned as is). PML's wrapper returns world_size times
     the global loss; dloss returns the global loss itself with the same
     embedding gradients (docs/Migration.md). `efficient` is accepted: dloss
-    never builds the global similarity matrix and is always exact."""
+    never builds the global similarity matrix and is always exact. Extra
+    keywords: ``group``, ``fuse`` and ``schedule``, as in dloss.ClipLoss,
+    for the loss made from a PML one (a dloss loss keeps its own)."""
     from .losses import ArcFaceLoss, CosFaceLoss
+
+    check_schedule(schedule, "dloss.DistributedLossWrapper")
 
     name = type(loss).__name__
     if isinstance(loss, (NTXentLoss, SupConLoss, ArcFaceLoss, CosFaceLoss)):
@@ -298,9 +308,11 @@ def DistributedLossWrapper(loss, efficient=False, group=None, fuse=True):
     check_pml_options(name, options, "AvgNonZeroReducer"
                       if name == "SupConLoss" else "MeanReducer")
     if name == "NTXentLoss":
-        return NTXentLoss(loss.temperature, group=group, fuse=fuse)
+        return NTXentLoss(loss.temperature, group=group, fuse=fuse,
+                          schedule=schedule)
     if name == "SupConLoss":
-        return SupConLoss(loss.temperature, group=group, fuse=fuse)
+        return SupConLoss(loss.temperature, group=group, fuse=fuse,
+                          schedule=schedule)
     import math
     W = loss.W.detach()
     cls = ArcFaceLoss if name == "ArcFaceLoss" else CosFaceLoss
@@ -308,7 +320,8 @@ def DistributedLossWrapper(loss, efficient=False, group=None, fuse=True):
     margin_arg = math.degrees(float(loss.margin)) if cls is ArcFaceLoss \
         else float(loss.margin)
     converted = cls(int(loss.num_classes), int(W.shape[0]), margin=margin_arg,
-                    scale=float(loss.scale), group=group, fuse=fuse)
+                    scale=float(loss.scale), group=group, fuse=fuse,
+                    schedule=schedule)
     converted.margin = float(loss.margin)  # exactly PML's radians
     converted.to(device=W.device, dtype=W.dtype)
     converted.load_state_dict(loss.state_dict())

@@ -48,6 +48,7 @@ from .collectives import all_gather as _gather
 from .errors import Error, make_error
 from .group import ALONE, communicator, runs_alone
 from .metric_learning import _MASKED
+from .schedule import check_schedule
 from .trace import Loss, all_gather, global_size, shard_offset
 
 __all__ = ["CachedMultipleNegativesRankingLoss",
@@ -224,14 +225,19 @@ class MultipleNegativesRankingLoss(_st.MultipleNegativesRankingLoss):
     similarity, which dloss's fused programs cannot express yet).
 
     Extra keywords: ``group`` (a torch.distributed group; default the
-    default group) and ``fuse`` (the ring-tiled fused kernel, default True).
+    default group), ``fuse`` (the ring-tiled fused kernel, default True) and
+    ``schedule`` (how the fused kernel moves the columns between ranks:
+    ``"auto"``, ``"ring"`` or ``"gather"``; default None, the process
+    default, dloss.set_schedule).
     """
 
     def __init__(self, model, scale=20.0, similarity_fct=cos_sim,
                  gather_across_devices=False,
                  directions=("query_to_doc",), partition_mode="joint",
                  hardness_mode=None, hardness_strength=0.0, group=None,
-                 fuse=True):
+                 fuse=True, schedule=None):
+        check_schedule(schedule, "dloss.sentence_transformers." +
+                       type(self).__name__)
         super().__init__(model, scale=scale, similarity_fct=similarity_fct,
                          gather_across_devices=gather_across_devices,
                          directions=directions,
@@ -240,6 +246,7 @@ class MultipleNegativesRankingLoss(_st.MultipleNegativesRankingLoss):
                          hardness_strength=hardness_strength)
         self._group = group
         self._fuse = fuse
+        self._schedule = schedule
         self._programs = {}
         self._remarked = False
 
@@ -249,7 +256,7 @@ class MultipleNegativesRankingLoss(_st.MultipleNegativesRankingLoss):
         if fn is None:
             fn = Loss(_program(columns), grad_mode="ddp", fuse=self._fuse,
                       group=self._group if gathered else ALONE,
-                      name=_NAME % columns)
+                      name=_NAME % columns, schedule=self._schedule)
             self._programs[key] = fn
         return fn
 
@@ -344,17 +351,19 @@ class MultipleNegativesSymmetricRankingLoss(MultipleNegativesRankingLoss):
     ``MultipleNegativesSymmetricRankingLoss``: MultipleNegativesRankingLoss
     with ``directions=("query_to_doc", "doc_to_query")`` and
     ``partition_mode="per_direction"``, as sentence-transformers defines
-    it (and warns, as it does, that it is deprecated)."""
+    it (and warns, as it does, that it is deprecated). Extra keywords as
+    for MultipleNegativesRankingLoss."""
 
     def __init__(self, model, scale=20.0, similarity_fct=cos_sim,
-                 gather_across_devices=False, group=None, fuse=True):
+                 gather_across_devices=False, group=None, fuse=True,
+                 schedule=None):
         _deprecated("MultipleNegativesSymmetricRankingLoss",
                     "MultipleNegativesRankingLoss")
         super().__init__(model, scale=scale, similarity_fct=similarity_fct,
                          gather_across_devices=gather_across_devices,
                          directions=("query_to_doc", "doc_to_query"),
                          partition_mode="per_direction", group=group,
-                         fuse=fuse)
+                         fuse=fuse, schedule=schedule)
 
 
 class CachedMultipleNegativesRankingLoss(
@@ -371,7 +380,7 @@ class CachedMultipleNegativesRankingLoss(
     MultipleNegativesRankingLoss's on the same batch. Peak memory: one
     mini-batch's activations plus O(B_local * d) for the loss.
 
-    Extra keywords: ``group`` and ``fuse``, as for
+    Extra keywords: ``group``, ``fuse`` and ``schedule``, as for
     MultipleNegativesRankingLoss.
     """
 
@@ -380,7 +389,10 @@ class CachedMultipleNegativesRankingLoss(
                  gather_across_devices=False,
                  directions=("query_to_doc",), partition_mode="joint",
                  show_progress_bar=False, hardness_mode=None,
-                 hardness_strength=0.0, group=None, fuse=True):
+                 hardness_strength=0.0, group=None, fuse=True,
+                 schedule=None):
+        check_schedule(schedule, "dloss.sentence_transformers." +
+                       type(self).__name__)
         super().__init__(model, scale=scale, similarity_fct=similarity_fct,
                          mini_batch_size=mini_batch_size,
                          mini_batch_num_tokens=mini_batch_num_tokens,
@@ -397,7 +409,7 @@ class CachedMultipleNegativesRankingLoss(
             gather_across_devices=gather_across_devices,
             directions=directions, partition_mode=partition_mode,
             hardness_mode=hardness_mode, hardness_strength=hardness_strength,
-            group=group, fuse=fuse)
+            group=group, fuse=fuse, schedule=schedule)
 
     # Of the mini-batches the backward re-embeds, how many are still to come
     # before the last (see embed_minibatch).
@@ -443,12 +455,12 @@ class CachedMultipleNegativesSymmetricRankingLoss(
     ``CachedMultipleNegativesSymmetricRankingLoss``: the cached loss with
     ``directions=("query_to_doc", "doc_to_query")`` and
     ``partition_mode="per_direction"``, as sentence-transformers defines
-    it."""
+    it. Extra keywords as for MultipleNegativesRankingLoss."""
 
     def __init__(self, model, scale=20.0, similarity_fct=cos_sim,
                  mini_batch_size=32, mini_batch_num_tokens=None,
                  gather_across_devices=False, show_progress_bar=False,
-                 group=None, fuse=True):
+                 group=None, fuse=True, schedule=None):
         _deprecated("CachedMultipleNegativesSymmetricRankingLoss",
                     "CachedMultipleNegativesRankingLoss")
         super().__init__(model, scale=scale, similarity_fct=similarity_fct,
@@ -458,4 +470,4 @@ class CachedMultipleNegativesSymmetricRankingLoss(
                          directions=("query_to_doc", "doc_to_query"),
                          partition_mode="per_direction",
                          show_progress_bar=show_progress_bar, group=group,
-                         fuse=fuse)
+                         fuse=fuse, schedule=schedule)

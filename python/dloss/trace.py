@@ -53,6 +53,7 @@ from ._trace import (FLOAT_DTYPES, all_gather, all_reduce, broadcast, fail,
 from . import _ops
 from .compiled import call, compile_graph
 from .errors import make_error
+from .schedule import check_schedule
 
 __all__ = ["Input", "Loss", "Replicated", "all_gather", "all_reduce",
            "broadcast", "global_size", "loss", "rank", "reduce_scatter",
@@ -153,19 +154,21 @@ def _part(key, spec):
 class Loss(_ops.Registered):
     """A loss written in PyTorch, compiled by dloss (see @dloss.loss). Call
     it with the function's arguments on every rank; it returns the global
-    loss with autograd."""
+    loss with autograd. `schedule`: the fused ops' schedule, as in
+    dloss.compile."""
 
     # Compiled plans hold the group.
     _TRANSIENT = ("_compiled",)
 
     def __init__(self, fn, grad_mode="ddp", fuse=True, group=None,
-                 name=None):
+                 name=None, schedule=None):
         if grad_mode not in ("ddp", "global"):
             raise make_error("grad_mode must be 'ddp' or 'global', got %r" %
                              (grad_mode,), "See docs/Autodiff.md")
         functools.update_wrapper(self, fn)
         self.fn, self.grad_mode, self.fuse, self.group = \
             fn, grad_mode, fuse, group
+        self.schedule = check_schedule(schedule, "dloss.loss")
         self.name = name or fn.__name__
         signature = inspect.signature(fn)
         self.params = list(signature.parameters)
@@ -221,7 +224,8 @@ class Loss(_ops.Registered):
         if compiled is None:
             graph = trace_graph(self.fn, self.name, self.params, tensors,
                                 constants, self.grad_mode)
-            compiled = compile_graph(graph, fuse=self.fuse, group=self.group)
+            compiled = compile_graph(graph, fuse=self.fuse, group=self.group,
+                                     schedule=self.schedule)
             compiled.graph = graph
             self._compiled[key] = compiled
         return compiled
@@ -299,7 +303,8 @@ class Loss(_ops.Registered):
         return "<dloss.loss %s>" % self.name
 
 
-def loss(fn=None, *, grad_mode="ddp", fuse=True, group=None, name=None):
+def loss(fn=None, *, grad_mode="ddp", fuse=True, schedule=None, group=None,
+         name=None):
     """Decorator: compile a per-rank loss written in plain PyTorch.
 
         @dloss.loss
@@ -314,8 +319,12 @@ def loss(fn=None, *, grad_mode="ddp", fuse=True, group=None, name=None):
     non-tensor arguments) and compiled; every call runs the compiled plan on
     `group` and returns the global loss with autograd. grad_mode: "ddp"
     (default) or "global". fuse: fuse gather + similarity + loss.
+    schedule: how the fused ops move the columns between ranks, "auto",
+    "ring" or "gather" (None: the process default, dloss.set_schedule).
     """
+    check_schedule(schedule, "dloss.loss")
+
     def wrap(f):
         return Loss(f, grad_mode=grad_mode, fuse=fuse, group=group,
-                    name=name)
+                    name=name, schedule=schedule)
     return wrap if fn is None else wrap(fn)
