@@ -89,11 +89,24 @@ ContractCommunicator::allGatherInts(const std::vector<int64_t> &values) {
   begin(call, nullptr, length);
   // Ranks in different calls (one in a loss's preflight, another in
   // dloss.all_gather's shape exchange) would send messages of different
-  // lengths, which Gloo's transport answers by aborting the process. The
-  // lengths travel first, so such ranks fail with an error instead.
-  Call lengths = call;
-  lengths.transfer = "the exchange of lengths";
-  std::vector<int64_t> counts = transferAllGatherInts(lengths, {length});
+  // lengths, which Gloo's transport answers by aborting the process. So
+  // every rank first sends one frame of the same size whatever its call:
+  // its length, then its values when they fit (the preflight's do). Such
+  // ranks then fail with an error instead, and an exchange whose values
+  // fit every rank's frame is over in one round trip; longer ones follow
+  // in a second transfer, once every rank knows every length.
+  const int n = options.worldSize;
+  std::vector<int64_t> frame(kIntsFrame, 0);
+  frame[0] = length;
+  const bool fits = length < kIntsFrame;
+  if (fits)
+    std::copy(values.begin(), values.end(), frame.begin() + 1);
+  Call first = call;
+  first.transfer = "the frame of lengths and values";
+  std::vector<int64_t> frames = transferAllGatherInts(first, frame);
+  std::vector<int64_t> counts(n);
+  for (int r = 0; r < n; ++r)
+    counts[r] = frames[static_cast<size_t>(r) * kIntsFrame];
   if (std::any_of(counts.begin(), counts.end(),
                   [&](int64_t n) { return n != length; })) {
     std::string list;
@@ -112,7 +125,16 @@ ContractCommunicator::allGatherInts(const std::vector<int64_t> &values) {
                "than its peers (an earlier call skipped or added on some "
                "ranks, or a call under a rank-dependent condition)");
   }
-  return transferAllGatherInts(call, values);
+  if (!fits)
+    return transferAllGatherInts(call, values);
+  std::vector<int64_t> gathered;
+  gathered.reserve(static_cast<size_t>(length) * n);
+  for (int r = 0; r < n; ++r) {
+    auto start = frames.begin() + static_cast<ptrdiff_t>(r) * kIntsFrame + 1;
+    gathered.insert(gathered.end(), start, start + length);
+  }
+  complete(call);
+  return gathered;
 }
 
 std::unique_ptr<Communicator::Request>

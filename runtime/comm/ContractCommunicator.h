@@ -34,6 +34,10 @@ namespace dloss::comm {
 // reduceScatter); user tags stay below so a ring schedule can never steal
 // the engine's messages.
 constexpr int kReservedTagBase = 1 << 30;
+// allGatherInts' first transfer: every rank's length and, when they fit
+// (fewer than this many values: the preflight's, a size, a hash), its
+// values, in one frame of this many int64 whatever the call.
+constexpr int64_t kIntsFrame = 512;
 // ringShift header: [ndim, dtype, sizes...]; fixed length so the receiver can
 // post it before knowing anything.
 constexpr int64_t kMaxDims = 64;

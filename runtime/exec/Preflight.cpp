@@ -2,6 +2,7 @@
 // inputs and progress in one collective and fail alike.
 #include "runtime/exec/Executor.h"
 
+#include "runtime/comm/ContractCommunicator.h"
 #include "runtime/exec/PreflightDiagnosis.h"
 #include "runtime/exec/PreflightIndices.h"
 #include "runtime/exec/PreflightRecord.h"
@@ -155,6 +156,10 @@ at::Device preflight::callDevice(const plan::Function &function,
       return inputs[i].device();
   return at::Device(at::kCPU);
 }
+
+// The preflight is one round trip: its record fits allGatherInts' frame.
+static_assert(Executor::kPreflightLength < comm::kIntsFrame,
+              "the preflight record no longer fits allGatherInts' frame");
 
 Executor::RankShapes
 Executor::preflight(const std::string &name, const BoundFunction *bound,
