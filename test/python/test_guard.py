@@ -122,10 +122,12 @@ def _stray_meets_clip(rank, world, guarded, stray="all_reduce"):
         if rank == 0 and stray == "all_reduce":
             dist.all_reduce(torch.ones(4))  # stray-all-reduce
         elif rank == 0:
-            # The very op and shape of dloss's first exchange, which Gloo
-            # would pair with it silently: who calls it tells them apart.
-            out = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-            dist.all_gather(out, torch.ones(1, dtype=torch.int64))  # stray-gather
+            # The very op and shape of dloss's first exchange (the
+            # preflight's frame of 512 int64, ContractCommunicator.h), which
+            # Gloo would pair with it silently: who calls it tells them
+            # apart.
+            out = [torch.zeros(512, dtype=torch.int64) for _ in range(world)]
+            dist.all_gather(out, torch.ones(512, dtype=torch.int64))  # stray-gather
         else:
             loss_fn(a, b, scale)  # clip-loss-call
     return _refused(step)
@@ -208,7 +210,7 @@ class GuardTest(unittest.TestCase):
               "%.2f s" % max(s for _, s in results))
         self.assertIn("rank 0: all_reduce float32[4] SUM at %s in step" %
                       _where("stray-all-reduce"), body)
-        self.assertRegex(body, r"ranks 1, 2, 3: all_gather int64\[1\] "
+        self.assertRegex(body, r"ranks 1, 2, 3: all_gather int64\[512\] "
                          r"\(dloss @\w+, preflight\) at %s in step, through "
                          r"ClipLoss.forward" %
                          re.escape(_where("clip-loss-call")))
@@ -220,9 +222,9 @@ class GuardTest(unittest.TestCase):
     def test_stray_all_gather_like_dloss_exchange(self):
         results = multiproc.run(WORLD, _stray_meets_clip, True, "all_gather")
         body = self._same_everywhere([m for m, _ in results])
-        self.assertIn("rank 0: all_gather int64[1] at %s in step;" %
+        self.assertIn("rank 0: all_gather int64[512] at %s in step;" %
                       _where("stray-gather"), body)
-        self.assertIn("ranks 1, 2, 3: all_gather int64[1] (dloss @clip_grad, "
+        self.assertIn("ranks 1, 2, 3: all_gather int64[512] (dloss @clip_grad, "
                       "preflight) at %s in step" % _where("clip-loss-call"),
                       body)
 

@@ -277,7 +277,7 @@ class RootCauseTest(unittest.TestCase):
         script, codes, reports, _, stderr = _run("stray-guarded")
         stray = "rank 0: all_reduce float32[4] SUM at %s:%d in step" % (
             script, _line("# STRAY"))
-        loss = ("ranks 1, 2, 3: all_gather int64[1] (dloss @clip_grad, "
+        loss = ("ranks 1, 2, 3: all_gather int64[512] (dloss @clip_grad, "
                 "preflight) at %s:%d in step" % (script, _line("# LOSS CALL")))
         times = {}
         for r in range(WORLD):
