@@ -28,6 +28,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <chrono>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -627,6 +628,15 @@ void bindJit(py::module_ &m) {
       "get_schedule",
       [] { return std::string(fused::scheduleName(fused::defaultSchedule())); },
       "The process's default schedule of the fused ops.");
+  m.def(
+      "fused_passes",
+      [] {
+        fused::PassCounts counts = fused::passCounts();
+        return std::map<std::string, int64_t>{{"ring", counts.ring},
+                                              {"gather", counts.gather}};
+      },
+      "How many fused passes (a fused op's forward or backward) this "
+      "process ran as the ring and as the gather: which schedule ran.");
   m.def(
       "gather_crossover_bytes",
       [](int worldSize, const std::string &device) {

@@ -68,6 +68,9 @@ public:
   Communicator &communicator() override { return comm; }
   at::Device device() const override { return callDevice; }
   size_t numOperands() const override { return step->operands.size(); }
+  int64_t operandKey(size_t i) const override {
+    return i < step->operands.size() ? step->operands[i] : -1;
+  }
   const Value &operand(size_t i) const override {
     if (i >= step->operands.size())
       throw Error("the kernel read operand " + std::to_string(i) +
@@ -240,6 +243,7 @@ std::vector<at::Tensor> Executor::run(const std::string &name,
     for (int32_t reg : step.free) {
       registers[reg].reset();
       known[reg] = nullptr;
+      fused::forgetGathered(reg);
     }
   }
 

@@ -67,6 +67,16 @@ Tensors chunkFeatures(const SimilarityOperands &ops) {
   return features;
 }
 
+std::vector<int64_t> chunkKeys(const KernelContext &ctx,
+                               const SimilarityProgram &spec) {
+  // The columns are operand 1, the per-column leaves follow the per-row
+  // ones from operand 2 (SimilarityOperands.cpp).
+  std::vector<int64_t> keys = {ctx.operandKey(1)};
+  for (int64_t j = 0; j < spec.colLeaves; ++j)
+    keys.push_back(ctx.operandKey(static_cast<size_t>(2 + spec.rowLeaves + j)));
+  return keys;
+}
+
 Tensors gradientChunkFeatures(const SimilarityOperands &ops) {
   Tensors features = chunkFeatures(ops);
   features.insert(features.end(), ops.colResults.begin(), ops.colResults.end());
@@ -93,6 +103,7 @@ visitColumns(KernelContext &ctx, const SimilarityProgram &spec,
   }
   RingPass pass;
   pass.features = chunkFeatures(ops);
+  pass.keys = chunkKeys(ctx, spec);
   pass.lengths = ops.colSizes;
   if (!ops.colOutputs.empty()) {
     pass.newCarry = [&](int64_t length) {
@@ -525,13 +536,15 @@ void backward(KernelContext &ctx, const FusedArgs &args,
         std::max<int64_t>(1, static_cast<int64_t>(ops.scalars.size()));
     ColumnGradient home = runGradientRing(
         ctx.communicator(), gradientChunkFeatures(ops), ops.colSizes, d, shares,
-        args.options(), [&](const Chunk &chunk, at::Tensor &dChunk) {
+        args.options(),
+        [&](const Chunk &chunk, at::Tensor &dChunk) {
           tiles(chunk, dChunk);
           at::Tensor share = at::zeros({shares}, at::kDouble);
           std::vector<double> part = programs.takeColShares();
           std::copy(part.begin(), part.end(), share.data_ptr<double>());
           return share;
-        });
+        },
+        chunkKeys(ctx, spec));
     dCols = home.dCols;
     const double *share = home.share.data_ptr<double>();
     std::copy_n(share, homeShares.size(), homeShares.begin());

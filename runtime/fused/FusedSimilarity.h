@@ -15,6 +15,11 @@ namespace dloss::fused::similarity {
 /// What travels with a column chunk: cols, then the per-column leaves.
 Tensors chunkFeatures(const SimilarityOperands &ops);
 
+/// The keys of chunkFeatures (RingPass::keys): the plan registers of the
+/// columns and the per-column leaves.
+std::vector<int64_t> chunkKeys(const KernelContext &ctx,
+                               const SimilarityProgram &spec);
+
 /// What travels with a column chunk in the backward: chunkFeatures, then
 /// the column results and their cotangents.
 Tensors gradientChunkFeatures(const SimilarityOperands &ops);

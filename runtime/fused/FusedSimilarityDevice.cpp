@@ -187,11 +187,13 @@ void fusedSimilarityGradDevice(KernelContext &ctx, const FusedArgs &args,
     // of the 0-d gradients.
     ColumnGradient home = runGradientRing(
         ctx.communicator(), gradientChunkFeatures(ops), ops.colSizes, d, shares,
-        args.options(), [&](const Chunk &chunk, at::Tensor &dChunk) {
+        args.options(),
+        [&](const Chunk &chunk, at::Tensor &dChunk) {
           at::Tensor colShareRow = at::zeros({shares, n}, f64);
           tiles(chunk, dChunk, colShareRow);
           return colShareRow.sum(1);
-        });
+        },
+        chunkKeys(ctx, spec));
     dCols = home.dCols;
     homeShares = home.share;
   } else {

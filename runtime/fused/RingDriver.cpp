@@ -107,24 +107,33 @@ int64_t rowBytes(const at::Tensor &tensor) {
   return elements * static_cast<int64_t>(tensor.element_size());
 }
 
-/// Every rank's chunk, in rank order, from one all-gather: the chunk's
-/// tensors travel as the byte columns of one [length, row bytes] tensor,
-/// so that a chunk of several tensors (columns, targets, statistics) is
-/// still one collective.
+/// Every rank's chunk, in rank order: the features an earlier pass of this
+/// call gathered (by key) as they are, the others from one all-gather, in
+/// which the chunk's tensors travel as the byte columns of one [length, row
+/// bytes] tensor, so that a chunk of several tensors (columns, targets,
+/// statistics) is still one collective, and none when every feature is
+/// known.
 std::vector<Tensors> gatherChunks(Communicator &comm, const Tensors &features,
+                                  const std::vector<int64_t> &keys,
                                   const std::vector<int64_t> &lengths) {
   const int n = static_cast<int>(lengths.size());
-  int64_t total = 0;
-  for (int64_t length : lengths)
-    total += length;
-  Tensors gathered;
-  if (features.size() == 1) {
-    gathered.push_back(comm.allGather(features[0], 0, lengths));
-  } else {
+  const int64_t total = offsetOf(lengths, n);
+  auto keyOf = [&](size_t i) { return i < keys.size() ? keys[i] : -1; };
+  Tensors gathered(features.size());
+  std::vector<size_t> missing;
+  for (size_t i = 0; i < features.size(); ++i) {
+    gathered[i] = gatheredOperand(keyOf(i), features[i], total);
+    if (!gathered[i].defined())
+      missing.push_back(i);
+  }
+  if (missing.size() == 1) {
+    gathered[missing[0]] = comm.allGather(features[missing[0]], 0, lengths);
+  } else if (!missing.empty()) {
     const int64_t length = features[0].size(0);
     Tensors bytes;
     std::vector<int64_t> widths;
-    for (const at::Tensor &tensor : features) {
+    for (size_t i : missing) {
+      const at::Tensor &tensor = features[i];
       widths.push_back(rowBytes(tensor));
       // A fresh dense copy: contiguous() keeps the stride 0 of an expanded
       // tensor whose sizes are 0 or 1 (a per-column cotangent broadcast
@@ -136,16 +145,19 @@ std::vector<Tensors> gatherChunks(Communicator &comm, const Tensors &features,
     }
     at::Tensor packed = comm.allGather(at::cat(bytes, 1), 0, lengths);
     int64_t column = 0;
-    for (size_t i = 0; i < features.size(); ++i) {
-      std::vector<int64_t> shape = features[i].sizes().vec();
+    for (size_t k = 0; k < missing.size(); ++k) {
+      const at::Tensor &tensor = features[missing[k]];
+      std::vector<int64_t> shape = tensor.sizes().vec();
       shape[0] = total;
-      gathered.push_back(packed.narrow(1, column, widths[i])
-                             .contiguous()
-                             .view(features[i].scalar_type())
-                             .view(shape));
-      column += widths[i];
+      gathered[missing[k]] = packed.narrow(1, column, widths[k])
+                                 .contiguous()
+                                 .view(tensor.scalar_type())
+                                 .view(shape);
+      column += widths[k];
     }
   }
+  for (size_t i : missing)
+    keepGathered(keyOf(i), gathered[i]);
   std::vector<Tensors> chunks(n);
   for (int q = 0; q < n; ++q)
     for (const at::Tensor &tensor : gathered)
@@ -159,7 +171,8 @@ std::vector<Tensors> gatherChunks(Communicator &comm, const Tensors &features,
 /// floating-point sums.
 Tensors runGather(Communicator &comm, const RingPass &pass) {
   const int n = comm.worldSize(), r = comm.rank();
-  std::vector<Tensors> chunks = gatherChunks(comm, pass.features, pass.lengths);
+  std::vector<Tensors> chunks =
+      gatherChunks(comm, pass.features, pass.keys, pass.lengths);
   const bool carries = static_cast<bool>(pass.newCarry);
   // Each chunk's part of its carry, by chunk.
   std::vector<Tensors> parts(n);
@@ -275,17 +288,20 @@ Tensors runRing(Communicator &comm, const RingPass &pass) {
         rowBytes(tensor) * offsetOf(pass.lengths, size.worldSize);
   if (!pass.features.empty())
     size.device = pass.features[0].device().type();
-  return chooseSchedule(currentSchedule(), size) == Schedule::Gather
-             ? runGather(comm, pass)
-             : runRingSchedule(comm, pass);
+  Schedule schedule = chooseSchedule(currentSchedule(), size);
+  countPass(schedule);
+  return schedule == Schedule::Gather ? runGather(comm, pass)
+                                      : runRingSchedule(comm, pass);
 }
 
 ColumnGradient runGradientRing(
     Communicator &comm, Tensors features, std::vector<int64_t> lengths,
     int64_t width, int64_t shares, at::TensorOptions options,
-    const std::function<at::Tensor(const Chunk &, at::Tensor &)> &tiles) {
+    const std::function<at::Tensor(const Chunk &, at::Tensor &)> &tiles,
+    std::vector<int64_t> keys) {
   RingPass pass;
   pass.features = std::move(features);
+  pass.keys = std::move(keys);
   pass.lengths = std::move(lengths);
   pass.newCarry = [&](int64_t length) {
     return Tensors{at::empty({length, width}, options),
@@ -306,14 +322,16 @@ ColumnGradient runGradientRing(
 ColumnGradient runGradientRing(
     Communicator &comm, Tensors features, std::vector<int64_t> lengths,
     int64_t width, at::TensorOptions options,
-    const std::function<void(const Chunk &, at::Tensor &, double &)> &tiles) {
+    const std::function<void(const Chunk &, at::Tensor &, double &)> &tiles,
+    std::vector<int64_t> keys) {
   return runGradientRing(
       comm, std::move(features), std::move(lengths), width, 1, options,
       [&](const Chunk &chunk, at::Tensor &dCols) {
         double share = 0;
         tiles(chunk, dCols, share);
         return at::full({1}, share, options.dtype(at::kDouble));
-      });
+      },
+      std::move(keys));
 }
 
 } // namespace dloss::fused

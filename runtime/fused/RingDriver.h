@@ -48,6 +48,12 @@ struct Chunk {
 struct RingPass {
   /// This rank's chunk: contiguous tensors whose axis 0 is its length.
   Tensors features;
+  /// Per feature, the plan register of the operand it is (KernelContext::
+  /// operandKey, converted to the compute type), or -1; empty: none. The
+  /// gather schedule reuses an operand an earlier pass of the same call
+  /// gathered (the backward after its forward) instead of gathering it
+  /// again (Schedule.h, gatheredOperand).
+  std::vector<int64_t> keys;
   /// Every rank's chunk length, in rank order.
   std::vector<int64_t> lengths;
   /// An uninitialised carry for a chunk of `length`; null: nothing carried.
@@ -80,16 +86,19 @@ struct ColumnGradient {
 
 /// tiles(chunk, dCols) adds this rank's part of the chunk's column gradient
 /// to dCols (zeroed) and returns its part of the shares ([shares] f64).
+/// `keys` as RingPass::keys.
 ColumnGradient runGradientRing(
     Communicator &comm, Tensors features, std::vector<int64_t> lengths,
     int64_t width, int64_t shares, at::TensorOptions options,
-    const std::function<at::Tensor(const Chunk &, at::Tensor &)> &tiles);
+    const std::function<at::Tensor(const Chunk &, at::Tensor &)> &tiles,
+    std::vector<int64_t> keys = {});
 
 /// One share: tiles(chunk, dCols, share) adds to a double share.
 ColumnGradient runGradientRing(
     Communicator &comm, Tensors features, std::vector<int64_t> lengths,
     int64_t width, at::TensorOptions options,
-    const std::function<void(const Chunk &, at::Tensor &, double &)> &tiles);
+    const std::function<void(const Chunk &, at::Tensor &, double &)> &tiles,
+    std::vector<int64_t> keys = {});
 
 } // namespace dloss::fused
 

@@ -55,6 +55,7 @@ void runSigmoidPairs(KernelContext &ctx, const FusedArgs &args,
   at::Tensor positive = at::zeros({n}, args.options());
   RingPass pass;
   pass.features = {ops.sim.cols};
+  pass.keys = {ctx.operandKey(1)};
   pass.lengths = ops.colSizes;
   pass.visit = [&](const Chunk &chunk, Tensors &) {
     tiles(chunk, pairSum, positive);
@@ -121,9 +122,10 @@ void ringSigmoidPairsGrad(KernelContext &ctx) {
       backpropGemms(grad, block, ops.sim, cols, dRows, dCols);
     });
   };
-  at::Tensor dCols = runGradientRing(ctx.communicator(), {ops.sim.cols},
-                                     ops.colSizes, d, args.options(), tiles)
-                         .dCols;
+  at::Tensor dCols =
+      runGradientRing(ctx.communicator(), {ops.sim.cols}, ops.colSizes, d,
+                      args.options(), tiles, {ctx.operandKey(1)})
+          .dCols;
 
   setGradients(ctx, args, dRows, dCols, {dScale, dBias});
 }
@@ -178,9 +180,10 @@ void ringSigmoidPairsGradDevice(KernelContext &ctx, const FusedArgs &args) {
     });
     return at::zeros({1}, args.options().dtype(at::kDouble));
   };
-  at::Tensor dCols = runGradientRing(ctx.communicator(), {ops.sim.cols},
-                                     ops.colSizes, d, 1, args.options(), tiles)
-                         .dCols;
+  at::Tensor dCols =
+      runGradientRing(ctx.communicator(), {ops.sim.cols}, ops.colSizes, d, 1,
+                      args.options(), tiles, {ctx.operandKey(1)})
+          .dCols;
 
   setGradients(ctx, args, rows.dRows, dCols,
                {totalOf(rows.dScaleRow), totalOf(dBiasRow)});

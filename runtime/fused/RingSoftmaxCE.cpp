@@ -47,6 +47,13 @@ SoftmaxOperands softmaxOperands(const FusedArgs &args, bool backward = false) {
   return ops;
 }
 
+/// The backward's chunk features' keys: cols, col targets, col_lse, ct_col
+/// are operands 1, 4, 6 and 8.
+std::vector<int64_t> gradKeys(const KernelContext &ctx) {
+  return {ctx.operandKey(1), ctx.operandKey(4), ctx.operandKey(6),
+          ctx.operandKey(8)};
+}
+
 /// The CLIP forward's ring and results, for the CPU and GPU ops:
 /// tiles(chunk, rows, stats) folds this rank's tiles of a chunk into the row
 /// statistics and the chunk's column statistics `stats` [3, length] (running
@@ -57,6 +64,7 @@ void runSoftmaxCE(KernelContext &ctx, const FusedArgs &args,
   RowStatistics rows = rowStatistics(ops.sim.rows.size(0), args);
   RingPass pass;
   pass.features = {ops.sim.cols, ops.colTargets};
+  pass.keys = {ctx.operandKey(1), ctx.operandKey(4)};
   pass.lengths = ops.colSizes;
   pass.newCarry = [&](int64_t length) {
     return Tensors{at::empty({3, length}, args.options())};
@@ -165,7 +173,7 @@ void ringSoftmaxCEGrad(KernelContext &ctx) {
   };
   ColumnGradient own = runGradientRing(
       ctx.communicator(), {sim.cols, ops.colTargets, ops.colLse, ops.ctCol},
-      ops.colSizes, d, args.options(), tiles);
+      ops.colSizes, d, args.options(), tiles, gradKeys(ctx));
 
   setGradients(ctx, args, dRows, own.dCols,
                {dScale + own.share.item<double>()});
@@ -237,7 +245,7 @@ void ringSoftmaxCEGradDevice(KernelContext &ctx, const FusedArgs &args) {
   };
   ColumnGradient own = runGradientRing(
       ctx.communicator(), {sim.cols, ops.colTargets, ops.colLse, ops.ctCol},
-      ops.colSizes, d, 1, args.options(), tiles);
+      ops.colSizes, d, 1, args.options(), tiles, gradKeys(ctx));
 
   setGradients(ctx, args, rows.dRows, own.dCols,
                {totalOf(rows.dScaleRow) + own.share.item<double>()});

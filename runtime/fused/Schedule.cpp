@@ -18,6 +18,10 @@ std::mutex environmentRead;
 
 thread_local bool haveCallSetting = false;
 thread_local Schedule callSetting = Schedule::Auto;
+// The call's gathered operands (gatheredOperand); empty outside a scope.
+thread_local std::unordered_map<int64_t, at::Tensor> callGathered;
+
+std::atomic<int64_t> ringPasses{0}, gatherPasses{0};
 
 } // namespace
 
@@ -68,14 +72,46 @@ Schedule currentSchedule() {
 }
 
 ScheduleScope::ScheduleScope(Schedule schedule)
-    : hadPrevious(haveCallSetting), previous(callSetting) {
+    : hadPrevious(haveCallSetting), previous(callSetting),
+      previousGathered(std::move(callGathered)) {
   haveCallSetting = true;
   callSetting = schedule;
+  callGathered.clear();
 }
 
 ScheduleScope::~ScheduleScope() {
   haveCallSetting = hadPrevious;
   callSetting = previous;
+  callGathered = std::move(previousGathered);
+}
+
+at::Tensor gatheredOperand(int64_t key, const at::Tensor &like,
+                           int64_t globalRows) {
+  if (!haveCallSetting || key < 0)
+    return {};
+  auto found = callGathered.find(key);
+  if (found == callGathered.end())
+    return {};
+  const at::Tensor &gathered = found->second;
+  bool same = gathered.scalar_type() == like.scalar_type() &&
+              gathered.device() == like.device() &&
+              gathered.dim() == like.dim() && gathered.size(0) == globalRows;
+  for (int64_t d = 1; same && d < like.dim(); ++d)
+    same = gathered.size(d) == like.size(d);
+  return same ? gathered : at::Tensor();
+}
+
+void keepGathered(int64_t key, at::Tensor gathered) {
+  if (haveCallSetting && key >= 0)
+    callGathered[key] = std::move(gathered);
+}
+
+void forgetGathered(int64_t key) { callGathered.erase(key); }
+
+PassCounts passCounts() { return {ringPasses.load(), gatherPasses.load()}; }
+
+void countPass(Schedule schedule) {
+  (schedule == Schedule::Gather ? gatherPasses : ringPasses)++;
 }
 
 schedule::Engine engineFor(c10::DeviceType device) {

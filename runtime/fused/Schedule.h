@@ -17,10 +17,12 @@
 
 #include "runtime/plan/ScheduleCosts.h"
 
+#include <ATen/ATen.h>
 #include <c10/core/DeviceType.h>
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 
 namespace dloss::fused {
 
@@ -52,7 +54,28 @@ public:
 private:
   bool hadPrevious;
   Schedule previous;
+  std::unordered_map<int64_t, at::Tensor> previousGathered;
 };
+
+/// The operands this call's gather passes have already gathered, by key (a
+/// plan register: the same on every rank), so that a later pass of the same
+/// call that moves the same operand (a backward after its forward) reuses
+/// it instead of gathering it again, and every rank decides alike. Held
+/// until the call's ScheduleScope ends or the executor frees the register;
+/// outside any scope nothing is kept. `like` is the operand as the pass has
+/// it now: an entry of another element type or row shape is not reused.
+at::Tensor gatheredOperand(int64_t key, const at::Tensor &like,
+                           int64_t globalRows);
+void keepGathered(int64_t key, at::Tensor gathered);
+void forgetGathered(int64_t key);
+
+/// How many fused passes this process has run as the ring and as the
+/// gather: which schedule ran (tests, dloss._C.fused_passes()).
+struct PassCounts {
+  int64_t ring = 0, gather = 0;
+};
+PassCounts passCounts();
+void countPass(Schedule schedule);
 
 /// What the cost model weighs for one pass of a fused op.
 struct PassSize {

@@ -54,6 +54,14 @@ public:
   virtual Communicator &communicator() = 0;
   virtual size_t numOperands() const = 0;
   virtual const Value &operand(size_t i) const = 0;
+  /// A key naming operand `i`'s value within the call, the same on every
+  /// rank (its plan register), or -1 when there is none: the fused ops'
+  /// gather reuses an operand an earlier step of the call gathered
+  /// (fused/Schedule.h).
+  virtual int64_t operandKey(size_t i) const {
+    (void)i;
+    return -1;
+  }
   virtual void setResult(size_t i, Value value) = 0;
   /// Every rank's size of operand `i` along `axis` (already normalised), in
   /// rank order. Known from the preflight for arguments; otherwise this is a

@@ -61,6 +61,11 @@ LOSSES = ("ClipLoss", "SigLipLoss", "ArcFaceLoss", "NTXentLoss")
 # replicated: its fused op scores each rank's rows against every class where
 # they are, so ring and gather run the same steps.
 PASSES_COLUMNS = ("ClipLoss", "SigLipLoss", "NTXentLoss")
+# Fused passes of one call and its backward (a forward and a backward per
+# fused op; NT-Xent's plan has two), and the dloss collectives they make
+# under the gather schedule.
+PASSES = {"ClipLoss": 2, "SigLipLoss": 2, "NTXentLoss": 4}
+GATHER_COLLECTIVES = {"ClipLoss": 6, "SigLipLoss": 4, "NTXentLoss": 6}
 # How each gradient compares with the one-process reference: "rows" (the
 # ddp contract: rank r's gradient / N is the reference's block of its rows),
 # "shares" (a replicated scalar: the ranks' shares sum to N times the
@@ -142,8 +147,10 @@ def reference(name, data):
 
 
 def _schedules_rank(rank, world, sizes, seed):
-    """Each loss, tile and schedule on this rank: value, gradients and the
-    number of dloss collectives the call started."""
+    """Each loss, tile and schedule on this rank: value, gradients, the
+    number of dloss collectives the call started and the fused passes it ran
+    as the ring and as the gather."""
+    import dloss
     from dloss.group import communicator
     comm = communicator()
     lo = offsets(sizes)[rank]
@@ -154,11 +161,14 @@ def _schedules_rank(rank, world, sizes, seed):
         for tile in TILES:
             for schedule in SCHEDULES:
                 before = comm.collectives_started
+                passes = dloss._C.fused_passes()
                 with fusion(tile):
                     loss, leaves = dloss_call(name, schedule, data, rows)
                     loss.backward()
+                after = dloss._C.fused_passes()
                 out[(name, tile, schedule)] = dict(
                     collectives=comm.collectives_started - before,
+                    passes={k: after[k] - passes[k] for k in after},
                     loss=loss.detach(),
                     grads={n: t.grad for n, t in leaves.items()})
     return out
@@ -344,13 +354,32 @@ class ScheduleTest(unittest.TestCase):
                                          sizes, runs[schedule], value, grads)
                 counts = {s: [g["collectives"] for g in runs[s]]
                           for s in SCHEDULES}
+                passes = {s: [g["passes"] for g in runs[s]]
+                          for s in SCHEDULES}
                 for rank in range(world) if name in PASSES_COLUMNS else ():
                     with self.subTest(what=what, rank=rank,
-                                      collectives=counts):
-                        self.assertNotEqual(counts["ring"][rank],
-                                            counts["gather"][rank])
+                                      collectives=counts, passes=passes):
+                        # Every pass as scheduled; auto gathers at these
+                        # sizes.
+                        self.assertEqual(passes["ring"][rank],
+                                         {"ring": PASSES[name], "gather": 0})
+                        self.assertEqual(passes["gather"][rank],
+                                         {"ring": 0, "gather": PASSES[name]})
+                        self.assertEqual(passes["auto"][rank],
+                                         passes["gather"][rank])
                         self.assertEqual(counts["auto"][rank],
                                          counts["gather"][rank])
+                        # The gather's collectives: the preflight, the
+                        # forward's gather (and its carries' exchange when
+                        # it has column statistics: CLIP), the loss's
+                        # all-reduce, and the backward's exchange, after a
+                        # gather of what no earlier pass of the call
+                        # gathered (CLIP's column statistics and
+                        # cotangents). SigLIP's backward reuses the
+                        # forward's columns, and NT-Xent's second op the
+                        # first's columns and labels, gathering nothing.
+                        self.assertEqual(counts["gather"][rank],
+                                         GATHER_COLLECTIVES[name])
 
     def check_schedules_agree(self, what, runs):
         for schedule in ("gather", "auto"):
