@@ -141,10 +141,19 @@ def _loss_fake(inputs, key, requires_grad, site):
     return outputs
 
 
+def grad_indices(key, inputs):
+    """For each gradient the loss of `key` returns for `inputs`, the input
+    it belongs to."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    fn = (_target(key, inputs)._callable()
+          if _get_current_dispatch_mode() is None else _callable(key, inputs))
+    return list(fn.grad_argument_indices)
+
+
 def _loss_setup(ctx, inputs, output):
     tensors, key, _, _ = inputs
     ctx.count = len(tensors)
-    ctx.indices = list(_callable(key, tensors).grad_argument_indices)
+    ctx.indices = grad_indices(key, tensors)
     gradients = output[1:]
     ctx.mark_non_differentiable(*gradients)
     ctx.save_for_backward(*gradients)
@@ -188,5 +197,5 @@ def traced_site() -> str:
     return ""
 
 
-__all__ = ["Registered", "call_site", "fresh", "loss", "register", "run",
-           "traced_site"]
+__all__ = ["Registered", "call_site", "fresh", "grad_indices", "loss",
+           "register", "run", "traced_site"]

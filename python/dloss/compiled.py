@@ -4,6 +4,7 @@ compiled into one (what dloss.compile and @dloss.loss both do with a
 graph)."""
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import _C, _ops
 from .errors import Error, is_dloss_location, make_error
@@ -168,6 +169,34 @@ class CompiledLoss(_ops.Registered, torch.nn.Module):
         return tensors, None
 
 
+class _EagerLoss(torch.autograd.Function):
+    """dloss::loss's eager twin: the same run and the same backward (the
+    gradients the call computed, scaled by the incoming gradient: the
+    backward communicates nothing), without torch.library's per-call
+    wrapping of the op (its schema check, pytree flattening and the
+    autograd wrapper cost about 0.4 ms a call, more than the runtime's own
+    host work at small batches). Only when nothing traces: torch.compile,
+    and any dispatch mode (FakeTensorMode, export), see the op itself."""
+
+    @staticmethod
+    def forward(ctx, key, requires_grad, site, *tensors):
+        outputs = _ops.fresh(_ops.run(key, list(tensors), requires_grad,
+                                      site), tensors)
+        ctx.count = len(tensors)
+        ctx.indices = _ops.grad_indices(key, tensors) if len(outputs) > 1 \
+            else []
+        gradients = outputs[1:]
+        ctx.save_for_backward(*gradients)
+        return outputs[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        result = [None] * ctx.count
+        for i, gradient in zip(ctx.indices, ctx.saved_tensors):
+            result[i] = gradient * grad.to(gradient.dtype)
+        return (None, None, None, *result)
+
+
 def call(key, tensors, site):
     """The loss the registered `key` names (dloss/_ops.py) on `tensors`, with
     autograd: the loss alone, its gradients kept for backward."""
@@ -178,6 +207,9 @@ def call(key, tensors, site):
         # collectives: the runtime's preflight refuses such a tensor, on
         # every rank.
         return _ops.run(key, tensors, requires_grad, site)[0]
+    if not torch.compiler.is_compiling() and \
+            _get_current_dispatch_mode() is None:
+        return _EagerLoss.apply(key, requires_grad, site, *tensors)
     return torch.ops.dloss.loss(tensors, key, requires_grad, site)[0]
 
 
