@@ -1,7 +1,10 @@
 """dloss's torch.library custom ops: what torch.compile sees of dloss.
 
 Every compiled loss is called through one op, ``dloss::loss(inputs, key,
-requires_grad, site)``: `key` names the loss in this module's registry (a
+requires_grad, site)``, whenever something traces (torch.compile, a
+dispatch mode); an eager call runs the same `run` through a plain
+autograd.Function instead (dloss/compiled.py, ``_EagerLoss``), which skips
+the op's per-call wrapping: `key` names the loss in this module's registry (a
 string, so that Dynamo keeps it as a constant), `requires_grad` says which
 inputs require grad (a traced graph's tensors carry no such flag; the
 runtime's preflight refuses, on every rank, an input that requires grad but

@@ -354,11 +354,11 @@ class OpenClipMoreTest(unittest.TestCase):
         import dloss
         oc = upstream.open_clip_loss()
         extra = {
-            "ClipLoss": (["group", "fuse"], []),
+            "ClipLoss": (["group", "fuse", "schedule"], []),
             "SigLipLoss": (["chunk_size", "bidir", "use_horovod", "group",
-                            "fuse"], []),
-            "DistillClipLoss": (["group", "fuse"], []),
-            "CoCaLoss": (["group", "fuse"], []),
+                            "fuse", "schedule"], []),
+            "DistillClipLoss": (["group", "fuse", "schedule"], []),
+            "CoCaLoss": (["group", "fuse", "schedule"], []),
         }
         for cls, (init_extra, forward_extra) in extra.items():
             for method, added in (("__init__", init_extra),
