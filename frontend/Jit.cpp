@@ -120,16 +120,9 @@ std::shared_ptr<Communicator> defaultCommunicator() {
   return communicator;
 }
 
-namespace {
-std::optional<fused::Schedule> scheduleOption(const Options &options) {
-  if (options.schedule.empty())
-    return std::nullopt;
-  return fused::parseSchedule(options.schedule, "jit::Options::schedule");
-}
-} // namespace
-
 CompiledLoss compile(const std::string &mlirText, Options options) {
-  auto schedule = scheduleOption(options);
+  auto schedule =
+      fused::parseOptionalSchedule(options.schedule, "jit::Options::schedule");
   auto plan = compilePlan(mlirText, options.gradMode, "<jit>", options.fuse);
   return CompiledLoss(
       plan, options.communicator ? options.communicator : defaultCommunicator(),
@@ -137,7 +130,8 @@ CompiledLoss compile(const std::string &mlirText, Options options) {
 }
 
 CompiledLoss compile(const Graph &graph, Options options) {
-  auto schedule = scheduleOption(options);
+  auto schedule =
+      fused::parseOptionalSchedule(options.schedule, "jit::Options::schedule");
   auto plan = compilePlan(graph, options.gradMode, options.fuse);
   return CompiledLoss(
       plan, options.communicator ? options.communicator : defaultCommunicator(),

@@ -677,10 +677,9 @@ void bindJit(py::module_ &m) {
       .def(py::init([](std::shared_ptr<PlanFile> plan,
                        std::shared_ptr<Communicator> comm,
                        const std::string &entry, const std::string &schedule) {
-             std::optional<fused::Schedule> setting;
-             if (!schedule.empty())
-               setting = fused::parseSchedule(schedule, "schedule");
-             return CompiledLoss(plan, std::move(comm), entry, setting);
+             return CompiledLoss(
+                 plan, std::move(comm), entry,
+                 fused::parseOptionalSchedule(schedule, "schedule"));
            }),
            py::arg("plan"), py::arg("communicator"), py::arg("entry") = "",
            py::arg("schedule") = "")

@@ -190,16 +190,19 @@ std::vector<at::Tensor> Executor::run(const std::string &name,
       found == functions.end() ? nullptr : &found->second;
   // Nothing may raise before the preflight: the other ranks would wait in it
   // until their deadline instead of hearing what went wrong.
+  // The schedule setting is read once: the preflight agrees on it, and the
+  // fused ops' passes run under it, even if set_schedule changes the
+  // process default meanwhile.
+  const fused::Schedule setting = scheduleSetting();
   RankShapes shapes;
   {
     CallSite site{name, "", "", "preflight"};
     CallSiteScope scope(site);
-    shapes = preflight(name, bound, inputs);
+    shapes = preflight(name, bound, inputs, setting);
   }
   const plan::Function &function = *bound->function;
   int rank = comm.rank();
-  // The setting the preflight agreed on, for the fused ops' passes.
-  fused::ScheduleScope schedule(scheduleSetting());
+  fused::ScheduleScope schedule(setting);
 
   std::vector<Value> registers(function.num_registers());
   std::vector<StepContext::KnownShapes> known(registers.size(), nullptr);

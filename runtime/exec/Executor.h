@@ -116,8 +116,10 @@ private:
   class StepContext;
 
   /// The preflight; returns every rank's argument shapes or raises.
+  /// `schedule`: the call's setting, which the ranks must share.
   RankShapes preflight(const std::string &name, const BoundFunction *bound,
-                       const std::vector<at::Tensor> &inputs);
+                       const std::vector<at::Tensor> &inputs,
+                       fused::Schedule schedule);
   /// Check mode, after a global-mode gradient function: the replicated
   /// arguments' gradients agree bit for bit on every rank, or this raises.
   void checkReplicatedGradients(const std::string &name,

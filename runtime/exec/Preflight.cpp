@@ -52,10 +52,11 @@ std::vector<int64_t> localRecord(const PlanFile &plan, const std::string &name,
                                  const plan::Function *function,
                                  const std::vector<IndexUse> &indexUses,
                                  const std::vector<at::Tensor> &inputs,
-                                 bool check, int64_t collectiveSeq,
+                                 bool check, int64_t schedule,
+                                 int64_t collectiveSeq,
                                  std::string &localError) {
   std::vector<int64_t> record =
-      newRecord(plan, name, inputs, check, collectiveSeq);
+      newRecord(plan, name, inputs, check, schedule, collectiveSeq);
   auto reject = [&record](PreflightStatus status, int64_t argument) {
     record[Status] = status;
     record[StatusArgument] = argument;
@@ -161,17 +162,17 @@ at::Device preflight::callDevice(const plan::Function &function,
 static_assert(Executor::kPreflightLength < comm::kIntsFrame,
               "the preflight record no longer fits allGatherInts' frame");
 
-Executor::RankShapes
-Executor::preflight(const std::string &name, const BoundFunction *bound,
-                    const std::vector<at::Tensor> &inputs) {
+Executor::RankShapes Executor::preflight(const std::string &name,
+                                         const BoundFunction *bound,
+                                         const std::vector<at::Tensor> &inputs,
+                                         fused::Schedule schedule) {
   const plan::Function *function = bound ? bound->function : nullptr;
   static const std::vector<IndexUse> kNoUses;
   const std::vector<IndexUse> &uses = bound ? bound->indexUses : kNoUses;
   std::string localError;
-  std::vector<int64_t> mine =
-      localRecord(*plan, name, function, uses, inputs, opts.check,
-                  comm.collectivesStarted(), localError);
-  mine[ScheduleSetting] = static_cast<int64_t>(scheduleSetting());
+  std::vector<int64_t> mine = localRecord(
+      *plan, name, function, uses, inputs, opts.check,
+      static_cast<int64_t>(schedule), comm.collectivesStarted(), localError);
   std::vector<int64_t> all = comm.allGatherInts(mine);
   int worldSize = comm.worldSize();
   if (all.size() != kPreflightLength * static_cast<size_t>(worldSize))

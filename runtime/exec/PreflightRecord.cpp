@@ -46,7 +46,8 @@ std::string unpackName(const int64_t *words) {
 
 std::vector<int64_t> newRecord(const PlanFile &plan, const std::string &name,
                                const std::vector<at::Tensor> &inputs,
-                               bool check, int64_t collectiveSeq) {
+                               bool check, int64_t schedule,
+                               int64_t collectiveSeq) {
   std::vector<int64_t> record(Executor::kPreflightLength, -1);
   record[Magic] = kPreflightMagic;
   record[Fingerprint] = bitcastSigned(plan.fingerprint());
@@ -56,7 +57,7 @@ std::vector<int64_t> newRecord(const PlanFile &plan, const std::string &name,
   record[InputCount] = static_cast<int64_t>(inputs.size());
   record[CollectiveSeq] = collectiveSeq;
   record[CheckMode] = check ? 1 : 0;
-  record[ScheduleSetting] = 0;
+  record[ScheduleSetting] = schedule;
   record[Detail0] = 0;
   record[Detail1] = 0;
   record[Detail2] = 0;

@@ -115,7 +115,8 @@ struct Record {
 /// per input (dtype, dims, device, sizes), up to the record's capacity.
 std::vector<int64_t> newRecord(const PlanFile &plan, const std::string &name,
                                const std::vector<at::Tensor> &inputs,
-                               bool check, int64_t collectiveSeq);
+                               bool check, int64_t schedule,
+                               int64_t collectiveSeq);
 
 /// The device a call of `function` computes on: that of its first tensor
 /// input (the preflight rejects a call whose tensor inputs differ), the CPU

@@ -47,6 +47,13 @@ Schedule parseSchedule(const std::string &text, const std::string &source) {
               "sizes), \"ring\" or \"gather\"");
 }
 
+std::optional<Schedule> parseOptionalSchedule(const std::string &text,
+                                              const std::string &source) {
+  if (text.empty())
+    return std::nullopt;
+  return parseSchedule(text, source);
+}
+
 Schedule defaultSchedule() {
   int64_t value = processDefault.load();
   if (value >= 0)

@@ -21,6 +21,7 @@
 #include <c10/core/DeviceType.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -34,6 +35,9 @@ const char *scheduleName(Schedule schedule);
 /// The setting `text` names ("auto", "ring", "gather"); a dloss::Error
 /// naming `source` (such as "DLOSS_SCHEDULE") otherwise.
 Schedule parseSchedule(const std::string &text, const std::string &source);
+/// parseSchedule, with "" for no setting of its own (the process default).
+std::optional<Schedule> parseOptionalSchedule(const std::string &text,
+                                              const std::string &source);
 
 /// The process-wide setting: DLOSS_SCHEDULE when first read (auto when
 /// unset), then whatever setDefaultSchedule last set. Thread-safe.

@@ -1,6 +1,9 @@
 // dloss-run's command line: the usage text and its parsing.
 #include "tools/dloss-run/DlossRun.h"
 
+#include "runtime/fused/Schedule.h"
+#include "runtime/support/Error.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
@@ -135,10 +138,11 @@ Options parseOptions(int argc, char **argv) {
       o.noFuse = true;
     } else if (a == "--schedule") {
       o.schedule = value(i);
-      if (o.schedule != "auto" && o.schedule != "ring" &&
-          o.schedule != "gather")
-        usageError("--schedule must be auto, ring or gather, not '" +
-                   o.schedule + "'");
+      try {
+        fused::parseSchedule(o.schedule, "--schedule");
+      } catch (const Error &error) {
+        usageError(error.problem());
+      }
     } else if (a == "--general-fusion-only") {
       o.generalOnly = true;
     } else if (!a.empty() && a[0] == '-') {

@@ -45,8 +45,8 @@ int runRank(const Options &o, const std::string &planPath) {
     ExecutorOptions executorOptions = ExecutorOptions::fromEnvironment();
     if (o.runtimeChecks)
       executorOptions.check = true;
-    if (!o.schedule.empty())
-      executorOptions.schedule = fused::parseSchedule(o.schedule, "--schedule");
+    executorOptions.schedule =
+        fused::parseOptionalSchedule(o.schedule, "--schedule");
     // Flight records go beside the rank's results unless DLOSS_FLIGHT_DIR says.
     if (!std::getenv("DLOSS_FLIGHT_DIR")) {
       rendezvous.flightDir = rankDir(o, rank);
