@@ -104,6 +104,12 @@ runChildren(const std::vector<int> &ranks,
       try {
         at::set_num_threads(1);
         body(rank);
+        // A failed EXPECT_* in the child is recorded in the child's copy of
+        // the test: turn it into an exit code, or the parent never sees it.
+        if (::testing::Test::HasFailure()) {
+          std::fprintf(stderr, "[child rank %d] an expectation failed\n", rank);
+          code = 1;
+        }
       } catch (const CheckFailure &e) {
         std::fprintf(stderr, "[child rank %d] check failed: %s\n", rank,
                      e.what());
