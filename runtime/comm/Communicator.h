@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,6 +79,24 @@ public:
   /// default does nothing. Use ExchangeScope.
   virtual void beginExchange(const std::string &name) { (void)name; }
   virtual void endExchange() {}
+
+  /// A reduction whose result nobody reads before the call ends (a plan's
+  /// loss value, when the plan goes on to derive its gradient): `done`
+  /// receives it later, from the bytes it adds to this rank's next allGather
+  /// along axis 0 or, at the latest, from flushReductions, so that it costs
+  /// no round trip of its own. Every rank defers the same reductions in the
+  /// same order, as it makes any collective; their values are reduced in
+  /// rank order, so every rank gets the same bits. The default reduces at
+  /// once.
+  virtual void deferReduction(const at::Tensor &input, Reduction op,
+                              std::function<void(at::Tensor)> done) {
+    done(allReduce(input, op));
+  }
+  /// Completes the deferred reductions, in one collective; none when none
+  /// is pending.
+  virtual void flushReductions() {}
+  /// Forgets them: the call that deferred them failed.
+  virtual void dropReductions() {}
 
   /// The number of collective calls (every method above but send and recv)
   /// this communicator has started: the sequence number of the latest one.

@@ -28,8 +28,118 @@ at::Tensor ContractCommunicator::allGather(const at::Tensor &input,
   Call call{"allGather", "dloss.all_gather"};
   checkTensor(call, input);
   int64_t dim = checkGather(call, input, axis, sizes);
-  begin(call, &input);
-  return transferAllGather(call, input, dim, sizes);
+  bool ride = dim == 0 && !deferred.empty();
+  for (const Deferred &pending : deferred)
+    ride = ride && pending.input.device() == input.device();
+  if (!ride) {
+    begin(call, &input);
+    return transferAllGather(call, input, dim, sizes);
+  }
+  // The deferred reductions ride along: rank q sends its rows' bytes, then
+  // its deferred inputs' bytes (the same count on every rank).
+  const int n = worldSize();
+  int64_t rowLength = 1;
+  for (int64_t d = 1; d < input.dim(); ++d)
+    rowLength *= input.size(d);
+  const int64_t rowBytes = rowLength * input.element_size();
+  at::Tensor tail = deferredBytes(input.device());
+  const int64_t extra = tail.numel();
+  std::vector<int64_t> bytes(n);
+  for (int q = 0; q < n; ++q)
+    bytes[q] = sizes[q] * rowBytes + extra;
+  at::Tensor mine =
+      at::cat({input.contiguous().view({-1}).view(at::kByte), tail});
+  call.irOp = "dloss.all_gather + deferred dloss.all_reduce";
+  begin(call, &mine);
+  at::Tensor packed = transferAllGather(call, mine, 0, bytes);
+  std::vector<int64_t> shape = input.sizes().vec();
+  int64_t rows = 0;
+  for (int64_t size : sizes)
+    rows += size;
+  shape[0] = rows;
+  at::Tensor out = at::empty(shape, input.options());
+  at::Tensor outBytes = out.view({-1}).view(at::kByte);
+  std::vector<at::Tensor> tails;
+  int64_t from = 0, to = 0;
+  for (int q = 0; q < n; ++q) {
+    const int64_t count = sizes[q] * rowBytes;
+    outBytes.narrow(0, to, count).copy_(packed.narrow(0, from, count));
+    tails.push_back(packed.narrow(0, from + count, extra));
+    from += bytes[q];
+    to += count;
+  }
+  completeDeferred(tails);
+  return out;
+}
+
+void ContractCommunicator::deferReduction(
+    const at::Tensor &input, Reduction op,
+    std::function<void(at::Tensor)> done) {
+  Call call{"allReduce", "dloss.all_reduce"};
+  checkTensor(call, input);
+  checkReducible(call, input, op);
+  // Only what every rank holds alike by construction rides: a 0-d floating
+  // value (a different dtype on one rank is caught by the preflight).
+  if (worldSize() == 1 || input.dim() != 0 ||
+      !at::isFloatingType(input.scalar_type())) {
+    done(allReduce(input, op));
+    return;
+  }
+  deferred.push_back({input.clone(), op, std::move(done)});
+}
+
+void ContractCommunicator::flushReductions() {
+  if (deferred.empty())
+    return;
+  Call call{"allReduce", "dloss.all_reduce (deferred)"};
+  at::Tensor tail = deferredBytes(deferred.front().input.device());
+  begin(call, &tail);
+  const int n = worldSize();
+  at::Tensor packed =
+      transferAllGather(call, tail, 0, std::vector<int64_t>(n, tail.numel()));
+  std::vector<at::Tensor> tails;
+  for (int q = 0; q < n; ++q)
+    tails.push_back(packed.narrow(0, q * tail.numel(), tail.numel()));
+  completeDeferred(tails);
+}
+
+void ContractCommunicator::dropReductions() { deferred.clear(); }
+
+at::Tensor
+ContractCommunicator::deferredBytes(const c10::Device &device) const {
+  std::vector<at::Tensor> parts;
+  for (const Deferred &pending : deferred)
+    parts.push_back(pending.input.to(device).view({-1}).view(at::kByte));
+  return at::cat(parts);
+}
+
+void ContractCommunicator::completeDeferred(
+    const std::vector<at::Tensor> &tails) {
+  std::vector<Deferred> pending = std::move(deferred);
+  deferred.clear();
+  int64_t offset = 0;
+  for (Deferred &entry : pending) {
+    const int64_t size = entry.input.nbytes();
+    at::Tensor result;
+    for (const at::Tensor &tail : tails) {
+      at::Tensor value = tail.narrow(0, offset, size)
+                             .clone()
+                             .view(entry.input.scalar_type())
+                             .view(at::IntArrayRef());
+      if (!result.defined())
+        result = value;
+      else if (entry.op == Reduction::Max)
+        result = at::maximum(result, value);
+      else if (entry.op == Reduction::Min)
+        result = at::minimum(result, value);
+      else
+        result = result + value;
+    }
+    if (entry.op == Reduction::Mean)
+      result = result / static_cast<double>(tails.size());
+    offset += size;
+    entry.done(result);
+  }
 }
 
 at::Tensor ContractCommunicator::nothingToMove(Call &call,

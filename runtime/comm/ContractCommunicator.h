@@ -84,6 +84,10 @@ public:
   std::unique_ptr<Request> recv(at::Tensor &tensor, int peer, int tag) final;
   void beginExchange(const std::string &name) final;
   void endExchange() final;
+  void deferReduction(const at::Tensor &input, Reduction op,
+                      std::function<void(at::Tensor)> done) final;
+  void flushReductions() final;
+  void dropReductions() final;
 
 protected:
   /// `peers` is null for an engine without a store (a single process).
@@ -209,6 +213,11 @@ private:
   ShiftPeers shiftPeers(int64_t shift) const;
   /// A send or recv's call: its own, or the open exchange's.
   Call transferCall(std::string transfer) const;
+  /// The deferred reductions' inputs, byte after byte, on `device`.
+  at::Tensor deferredBytes(const c10::Device &device) const;
+  /// Hands each deferred reduction its result from every rank's bytes of
+  /// them (tails[q]: rank q's deferredBytes), reduced in rank order.
+  void completeDeferred(const std::vector<at::Tensor> &tails);
 
   /// Null without a store; declared before the flight recorder and the
   /// engine's transport, so that it outlives both.
@@ -219,6 +228,13 @@ private:
   FlightRecorder flight;
   /// The open exchange (beginExchange), whose number its transfers carry.
   std::optional<Call> exchange;
+  /// The reductions deferReduction holds, in the order they were deferred.
+  struct Deferred {
+    at::Tensor input;
+    Reduction op;
+    std::function<void(at::Tensor)> done;
+  };
+  std::vector<Deferred> deferred;
 };
 
 } // namespace dloss::comm

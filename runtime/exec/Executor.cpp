@@ -5,6 +5,8 @@
 #include "runtime/exec/PreflightRecord.h"
 #include "runtime/exec/RankGroups.h"
 #include "runtime/kernels/DTypes.h"
+#include "runtime/kernels/OpTable.h"
+#include "runtime/kernels/StepAttrs.h"
 #include "runtime/support/Error.h"
 #include "runtime/support/Format.h"
 
@@ -175,11 +177,47 @@ Executor::Executor(std::shared_ptr<const PlanFile> planFile,
         }
         boundStep.kernel = bindKernel(*step);
         boundStep.site = CallSite{name, boundStep.op, boundStep.loc, ""};
+        if (boundStep.op == "dloss.all_reduce")
+          boundStep.deferred = reductionFromName(StepAttrs(*step).text("kind"));
         bound.steps.push_back(std::move(boundStep));
       }
     }
+    markDeferred(bound.steps, numRegisters);
     bound.indexUses = preflight::indexUses(*function);
     functions.emplace(std::move(name), std::move(bound));
+  }
+}
+
+void Executor::markDeferred(std::vector<BoundStep> &steps,
+                            int64_t numRegisters) {
+  // Steps are marked by index; a root reduction whose value (or a value
+  // computed from it) reaches a collective is unmarked, and the marks are
+  // worked out again, until none does.
+  for (bool changed = true; changed;) {
+    changed = false;
+    // The root reductions each register's value waits for.
+    std::vector<std::vector<size_t>> waitsFor(numRegisters);
+    for (size_t i = 0; i < steps.size() && !changed; ++i) {
+      BoundStep &step = steps[i];
+      std::vector<size_t> roots;
+      for (int32_t reg : step.operands)
+        roots.insert(roots.end(), waitsFor[reg].begin(), waitsFor[reg].end());
+      const OpSpec *spec = findOpSpec(step.op);
+      step.afterFlush = false;
+      if (step.deferred && roots.empty()) {
+        roots.push_back(i);
+      } else if (!roots.empty() && spec && !spec->collective) {
+        step.deferred.reset();
+        step.afterFlush = true;
+      } else if (!roots.empty()) {
+        for (size_t root : roots)
+          steps[root].deferred.reset();
+        changed = true;
+        continue;
+      }
+      for (int32_t reg : step.results)
+        waitsFor[reg] = roots;
+    }
   }
 }
 
@@ -218,7 +256,17 @@ std::vector<at::Tensor> Executor::run(const std::string &name,
 
   StepContext context(comm, registers, known,
                       preflight::callDevice(function, inputs));
-  for (const BoundStep &step : bound->steps) {
+  // Reductions deferred by a call that fails are not this call's.
+  struct DropDeferred {
+    Communicator &comm;
+    ~DropDeferred() { comm.dropReductions(); }
+  } dropDeferred{comm};
+  // The call's last step is the flush of the deferred reductions.
+  const BoundStep *flush = nullptr;
+  for (const BoundStep &step : bound->steps)
+    if (step.deferred)
+      flush = &step;
+  auto runStep = [&](const BoundStep &step, auto &&body) {
     // A rank failing alone leaves its peers waiting at their next
     // collective: tell the communicator, so that they can name this rank.
     auto failed = [this](const Error &error) {
@@ -227,9 +275,7 @@ std::vector<at::Tensor> Executor::run(const std::string &name,
     };
     try {
       CallSiteScope scope(step.site);
-      context.begin(step);
-      step.kernel.run(context);
-      context.commit();
+      body();
     } catch (const Error &error) {
       throw failed(error.withRank(rank).withOp(step.op).withLocation(step.loc));
     } catch (const c10::Error &error) {
@@ -241,14 +287,62 @@ std::vector<at::Tensor> Executor::run(const std::string &name,
     } catch (const std::exception &error) {
       throw failed(Error(ErrorInfo{error.what(), "", rank, step.op, step.loc}));
     }
+  };
+  // What waits for the deferred reductions: the registers they and the
+  // steps after them will fill, those steps, and the registers those steps
+  // read (kept until they run, whatever the plan's frees say).
+  std::vector<char> waiting(registers.size(), 0), kept(registers.size(), 0);
+  std::vector<const BoundStep *> late;
+  auto runNow = [&](const BoundStep &step) {
+    runStep(step, [&] {
+      context.begin(step);
+      step.kernel.run(context);
+      context.commit();
+    });
+  };
+  auto release = [&](const BoundStep &step) {
     // Drop dead values now, so their buffers return to the allocator before
     // the next (possibly large) intermediate is allocated.
     for (int32_t reg : step.free) {
+      if (kept[reg])
+        continue;
       registers[reg].reset();
       known[reg] = nullptr;
       fused::forgetGathered(reg);
     }
+  };
+  for (const BoundStep &step : bound->steps) {
+    const Value *input =
+        step.deferred ? &registers[step.operands.front()] : nullptr;
+    bool waits = false;
+    for (int32_t reg : step.operands)
+      waits = waits || waiting[reg];
+    if (input && !input->isIndex() && !input->isEmpty() &&
+        input->tensor().dim() == 0) {
+      runStep(step, [&] {
+        comm.deferReduction(
+            input->tensor(), *step.deferred,
+            [&registers, reg = step.results.front()](at::Tensor result) {
+              registers[reg] = std::move(result);
+            });
+      });
+      waiting[step.results.front()] = 1;
+    } else if (step.afterFlush && waits) {
+      late.push_back(&step);
+      for (int32_t reg : step.operands)
+        kept[reg] = 1;
+      for (int32_t reg : step.results)
+        waiting[reg] = 1;
+      continue;
+    } else {
+      runNow(step);
+    }
+    release(step);
   }
+  if (flush)
+    runStep(*flush, [&] { comm.flushReductions(); });
+  for (const BoundStep *step : late)
+    runNow(*step);
 
   std::vector<at::Tensor> results;
   if (function.results()) {

@@ -103,6 +103,14 @@ private:
     std::string loc;
     /// What a collective of this step reports as its call site.
     CallSite site;
+    /// An all_reduce whose result reaches no later collective, only local
+    /// steps and the results (the loss value of a plan that goes on to
+    /// derive its gradient): its reduction, deferred to ride on the call's
+    /// next all-gather (Communicator::deferReduction).
+    std::optional<Reduction> deferred;
+    /// A local step that reads a deferred reduction's value: it runs once
+    /// the reductions are complete, at the end of the call.
+    bool afterFlush = false;
   };
   struct BoundFunction {
     const plan::Function *function = nullptr;
@@ -114,6 +122,9 @@ private:
   /// arguments the preflight could not record in full.
   using RankShapes = std::vector<std::vector<std::vector<int64_t>>>;
   class StepContext;
+  /// Marks the all_reduce steps that may be deferred and the local steps
+  /// that then run after them (BoundStep::deferred, afterFlush).
+  static void markDeferred(std::vector<BoundStep> &steps, int64_t numRegisters);
 
   /// The preflight; returns every rank's argument shapes or raises.
   /// `schedule`: the call's setting, which the ranks must share.

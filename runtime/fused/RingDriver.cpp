@@ -107,57 +107,15 @@ int64_t rowBytes(const at::Tensor &tensor) {
   return elements * static_cast<int64_t>(tensor.element_size());
 }
 
-/// Every rank's chunk, in rank order: the features an earlier pass of this
-/// call gathered (by key) as they are, the others from one all-gather, in
-/// which the chunk's tensors travel as the byte columns of one [length, row
-/// bytes] tensor, so that a chunk of several tensors (columns, targets,
-/// statistics) is still one collective, and none when every feature is
-/// known.
+/// Every rank's chunk, in rank order, from gatherOperands: one all-gather
+/// for the features no earlier pass of this call gathered (keys).
 std::vector<Tensors> gatherChunks(Communicator &comm, const Tensors &features,
                                   const std::vector<int64_t> &keys,
                                   const std::vector<int64_t> &lengths) {
   const int n = static_cast<int>(lengths.size());
-  const int64_t total = offsetOf(lengths, n);
-  auto keyOf = [&](size_t i) { return i < keys.size() ? keys[i] : -1; };
-  Tensors gathered(features.size());
-  std::vector<size_t> missing;
-  for (size_t i = 0; i < features.size(); ++i) {
-    gathered[i] = gatheredOperand(keyOf(i), features[i], total);
-    if (!gathered[i].defined())
-      missing.push_back(i);
-  }
-  if (missing.size() == 1) {
-    gathered[missing[0]] = comm.allGather(features[missing[0]], 0, lengths);
-  } else if (!missing.empty()) {
-    const int64_t length = features[0].size(0);
-    Tensors bytes;
-    std::vector<int64_t> widths;
-    for (size_t i : missing) {
-      const at::Tensor &tensor = features[i];
-      widths.push_back(rowBytes(tensor));
-      // A fresh dense copy: contiguous() keeps the stride 0 of an expanded
-      // tensor whose sizes are 0 or 1 (a per-column cotangent broadcast
-      // from a scalar), which view() cannot reinterpret as bytes.
-      const int64_t elements = widths.back() / tensor.element_size();
-      at::Tensor dense = at::empty({length, elements}, tensor.options())
-                             .copy_(tensor.reshape({length, elements}));
-      bytes.push_back(dense.view(at::kByte));
-    }
-    at::Tensor packed = comm.allGather(at::cat(bytes, 1), 0, lengths);
-    int64_t column = 0;
-    for (size_t k = 0; k < missing.size(); ++k) {
-      const at::Tensor &tensor = features[missing[k]];
-      std::vector<int64_t> shape = tensor.sizes().vec();
-      shape[0] = total;
-      gathered[missing[k]] = packed.narrow(1, column, widths[k])
-                                 .contiguous()
-                                 .view(tensor.scalar_type())
-                                 .view(shape);
-      column += widths[k];
-    }
-  }
-  for (size_t i : missing)
-    keepGathered(keyOf(i), gathered[i]);
+  Tensors gathered = gatherOperands(
+      comm, features,
+      std::vector<std::vector<int64_t>>(features.size(), lengths), keys);
   std::vector<Tensors> chunks(n);
   for (int q = 0; q < n; ++q)
     for (const at::Tensor &tensor : gathered)
@@ -280,15 +238,82 @@ Tensors runRingSchedule(Communicator &comm, const RingPass &pass) {
 
 } // namespace
 
-Tensors runRing(Communicator &comm, const RingPass &pass) {
+Tensors gatherOperands(Communicator &comm, const Tensors &features,
+                       const std::vector<std::vector<int64_t>> &lengths,
+                       const std::vector<int64_t> &keys) {
+  const int n = comm.worldSize();
+  auto keyOf = [&](size_t i) { return i < keys.size() ? keys[i] : -1; };
+  Tensors gathered(features.size());
+  std::vector<size_t> missing;
+  for (size_t i = 0; i < features.size(); ++i) {
+    gathered[i] =
+        gatheredOperand(keyOf(i), features[i], offsetOf(lengths[i], n));
+    if (!gathered[i].defined())
+      missing.push_back(i);
+  }
+  if (missing.size() == 1) {
+    const size_t i = missing[0];
+    gathered[i] = comm.allGather(features[i], 0, lengths[i]);
+  } else if (!missing.empty()) {
+    // Rank q sends the bytes of its rows of every missing feature, one after
+    // another: a flat byte tensor whose length every rank can work out.
+    std::vector<int64_t> bytes(n, 0), widths;
+    Tensors mine;
+    for (size_t i : missing) {
+      const at::Tensor &tensor = features[i];
+      widths.push_back(rowBytes(tensor));
+      for (int q = 0; q < n; ++q)
+        bytes[q] += lengths[i][q] * widths.back();
+      // A fresh dense copy: contiguous() keeps the stride 0 of an expanded
+      // tensor whose sizes are 0 or 1 (a per-column cotangent broadcast
+      // from a scalar), which view() cannot reinterpret as bytes.
+      at::Tensor dense = at::empty(tensor.sizes(), tensor.options());
+      dense.copy_(tensor);
+      mine.push_back(dense.view({-1}).view(at::kByte));
+    }
+    at::Tensor packed = comm.allGather(at::cat(mine), 0, bytes);
+    for (size_t k = 0; k < missing.size(); ++k) {
+      const at::Tensor &tensor = features[missing[k]];
+      const std::vector<int64_t> &sizes = lengths[missing[k]];
+      std::vector<int64_t> shape = tensor.sizes().vec();
+      shape[0] = offsetOf(sizes, n);
+      at::Tensor out = at::empty(shape, tensor.options());
+      at::Tensor outBytes = out.view({-1}).view(at::kByte);
+      // Feature k's bytes from rank q start after q's earlier features.
+      int64_t from = 0;
+      for (int q = 0; q < n; ++q) {
+        int64_t before = 0;
+        for (size_t e = 0; e < k; ++e)
+          before += lengths[missing[e]][q] * widths[e];
+        const int64_t count = sizes[q] * widths[k];
+        outBytes.narrow(0, offsetOf(sizes, q) * widths[k], count)
+            .copy_(packed.narrow(0, from + before, count));
+        from += bytes[q];
+      }
+      gathered[missing[k]] = out;
+    }
+  }
+  for (size_t i : missing)
+    keepGathered(keyOf(i), gathered[i]);
+  return gathered;
+}
+
+Schedule passSchedule(Communicator &comm, const Tensors &features,
+                      const std::vector<std::vector<int64_t>> &lengths) {
   PassSize size;
   size.worldSize = comm.worldSize();
-  for (const at::Tensor &tensor : pass.features)
+  for (size_t i = 0; i < features.size(); ++i)
     size.globalBytes +=
-        rowBytes(tensor) * offsetOf(pass.lengths, size.worldSize);
-  if (!pass.features.empty())
-    size.device = pass.features[0].device().type();
-  Schedule schedule = chooseSchedule(currentSchedule(), size);
+        rowBytes(features[i]) * offsetOf(lengths[i], size.worldSize);
+  if (!features.empty())
+    size.device = features[0].device().type();
+  return chooseSchedule(currentSchedule(), size);
+}
+
+Tensors runRing(Communicator &comm, const RingPass &pass) {
+  Schedule schedule = passSchedule(
+      comm, pass.features,
+      std::vector<std::vector<int64_t>>(pass.features.size(), pass.lengths));
   countPass(schedule);
   return schedule == Schedule::Gather ? runGather(comm, pass)
                                       : runRingSchedule(comm, pass);

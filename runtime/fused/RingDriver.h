@@ -31,6 +31,7 @@
 
 #include "runtime/comm/Communicator.h"
 #include "runtime/fused/FusedArgs.h"
+#include "runtime/fused/Schedule.h"
 
 #include <functional>
 
@@ -66,6 +67,23 @@ struct RingPass {
   /// Adds the carry from upstream into this rank's part, in place.
   std::function<void(Tensors &mine, const Tensors &upstream)> merge;
 };
+
+/// Every rank's rows of each of `features` (axis 0: this rank's
+/// lengths[i][rank] rows; every rank's in lengths[i]), concatenated in rank
+/// order. Those an earlier pass of this call gathered (by key, as
+/// RingPass::keys) as they are, the others in one all-gather of their bytes
+/// (so that tensors of several types and lengths are still one
+/// collective), none when every one is known.
+Tensors gatherOperands(Communicator &comm, const Tensors &features,
+                       const std::vector<std::vector<int64_t>> &lengths,
+                       const std::vector<int64_t> &keys);
+
+/// The schedule of a pass that moves `features` (every rank's lengths as in
+/// gatherOperands): the call's setting or, under auto, the cost model's
+/// choice from the global bytes. Not counted: the pass that runs counts
+/// itself (countPass, Schedule.h), as runRing does.
+Schedule passSchedule(Communicator &comm, const Tensors &features,
+                      const std::vector<std::vector<int64_t>> &lengths);
 
 /// Runs `pass` on every rank's chunk; returns this rank's own chunk's
 /// complete carry. The schedule is the call's setting (currentSchedule(),

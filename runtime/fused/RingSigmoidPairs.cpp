@@ -66,6 +66,76 @@ void runSigmoidPairs(KernelContext &ctx, const FusedArgs &args,
   ctx.setResult(1, positive.to(args.type(0)));
 }
 
+/// SigLIP's backward as the gather of both sides (on the CPU, when the
+/// call's setting or auto's choice for moving the rows and the columns is
+/// the gather): every row with its cotangents and targets in one
+/// collective (the columns too, unless this call's forward gathered them),
+/// then the gradient of this rank's rows over every column and of its
+/// columns over every row. Nothing travels home, where the one-sided
+/// gather sends every column's gradient to its owner. False, having done
+/// nothing, when the call runs the passes of runRing.
+bool sigmoidPairsGradBothSides(KernelContext &ctx, const FusedArgs &args,
+                               const SigmoidOperands &ops) {
+  Communicator &comm = ctx.communicator();
+  const Similarity &sim = ops.sim;
+  const std::vector<int64_t> rowSizes = ctx.rankSizes(0, 0);
+  if (args.onDevice || comm.worldSize() == 1 ||
+      passSchedule(comm, {sim.rows, sim.cols}, {rowSizes, ops.colSizes}) !=
+          Schedule::Gather)
+    return false;
+  countPass(Schedule::Gather);
+  const std::vector<int64_t> &rs = rowSizes;
+  Tensors all = gatherOperands(
+      comm, {sim.rows, sim.cols, ops.ctPair, ops.ctPositive, ops.targets},
+      {rs, ops.colSizes, rs, rs, rs},
+      {ctx.operandKey(0), ctx.operandKey(1), ctx.operandKey(5),
+       ctx.operandKey(6), ctx.operandKey(4)});
+  const at::Tensor &allRows = all[0], &allCols = all[1], &allCtPair = all[2],
+                   &allCtPositive = all[3], &allTargets = all[4];
+  const int64_t n = sim.rows.size(0), m = sim.cols.size(0),
+                d = sim.rows.size(1);
+
+  // G = ct_pair sigmoid(L) + ct_positive at the targets, tile by tile over
+  // `side`'s rows x `cols`; the row side adds every pair's share of dscale
+  // and dbias, each pair once.
+  at::Tensor none;
+  auto side = [&](const Similarity &side, const at::Tensor &cols,
+                  const at::Tensor &ctPair, const at::Tensor &ctPositive,
+                  const at::Tensor &targets, int64_t colBase, at::Tensor &dRows,
+                  at::Tensor &dCols, double *dScale, double *dBias) {
+    const int64_t rows = side.rows.size(0);
+    TileShape tile = clippedTile(rows, cols.size(0), args.compute);
+    TileScratch scratch(tile, 2, args.options());
+    forEachBlock(rows, cols.size(0), tile, [&](const Block &block) {
+      at::Tensor s = similarityTile(side, cols, block, scratch(0, block));
+      at::Tensor grad = scratch(1, block);
+      std::pair<double, double> sums =
+          sigmoidTileGradient(s, side.scale, ops.bias, block, ctPair, grad);
+      Elements g(grad), sAt(s), ctAt(ctPositive);
+      forRowTargets(targets, block, colBase, [&](int64_t i, int64_t e) {
+        g.add(e, ctAt.get(i));
+        sums.first += ctAt.get(i);
+        sums.second += ctAt.get(i) * sAt.get(e);
+      });
+      backpropGemms(grad, block, side.rows, cols, side.scale, dRows, dCols);
+      if (dBias)
+        *dBias += sums.first;
+      if (dScale)
+        *dScale += sums.second;
+    });
+  };
+  at::Tensor dRows = at::zeros({n, d}, args.options());
+  at::Tensor dCols = at::zeros({m, d}, args.options());
+  double dScale = 0, dBias = 0;
+  side(sim, allCols, ops.ctPair, ops.ctPositive, ops.targets, 0, dRows, none,
+       &dScale, &dBias);
+  side(Similarity{allRows, sim.cols, sim.scale}, sim.cols, allCtPair,
+       allCtPositive, allTargets, offsetOf(ops.colSizes, args.rank), none,
+       dCols, nullptr, nullptr);
+  setGradients(ctx, args, dRows, dCols, {dScale, dBias});
+  return true;
+}
+
 } // namespace
 
 void ringSigmoidPairs(KernelContext &ctx) {
@@ -97,6 +167,8 @@ void ringSigmoidPairsGrad(KernelContext &ctx) {
   FusedArgs args(ctx, "dloss.ring_sigmoid_pairs_grad");
   DLOSS_DEVICE_DISPATCH(ringSigmoidPairsGradDevice)
   SigmoidOperands ops = sigmoidOperands(args, /*backward=*/true);
+  if (sigmoidPairsGradBothSides(ctx, args, ops))
+    return;
   const int64_t n = ops.sim.rows.size(0), d = ops.sim.rows.size(1);
   TileScratch scratch(ops.tile, 2, args.options());
   at::Tensor dRows = at::zeros({n, d}, args.options());

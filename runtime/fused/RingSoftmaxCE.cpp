@@ -54,6 +54,29 @@ std::vector<int64_t> gradKeys(const KernelContext &ctx) {
           ctx.operandKey(8)};
 }
 
+/// The forward's results from the rows' and columns' statistics: the
+/// per-row and per-column losses and log-sum-exps.
+void setSoftmaxResults(KernelContext &ctx, const FusedArgs &args,
+                       const RowStatistics &rows, const RowStatistics &cols) {
+  at::Tensor rowLse = lseOf(rows.max, rows.sum);
+  at::Tensor colLse = lseOf(cols.max, cols.sum);
+  ctx.setResult(0, (rowLse - rows.picked).to(args.type(0)));
+  ctx.setResult(1, (colLse - cols.picked).to(args.type(1)));
+  ctx.setResult(2, rowLse.to(args.type(0)));
+  ctx.setResult(3, colLse.to(args.type(1)));
+}
+
+/// fn(block, scratch) for every block of a rows x cols side of the gather,
+/// with `buffers` tile buffers.
+template <typename Fn>
+void forSideBlocks(int64_t rows, int64_t cols, const FusedArgs &args,
+                   int buffers, Fn &&fn) {
+  TileShape tile = clippedTile(rows, cols, args.compute);
+  TileScratch scratch(tile, buffers, args.options());
+  forEachBlock(rows, cols, tile,
+               [&](const Block &block) { fn(block, scratch); });
+}
+
 /// The CLIP forward's ring and results, for the CPU and GPU ops:
 /// tiles(chunk, rows, stats) folds this rank's tiles of a chunk into the row
 /// statistics and the chunk's column statistics `stats` [3, length] (running
@@ -81,12 +104,142 @@ void runSoftmaxCE(KernelContext &ctx, const FusedArgs &args,
   };
   at::Tensor colStats = runRing(ctx.communicator(), pass)[0];
 
-  at::Tensor rowLse = lseOf(rows.max, rows.sum);
-  at::Tensor colLse = lseOf(colStats[0], colStats[1]);
-  ctx.setResult(0, (rowLse - rows.picked).to(args.type(0)));
-  ctx.setResult(1, (colLse - colStats[2]).to(args.type(1)));
-  ctx.setResult(2, rowLse.to(args.type(0)));
-  ctx.setResult(3, colLse.to(args.type(1)));
+  setSoftmaxResults(ctx, args, rows, {colStats[0], colStats[1], colStats[2]});
+}
+
+/// Whether this call's CLIP runs as the gather of both sides (on the CPU:
+/// the GPU's visits keep the one-sided passes of runRing): the call's
+/// setting, or auto's choice for moving the rows and the columns. Counted
+/// as a gather pass when it does.
+bool gathersBothSides(KernelContext &ctx, const FusedArgs &args,
+                      const SoftmaxOperands &ops) {
+  Communicator &comm = ctx.communicator();
+  if (args.onDevice || comm.worldSize() == 1 ||
+      passSchedule(comm, {ops.sim.rows, ops.sim.cols},
+                   {ops.rowSizes, ops.colSizes}) != Schedule::Gather)
+    return false;
+  countPass(Schedule::Gather);
+  return true;
+}
+
+/// CLIP's forward as the gather of both sides: every rank gathers the rows
+/// and the columns, then folds its own rows over every column and every row
+/// over its own columns. Each statistic is complete where it is computed, so
+/// no carry travels: one collective, where the one-sided gather makes two.
+/// Twice the tiles' arithmetic, which the cost model takes only where
+/// latency, not arithmetic, is the cost.
+void softmaxCEBothSides(KernelContext &ctx, const FusedArgs &args,
+                        const SoftmaxOperands &ops) {
+  const Similarity &sim = ops.sim;
+  const int64_t n = sim.rows.size(0), m = sim.cols.size(0);
+  Tensors all = gatherOperands(ctx.communicator(), {sim.rows, sim.cols},
+                               {ops.rowSizes, ops.colSizes},
+                               {ctx.operandKey(0), ctx.operandKey(1)});
+  const Similarity everyRow{all[0], sim.cols, sim.scale};
+  const at::Tensor &allCols = all[1];
+
+  RowStatistics rows = rowStatistics(n, args);
+  Elements rowPicked(rows.picked);
+  forSideBlocks(
+      n, allCols.size(0), args, 1, [&](const Block &block, auto &scratch) {
+        at::Tensor s = similarityTile(sim, allCols, block, scratch(0, block));
+        Elements sAt(s);
+        forRowTargets(ops.rowTargets, block, 0, [&](int64_t i, int64_t e) {
+          rowPicked.set(i, sim.scale * sAt.get(e));
+        });
+        foldLse(s, sim.scale, 1, block, rows.max, rows.sum);
+      });
+
+  RowStatistics cols = rowStatistics(m, args);
+  Elements colPicked(cols.picked);
+  forSideBlocks(
+      everyRow.rows.size(0), m, args, 1,
+      [&](const Block &block, auto &scratch) {
+        at::Tensor s =
+            similarityTile(everyRow, sim.cols, block, scratch(0, block));
+        Elements sAt(s);
+        forColTargets(ops.colTargets, block, 0, [&](int64_t j, int64_t e) {
+          colPicked.set(j, sim.scale * sAt.get(e));
+        });
+        foldLse(s, sim.scale, 0, block, cols.max, cols.sum);
+      });
+  setSoftmaxResults(ctx, args, rows, cols);
+}
+
+/// CLIP's backward as the gather of both sides: the log-sum-exps,
+/// cotangents and targets of every row and column in one collective (the
+/// rows and columns themselves too, unless the forward of this call
+/// gathered them), then the gradient of this rank's rows over every column
+/// and of its columns over every row. Nothing travels home: the one-sided
+/// gather's two collectives become one, of O(B) values.
+void softmaxCEGradBothSides(KernelContext &ctx, const FusedArgs &args,
+                            const SoftmaxOperands &ops) {
+  const Similarity &sim = ops.sim;
+  const int64_t n = sim.rows.size(0), m = sim.cols.size(0),
+                d = sim.rows.size(1);
+  const std::vector<int64_t> &rs = ops.rowSizes, &cs = ops.colSizes;
+  Tensors all =
+      gatherOperands(ctx.communicator(),
+                     {sim.rows, sim.cols, ops.rowLse, ops.ctRow, ops.rowTargets,
+                      ops.colLse, ops.ctCol, ops.colTargets},
+                     {rs, cs, rs, rs, rs, cs, cs, cs},
+                     {ctx.operandKey(0), ctx.operandKey(1), ctx.operandKey(5),
+                      ctx.operandKey(7), ctx.operandKey(3), ctx.operandKey(6),
+                      ctx.operandKey(8), ctx.operandKey(4)});
+  const at::Tensor &allRows = all[0], &allCols = all[1], &allRowLse = all[2],
+                   &allCtRow = all[3], &allRowTargets = all[4],
+                   &allColLse = all[5], &allCtCol = all[6],
+                   &allColTargets = all[7];
+  const int64_t colOffset = offsetOf(cs, args.rank);
+
+  // This rank's rows over every column: G = ct_row P_row + ct_col P_col -
+  // the one-hot targets of both directions; dRows and the row direction's
+  // share of dscale.
+  at::Tensor dRows = at::zeros({n, d}, args.options()), none;
+  double dScale = 0;
+  forSideBlocks(
+      n, allCols.size(0), args, 2, [&](const Block &block, auto &scratch) {
+        at::Tensor s = similarityTile(sim, allCols, block, scratch(0, block));
+        at::Tensor grad = scratch(1, block);
+        std::pair<double, double> sums =
+            softmaxTileGradient(s, sim.scale, block, ops.rowLse, ops.ctRow,
+                                allColLse, allCtCol, grad);
+        double rowPart = sums.first - sums.second;
+        Elements g(grad), sAt(s), ctRowAt(ops.ctRow), ctColAt(allCtCol);
+        forRowTargets(ops.rowTargets, block, 0, [&](int64_t i, int64_t e) {
+          g.add(e, -ctRowAt.get(i));
+          rowPart -= ctRowAt.get(i) * sAt.get(e);
+        });
+        forColTargets(allColTargets, block, ops.rowOffset,
+                      [&](int64_t j, int64_t e) { g.add(e, -ctColAt.get(j)); });
+        backpropGemms(grad, block, sim.rows, allCols, sim.scale, dRows, none);
+        dScale += rowPart;
+      });
+
+  // Every row over this rank's columns: the same G; dCols and the column
+  // direction's share.
+  const Similarity everyRow{allRows, sim.cols, sim.scale};
+  at::Tensor dCols = at::zeros({m, d}, args.options());
+  forSideBlocks(
+      allRows.size(0), m, args, 2, [&](const Block &block, auto &scratch) {
+        at::Tensor s =
+            similarityTile(everyRow, sim.cols, block, scratch(0, block));
+        at::Tensor grad = scratch(1, block);
+        std::pair<double, double> sums =
+            softmaxTileGradient(s, sim.scale, block, allRowLse, allCtRow,
+                                ops.colLse, ops.ctCol, grad);
+        double colPart = sums.second;
+        Elements g(grad), sAt(s), ctRowAt(allCtRow), ctColAt(ops.ctCol);
+        forRowTargets(allRowTargets, block, colOffset,
+                      [&](int64_t i, int64_t e) { g.add(e, -ctRowAt.get(i)); });
+        forColTargets(ops.colTargets, block, 0, [&](int64_t j, int64_t e) {
+          g.add(e, -ctColAt.get(j));
+          colPart -= ctColAt.get(j) * sAt.get(e);
+        });
+        backpropGemms(grad, block, allRows, sim.cols, sim.scale, none, dCols);
+        dScale += colPart;
+      });
+  setGradients(ctx, args, dRows, dCols, {dScale});
 }
 
 } // namespace
@@ -95,6 +248,8 @@ void ringSoftmaxCE(KernelContext &ctx) {
   FusedArgs args(ctx, "dloss.ring_softmax_ce");
   DLOSS_DEVICE_DISPATCH(ringSoftmaxCEDevice)
   SoftmaxOperands ops = softmaxOperands(args);
+  if (gathersBothSides(ctx, args, ops))
+    return softmaxCEBothSides(ctx, args, ops);
   const Similarity &sim = ops.sim;
   const int64_t n = sim.rows.size(0);
   TileShape tile = clippedTile(n, largest(ops.colSizes), args.compute);
@@ -129,6 +284,8 @@ void ringSoftmaxCEGrad(KernelContext &ctx) {
   FusedArgs args(ctx, "dloss.ring_softmax_ce_grad");
   DLOSS_DEVICE_DISPATCH(ringSoftmaxCEGradDevice)
   SoftmaxOperands ops = softmaxOperands(args, /*backward=*/true);
+  if (gathersBothSides(ctx, args, ops))
+    return softmaxCEGradBothSides(ctx, args, ops);
   const Similarity &sim = ops.sim;
   const at::Tensor &rowLse = ops.rowLse, &ctRow = ops.ctRow;
   const int64_t n = sim.rows.size(0), d = sim.rows.size(1);

@@ -60,14 +60,16 @@ void backpropGemms(const at::Tensor &grad, const Block &block,
   AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "backpropGemms", [&] {
     const scalar_t *g = grad.data_ptr<scalar_t>();
     const auto alpha = static_cast<scalar_t>(scale);
-    tileGemm<scalar_t>(false, false, block.rows, d, block.cols, alpha, g,
-                       block.cols, rowsOf<scalar_t>(cols, block.col),
-                       cols.stride(0), 1, rowsOf<scalar_t>(dRows, block.row),
-                       dRows.stride(0));
-    tileGemm<scalar_t>(true, false, block.cols, d, block.rows, alpha, g,
-                       block.cols, rowsOf<scalar_t>(rows, block.row),
-                       rows.stride(0), 1, rowsOf<scalar_t>(dCols, block.col),
-                       dCols.stride(0));
+    if (dRows.defined())
+      tileGemm<scalar_t>(false, false, block.rows, d, block.cols, alpha, g,
+                         block.cols, rowsOf<scalar_t>(cols, block.col),
+                         cols.stride(0), 1, rowsOf<scalar_t>(dRows, block.row),
+                         dRows.stride(0));
+    if (dCols.defined())
+      tileGemm<scalar_t>(true, false, block.cols, d, block.rows, alpha, g,
+                         block.cols, rowsOf<scalar_t>(rows, block.row),
+                         rows.stride(0), 1, rowsOf<scalar_t>(dCols, block.col),
+                         dCols.stride(0));
   });
 }
 

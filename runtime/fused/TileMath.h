@@ -134,7 +134,8 @@ void backpropGemms(const at::Tensor &grad, const Block &block,
                    const Similarity &operands, const at::Tensor &cols,
                    at::Tensor &dRows, at::Tensor &dCols);
 /// The same for L = scale rows cols^T (f32 or f64, rows contiguous; grad
-/// a contiguous [block.rows, block.cols] tile).
+/// a contiguous [block.rows, block.cols] tile). An undefined dRows or dCols
+/// is skipped: the gather's two sides each want one of them.
 void backpropGemms(const at::Tensor &grad, const Block &block,
                    const at::Tensor &rows, const at::Tensor &cols, double scale,
                    at::Tensor &dRows, at::Tensor &dCols);

@@ -15,7 +15,9 @@ check that every rank runs with the same one. On real Gloo ranks.
   and ArcFace's W gets the global gradient on every rank. Which schedule ran
   shows in the number of dloss collectives a call starts (the ring is one
   exchange per pass, the gather an all-gather and, where the pass has column
-  carries, an exchange of them): for the three losses whose fused op passes
+  carries and does not gather both sides, an exchange of them; the loss's
+  all-reduce rides on the call's next all-gather): for the three losses
+  whose fused op passes
   columns between ranks, "ring" and "gather" start different numbers, and
   "auto" starts the gather's (these batches are far below
   dloss._C.gather_crossover_bytes).
@@ -65,14 +67,16 @@ PASSES_COLUMNS = ("ClipLoss", "SigLipLoss", "NTXentLoss")
 # fused op; NT-Xent's plan has two), and the dloss collectives they make
 # under the gather schedule.
 PASSES = {"ClipLoss": 2, "SigLipLoss": 2, "NTXentLoss": 4}
-GATHER_COLLECTIVES = {"ClipLoss": 6, "SigLipLoss": 4, "NTXentLoss": 6}
+GATHER_COLLECTIVES = {"ClipLoss": 3, "SigLipLoss": 3, "NTXentLoss": 6}
 # How each gradient compares with the one-process reference: "rows" (the
 # ddp contract: rank r's gradient / N is the reference's block of its rows),
 # "shares" (a replicated scalar: the ranks' shares sum to N times the
 # reference) or "global" (every rank holds the reference gradient).
 CONTRACT = {"x": "rows", "y": "rows", "scale": "shares", "bias": "shares",
             "W": "global"}
-# The cross-schedule tolerance: the schedules sum in the same order.
+# The cross-schedule tolerance: the one-sided gather sums in the ring's
+# order; CLIP's and SigLIP's gather of both sides sums a column's terms over
+# the gathered rows, in another order, to rounding (1e-16 in float64).
 SAME = 1e-10
 
 
@@ -369,15 +373,16 @@ class ScheduleTest(unittest.TestCase):
                                          passes["gather"][rank])
                         self.assertEqual(counts["auto"][rank],
                                          counts["gather"][rank])
-                        # The gather's collectives: the preflight, the
-                        # forward's gather (and its carries' exchange when
-                        # it has column statistics: CLIP), the loss's
-                        # all-reduce, and the backward's exchange, after a
-                        # gather of what no earlier pass of the call
-                        # gathered (CLIP's column statistics and
-                        # cotangents). SigLIP's backward reuses the
-                        # forward's columns, and NT-Xent's second op the
-                        # first's columns and labels, gathering nothing.
+                        # The gather's collectives. CLIP and SigLIP (the
+                        # gather of both sides): the preflight, the
+                        # forward's gather and the backward's gather of
+                        # every row's and column's statistics, cotangents
+                        # and targets, which also carries the loss's
+                        # deferred all-reduce; nothing travels home.
+                        # NT-Xent (one side): the preflight, the forward's
+                        # gather and its carries' exchange, the loss's
+                        # all-reduce, the backward's exchange; its second
+                        # op reuses the first's columns and labels.
                         self.assertEqual(counts["gather"][rank],
                                          GATHER_COLLECTIVES[name])
 

@@ -364,6 +364,84 @@ TEST(ProcessGroupCommunicatorTest, ReduceScatterLargeBlocks) {
     });
 }
 
+// Deferred reductions (a plan's loss value) ride on the next all-gather
+// along axis 0: one collective for both, the gather's result unchanged, and
+// each reduction's result the one allReduce gives, 0-d, of its dtype, on
+// every rank. flushReductions completes them alone; dropped ones never
+// complete; what is not a 0-d float (and everything on one rank) reduces
+// at once.
+TEST(ProcessGroupCommunicatorTest, DeferredReductionsRideOnTheNextAllGather) {
+  for (int n = 1; n <= 3; ++n)
+    runGloo(n, [n](Communicator &comm) {
+      const int r = comm.rank();
+      const std::vector<Reduction> ops = {Reduction::Sum, Reduction::Mean,
+                                          Reduction::Max, Reduction::Min};
+      std::vector<at::Tensor> inputs, got(ops.size());
+      for (size_t k = 0; k < ops.size(); ++k) {
+        // Quarters: every order of summing them gives the same bits.
+        inputs.push_back(
+            at::scalar_tensor(1.5 * r - 0.25 * static_cast<double>(k * r * r),
+                              k % 2 ? at::kDouble : at::kFloat));
+        comm.deferReduction(inputs[k], ops[k],
+                            [&got, k](at::Tensor t) { got[k] = t; });
+      }
+      std::vector<int64_t> sizes;
+      for (int q = 0; q < n; ++q)
+        sizes.push_back(q + 1);
+      at::Tensor rows = rankData(r, {r + 1, 3}, at::kFloat);
+      const int64_t before = comm.collectivesStarted();
+      at::Tensor all = comm.allGather(rows, 0, sizes);
+      if (n > 1)
+        CHILD_CHECK(comm.collectivesStarted() - before == 1,
+                    "the deferred reductions took a collective of their own");
+      std::vector<at::Tensor> pieces;
+      for (int q = 0; q < n; ++q)
+        pieces.push_back(rankData(q, {q + 1, 3}, at::kFloat));
+      CHILD_CHECK(at::equal(all, at::cat(pieces)),
+                  "the all-gather's rows changed");
+      for (size_t k = 0; k < ops.size(); ++k) {
+        CHILD_CHECK(got[k].defined(), "reduction " << k << " never completed");
+        at::Tensor expected = comm.allReduce(inputs[k], ops[k]);
+        CHILD_CHECK(got[k].dim() == 0 &&
+                        got[k].scalar_type() == inputs[k].scalar_type() &&
+                        at::equal(got[k], expected),
+                    "reduction " << k << " gave " << got[k] << ", not "
+                                 << expected);
+      }
+
+      // Flushed alone, in one collective.
+      at::Tensor flushed;
+      comm.deferReduction(at::scalar_tensor(r + 1.0, at::kDouble),
+                          Reduction::Sum,
+                          [&flushed](at::Tensor t) { flushed = t; });
+      const int64_t beforeFlush = comm.collectivesStarted();
+      comm.flushReductions();
+      CHILD_CHECK(comm.collectivesStarted() - beforeFlush == (n > 1 ? 1 : 0),
+                  "the flush is not one collective");
+      CHILD_CHECK(flushed.defined() &&
+                      flushed.item<double>() == n * (n + 1) / 2.0,
+                  "the flushed sum is wrong");
+      comm.flushReductions(); // nothing pending: nothing moves
+      CHILD_CHECK(comm.collectivesStarted() - beforeFlush == (n > 1 ? 1 : 0),
+                  "an empty flush moved something");
+
+      // Dropped: a later all-gather carries nothing of it.
+      bool called = false;
+      comm.deferReduction(at::scalar_tensor(1.0), Reduction::Sum,
+                          [&called](at::Tensor) { called = true; });
+      comm.dropReductions();
+      comm.allGather(rows, 0, sizes);
+      CHILD_CHECK(called == (n == 1), "a dropped reduction completed");
+
+      // A vector reduces at once.
+      at::Tensor vector;
+      comm.deferReduction(at::ones({2}), Reduction::Sum,
+                          [&vector](at::Tensor t) { vector = t; });
+      CHILD_CHECK(vector.defined() && vector[0].item<float>() == n,
+                  "a vector's reduction was deferred");
+    });
+}
+
 TEST(ProcessGroupCommunicatorTest, BroadcastFromNonZeroRoot) {
   for (int n = 1; n <= 4; ++n)
     runGloo(n, [n](Communicator &comm) {
