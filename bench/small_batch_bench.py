@@ -389,8 +389,32 @@ def run_case(args, loss, mode, world, b_local):
     if by_row["dloss-ring"]["gloo_detail"] == \
             by_row["dloss-gather"]["gloo_detail"]:
         took = ["either (same messages)"]
+    if not took:
+        took = [one_sided_label(by_row)]
     auto["auto_took"] = took[0] if len(took) == 1 else "?"
     return out
+
+
+def gloo_count(row, op):
+    """How many Gloo operations `op` ("all_gather", "send") a row started."""
+    for part in row["gloo_detail"].split():
+        name, _, count = part.partition("=")
+        if name == op:
+            return int(count)
+    return 0
+
+
+def one_sided_label(by_row):
+    """What auto ran when its messages match neither forced row: CLIP's and
+    SigLIP's forced gather gathers both sides (no sends), and auto, when
+    both sides are above the crossover but the columns alone are not, the
+    one-sided gather: an all-gather beyond the ring's and the carries'
+    sends."""
+    auto, ring = by_row["dloss-auto"], by_row["dloss-ring"]
+    if (gloo_count(auto, "all_gather") > gloo_count(ring, "all_gather")
+            and 0 < gloo_count(auto, "send") < gloo_count(ring, "send")):
+        return "gather, one side"
+    return "?"
 
 
 def failed_rows(args, loss, mode, world, b_local, why):

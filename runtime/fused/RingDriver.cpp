@@ -310,6 +310,28 @@ Schedule passSchedule(Communicator &comm, const Tensors &features,
   return chooseSchedule(currentSchedule(), size);
 }
 
+bool gathersBothSides(Communicator &comm, const at::Tensor &rows,
+                      const at::Tensor &cols,
+                      const std::vector<int64_t> &rowSizes,
+                      const std::vector<int64_t> &colSizes, int tilesTwice,
+                      int savedExchanges) {
+  const int n = comm.worldSize();
+  if (rows.is_cuda() || n == 1 ||
+      passSchedule(comm, {rows, cols}, {rowSizes, colSizes}) !=
+          Schedule::Gather)
+    return false;
+  // Per rank, on average: (R / N) x C products of d multiply-adds each.
+  const double extraMacs = tilesTwice * static_cast<double>(total(rowSizes)) *
+                           static_cast<double>(total(colSizes)) *
+                           static_cast<double>(rows.size(1)) / n;
+  if (currentSchedule() == Schedule::Auto &&
+      !schedule::bothSidesPay(n, engineFor(rows.device().type()), extraMacs,
+                              savedExchanges))
+    return false;
+  countPass(Schedule::Gather);
+  return true;
+}
+
 Tensors runRing(Communicator &comm, const RingPass &pass) {
   Schedule schedule = passSchedule(
       comm, pass.features,

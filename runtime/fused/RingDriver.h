@@ -85,6 +85,20 @@ Tensors gatherOperands(Communicator &comm, const Tensors &features,
 Schedule passSchedule(Communicator &comm, const Tensors &features,
                       const std::vector<std::vector<int64_t>> &lengths);
 
+/// Whether a CPU op over `rows` x `cols` (every rank's sizes in rowSizes,
+/// colSizes) runs as the gather of both sides (CLIP's and SigLIP's ops:
+/// RingSoftmaxCE.cpp, RingSigmoidPairs.cpp): the call's setting is the
+/// gather, or auto's choice for moving both operands is and computing
+/// `tilesTwice` similarity-sized products a second time costs less than the
+/// `savedExchanges` exchanges it saves (schedule::bothSidesPay). Only
+/// global sizes enter, so every rank decides alike. Counted as a gather
+/// pass when it does; otherwise the op runs runRing's passes.
+bool gathersBothSides(Communicator &comm, const at::Tensor &rows,
+                      const at::Tensor &cols,
+                      const std::vector<int64_t> &rowSizes,
+                      const std::vector<int64_t> &colSizes, int tilesTwice,
+                      int savedExchanges);
+
 /// Runs `pass` on every rank's chunk; returns this rank's own chunk's
 /// complete carry. The schedule is the call's setting (currentSchedule(),
 /// fused/Schedule.h) or, under auto, the cost model's choice from the

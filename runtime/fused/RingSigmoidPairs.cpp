@@ -79,11 +79,11 @@ bool sigmoidPairsGradBothSides(KernelContext &ctx, const FusedArgs &args,
   Communicator &comm = ctx.communicator();
   const Similarity &sim = ops.sim;
   const std::vector<int64_t> rowSizes = ctx.rankSizes(0, 0);
-  if (args.onDevice || comm.worldSize() == 1 ||
-      passSchedule(comm, {sim.rows, sim.cols}, {rowSizes, ops.colSizes}) !=
-          Schedule::Gather)
+  // The column side's tiles are computed a second time; the exchange of
+  // the columns' gradients is saved.
+  if (!gathersBothSides(comm, sim.rows, sim.cols, rowSizes, ops.colSizes,
+                        /*tilesTwice=*/1, /*savedExchanges=*/1))
     return false;
-  countPass(Schedule::Gather);
   const std::vector<int64_t> &rs = rowSizes;
   Tensors all = gatherOperands(
       comm, {sim.rows, sim.cols, ops.ctPair, ops.ctPositive, ops.targets},

@@ -107,19 +107,13 @@ void runSoftmaxCE(KernelContext &ctx, const FusedArgs &args,
   setSoftmaxResults(ctx, args, rows, {colStats[0], colStats[1], colStats[2]});
 }
 
-/// Whether this call's CLIP runs as the gather of both sides (on the CPU:
-/// the GPU's visits keep the one-sided passes of runRing): the call's
-/// setting, or auto's choice for moving the rows and the columns. Counted
-/// as a gather pass when it does.
-bool gathersBothSides(KernelContext &ctx, const FusedArgs &args,
-                      const SoftmaxOperands &ops) {
-  Communicator &comm = ctx.communicator();
-  if (args.onDevice || comm.worldSize() == 1 ||
-      passSchedule(comm, {ops.sim.rows, ops.sim.cols},
-                   {ops.rowSizes, ops.colSizes}) != Schedule::Gather)
-    return false;
-  countPass(Schedule::Gather);
-  return true;
+/// Whether this call's CLIP gathers both sides: the forward's column
+/// similarity and the backward's column side are computed a second time,
+/// and the forward's and backward's carry exchanges are saved.
+bool clipGathersBothSides(KernelContext &ctx, const SoftmaxOperands &ops) {
+  return gathersBothSides(ctx.communicator(), ops.sim.rows, ops.sim.cols,
+                          ops.rowSizes, ops.colSizes, /*tilesTwice=*/2,
+                          /*savedExchanges=*/2);
 }
 
 /// CLIP's forward as the gather of both sides: every rank gathers the rows
@@ -248,7 +242,7 @@ void ringSoftmaxCE(KernelContext &ctx) {
   FusedArgs args(ctx, "dloss.ring_softmax_ce");
   DLOSS_DEVICE_DISPATCH(ringSoftmaxCEDevice)
   SoftmaxOperands ops = softmaxOperands(args);
-  if (gathersBothSides(ctx, args, ops))
+  if (clipGathersBothSides(ctx, ops))
     return softmaxCEBothSides(ctx, args, ops);
   const Similarity &sim = ops.sim;
   const int64_t n = sim.rows.size(0);
@@ -284,7 +278,7 @@ void ringSoftmaxCEGrad(KernelContext &ctx) {
   FusedArgs args(ctx, "dloss.ring_softmax_ce_grad");
   DLOSS_DEVICE_DISPATCH(ringSoftmaxCEGradDevice)
   SoftmaxOperands ops = softmaxOperands(args, /*backward=*/true);
-  if (gathersBothSides(ctx, args, ops))
+  if (clipGathersBothSides(ctx, ops))
     return softmaxCEGradBothSides(ctx, args, ops);
   const Similarity &sim = ops.sim;
   const at::Tensor &rowLse = ops.rowLse, &ctRow = ops.ctRow;

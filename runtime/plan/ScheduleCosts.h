@@ -29,6 +29,8 @@ struct EngineCosts {
   double bandwidth;
   /// The most bytes a gather may hold per rank, whatever the model says.
   int64_t gatherMemoryCap;
+  /// Multiply-adds per second one rank's tiles run at.
+  double macRate;
 };
 
 constexpr EngineCosts engineCosts(Engine engine) {
@@ -37,11 +39,13 @@ constexpr EngineCosts engineCosts(Engine engine) {
     // wait on each step's transfers (NCCL's tuning tables, nccl-tests'
     // small-message figures), and 100 GB/s received per GPU, conservative
     // for NVLink. Not yet measured on a GPU (docs/Cuda.md).
-    return {25e-6, 100e9, int64_t{256} << 20};
+    // 25 T multiply-adds per second: below an H100's f32 peak.
+    return {25e-6, 100e9, int64_t{256} << 20, 25e12};
   // Gloo over loopback TCP on the project's 2-core CI machine, 4 ranks of
   // one thread each, fitted to bench/small_batch_bench.py's ring and gather
-  // rows (docs/Fusion.md, "Choosing the schedule").
-  return {0.5e-3, 1.5e9, int64_t{64} << 20};
+  // rows (docs/Fusion.md, "Choosing the schedule"); the tiles at one
+  // thread's sgemm peak there (45 GFLOP/s, bench/README.md).
+  return {0.5e-3, 1.5e9, int64_t{64} << 20, 22.5e9};
 }
 
 /// The global operand size (bytes of every rank's travelling chunk
@@ -52,6 +56,17 @@ constexpr int64_t gatherCrossoverBytes(int worldSize, Engine engine) {
       2.0 * std::max(worldSize - 1, 0) * costs.hopLatency * costs.bandwidth;
   return std::min<int64_t>(static_cast<int64_t>(crossover),
                            costs.gatherMemoryCap);
+}
+
+/// Whether a gather of both sides pays (CLIP's and SigLIP's ops,
+/// fused/RingDriver.h): computing `extraMacs` multiply-adds more per rank
+/// costs less than the `savedExchanges` exchanges with every peer (N-1 hops
+/// each) it saves.
+constexpr bool bothSidesPay(int worldSize, Engine engine, double extraMacs,
+                            int savedExchanges) {
+  EngineCosts costs = engineCosts(engine);
+  return extraMacs / costs.macRate <=
+         savedExchanges * std::max(worldSize - 1, 0) * costs.hopLatency;
 }
 
 } // namespace dloss::schedule

@@ -428,6 +428,26 @@ TEST(ScheduleTest, AutoGathersUpToTheCrossoverAndForcedSettingsHold) {
   }
 }
 
+// CLIP's gather of both sides (its similarity computed twice, two exchanges
+// saved) pays at 4 Gloo ranks, d 256, up to B_local of about 180: auto
+// takes it at 128 and the one-sided gather or the ring at 512, as measured
+// (docs/Fusion.md). One rank saves nothing.
+TEST(ScheduleTest, BothSidesPayWhileTheirArithmeticCostsLessThanTheExchanges) {
+  using dloss::schedule::bothSidesPay;
+  using dloss::schedule::Engine;
+  auto extra = [](double bLocal, int world) {
+    // Two similarity-sized products: 2 (R / N) C d with R = C = N B_local.
+    return 2 * bLocal * bLocal * world * 256.0;
+  };
+  EXPECT_TRUE(bothSidesPay(4, Engine::Gloo, extra(128, 4), 2));
+  EXPECT_FALSE(bothSidesPay(4, Engine::Gloo, extra(512, 4), 2));
+  EXPECT_TRUE(bothSidesPay(2, Engine::Gloo, extra(128, 2), 2));
+  EXPECT_FALSE(bothSidesPay(2, Engine::Gloo, extra(512, 2), 2));
+  EXPECT_FALSE(bothSidesPay(1, Engine::Gloo, extra(8, 1), 2));
+  // A GPU computes the same tiles a thousand times faster.
+  EXPECT_TRUE(bothSidesPay(4, Engine::Nccl, extra(512, 4), 2));
+}
+
 // Under auto, a small CLIP pass runs as the gather: the same collectives as
 // the forced gather (on the CPU, one all-gather of both sides and no
 // carries), as many as the ring's single exchange; and all three give the
