@@ -102,11 +102,22 @@ void printSchedule(llvm::raw_ostream &os, const ReportOptions &options) {
     return (world > 1 && columns <= crossover ? "gather" : "ring") +
            std::string(" (crossover ") + mib(crossover) + " MiB)";
   };
+  // CLIP's and SigLIP's CPU ops: rows as many as columns, CLIP's two
+  // similarity-sized products computed again, two exchanges saved.
+  const double extraMacs =
+      2.0 * options.batch * world * options.batch * options.dim;
+  const bool bothSides =
+      world > 1 && 2 * columns <= gatherCrossoverBytes(world, Engine::Gloo) &&
+      bothSidesPay(world, Engine::Gloo, extraMacs, 2);
   os << "  schedule (auto, chosen per call by the runtime): a fused op "
         "gathers its columns while every rank's together are below the "
         "crossover, else runs the ring; here "
      << mib(columns) << " MiB of f32 columns: " << choice(Engine::Gloo)
-     << " with Gloo, " << choice(Engine::Nccl) << " with NCCL\n";
+     << " with Gloo, " << choice(Engine::Nccl)
+     << " with NCCL; CLIP's and SigLIP's ops on the CPU gather both sides "
+        "(rows too; no carries travel) while rows and columns are below it "
+        "and computing the tiles twice costs less than the exchanges saved: "
+     << (bothSides ? "yes" : "no") << " here\n";
 }
 
 } // namespace
