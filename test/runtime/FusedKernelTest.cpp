@@ -24,6 +24,7 @@ namespace {
 using namespace dloss::test;
 using dloss::Communicator;
 using dloss::Error;
+using dloss::Executor;
 namespace fused = dloss::fused;
 
 constexpr int64_t kWidth = 6;
@@ -478,6 +479,56 @@ TEST(ScheduleTest, AutoRunsTheGatherAtSmallSizes) {
     for (size_t k = 0; k < byRing.size(); ++k) {
       expectClose(byGather[k], byRing[k], 1e-13, kF64, "gather against ring");
       expectClose(byAuto[k], byGather[k], 0, kF64, "auto against gather");
+    }
+  });
+}
+
+// A plan's all_reduce whose value only local steps and the results read
+// (a loss value) rides on the call's next all-gather: the preflight and
+// that gather are the call's only collectives, and the local step after it
+// sees the reduced value. One whose value a later collective reads runs
+// where it stands.
+TEST(ScheduleTest, ALossAllReduceRidesOnTheNextAllGather) {
+  auto plan = [](bool readByCollective) {
+    FunctionSpec function;
+    function.args = {tensorArg("x", at::zeros({1, 4}, at::kDouble), {0}),
+                     tensorArg("y", at::zeros({1, 3}, at::kDouble), {0})};
+    function.numRegisters = 6;
+    function.steps = {
+        StepSpec{"dloss.reduce",
+                 {0},
+                 {2},
+                 {textAttr("kind", "sum"), intsAttr("axes", {0, 1})}},
+        StepSpec{"dloss.all_reduce", {2}, {3}, {textAttr("kind", "sum")}},
+        readByCollective
+            ? StepSpec{"dloss.all_reduce", {3}, {4}, {textAttr("kind", "max")}}
+            : StepSpec{"dloss.mul", {3, 3}, {4}, {}},
+        StepSpec{"dloss.all_gather", {1}, {5}, {intAttr("axis", 0)}},
+    };
+    function.results = {4, 5};
+    return buildPlan({function});
+  };
+  runGloo(3, [&](Communicator &comm) {
+    const int r = comm.rank();
+    at::Tensor x = at::full({r + 1, 4}, r + 1.0, at::kDouble);
+    at::Tensor y = at::full({r, 3}, static_cast<double>(r), at::kDouble);
+    const double total = 4.0 * (1 + 4 + 9); // rank q: q+1 rows of q+1
+    for (bool readByCollective : {false, true}) {
+      Executor executor(plan(readByCollective), comm);
+      const int64_t before = comm.collectivesStarted();
+      std::vector<at::Tensor> results = executor.run("f", {x, y});
+      const int64_t made = comm.collectivesStarted() - before;
+      // Read by the second all_reduce, the first runs where it stands;
+      // the second, read by nothing, rides.
+      CHILD_CHECK(made == (readByCollective ? 3 : 2),
+                  "the call made " << made << " collectives");
+      const double expected = readByCollective ? total : total * total;
+      CHILD_CHECK(results[0].dim() == 0 &&
+                      results[0].item<double>() == expected,
+                  "the reduced value is " << results[0]);
+      at::Tensor rows = at::cat({at::full({1, 3}, 1.0, at::kDouble),
+                                 at::full({2, 3}, 2.0, at::kDouble)});
+      CHILD_CHECK(at::equal(results[1], rows), "the gathered rows changed");
     }
   });
 }
