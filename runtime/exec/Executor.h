@@ -76,9 +76,10 @@ public:
   Communicator &communicator() const { return comm; }
   const ExecutorOptions &options() const { return opts; }
   /// The schedule setting of the next call: opts.schedule, else the
-  /// process default.
+  /// setting of the call scope this thread is in (a test's, or an outer
+  /// call's: fused::ScheduleScope), else the process default.
   fused::Schedule scheduleSetting() const {
-    return opts.schedule.value_or(fused::defaultSchedule());
+    return opts.schedule.value_or(fused::currentSchedule());
   }
 
   /// The number of int64 values each rank contributes to the preflight. It

@@ -465,20 +465,63 @@ TEST(ScheduleTest, AutoRunsTheGatherAtSmallSizes) {
     auto run = [&](fused::Schedule schedule, int64_t &collectives) {
       fused::ScheduleScope scope(schedule);
       int64_t before = comm.collectivesStarted();
+      fused::PassCounts passes = fused::passCounts();
       std::vector<at::Tensor> results =
           runFused(comm, "dloss.ring_softmax_ce", operands, 4);
       collectives = comm.collectivesStarted() - before;
+      // The executor's call runs under the test's setting (a ring pass
+      // under ring, a gather pass under gather and auto).
+      const bool ring = schedule == fused::Schedule::Ring;
+      EXPECT_EQ(fused::passCounts().ring - passes.ring, ring ? 1 : 0);
+      EXPECT_EQ(fused::passCounts().gather - passes.gather, ring ? 0 : 1);
       return results;
     };
     int64_t ring = 0, gather = 0, automatic = 0;
     std::vector<at::Tensor> byRing = run(fused::Schedule::Ring, ring);
     std::vector<at::Tensor> byGather = run(fused::Schedule::Gather, gather);
     std::vector<at::Tensor> byAuto = run(fused::Schedule::Auto, automatic);
-    EXPECT_EQ(gather, ring);
+    // Each: the preflight, then the ring's exchange or the gather.
+    EXPECT_EQ(ring, 2);
+    EXPECT_EQ(gather, 2);
     EXPECT_EQ(automatic, gather);
     for (size_t k = 0; k < byRing.size(); ++k) {
       expectClose(byGather[k], byRing[k], 1e-13, kF64, "gather against ring");
       expectClose(byAuto[k], byGather[k], 0, kF64, "auto against gather");
+    }
+  });
+}
+
+// Where the bytes are under the crossover but computing the tiles twice
+// would cost more than the exchanges it saves (bothSidesPay: here 1000 and
+// 1100 rows per rank of width 6 at 2 ranks), auto runs CLIP and SigLIP as
+// the one-sided gather: gather passes, the carries' exchanges among the
+// collectives, and the same results as every other schedule.
+TEST(ScheduleTest, AutoTakesTheOneSidedGatherWhereBothSidesDoNotPay) {
+  runGloo(2, [](Communicator &comm) {
+    const Layout layout{{1000, 1100}, {1100, 1000}};
+    fused::ScheduleScope scope(fused::Schedule::Auto);
+    // The collectives of each check (its forward and backward, each a call
+    // of its own with a preflight, and the all-reduce of each summed 0-d
+    // gradient): CLIP's forward gathers and exchanges, its backward gathers
+    // the column statistics and exchanges (2 + 1 + 3 + 1 = 7; both sides
+    // would make 2 + 2 + 1); SigLIP's forward gathers, its backward gathers
+    // the columns again (another call) and exchanges (2 + 3 + 2 = 7; both
+    // sides 2 + 2 + 2).
+    const std::vector<std::pair<void (*)(const Case &), int64_t>> checks = {
+        {checkRingSoftmaxCE, 7}, {checkRingSigmoidPairs, 7}};
+    for (const auto &[check, collectives] : checks) {
+      fused::PassCounts before = fused::passCounts();
+      const int64_t started = comm.collectivesStarted();
+      check(Case{comm, layout, kF64,
+                 "rank " + std::to_string(comm.rank()) + ", auto"});
+      fused::PassCounts after = fused::passCounts();
+      CHILD_CHECK(after.gather - before.gather == 2 &&
+                      after.ring == before.ring,
+                  "auto did not gather both passes");
+      const int64_t made = comm.collectivesStarted() - started;
+      CHILD_CHECK(made == collectives,
+                  made << " collectives, not the one-sided gather's "
+                       << collectives);
     }
   });
 }
