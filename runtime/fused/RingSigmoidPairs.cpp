@@ -99,30 +99,31 @@ bool sigmoidPairsGradBothSides(KernelContext &ctx, const FusedArgs &args,
   // `side`'s rows x `cols`; the row side adds every pair's share of dscale
   // and dbias, each pair once.
   at::Tensor none;
-  auto side = [&](const Similarity &side, const at::Tensor &cols,
+  auto side = [&](const Similarity &operands, const at::Tensor &cols,
                   const at::Tensor &ctPair, const at::Tensor &ctPositive,
                   const at::Tensor &targets, int64_t colBase, at::Tensor &dRows,
                   at::Tensor &dCols, double *dScale, double *dBias) {
-    const int64_t rows = side.rows.size(0);
-    TileShape tile = clippedTile(rows, cols.size(0), args.compute);
-    TileScratch scratch(tile, 2, args.options());
-    forEachBlock(rows, cols.size(0), tile, [&](const Block &block) {
-      at::Tensor s = similarityTile(side, cols, block, scratch(0, block));
-      at::Tensor grad = scratch(1, block);
-      std::pair<double, double> sums =
-          sigmoidTileGradient(s, side.scale, ops.bias, block, ctPair, grad);
-      Elements g(grad), sAt(s), ctAt(ctPositive);
-      forRowTargets(targets, block, colBase, [&](int64_t i, int64_t e) {
-        g.add(e, ctAt.get(i));
-        sums.first += ctAt.get(i);
-        sums.second += ctAt.get(i) * sAt.get(e);
-      });
-      backpropGemms(grad, block, side.rows, cols, side.scale, dRows, dCols);
-      if (dBias)
-        *dBias += sums.first;
-      if (dScale)
-        *dScale += sums.second;
-    });
+    forSideBlocks(
+        operands.rows.size(0), cols.size(0), args, 2,
+        [&](const Block &block, auto &scratch) {
+          at::Tensor s =
+              similarityTile(operands, cols, block, scratch(0, block));
+          at::Tensor grad = scratch(1, block);
+          std::pair<double, double> sums = sigmoidTileGradient(
+              s, operands.scale, ops.bias, block, ctPair, grad);
+          Elements g(grad), sAt(s), ctAt(ctPositive);
+          forRowTargets(targets, block, colBase, [&](int64_t i, int64_t e) {
+            g.add(e, ctAt.get(i));
+            sums.first += ctAt.get(i);
+            sums.second += ctAt.get(i) * sAt.get(e);
+          });
+          backpropGemms(grad, block, operands.rows, cols, operands.scale, dRows,
+                        dCols);
+          if (dBias)
+            *dBias += sums.first;
+          if (dScale)
+            *dScale += sums.second;
+        });
   };
   at::Tensor dRows = at::zeros({n, d}, args.options());
   at::Tensor dCols = at::zeros({m, d}, args.options());

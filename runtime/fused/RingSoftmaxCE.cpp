@@ -66,17 +66,6 @@ void setSoftmaxResults(KernelContext &ctx, const FusedArgs &args,
   ctx.setResult(3, colLse.to(args.type(1)));
 }
 
-/// fn(block, scratch) for every block of a rows x cols side of the gather,
-/// with `buffers` tile buffers.
-template <typename Fn>
-void forSideBlocks(int64_t rows, int64_t cols, const FusedArgs &args,
-                   int buffers, Fn &&fn) {
-  TileShape tile = clippedTile(rows, cols, args.compute);
-  TileScratch scratch(tile, buffers, args.options());
-  forEachBlock(rows, cols, tile,
-               [&](const Block &block) { fn(block, scratch); });
-}
-
 /// The CLIP forward's ring and results, for the CPU and GPU ops:
 /// tiles(chunk, rows, stats) folds this rank's tiles of a chunk into the row
 /// statistics and the chunk's column statistics `stats` [3, length] (running

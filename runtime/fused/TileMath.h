@@ -54,6 +54,18 @@ private:
   mutable std::vector<View> views;
 };
 
+/// fn(block, scratch) for every block of a rows x cols problem (a side of
+/// the gather of both sides), with `buffers` tile buffers of the tile the
+/// sizes clip to.
+template <typename Fn>
+void forSideBlocks(int64_t rows, int64_t cols, const FusedArgs &args,
+                   int buffers, Fn &&fn) {
+  TileShape tile = clippedTile(rows, cols, args.compute);
+  TileScratch scratch(tile, buffers, args.options());
+  forEachBlock(rows, cols, tile,
+               [&](const Block &block) { fn(block, scratch); });
+}
+
 /// S = rows[block] x cols[block]^T, written into `out`.
 at::Tensor similarityTile(const Similarity &sim, const at::Tensor &cols,
                           const Block &block, at::Tensor out);
