@@ -323,7 +323,9 @@ g = torch.Generator().manual_seed(0)
 x = F.normalize(torch.randn(256, 64, generator=g, dtype=torch.float64), dim=1).float()
 y = F.normalize(torch.randn(256, 64, generator=g, dtype=torch.float64), dim=1).float()
 def run(device):
-    a = x.to(device).requires_grad_(); b = y.to(device).requires_grad_()
+    # Fresh leaves per device: x.to("cpu") is x itself, and a leaf that
+    # requires grad would make x.to("cuda") a non-leaf with no .grad.
+    a = x.to(device, copy=True).requires_grad_(); b = y.to(device, copy=True).requires_grad_()
     loss = dloss.ClipLoss()(a, b, torch.tensor(10.0, device=device))
     loss.backward()
     return float(loss), a.grad.cpu(), b.grad.cpu()
@@ -412,8 +414,11 @@ stage_tests() {
     stdbuf -oL ctest --test-dir "$build_dir" -L gpu -j 4 --timeout "$limit" --output-on-failure 2>&1 | tee -a /dev/stderr)
   rc=$?
   local passed failed total skipped
-  total=$(sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' <<< "$log" | tail -1)
-  failed=$(sed -n 's/.*, \([0-9]*\) tests failed out of.*/\1/p' <<< "$log" | tail -1)
+  # ctest ends with "100% tests passed out of N" when none failed, and with
+  # "P% tests passed, F tests failed out of N" otherwise.
+  total=$(sed -n 's/.*% tests passed.* out of \([0-9]*\).*/\1/p' <<< "$log" | tail -1)
+  failed=$(sed -n 's/.*% tests passed, \([0-9]*\) tests failed out of.*/\1/p' <<< "$log" | tail -1)
+  [ -z "$total" ] || failed=${failed:-0}
   skipped=$(grep -c '(Skipped)' <<< "$log")
   passed=$(( ${total:-0} - ${failed:-0} - skipped ))
   # test_cuda.py's own counts (LastTest.log holds every entry's output):
