@@ -39,9 +39,10 @@ Modes:
         baselines then average W's gradient by hand), SGD step.
 
 Timing: --warmup calls of every row, then --iters rounds (--iters-big at
-B_local >= 1024), each round starting one row later than the last; before
-each timed call the ranks line up (dist.barrier), so a call's time is its
-own. Reported: the median per rank, the worst rank,
+B_local >= 1024), each round starting one row later than the last; a dloss
+row's timed call follows an untimed call of the same row, as in a training
+loop (its preflight then carries the rows: the fold), and before each timed
+call the ranks line up (dist.barrier), so a call's time is its own. Reported: the median per rank, the worst rank,
 and ratio = row / the baseline of the same (loss, mode, world, B_local).
 
 Messages per call: after the timed calls each row makes one more call under
@@ -281,6 +282,10 @@ def count_messages(prepare, step, comm):
     name, and the dloss communicator's numbered collectives (None when the
     row is not dloss's)."""
     import torch
+    if comm is not None:
+        # The steady state: after a call of the same loss (the fold).
+        prepare()
+        step()
     prepare()
     before = comm.collectives_started if comm is not None else None
     prof = torch.profiler.profile(
@@ -323,6 +328,12 @@ def rank_main(loss, mode, rank, world, port, b_local, dim, classes, iters,
         # the same one.
         for name in names[i % len(names):] + names[:i % len(names)]:
             prepare, step = rows[name]
+            if name.startswith("dloss-"):
+                # A training loop's call follows a call of the same loss,
+                # whose preflight made room for this one's rows (the fold,
+                # docs/Fusion.md); the row before it here was another.
+                prepare()
+                step()
             prepare()
             dist.barrier()
             start = time.perf_counter()

@@ -118,6 +118,11 @@ void bindCommunicator(py::module_ &m) {
       .def_property_readonly("world_size", &Communicator::worldSize)
       .def_property_readonly("collectives_started",
                              &Communicator::collectivesStarted)
+      .def_property_readonly(
+          "fold_capacity", &Communicator::foldCapacity,
+          "The bytes of rows the next preflight can carry (docs/Fusion.md, "
+          "\"The preflight carries the first gather\"), the same on every "
+          "rank")
       .def(
           "all_gather",
           [](Communicator &c, const at::Tensor &x, int64_t axis,

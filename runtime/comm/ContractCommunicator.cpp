@@ -5,6 +5,7 @@
 #include "runtime/support/Format.h"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 
 namespace dloss::comm {
@@ -194,6 +195,13 @@ at::Tensor ContractCommunicator::ringShift(const at::Tensor &input,
 
 std::vector<int64_t>
 ContractCommunicator::allGatherInts(const std::vector<int64_t> &values) {
+  return allGatherIntsFolding(values, at::Tensor(), -1).values;
+}
+
+Communicator::FoldedInts
+ContractCommunicator::allGatherIntsFolding(const std::vector<int64_t> &values,
+                                           const at::Tensor &payload,
+                                           int64_t proposal) {
   Call call{"allGatherInts", ""};
   int64_t length = static_cast<int64_t>(values.size());
   begin(call, nullptr, length);
@@ -201,22 +209,34 @@ ContractCommunicator::allGatherInts(const std::vector<int64_t> &values) {
   // dloss.all_gather's shape exchange) would send messages of different
   // lengths, which Gloo's transport answers by aborting the process. So
   // every rank first sends one frame of the same size whatever its call:
-  // its length, then its values when they fit (the preflight's do). Such
-  // ranks then fail with an error instead, and an exchange whose values
-  // fit every rank's frame is over in one round trip; longer ones follow
-  // in a second transfer, once every rank knows every length.
+  // its length, its payload's byte count and its proposal, then its values
+  // when they fit (the preflight's do), then the payload's room. Such ranks
+  // then fail with an error instead, and an exchange whose values fit every
+  // rank's frame is over in one round trip; longer ones follow in a second
+  // transfer, once every rank knows every length. The room is the same on
+  // every rank: it changes only here, from what every rank received.
   const int n = options.worldSize;
-  std::vector<int64_t> frame(kIntsFrame, 0);
+  const int64_t room = capacity / 8, words = kIntsFrame + room;
+  std::vector<int64_t> frame(static_cast<size_t>(words), 0);
   frame[0] = length;
-  const bool fits = length < kIntsFrame;
+  const bool fits = length <= kIntsFrame - kIntsFrameHeader;
+  const bool folds = payload.defined() && payload.nbytes() <= room * 8;
+  frame[1] = folds ? static_cast<int64_t>(payload.nbytes()) : -1;
+  frame[2] = proposal;
   if (fits)
-    std::copy(values.begin(), values.end(), frame.begin() + 1);
+    std::copy(values.begin(), values.end(), frame.begin() + kIntsFrameHeader);
+  if (folds && payload.nbytes() > 0)
+    std::memcpy(frame.data() + kIntsFrame,
+                payload.contiguous().data_ptr<uint8_t>(), payload.nbytes());
   Call first = call;
   first.transfer = "the frame of lengths and values";
   std::vector<int64_t> frames = transferAllGatherInts(first, frame);
+  auto at = [&](int r, int64_t k) {
+    return frames[static_cast<size_t>(r * words + k)];
+  };
   std::vector<int64_t> counts(n);
   for (int r = 0; r < n; ++r)
-    counts[r] = frames[static_cast<size_t>(r) * kIntsFrame];
+    counts[r] = at(r, 0);
   if (std::any_of(counts.begin(), counts.end(),
                   [&](int64_t n) { return n != length; })) {
     std::string list;
@@ -235,16 +255,41 @@ ContractCommunicator::allGatherInts(const std::vector<int64_t> &values) {
                "than its peers (an earlier call skipped or added on some "
                "ranks, or a call under a rank-dependent condition)");
   }
-  if (!fits)
-    return transferAllGatherInts(call, values);
-  std::vector<int64_t> gathered;
-  gathered.reserve(static_cast<size_t>(length) * n);
+  FoldedInts out;
+  bool allFit = true;
+  for (int r = 0; r < n; ++r)
+    allFit = allFit && at(r, 1) >= 0;
+  if (allFit) {
+    at::Tensor bytes = at::empty({n, room * 8}, at::kByte);
+    for (int r = 0; r < n; ++r) {
+      std::memcpy(bytes[r].data_ptr<uint8_t>(),
+                  frames.data() + static_cast<size_t>(r * words + kIntsFrame),
+                  static_cast<size_t>(room * 8));
+      out.payloads.push_back(bytes[r].narrow(0, 0, at(r, 1)));
+    }
+  }
+  // The next frames' room: the largest proposal, in whole int64 words,
+  // none above the limit; a rank that proposes nothing keeps it.
+  bool proposed = true;
+  int64_t largest = 0;
   for (int r = 0; r < n; ++r) {
-    auto start = frames.begin() + static_cast<ptrdiff_t>(r) * kIntsFrame + 1;
-    gathered.insert(gathered.end(), start, start + length);
+    proposed = proposed && at(r, 2) >= 0;
+    largest = std::max(largest, at(r, 2));
+  }
+  if (proposed)
+    capacity = largest > kFoldLimit ? 0 : (largest + 7) / 8 * 8;
+  if (!fits) {
+    out.values = transferAllGatherInts(call, values);
+    return out;
+  }
+  out.values.reserve(static_cast<size_t>(length) * n);
+  for (int r = 0; r < n; ++r) {
+    auto start =
+        frames.begin() + static_cast<ptrdiff_t>(r * words) + kIntsFrameHeader;
+    out.values.insert(out.values.end(), start, start + length);
   }
   complete(call);
-  return gathered;
+  return out;
 }
 
 std::unique_ptr<Communicator::Request>

@@ -34,10 +34,13 @@ namespace dloss::comm {
 // reduceScatter); user tags stay below so a ring schedule can never steal
 // the engine's messages.
 constexpr int kReservedTagBase = 1 << 30;
-// allGatherInts' first transfer: every rank's length and, when they fit
-// (fewer than this many values: the preflight's, a size, a hash), its
-// values, in one frame of this many int64 whatever the call.
+// allGatherInts' first transfer: every rank's length, its folded payload's
+// byte count and its capacity proposal (Communicator::allGatherIntsFolding)
+// and, when they fit (at most kIntsFrame - kIntsFrameHeader values: the
+// preflight's, a size, a hash), its values, in one frame of this many int64
+// whatever the call, followed by the fold capacity's bytes.
 constexpr int64_t kIntsFrame = 512;
+constexpr int64_t kIntsFrameHeader = 3;
 // ringShift header: [ndim, dtype, sizes...]; fixed length so the receiver can
 // post it before knowing anything.
 constexpr int64_t kMaxDims = 64;
@@ -79,6 +82,10 @@ public:
   at::Tensor broadcast(const at::Tensor &input, int root) final;
   at::Tensor ringShift(const at::Tensor &input, int64_t shift) final;
   std::vector<int64_t> allGatherInts(const std::vector<int64_t> &values) final;
+  FoldedInts allGatherIntsFolding(const std::vector<int64_t> &values,
+                                  const at::Tensor &payload,
+                                  int64_t proposal) final;
+  int64_t foldCapacity() const final { return capacity; }
   std::unique_ptr<Request> send(const at::Tensor &tensor, int peer,
                                 int tag) final;
   std::unique_ptr<Request> recv(at::Tensor &tensor, int peer, int tag) final;
@@ -225,6 +232,9 @@ private:
   EngineWording wording;
   /// Collectives started, i.e. the number of the latest one.
   int64_t started = 0;
+  /// The payload bytes every allGatherInts frame carries (foldCapacity);
+  /// set from every rank's proposal, so the same on every rank.
+  int64_t capacity = 0;
   FlightRecorder flight;
   /// The open exchange (beginExchange), whose number its transfers carry.
   std::optional<Call> exchange;

@@ -184,6 +184,7 @@ Executor::Executor(std::shared_ptr<const PlanFile> planFile,
     }
     markDeferred(bound.steps, numRegisters);
     bound.indexUses = preflight::indexUses(*function);
+    bound.foldRegisters = foldRegisters(bound.steps, *function);
     functions.emplace(std::move(name), std::move(bound));
   }
 }
@@ -221,6 +222,34 @@ void Executor::markDeferred(std::vector<BoundStep> &steps,
   }
 }
 
+std::vector<int32_t>
+Executor::foldRegisters(const std::vector<BoundStep> &steps,
+                        const plan::Function &function) {
+  const size_t numArgs = numArguments(function);
+  for (const BoundStep &step : steps) {
+    const OpSpec *spec = findOpSpec(step.op);
+    if (!spec || !spec->collective)
+      continue;
+    // The first collective: its gathered operands that are varying tensor
+    // arguments, each once.
+    std::vector<int32_t> registers;
+    for (int k : step.kernel.foldOperands) {
+      if (k < 0 || static_cast<size_t>(k) >= step.operands.size())
+        continue;
+      const int32_t reg = step.operands[static_cast<size_t>(k)];
+      if (static_cast<size_t>(reg) >= numArgs)
+        continue;
+      const plan::Argument *argument = function.arguments()->Get(reg);
+      if (argument->type()->kind() == plan::RegisterKind::tensor &&
+          !argument->replicated() &&
+          std::find(registers.begin(), registers.end(), reg) == registers.end())
+        registers.push_back(reg);
+    }
+    return registers;
+  }
+  return {};
+}
+
 std::vector<at::Tensor> Executor::run(const std::string &name,
                                       const std::vector<at::Tensor> &inputs) {
   auto found = functions.find(name);
@@ -233,14 +262,18 @@ std::vector<at::Tensor> Executor::run(const std::string &name,
   // process default meanwhile.
   const fused::Schedule setting = scheduleSetting();
   RankShapes shapes;
+  Folded folded;
   {
     CallSite site{name, "", "", "preflight"};
     CallSiteScope scope(site);
-    shapes = preflight(name, bound, inputs, setting);
+    shapes = preflight(name, bound, inputs, setting, folded);
   }
   const plan::Function &function = *bound->function;
   int rank = comm.rank();
   fused::ScheduleScope schedule(setting);
+  // What the preflight carried, the first fused op's gather need not move.
+  for (auto &[reg, rows] : folded)
+    fused::keepGathered(reg, std::move(rows));
 
   std::vector<Value> registers(function.num_registers());
   std::vector<StepContext::KnownShapes> known(registers.size(), nullptr);

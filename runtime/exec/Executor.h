@@ -118,7 +118,14 @@ private:
     std::vector<BoundStep> steps;
     /// The arguments whose values the preflight range-checks.
     std::vector<preflight::IndexUse> indexUses;
+    /// The arguments the preflight carries, when they fit the
+    /// communicator's fold capacity: the rows the call's first collective
+    /// (a fused op) gathers, which then skips its own gather.
+    std::vector<int32_t> foldRegisters;
   };
+  /// A folded argument's every-rank rows, by register
+  /// (fused::keepGathered).
+  using Folded = std::vector<std::pair<int32_t, at::Tensor>>;
   /// Each argument's shape on every rank: shapes[argument][rank]. Empty for
   /// arguments the preflight could not record in full.
   using RankShapes = std::vector<std::vector<std::vector<int64_t>>>;
@@ -126,12 +133,16 @@ private:
   /// Marks the all_reduce steps that may be deferred and the local steps
   /// that then run after them (BoundStep::deferred, afterFlush).
   static void markDeferred(std::vector<BoundStep> &steps, int64_t numRegisters);
+  /// BoundFunction::foldRegisters of `steps`.
+  static std::vector<int32_t> foldRegisters(const std::vector<BoundStep> &steps,
+                                            const plan::Function &function);
 
   /// The preflight; returns every rank's argument shapes or raises.
   /// `schedule`: the call's setting, which the ranks must share.
+  /// `folded` receives the rows the preflight carried (foldRegisters).
   RankShapes preflight(const std::string &name, const BoundFunction *bound,
                        const std::vector<at::Tensor> &inputs,
-                       fused::Schedule schedule);
+                       fused::Schedule schedule, Folded &folded);
   /// Check mode, after a global-mode gradient function: the replicated
   /// arguments' gradients agree bit for bit on every rank, or this raises.
   void checkReplicatedGradients(const std::string &name,

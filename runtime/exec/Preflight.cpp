@@ -7,6 +7,7 @@
 #include "runtime/exec/PreflightIndices.h"
 #include "runtime/exec/PreflightRecord.h"
 #include "runtime/exec/RankGroups.h"
+#include "runtime/fused/RingDriver.h"
 #include "runtime/kernels/DTypes.h"
 #include "runtime/support/Error.h"
 
@@ -158,14 +159,56 @@ at::Device preflight::callDevice(const plan::Function &function,
   return at::Device(at::kCPU);
 }
 
+namespace {
+
+/// The folded arguments' every-rank rows from every rank's payload, where
+/// each payload holds what the agreed shapes say: else none (the fused op
+/// then gathers them itself).
+std::vector<std::pair<int32_t, at::Tensor>>
+unfold(const std::vector<int32_t> &registers, const fused::Tensors &like,
+       const std::vector<std::vector<std::vector<int64_t>>> &shapes,
+       const std::vector<at::Tensor> &payloads) {
+  std::vector<std::vector<int64_t>> lengths;
+  for (int32_t reg : registers) {
+    const auto &byRank = shapes[static_cast<size_t>(reg)];
+    if (byRank.size() != payloads.size())
+      return {};
+    lengths.emplace_back();
+    for (const std::vector<int64_t> &shape : byRank)
+      lengths.back().push_back(shape.empty() ? -1 : shape[0]);
+  }
+  for (size_t q = 0; q < payloads.size(); ++q) {
+    int64_t expected = 0;
+    for (size_t k = 0; k < like.size(); ++k) {
+      int64_t perRow = like[k].element_size();
+      for (int64_t d = 1; d < like[k].dim(); ++d)
+        perRow *= like[k].size(d);
+      if (lengths[k][q] < 0)
+        return {};
+      expected += lengths[k][q] * perRow;
+    }
+    if (expected != static_cast<int64_t>(payloads[q].nbytes()))
+      return {};
+  }
+  fused::Tensors rows = fused::unpackRows(payloads, like, lengths);
+  std::vector<std::pair<int32_t, at::Tensor>> folded;
+  for (size_t k = 0; k < registers.size(); ++k)
+    folded.emplace_back(registers[k], rows[k]);
+  return folded;
+}
+
+} // namespace
+
 // The preflight is one round trip: its record fits allGatherInts' frame.
-static_assert(Executor::kPreflightLength < comm::kIntsFrame,
+static_assert(Executor::kPreflightLength <=
+                  comm::kIntsFrame - comm::kIntsFrameHeader,
               "the preflight record no longer fits allGatherInts' frame");
 
 Executor::RankShapes Executor::preflight(const std::string &name,
                                          const BoundFunction *bound,
                                          const std::vector<at::Tensor> &inputs,
-                                         fused::Schedule schedule) {
+                                         fused::Schedule schedule,
+                                         Folded &folded) {
   const plan::Function *function = bound ? bound->function : nullptr;
   static const std::vector<IndexUse> kNoUses;
   const std::vector<IndexUse> &uses = bound ? bound->indexUses : kNoUses;
@@ -173,7 +216,30 @@ Executor::RankShapes Executor::preflight(const std::string &name,
   std::vector<int64_t> mine = localRecord(
       *plan, name, function, uses, inputs, opts.check,
       static_cast<int64_t>(schedule), comm.collectivesStarted(), localError);
-  std::vector<int64_t> all = comm.allGatherInts(mine);
+  // The fold: the rows the call's first fused op gathers travel with the
+  // record, when every rank's fit the frame's room (the last call's
+  // proposal). The next call's room is this call's rows, or none where the
+  // call cannot fold (a ring setting, GPU tensors, a rank's bad input).
+  fused::Tensors foldRows;
+  int64_t foldBytes = 0;
+  bool foldable = bound && !bound->foldRegisters.empty() &&
+                  comm.worldSize() > 1 && schedule != fused::Schedule::Ring &&
+                  localError.empty() && Record{mine.data()}[Status] == Ok;
+  for (size_t k = 0; foldable && k < bound->foldRegisters.size(); ++k) {
+    const size_t reg = static_cast<size_t>(bound->foldRegisters[k]);
+    foldable = reg < inputs.size() && inputs[reg].defined() &&
+               inputs[reg].device().is_cpu() && inputs[reg].dim() >= 1;
+    if (foldable) {
+      foldRows.push_back(inputs[reg].detach());
+      foldBytes += static_cast<int64_t>(inputs[reg].nbytes());
+    }
+  }
+  at::Tensor payload;
+  if (foldable && foldBytes <= comm.foldCapacity())
+    payload = fused::packRows(foldRows);
+  Communicator::FoldedInts exchanged =
+      comm.allGatherIntsFolding(mine, payload, foldable ? foldBytes : 0);
+  std::vector<int64_t> &all = exchanged.values;
   int worldSize = comm.worldSize();
   if (all.size() != kPreflightLength * static_cast<size_t>(worldSize))
     throw Error("the preflight exchange returned " +
@@ -416,6 +482,8 @@ Executor::RankShapes Executor::preflight(const std::string &name,
                       "dimension 0 (the batch)"
                     : "Ranks may differ only in dimension 0 (the batch) of "
                       "an argument");
+  if (foldable && !exchanged.payloads.empty())
+    folded = unfold(bound->foldRegisters, foldRows, shapes, exchanged.payloads);
   return shapes;
 }
 

@@ -238,6 +238,44 @@ Tensors runRingSchedule(Communicator &comm, const RingPass &pass) {
 
 } // namespace
 
+at::Tensor packRows(const Tensors &features) {
+  std::vector<at::Tensor> mine;
+  for (const at::Tensor &tensor : features) {
+    // A fresh dense copy: contiguous() keeps the stride 0 of an expanded
+    // tensor whose sizes are 0 or 1 (a per-column cotangent broadcast from a
+    // scalar), which view() cannot reinterpret as bytes.
+    at::Tensor dense = at::empty(tensor.sizes(), tensor.options());
+    dense.copy_(tensor);
+    mine.push_back(dense.view({-1}).view(at::kByte));
+  }
+  return mine.empty() ? at::empty({0}, at::kByte) : at::cat(mine);
+}
+
+Tensors unpackRows(const std::vector<at::Tensor> &packed, const Tensors &like,
+                   const std::vector<std::vector<int64_t>> &lengths) {
+  const int n = static_cast<int>(packed.size());
+  Tensors out;
+  for (size_t k = 0; k < like.size(); ++k) {
+    const std::vector<int64_t> &sizes = lengths[k];
+    const int64_t width = rowBytes(like[k]);
+    std::vector<int64_t> shape = like[k].sizes().vec();
+    shape[0] = offsetOf(sizes, n);
+    at::Tensor gathered = at::empty(shape, like[k].options());
+    at::Tensor bytes = gathered.view({-1}).view(at::kByte);
+    for (int q = 0; q < n; ++q) {
+      // Feature k's bytes from rank q start after q's earlier features.
+      int64_t before = 0;
+      for (size_t e = 0; e < k; ++e)
+        before += lengths[e][q] * rowBytes(like[e]);
+      const int64_t count = sizes[q] * width;
+      bytes.narrow(0, offsetOf(sizes, q) * width, count)
+          .copy_(packed[q].narrow(0, before, count));
+    }
+    out.push_back(gathered);
+  }
+  return out;
+}
+
 Tensors gatherOperands(Communicator &comm, const Tensors &features,
                        const std::vector<std::vector<int64_t>> &lengths,
                        const std::vector<int64_t> &keys) {
@@ -257,41 +295,22 @@ Tensors gatherOperands(Communicator &comm, const Tensors &features,
   } else if (!missing.empty()) {
     // Rank q sends the bytes of its rows of every missing feature, one after
     // another: a flat byte tensor whose length every rank can work out.
-    std::vector<int64_t> bytes(n, 0), widths;
     Tensors mine;
+    std::vector<std::vector<int64_t>> missingLengths;
+    std::vector<int64_t> bytes(n, 0);
     for (size_t i : missing) {
-      const at::Tensor &tensor = features[i];
-      widths.push_back(rowBytes(tensor));
+      mine.push_back(features[i]);
+      missingLengths.push_back(lengths[i]);
       for (int q = 0; q < n; ++q)
-        bytes[q] += lengths[i][q] * widths.back();
-      // A fresh dense copy: contiguous() keeps the stride 0 of an expanded
-      // tensor whose sizes are 0 or 1 (a per-column cotangent broadcast
-      // from a scalar), which view() cannot reinterpret as bytes.
-      at::Tensor dense = at::empty(tensor.sizes(), tensor.options());
-      dense.copy_(tensor);
-      mine.push_back(dense.view({-1}).view(at::kByte));
+        bytes[q] += lengths[i][q] * rowBytes(features[i]);
     }
-    at::Tensor packed = comm.allGather(at::cat(mine), 0, bytes);
-    for (size_t k = 0; k < missing.size(); ++k) {
-      const at::Tensor &tensor = features[missing[k]];
-      const std::vector<int64_t> &sizes = lengths[missing[k]];
-      std::vector<int64_t> shape = tensor.sizes().vec();
-      shape[0] = offsetOf(sizes, n);
-      at::Tensor out = at::empty(shape, tensor.options());
-      at::Tensor outBytes = out.view({-1}).view(at::kByte);
-      // Feature k's bytes from rank q start after q's earlier features.
-      int64_t from = 0;
-      for (int q = 0; q < n; ++q) {
-        int64_t before = 0;
-        for (size_t e = 0; e < k; ++e)
-          before += lengths[missing[e]][q] * widths[e];
-        const int64_t count = sizes[q] * widths[k];
-        outBytes.narrow(0, offsetOf(sizes, q) * widths[k], count)
-            .copy_(packed.narrow(0, from + before, count));
-        from += bytes[q];
-      }
-      gathered[missing[k]] = out;
-    }
+    at::Tensor packed = comm.allGather(packRows(mine), 0, bytes);
+    std::vector<at::Tensor> perRank;
+    for (int q = 0; q < n; ++q)
+      perRank.push_back(packed.narrow(0, offsetOf(bytes, q), bytes[q]));
+    Tensors out = unpackRows(perRank, mine, missingLengths);
+    for (size_t k = 0; k < missing.size(); ++k)
+      gathered[missing[k]] = out[k];
   }
   for (size_t i : missing)
     keepGathered(keyOf(i), gathered[i]);

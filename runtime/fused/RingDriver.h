@@ -68,6 +68,15 @@ struct RingPass {
   std::function<void(Tensors &mine, const Tensors &upstream)> merge;
 };
 
+/// `features`' bytes, one after another (each a dense copy, row-major):
+/// what a rank sends in the gather of several operands of any types.
+at::Tensor packRows(const Tensors &features);
+/// The inverse across ranks: packed[q] is rank q's packRows of tensors shaped
+/// like `like` but with lengths[k][q] rows of feature k; returns each
+/// feature's rows of every rank, concatenated in rank order.
+Tensors unpackRows(const std::vector<at::Tensor> &packed, const Tensors &like,
+                   const std::vector<std::vector<int64_t>> &lengths);
+
 /// Every rank's rows of each of `features` (axis 0: this rank's
 /// lengths[i][rank] rows; every rank's in lengths[i]), concatenated in rank
 /// order. Those an earlier pass of this call gathered (by key, as

@@ -103,13 +103,19 @@ std::unordered_map<std::string, KernelRule> buildTable() {
   // Fused similarity ops (ring-tiled; runtime/fused/). The backward ops'
   // result 0 (d rows) has the shape of operand 0 (rows).
   auto fusedBinding = [](void (*fn)(KernelContext &),
-                         ShapeFlow flow = ShapeFlow::None) {
-    return KernelRule{[fn](const StepAttrs &) -> Kernel { return fn; }, flow};
+                         ShapeFlow flow = ShapeFlow::None,
+                         std::vector<int> fold = {}) {
+    return KernelRule{[fn](const StepAttrs &) -> Kernel { return fn; }, flow,
+                      std::move(fold)};
   };
-  add("dloss.ring_softmax_ce", fusedBinding(fused::ringSoftmaxCE));
+  // CLIP's and SigLIP's gathers take the rows (operand 0) and columns (1):
+  // the gather of both sides, and SigLIP's backward after its forward.
+  add("dloss.ring_softmax_ce",
+      fusedBinding(fused::ringSoftmaxCE, ShapeFlow::None, {0, 1}));
   add("dloss.ring_softmax_ce_grad",
       fusedBinding(fused::ringSoftmaxCEGrad, ShapeFlow::Operand0));
-  add("dloss.ring_sigmoid_pairs", fusedBinding(fused::ringSigmoidPairs));
+  add("dloss.ring_sigmoid_pairs",
+      fusedBinding(fused::ringSigmoidPairs, ShapeFlow::None, {0, 1}));
   add("dloss.ring_sigmoid_pairs_grad",
       fusedBinding(fused::ringSigmoidPairsGrad, ShapeFlow::Operand0));
   add("dloss.sharded_softmax", fusedBinding(fused::shardedSoftmax));
@@ -142,7 +148,10 @@ std::unordered_map<std::string, KernelRule> buildTable() {
                       },
                       flow};
   };
-  add("dloss.fused_similarity", similarityBinding(fused::fusedSimilarity));
+  // Its gather takes the columns (operand 1).
+  KernelRule similarity = similarityBinding(fused::fusedSimilarity);
+  similarity.foldOperands = {1};
+  add("dloss.fused_similarity", std::move(similarity));
   add("dloss.fused_similarity_grad",
       similarityBinding(fused::fusedSimilarityGrad, ShapeFlow::Operand0));
   return table;
@@ -227,7 +236,7 @@ BoundKernel bindKernel(const plan::Step &step) {
     checkArity(*spec, operands, results);
     StepAttrs attrs(step);
     checkAttributes(*spec, attrs);
-    return BoundKernel{rule.bind(attrs), rule.shapeFlow};
+    return BoundKernel{rule.bind(attrs), rule.shapeFlow, rule.foldOperands};
   } catch (const Error &error) {
     throw error.withOp(op).withLocation(loc);
   } catch (const c10::Error &error) {

@@ -38,12 +38,17 @@ struct KernelRule {
   /// malformed) and returns the kernel.
   std::function<Kernel(const StepAttrs &)> bind;
   ShapeFlow shapeFlow = ShapeFlow::None;
+  /// A fused op's operands whose every-rank rows its gather schedule
+  /// gathers (by operand key, fused::gatheredOperand): the preflight may
+  /// carry them when the op is a call's first collective (Executor).
+  std::vector<int> foldOperands;
 };
 
 /// A step's kernel, bound to its attributes.
 struct BoundKernel {
   Kernel run;
   ShapeFlow shapeFlow = ShapeFlow::None;
+  std::vector<int> foldOperands;
 };
 
 /// The table of every op the runtime runs, keyed by MLIR op name.

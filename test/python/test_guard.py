@@ -23,6 +23,11 @@ import multiproc
 
 WORLD = 4
 DEADLINE = 4.0
+# allGatherInts' frame of int64 (ContractCommunicator.h: kIntsFrame), and the
+# preflight's after one ClipLoss call on _clip_inputs: the fold's room holds
+# the largest rank's rows and columns, 2 x (3 + WORLD - 1) x 8 float32.
+FRAME = 512
+FOLDED_FRAME = FRAME + 2 * (3 + WORLD - 1) * 8 * 4 // 8
 
 
 def _where(marker):
@@ -123,11 +128,13 @@ def _stray_meets_clip(rank, world, guarded, stray="all_reduce"):
             dist.all_reduce(torch.ones(4))  # stray-all-reduce
         elif rank == 0:
             # The very op and shape of dloss's first exchange (the
-            # preflight's frame of 512 int64, ContractCommunicator.h), which
-            # Gloo would pair with it silently: who calls it tells them
-            # apart.
-            out = [torch.zeros(512, dtype=torch.int64) for _ in range(world)]
-            dist.all_gather(out, torch.ones(512, dtype=torch.int64))  # stray-gather
+            # preflight's frame of 512 int64 and the fold's room, which the
+            # call above made: ContractCommunicator.h), which Gloo would
+            # pair with it silently: who calls it tells them apart.
+            from dloss.group import communicator
+            n = FRAME + communicator().fold_capacity // 8
+            out = [torch.zeros(n, dtype=torch.int64) for _ in range(world)]
+            dist.all_gather(out, torch.ones(n, dtype=torch.int64))  # stray-gather
         else:
             loss_fn(a, b, scale)  # clip-loss-call
     return _refused(step)
@@ -210,10 +217,10 @@ class GuardTest(unittest.TestCase):
               "%.2f s" % max(s for _, s in results))
         self.assertIn("rank 0: all_reduce float32[4] SUM at %s in step" %
                       _where("stray-all-reduce"), body)
-        self.assertRegex(body, r"ranks 1, 2, 3: all_gather int64\[512\] "
+        self.assertRegex(body, r"ranks 1, 2, 3: all_gather int64\[%d\] "
                          r"\(dloss @\w+, preflight\) at %s in step, through "
                          r"ClipLoss.forward" %
-                         re.escape(_where("clip-loss-call")))
+                         (FOLDED_FRAME, re.escape(_where("clip-loss-call"))))
         for rank, (message, _) in enumerate(results):
             self.assertIn("[rank %d, op dloss.guard at %s]" % (
                 rank, _where("stray-all-reduce" if rank == 0 else
@@ -222,11 +229,11 @@ class GuardTest(unittest.TestCase):
     def test_stray_all_gather_like_dloss_exchange(self):
         results = multiproc.run(WORLD, _stray_meets_clip, True, "all_gather")
         body = self._same_everywhere([m for m, _ in results])
-        self.assertIn("rank 0: all_gather int64[512] at %s in step;" %
-                      _where("stray-gather"), body)
-        self.assertIn("ranks 1, 2, 3: all_gather int64[512] (dloss @clip_grad, "
-                      "preflight) at %s in step" % _where("clip-loss-call"),
-                      body)
+        self.assertIn("rank 0: all_gather int64[%d] at %s in step;" %
+                      (FOLDED_FRAME, _where("stray-gather")), body)
+        self.assertIn("ranks 1, 2, 3: all_gather int64[%d] (dloss @clip_grad, "
+                      "preflight) at %s in step" % (
+                          FOLDED_FRAME, _where("clip-loss-call")), body)
 
     def test_stray_all_reduce_meets_ddp_bucket(self):
         results = multiproc.run(WORLD, _stray_meets_ddp)

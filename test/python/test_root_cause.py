@@ -277,8 +277,12 @@ class RootCauseTest(unittest.TestCase):
         script, codes, reports, _, stderr = _run("stray-guarded")
         stray = "rank 0: all_reduce float32[4] SUM at %s:%d in step" % (
             script, _line("# STRAY"))
-        loss = ("ranks 1, 2, 3: all_gather int64[512] (dloss @clip_grad, "
-                "preflight) at %s:%d in step" % (script, _line("# LOSS CALL")))
+        # The preflight's frame: 512 int64, then the fold's room, which the
+        # earlier steps' calls made for their 4 x 8 float32 rows and columns.
+        frame = 512 + 2 * 4 * 8 * 4 // 8
+        loss = ("ranks 1, 2, 3: all_gather int64[%d] (dloss @clip_grad, "
+                "preflight) at %s:%d in step" % (frame, script,
+                                                 _line("# LOSS CALL")))
         times = {}
         for r in range(WORLD):
             report = reports[r]

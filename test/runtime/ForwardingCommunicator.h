@@ -41,6 +41,12 @@ public:
   allGatherInts(const std::vector<int64_t> &values) override {
     return inner->allGatherInts(values);
   }
+  FoldedInts allGatherIntsFolding(const std::vector<int64_t> &values,
+                                  const at::Tensor &payload,
+                                  int64_t proposal) override {
+    return inner->allGatherIntsFolding(values, payload, proposal);
+  }
+  int64_t foldCapacity() const override { return inner->foldCapacity(); }
   std::unique_ptr<Request> send(const at::Tensor &tensor, int peer,
                                 int tag) override {
     return inner->send(tensor, peer, tag);

@@ -449,10 +449,11 @@ TEST(ScheduleTest, BothSidesPayWhileTheirArithmeticCostsLessThanTheExchanges) {
   EXPECT_TRUE(bothSidesPay(4, Engine::Nccl, extra(512, 4), 2));
 }
 
-// Under auto, a small CLIP pass runs as the gather: the same collectives as
-// the forced gather (on the CPU, one all-gather of both sides and no
-// carries), as many as the ring's single exchange; and all three give the
-// same results.
+// Under auto, a small CLIP pass runs as the gather (on the CPU, one
+// all-gather of both sides and no carries), and all three give the same
+// results. The ring and the first gather make two collectives each, the
+// preflight and one exchange; auto's preflight then carries the rows the
+// gather before it made room for, and its gather moves nothing.
 TEST(ScheduleTest, AutoRunsTheGatherAtSmallSizes) {
   runGloo(3, [](Communicator &comm) {
     at::manual_seed(21 + comm.rank());
@@ -480,14 +481,100 @@ TEST(ScheduleTest, AutoRunsTheGatherAtSmallSizes) {
     std::vector<at::Tensor> byRing = run(fused::Schedule::Ring, ring);
     std::vector<at::Tensor> byGather = run(fused::Schedule::Gather, gather);
     std::vector<at::Tensor> byAuto = run(fused::Schedule::Auto, automatic);
-    // Each: the preflight, then the ring's exchange or the gather.
+    // The preflight, then the ring's exchange or the gather; a ring call
+    // leaves the preflight no room, a gather call its rows' bytes.
     EXPECT_EQ(ring, 2);
     EXPECT_EQ(gather, 2);
-    EXPECT_EQ(automatic, gather);
+    EXPECT_EQ(automatic, 1);
     for (size_t k = 0; k < byRing.size(); ++k) {
       expectClose(byGather[k], byRing[k], 1e-13, kF64, "gather against ring");
       expectClose(byAuto[k], byGather[k], 0, kF64, "auto against gather");
     }
+  });
+}
+
+// The preflight's fold (Communicator::allGatherIntsFolding): from the
+// second call on, the rows a call's first fused op gathers travel with the
+// preflight, one collective in all, on uneven batches with an empty rank.
+// A rank whose rows outgrow the room sends none, and every rank then runs
+// the gather itself; results are the ring's every time.
+TEST(ScheduleTest, ThePreflightCarriesTheFirstGatherFromTheSecondCall) {
+  runGloo(3, [](Communicator &comm) {
+    auto operandsOf = [&](int64_t n, int seed) {
+      at::manual_seed(seed + comm.rank());
+      return std::vector<at::Tensor>{at::randn({n, kWidth}, at::kDouble),
+                                     at::randn({n, kWidth}, at::kDouble),
+                                     at::scalar_tensor(2.0, at::kDouble),
+                                     at::zeros({n}, at::kLong),
+                                     at::zeros({n}, at::kLong)};
+    };
+    auto run = [&](fused::Schedule schedule,
+                   const std::vector<at::Tensor> &operands,
+                   int64_t &collectives) {
+      fused::ScheduleScope scope(schedule);
+      int64_t before = comm.collectivesStarted();
+      std::vector<at::Tensor> results =
+          runFused(comm, "dloss.ring_softmax_ce", operands, 4);
+      collectives = comm.collectivesStarted() - before;
+      return results;
+    };
+    // Rank 1 holds no rows at first, and 5 from the third call on, which
+    // outgrow the room the second call made: that call gathers itself.
+    const std::vector<int64_t> small = {2, 0, 3}, grown = {2, 5, 3};
+    const std::vector<std::pair<const std::vector<int64_t> *, int64_t>> calls =
+        {{&small, 2}, {&small, 1}, {&grown, 2}, {&grown, 1}};
+    int seed = 40;
+    for (const auto &[sizes, expected] : calls) {
+      std::vector<at::Tensor> operands =
+          operandsOf((*sizes)[comm.rank()], ++seed);
+      int64_t gathered = 0, ringed = 0;
+      std::vector<at::Tensor> byGather =
+          run(fused::Schedule::Gather, operands, gathered);
+      EXPECT_EQ(gathered, expected) << "call " << seed - 40;
+      // The room for the next call: the largest rank's rows and columns.
+      EXPECT_EQ(comm.foldCapacity(),
+                2 * kWidth * 8 *
+                    *std::max_element(sizes->begin(), sizes->end()));
+      std::vector<at::Tensor> byRing =
+          run(fused::Schedule::Ring, operands, ringed);
+      EXPECT_EQ(comm.foldCapacity(), 0) << "a ring call leaves no room";
+      for (size_t k = 0; k < byRing.size(); ++k)
+        expectClose(byGather[k], byRing[k], 1e-13, kF64,
+                    "folded gather against ring");
+      // The ring call emptied the room: the next gather makes it again.
+      std::vector<at::Tensor> again =
+          run(fused::Schedule::Gather, operands, gathered);
+      EXPECT_EQ(gathered, 2);
+      for (size_t k = 0; k < byRing.size(); ++k)
+        expectClose(again[k], byRing[k], 1e-13, kF64, "gather against ring");
+    }
+  });
+}
+
+// The room the fold makes is in every allGatherInts frame, so a rank whose
+// call differs from its peers' (a loss where they exchange a size) still
+// sends a transfer of their size, and every rank fails with a dloss error
+// naming the mismatch rather than Gloo aborting the process.
+TEST(ScheduleTest, ARankInAnotherCallStillFailsCleanlyWhenTheFrameHasRoom) {
+  runGloo(2, [](Communicator &comm) {
+    std::vector<at::Tensor> operands = {at::randn({3, kWidth}, at::kDouble),
+                                        at::randn({3, kWidth}, at::kDouble),
+                                        at::scalar_tensor(2.0, at::kDouble),
+                                        at::zeros({3}, at::kLong),
+                                        at::zeros({3}, at::kLong)};
+    fused::ScheduleScope scope(fused::Schedule::Gather);
+    runFused(comm, "dloss.ring_softmax_ce", operands, 4);
+    CHILD_CHECK(comm.foldCapacity() == 2 * 3 * kWidth * 8,
+                "room after a gather call: " << comm.foldCapacity());
+    std::string message = errorOf([&] {
+      if (comm.rank() == 0)
+        runFused(comm, "dloss.ring_softmax_ce", operands, 4);
+      else
+        comm.allGatherInts({7});
+    });
+    CHILD_CHECK(message.find("found the ranks in different calls") !=
+                    std::string::npos,
+                "not named as a mismatch: " << message);
   });
 }
 
