@@ -638,10 +638,13 @@ void bindJit(py::module_ &m) {
       [] {
         fused::PassCounts counts = fused::passCounts();
         return std::map<std::string, int64_t>{{"ring", counts.ring},
-                                              {"gather", counts.gather}};
+                                              {"gather", counts.gather},
+                                              {"kept", counts.kept}};
       },
       "How many fused passes (a fused op's forward or backward) this "
-      "process ran as the ring and as the gather: which schedule ran.");
+      "process ran as the ring and as the gather: which schedule ran; and "
+      "how many backward passes read the similarity their forward kept "
+      "(\"kept\").");
   m.def(
       "gather_crossover_bytes",
       [](int worldSize, const std::string &device) {

@@ -98,40 +98,43 @@ bool sigmoidPairsGradBothSides(KernelContext &ctx, const FusedArgs &args,
   // G = ct_pair sigmoid(L) + ct_positive at the targets, tile by tile over
   // `side`'s rows x `cols`; the row side adds every pair's share of dscale
   // and dbias, each pair once.
-  at::Tensor none;
+  // The row side's S is the forward's where it kept it.
+  at::Tensor none, kept = keptSimilarity(ctx.operandKey(0), ctx.operandKey(1),
+                                         n, allCols.size(0), args.options());
   auto side = [&](const Similarity &operands, const at::Tensor &cols,
                   const at::Tensor &ctPair, const at::Tensor &ctPositive,
-                  const at::Tensor &targets, int64_t colBase, at::Tensor &dRows,
-                  at::Tensor &dCols, double *dScale, double *dBias) {
-    forSideBlocks(
-        operands.rows.size(0), cols.size(0), args, 2,
-        [&](const Block &block, auto &scratch) {
-          at::Tensor s =
-              similarityTile(operands, cols, block, scratch(0, block));
-          at::Tensor grad = scratch(1, block);
-          std::pair<double, double> sums = sigmoidTileGradient(
-              s, operands.scale, ops.bias, block, ctPair, grad);
-          Elements g(grad), sAt(s), ctAt(ctPositive);
-          forRowTargets(targets, block, colBase, [&](int64_t i, int64_t e) {
-            g.add(e, ctAt.get(i));
-            sums.first += ctAt.get(i);
-            sums.second += ctAt.get(i) * sAt.get(e);
-          });
-          backpropGemms(grad, block, operands.rows, cols, operands.scale, dRows,
-                        dCols);
-          if (dBias)
-            *dBias += sums.first;
-          if (dScale)
-            *dScale += sums.second;
-        });
+                  const at::Tensor &targets, int64_t colBase,
+                  const at::Tensor &keptS, at::Tensor &dRows, at::Tensor &dCols,
+                  double *dScale, double *dBias) {
+    forSideBlocks(operands.rows.size(0), cols.size(0), args, 2,
+                  [&](const Block &block, auto &scratch) {
+                    at::Tensor s = similarityTile(operands, cols, block,
+                                                  scratch(0, block), keptS, 0);
+                    at::Tensor grad = scratch(1, block);
+                    std::pair<double, double> sums = sigmoidTileGradient(
+                        s, operands.scale, ops.bias, block, ctPair, grad);
+                    Elements g(grad), sAt(s), ctAt(ctPositive);
+                    forRowTargets(targets, block, colBase,
+                                  [&](int64_t i, int64_t e) {
+                                    g.add(e, ctAt.get(i));
+                                    sums.first += ctAt.get(i);
+                                    sums.second += ctAt.get(i) * sAt.get(e);
+                                  });
+                    backpropGemms(grad, block, operands.rows, cols,
+                                  operands.scale, dRows, dCols);
+                    if (dBias)
+                      *dBias += sums.first;
+                    if (dScale)
+                      *dScale += sums.second;
+                  });
   };
   at::Tensor dRows = at::zeros({n, d}, args.options());
   at::Tensor dCols = at::zeros({m, d}, args.options());
   double dScale = 0, dBias = 0;
-  side(sim, allCols, ops.ctPair, ops.ctPositive, ops.targets, 0, dRows, none,
-       &dScale, &dBias);
+  side(sim, allCols, ops.ctPair, ops.ctPositive, ops.targets, 0, kept, dRows,
+       none, &dScale, &dBias);
   side(Similarity{allRows, sim.cols, sim.scale}, sim.cols, allCtPair,
-       allCtPositive, allTargets, offsetOf(ops.colSizes, args.rank), none,
+       allCtPositive, allTargets, offsetOf(ops.colSizes, args.rank), none, none,
        dCols, nullptr, nullptr);
   setGradients(ctx, args, dRows, dCols, {dScale, dBias});
   return true;
@@ -145,6 +148,9 @@ void ringSigmoidPairs(KernelContext &ctx) {
   SigmoidOperands ops = sigmoidOperands(args);
   const int64_t n = ops.sim.rows.size(0);
   TileScratch scratch(ops.tile, 1, args.options());
+  // S kept for the backward of the same call, where it is small.
+  at::Tensor kept = keepSimilarity(ctx.operandKey(0), ctx.operandKey(1), n,
+                                   total(ops.colSizes), args.options());
 
   runSigmoidPairs(
       ctx, args, ops,
@@ -154,6 +160,7 @@ void ringSigmoidPairs(KernelContext &ctx) {
           // The logits are scale * s + bias; the loops form them as they read.
           at::Tensor s = similarityTile(ops.sim, chunk.features[0], block,
                                         scratch(0, block));
+          keepTile(kept, s, block, chunk.offset);
           Elements sAt(s);
           forRowTargets(
               ops.targets, block, chunk.offset, [&](int64_t i, int64_t e) {
@@ -174,12 +181,16 @@ void ringSigmoidPairsGrad(KernelContext &ctx) {
   TileScratch scratch(ops.tile, 2, args.options());
   at::Tensor dRows = at::zeros({n, d}, args.options());
   double dScale = 0, dBias = 0;
+  at::Tensor kept = keptSimilarity(ctx.operandKey(0), ctx.operandKey(1), n,
+                                   total(ops.colSizes), args.options());
 
   auto tiles = [&](const Chunk &chunk, at::Tensor &dCols, double &) {
     const at::Tensor &cols = chunk.features[0];
     forEachBlock(n, chunk.length(), ops.tile, [&](const Block &block) {
-      // S in tile 0; G = ct_pair sigmoid(L) + ct_positive at the targets.
-      at::Tensor s = similarityTile(ops.sim, cols, block, scratch(0, block));
+      // S in tile 0 (the forward's, where it kept it); G = ct_pair
+      // sigmoid(L) + ct_positive at the targets.
+      at::Tensor s = similarityTile(ops.sim, cols, block, scratch(0, block),
+                                    kept, chunk.offset);
       at::Tensor grad = scratch(1, block);
       std::pair<double, double> sums = sigmoidTileGradient(
           s, ops.sim.scale, ops.bias, block, ops.ctPair, grad);

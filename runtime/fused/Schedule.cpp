@@ -18,10 +18,11 @@ std::mutex environmentRead;
 
 thread_local bool haveCallSetting = false;
 thread_local Schedule callSetting = Schedule::Auto;
-// The call's gathered operands (gatheredOperand); empty outside a scope.
-thread_local std::unordered_map<int64_t, at::Tensor> callGathered;
+// What the call keeps (gatheredOperand, keptSimilarity); empty outside a
+// scope.
+thread_local ScheduleScope::Kept callKept;
 
-std::atomic<int64_t> ringPasses{0}, gatherPasses{0};
+std::atomic<int64_t> ringPasses{0}, gatherPasses{0}, keptReads{0};
 
 } // namespace
 
@@ -80,24 +81,24 @@ Schedule currentSchedule() {
 
 ScheduleScope::ScheduleScope(Schedule schedule)
     : hadPrevious(haveCallSetting), previous(callSetting),
-      previousGathered(std::move(callGathered)) {
+      previousKept(std::move(callKept)) {
   haveCallSetting = true;
   callSetting = schedule;
-  callGathered.clear();
+  callKept = Kept();
 }
 
 ScheduleScope::~ScheduleScope() {
   haveCallSetting = hadPrevious;
   callSetting = previous;
-  callGathered = std::move(previousGathered);
+  callKept = std::move(previousKept);
 }
 
 at::Tensor gatheredOperand(int64_t key, const at::Tensor &like,
                            int64_t globalRows) {
   if (!haveCallSetting || key < 0)
     return {};
-  auto found = callGathered.find(key);
-  if (found == callGathered.end())
+  auto found = callKept.gathered.find(key);
+  if (found == callKept.gathered.end())
     return {};
   const at::Tensor &gathered = found->second;
   bool same = gathered.scalar_type() == like.scalar_type() &&
@@ -110,12 +111,52 @@ at::Tensor gatheredOperand(int64_t key, const at::Tensor &like,
 
 void keepGathered(int64_t key, at::Tensor gathered) {
   if (haveCallSetting && key >= 0)
-    callGathered[key] = std::move(gathered);
+    callKept.gathered[key] = std::move(gathered);
 }
 
-void forgetGathered(int64_t key) { callGathered.erase(key); }
+void forgetGathered(int64_t key) {
+  callKept.gathered.erase(key);
+  auto &kept = callKept.similarities;
+  for (auto it = kept.begin(); it != kept.end();)
+    it = it->first.first == key || it->first.second == key ? kept.erase(it)
+                                                           : std::next(it);
+}
 
-PassCounts passCounts() { return {ringPasses.load(), gatherPasses.load()}; }
+at::Tensor keepSimilarity(int64_t rowsKey, int64_t colsKey, int64_t rows,
+                          int64_t cols, const at::TensorOptions &options) {
+  const int64_t bytes = rows * cols *
+                        static_cast<int64_t>(c10::elementSize(
+                            c10::typeMetaToScalarType(options.dtype())));
+  if (!haveCallSetting || rowsKey < 0 || colsKey < 0 ||
+      options.device().type() != c10::DeviceType::CPU ||
+      bytes > kKeptSimilarityBytes)
+    return {};
+  at::Tensor similarity = at::empty({rows, cols}, options);
+  callKept.similarities[{rowsKey, colsKey}] = similarity;
+  return similarity;
+}
+
+at::Tensor keptSimilarity(int64_t rowsKey, int64_t colsKey, int64_t rows,
+                          int64_t cols, const at::TensorOptions &options) {
+  if (!haveCallSetting)
+    return {};
+  auto found = callKept.similarities.find({rowsKey, colsKey});
+  if (found == callKept.similarities.end())
+    return {};
+  const at::Tensor &similarity = found->second;
+  bool same =
+      similarity.size(0) == rows && similarity.size(1) == cols &&
+      similarity.scalar_type() == c10::typeMetaToScalarType(options.dtype()) &&
+      similarity.device() == options.device();
+  if (!same)
+    return {};
+  keptReads++;
+  return similarity;
+}
+
+PassCounts passCounts() {
+  return {ringPasses.load(), gatherPasses.load(), keptReads.load()};
+}
 
 void countPass(Schedule schedule) {
   (schedule == Schedule::Gather ? gatherPasses : ringPasses)++;

@@ -21,6 +21,7 @@
 #include <c10/core/DeviceType.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -55,10 +56,17 @@ public:
   ScheduleScope(const ScheduleScope &) = delete;
   ScheduleScope &operator=(const ScheduleScope &) = delete;
 
+  /// What a call keeps for its later passes (gatheredOperand,
+  /// keptSimilarity).
+  struct Kept {
+    std::unordered_map<int64_t, at::Tensor> gathered;
+    std::map<std::pair<int64_t, int64_t>, at::Tensor> similarities;
+  };
+
 private:
   bool hadPrevious;
   Schedule previous;
-  std::unordered_map<int64_t, at::Tensor> previousGathered;
+  Kept previousKept;
 };
 
 /// The operands this call's gather passes have already gathered, by key (a
@@ -71,12 +79,31 @@ private:
 at::Tensor gatheredOperand(int64_t key, const at::Tensor &like,
                            int64_t globalRows);
 void keepGathered(int64_t key, at::Tensor gathered);
+/// Forgets what the call keeps of register `key`: its gathered rows and
+/// the similarities it is a side of.
 void forgetGathered(int64_t key);
 
+/// The similarity S = rows cols^T of this rank's rows over every rank's
+/// columns (in rank order), which a fused op's forward keeps for its
+/// backward in the same call (a drop-in's loss-and-gradient plan), so that
+/// the backward reads S instead of computing it again: one GEMM-sized pass
+/// of four. Kept on the CPU only, where rows x cols elements take at most
+/// kKeptSimilarityBytes: a small batch's matrix, which the eager loss holds
+/// too; the ring's memory bound holds above it. Keyed by the rows' and
+/// columns' plan registers, held as gatheredOperand's entries are.
+/// keepSimilarity returns the [rows, cols] tensor to fill (undefined where
+/// nothing is kept); keptSimilarity a filled one, or undefined.
+constexpr int64_t kKeptSimilarityBytes = 32 << 20;
+at::Tensor keepSimilarity(int64_t rowsKey, int64_t colsKey, int64_t rows,
+                          int64_t cols, const at::TensorOptions &options);
+at::Tensor keptSimilarity(int64_t rowsKey, int64_t colsKey, int64_t rows,
+                          int64_t cols, const at::TensorOptions &options);
+
 /// How many fused passes this process has run as the ring and as the
-/// gather: which schedule ran (tests, dloss._C.fused_passes()).
+/// gather: which schedule ran (tests, dloss._C.fused_passes()); and how
+/// many backward passes read the similarity their forward kept.
 struct PassCounts {
-  int64_t ring = 0, gather = 0;
+  int64_t ring = 0, gather = 0, kept = 0;
 };
 PassCounts passCounts();
 void countPass(Schedule schedule);

@@ -30,6 +30,26 @@ at::Tensor similarityTile(const Similarity &sim, const at::Tensor &cols,
   return out;
 }
 
+at::Tensor similarityTile(const Similarity &sim, const at::Tensor &cols,
+                          const Block &block, at::Tensor out,
+                          const at::Tensor &kept, int64_t colBase) {
+  if (!kept.defined())
+    return similarityTile(sim, cols, block, out);
+  checkTile(out, block, "similarityTile");
+  out.view({block.rows, block.cols})
+      .copy_(kept.narrow(0, block.row, block.rows)
+                 .narrow(1, colBase + block.col, block.cols));
+  return out;
+}
+
+void keepTile(const at::Tensor &kept, const at::Tensor &s, const Block &block,
+              int64_t colBase) {
+  if (kept.defined())
+    kept.narrow(0, block.row, block.rows)
+        .narrow(1, colBase + block.col, block.cols)
+        .copy_(s.view({block.rows, block.cols}));
+}
+
 at::Tensor finiteShift(const at::Tensor &x) {
   return x.masked_fill(x.isinf(), 0);
 }

@@ -69,6 +69,14 @@ void forSideBlocks(int64_t rows, int64_t cols, const FusedArgs &args,
 /// S = rows[block] x cols[block]^T, written into `out`.
 at::Tensor similarityTile(const Similarity &sim, const at::Tensor &cols,
                           const Block &block, at::Tensor out);
+/// The same, read from `kept` where it is defined: the call's S of these
+/// rows over every column (keptSimilarity), `cols` starting at column
+/// `colBase` of it. keepTile stores a computed tile there (where defined).
+at::Tensor similarityTile(const Similarity &sim, const at::Tensor &cols,
+                          const Block &block, at::Tensor out,
+                          const at::Tensor &kept, int64_t colBase);
+void keepTile(const at::Tensor &kept, const at::Tensor &s, const Block &block,
+              int64_t colBase);
 
 /// Single elements of a contiguous f32 or f64 tensor.
 class Elements {

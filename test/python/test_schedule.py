@@ -68,6 +68,9 @@ PASSES_COLUMNS = ("ClipLoss", "SigLipLoss", "NTXentLoss")
 # under the gather schedule.
 PASSES = {"ClipLoss": 2, "SigLipLoss": 2, "NTXentLoss": 4}
 GATHER_COLLECTIVES = {"ClipLoss": 3, "SigLipLoss": 3, "NTXentLoss": 6}
+# Backward passes that read the similarity their forward kept
+# (fused::keepSimilarity: SigLIP's, at these sizes under every schedule).
+KEPT = {"SigLipLoss": 1}
 # The losses whose first fused op gathers the call's own arguments, which the
 # preflight then carries when the call before made room (a gather call: the
 # calls run ring, gather, auto, so auto's preflight folds the gather in).
@@ -370,10 +373,13 @@ class ScheduleTest(unittest.TestCase):
                                       collectives=counts, passes=passes):
                         # Every pass as scheduled; auto gathers at these
                         # sizes.
+                        kept = KEPT.get(name, 0)
                         self.assertEqual(passes["ring"][rank],
-                                         {"ring": PASSES[name], "gather": 0})
+                                         {"ring": PASSES[name], "gather": 0,
+                                          "kept": kept})
                         self.assertEqual(passes["gather"][rank],
-                                         {"ring": 0, "gather": PASSES[name]})
+                                         {"ring": 0, "gather": PASSES[name],
+                                          "kept": kept})
                         self.assertEqual(passes["auto"][rank],
                                          passes["gather"][rank])
                         self.assertEqual(counts["auto"][rank],

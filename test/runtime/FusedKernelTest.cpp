@@ -493,6 +493,40 @@ TEST(ScheduleTest, AutoRunsTheGatherAtSmallSizes) {
   });
 }
 
+// A forward's similarity kept for the backward of the same call: found by
+// the rows' and columns' registers and shape, forgotten with either
+// register, and neither kept outside a call nor above the budget.
+TEST(ScheduleTest, AKeptSimilarityServesItsCallsBackwardOnly) {
+  const at::TensorOptions f64 = at::TensorOptions(at::kDouble);
+  EXPECT_FALSE(fused::keepSimilarity(0, 1, 4, 6, f64).defined())
+      << "kept outside a call";
+  {
+    fused::ScheduleScope scope(fused::Schedule::Gather);
+    at::Tensor kept = fused::keepSimilarity(0, 1, 4, 6, f64);
+    ASSERT_TRUE(kept.defined());
+    kept.fill_(3.0);
+    const int64_t reads = fused::passCounts().kept;
+    at::Tensor found = fused::keptSimilarity(0, 1, 4, 6, f64);
+    ASSERT_TRUE(found.defined());
+    EXPECT_TRUE(at::equal(found, kept));
+    EXPECT_EQ(fused::passCounts().kept, reads + 1);
+    EXPECT_FALSE(fused::keptSimilarity(1, 0, 4, 6, f64).defined());
+    EXPECT_FALSE(fused::keptSimilarity(0, 1, 4, 7, f64).defined());
+    EXPECT_FALSE(
+        fused::keptSimilarity(0, 1, 4, 6, at::TensorOptions(at::kFloat))
+            .defined());
+    fused::forgetGathered(1);
+    EXPECT_FALSE(fused::keptSimilarity(0, 1, 4, 6, f64).defined())
+        << "kept after its columns' register was freed";
+    const int64_t over = fused::kKeptSimilarityBytes / 8 + 1;
+    EXPECT_FALSE(fused::keepSimilarity(0, 1, over, 1, f64).defined());
+    fused::keepSimilarity(2, 3, 2, 2, f64);
+  }
+  fused::ScheduleScope next(fused::Schedule::Gather);
+  EXPECT_FALSE(fused::keptSimilarity(2, 3, 2, 2, f64).defined())
+      << "kept past its call";
+}
+
 // The preflight's fold (Communicator::allGatherIntsFolding): from the
 // second call on, the rows a call's first fused op gathers travel with the
 // preflight, one collective in all, on uneven batches with an empty rank.
