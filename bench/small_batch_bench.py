@@ -419,10 +419,12 @@ def one_sided_label(by_row):
     """What auto ran when its messages match neither forced row: CLIP's and
     SigLIP's forced gather gathers both sides (no sends), and auto, when
     both sides are above the crossover but the columns alone are not, the
-    one-sided gather: an all-gather beyond the ring's and the carries'
-    sends."""
+    one-sided gather: fewer sends than the ring (the carries' exchange
+    only) and at least its all-gathers (the columns' gather, which the
+    preflight carries from a loop's second call on: then no more than the
+    ring's)."""
     auto, ring = by_row["dloss-auto"], by_row["dloss-ring"]
-    if (gloo_count(auto, "all_gather") > gloo_count(ring, "all_gather")
+    if (gloo_count(auto, "all_gather") >= gloo_count(ring, "all_gather")
             and 0 < gloo_count(auto, "send") < gloo_count(ring, "send")):
         return "gather, one side"
     return "?"
