@@ -123,9 +123,13 @@ void softmaxCEBothSides(KernelContext &ctx, const FusedArgs &args,
 
   RowStatistics rows = rowStatistics(n, args);
   Elements rowPicked(rows.picked);
+  // S kept for the backward of the same call, where it is small.
+  at::Tensor kept = keepSimilarity(ctx.operandKey(0), ctx.operandKey(1), n,
+                                   allCols.size(0), args.options());
   forSideBlocks(
       n, allCols.size(0), args, 1, [&](const Block &block, auto &scratch) {
         at::Tensor s = similarityTile(sim, allCols, block, scratch(0, block));
+        keepTile(kept, s, block, 0);
         Elements sAt(s);
         forRowTargets(ops.rowTargets, block, 0, [&](int64_t i, int64_t e) {
           rowPicked.set(i, sim.scale * sAt.get(e));
@@ -180,9 +184,13 @@ void softmaxCEGradBothSides(KernelContext &ctx, const FusedArgs &args,
   // share of dscale.
   at::Tensor dRows = at::zeros({n, d}, args.options()), none;
   double dScale = 0;
+  // The forward's S, where it kept it.
+  at::Tensor kept = keptSimilarity(ctx.operandKey(0), ctx.operandKey(1), n,
+                                   allCols.size(0), args.options());
   forSideBlocks(
       n, allCols.size(0), args, 2, [&](const Block &block, auto &scratch) {
-        at::Tensor s = similarityTile(sim, allCols, block, scratch(0, block));
+        at::Tensor s =
+            similarityTile(sim, allCols, block, scratch(0, block), kept, 0);
         at::Tensor grad = scratch(1, block);
         std::pair<double, double> sums =
             softmaxTileGradient(s, sim.scale, block, ops.rowLse, ops.ctRow,
@@ -237,6 +245,8 @@ void ringSoftmaxCE(KernelContext &ctx) {
   const int64_t n = sim.rows.size(0);
   TileShape tile = clippedTile(n, largest(ops.colSizes), args.compute);
   TileScratch scratch(tile, 1, args.options());
+  at::Tensor kept = keepSimilarity(ctx.operandKey(0), ctx.operandKey(1), n,
+                                   total(ops.colSizes), args.options());
 
   runSoftmaxCE(
       ctx, args, ops,
@@ -249,6 +259,7 @@ void ringSoftmaxCE(KernelContext &ctx) {
         forEachBlock(n, chunk.length(), tile, [&](const Block &block) {
           // The logits are scale * s; the loops scale as they read.
           at::Tensor s = similarityTile(sim, cols, block, scratch(0, block));
+          keepTile(kept, s, block, chunk.offset);
           Elements sAt(s);
           forRowTargets(ops.rowTargets, block, chunk.offset,
                         [&](int64_t i, int64_t e) {
@@ -276,6 +287,8 @@ void ringSoftmaxCEGrad(KernelContext &ctx) {
   TileScratch scratch(tile, 2, args.options());
   at::Tensor dRows = at::zeros({n, d}, args.options());
   double dScale = 0;
+  at::Tensor kept = keptSimilarity(ctx.operandKey(0), ctx.operandKey(1), n,
+                                   total(ops.colSizes), args.options());
 
   // dscale = sum(G * S) splits into the row direction's part (this rank's
   // share) and the column direction's part, which belongs to the columns'
@@ -287,7 +300,8 @@ void ringSoftmaxCEGrad(KernelContext &ctx) {
     const at::Tensor &chunkLse = chunk.features[2],
                      &chunkCt = chunk.features[3];
     forEachBlock(n, chunk.length(), tile, [&](const Block &block) {
-      at::Tensor s = similarityTile(sim, cols, block, scratch(0, block));
+      at::Tensor s = similarityTile(sim, cols, block, scratch(0, block), kept,
+                                    chunk.offset);
       // G = ct_row P_row + ct_col P_col - the one-hot targets; `all` is
       // sum(G * S) and colPart the column direction's part of it.
       at::Tensor grad = scratch(1, block);

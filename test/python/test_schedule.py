@@ -69,8 +69,9 @@ PASSES_COLUMNS = ("ClipLoss", "SigLipLoss", "NTXentLoss")
 PASSES = {"ClipLoss": 2, "SigLipLoss": 2, "NTXentLoss": 4}
 GATHER_COLLECTIVES = {"ClipLoss": 3, "SigLipLoss": 3, "NTXentLoss": 6}
 # Backward passes that read the similarity their forward kept
-# (fused::keepSimilarity: SigLIP's, at these sizes under every schedule).
-KEPT = {"SigLipLoss": 1}
+# (fused::keepSimilarity: CLIP's and SigLIP's, at these sizes under every
+# schedule; NT-Xent's general op keeps none).
+KEPT = {"ClipLoss": 1, "SigLipLoss": 1}
 # The losses whose first fused op gathers the call's own arguments, which the
 # preflight then carries when the call before made room (a gather call: the
 # calls run ring, gather, auto, so auto's preflight folds the gather in).
