@@ -180,12 +180,9 @@ unfold(const std::vector<int32_t> &registers, const fused::Tensors &like,
   for (size_t q = 0; q < payloads.size(); ++q) {
     int64_t expected = 0;
     for (size_t k = 0; k < like.size(); ++k) {
-      int64_t perRow = like[k].element_size();
-      for (int64_t d = 1; d < like[k].dim(); ++d)
-        perRow *= like[k].size(d);
       if (lengths[k][q] < 0)
         return {};
-      expected += lengths[k][q] * perRow;
+      expected += lengths[k][q] * fused::rowBytes(like[k]);
     }
     if (expected != static_cast<int64_t>(payloads[q].nbytes()))
       return {};

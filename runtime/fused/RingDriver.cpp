@@ -99,14 +99,6 @@ std::string passName() {
   return op.substr(op.find('.') + 1);
 }
 
-/// The bytes of one row of each tensor (axis 0 is the chunk's length).
-int64_t rowBytes(const at::Tensor &tensor) {
-  int64_t elements = 1;
-  for (int64_t d = 1; d < tensor.dim(); ++d)
-    elements *= tensor.size(d);
-  return elements * static_cast<int64_t>(tensor.element_size());
-}
-
 /// Every rank's chunk, in rank order, from gatherOperands: one all-gather
 /// for the features no earlier pass of this call gathered (keys).
 std::vector<Tensors> gatherChunks(Communicator &comm, const Tensors &features,
@@ -237,6 +229,13 @@ Tensors runRingSchedule(Communicator &comm, const RingPass &pass) {
 }
 
 } // namespace
+
+int64_t rowBytes(const at::Tensor &tensor) {
+  int64_t elements = 1;
+  for (int64_t d = 1; d < tensor.dim(); ++d)
+    elements *= tensor.size(d);
+  return elements * static_cast<int64_t>(tensor.element_size());
+}
 
 at::Tensor packRows(const Tensors &features) {
   std::vector<at::Tensor> mine;

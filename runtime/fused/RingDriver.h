@@ -68,6 +68,8 @@ struct RingPass {
   std::function<void(Tensors &mine, const Tensors &upstream)> merge;
 };
 
+/// The bytes of one row of `tensor` (axis 0 is the batch).
+int64_t rowBytes(const at::Tensor &tensor);
 /// `features`' bytes, one after another (each a dense copy, row-major):
 /// what a rank sends in the gather of several operands of any types.
 at::Tensor packRows(const Tensors &features);
