@@ -7,6 +7,8 @@
 #include "runtime/support/Error.h"
 #include "test/runtime/MultiProcess.h"
 
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <gtest/gtest.h>
@@ -876,6 +878,55 @@ TEST(ProcessGroupCommunicatorTest, RejectsBadArgumentsWithoutBreaking) {
     expectTensor(comm.allGather(x, 0, sizes), at::ones({5, 3}),
                  "allGather after rejected calls");
   });
+}
+
+/// A CPU backend that moves nothing: c10d's Backend refuses every
+/// collective it does not override, and this one overrides none.
+class NoTransferBackend final : public c10d::Backend {
+public:
+  NoTransferBackend() : c10d::Backend(/*rank=*/0, /*size=*/1) {}
+  const std::string getBackendName() const override { return "gloo"; }
+};
+
+TEST(ProcessGroupCommunicatorTest, AGroupOfOneMovesNothingThroughTheGroup) {
+  // A group of one rank (torchrun --nproc_per_node 1): every collective is
+  // the identity, so none may reach the group's backend (a Gloo collective
+  // of one rank still costs a hand-off to its worker thread). Each result
+  // is a copy, and each call is still numbered.
+  auto outcomes = runChildren({0}, [](int) {
+    auto group = c10::make_intrusive<c10d::ProcessGroup>(0, 1);
+    group->setBackend(c10::DeviceType::CPU,
+                      c10d::ProcessGroup::BackendType::GLOO,
+                      c10::make_intrusive<NoTransferBackend>());
+    group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+    RendezvousOptions options;
+    options.flightDir = "off";
+    auto comm = dloss::makeProcessGroupCommunicator(options, nullptr, group);
+    CHILD_CHECK(comm->rank() == 0 && comm->worldSize() == 1, "not 0 of 1");
+    at::Tensor x = rankData(0, {5, 3}, at::kFloat);
+    int64_t before = comm->collectivesStarted();
+    std::vector<at::Tensor> results = {
+        comm->allGather(x, 0, {5}),
+        comm->allGather(x, 1, {3}),
+        comm->allReduce(x, Reduction::Sum),
+        comm->allReduce(x, Reduction::Mean),
+        comm->allReduce(x.to(at::kBFloat16), Reduction::Sum).to(at::kFloat),
+        comm->reduceScatter(x, Reduction::Mean, 0, {5}),
+        comm->broadcast(x, 0),
+        comm->ringShift(x, 1),
+    };
+    for (const at::Tensor &result : results) {
+      expectTensor(result, x, "identity");
+      CHILD_CHECK(result.data_ptr() != x.data_ptr(),
+                  "a result aliases the input");
+    }
+    CHILD_CHECK(comm->allGatherInts({3, 4}) == std::vector<int64_t>({3, 4}),
+                "allGatherInts is not the identity");
+    CHILD_CHECK(comm->collectivesStarted() - before == 9,
+                "expected 9 numbered collectives, got "
+                    << comm->collectivesStarted() - before);
+  });
+  expectAllSucceeded(outcomes, "group of one");
 }
 
 //===----------------------------------------------------------------------===//
