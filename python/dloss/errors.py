@@ -60,8 +60,16 @@ def _is_users(skip=()):
     if getattr(extensions, "__file__", None):
         skip += (os.path.abspath(extensions.__file__),)
 
+    # Asked for every frame between the user and dloss on every call: each
+    # file's answer is worked out once.
+    known = {}
+
     def test(filename):
-        return not os.path.abspath(filename).startswith(skip)
+        users = known.get(filename)
+        if users is None:
+            users = known[filename] = not os.path.abspath(filename).startswith(
+                skip)
+        return users
     return test
 
 
