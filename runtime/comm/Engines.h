@@ -26,8 +26,10 @@ namespace dloss {
 /// Returns once every rank has joined, or raises dloss::Error at the
 /// deadline naming the ranks that never arrived.
 ///
-/// Every collective is numbered; before entering one, a rank records its
-/// number in the store (key dloss/seq/<rank>). When a collective fails (its
+/// Every collective is numbered; before entering one, a rank of a group of
+/// two or more records its number in the store (key dloss/seq/<rank>). In a
+/// group of one every collective is the identity, and nothing goes through
+/// the group or the store. When a collective fails (its
 /// deadline passed, a peer closed its connection), the error names the
 /// collective, its number, the call site, and each peer's state read from
 /// the store: which ranks never arrived (their number is behind), which

@@ -179,15 +179,18 @@ struct Transfer {
 class ProcessGroupCommunicator final : public ContractCommunicator {
 public:
   /// Without a store, peers' states are not recorded (failures still name
-  /// the collective and its number).
+  /// the collective and its number). Nor in a group of one rank, which has
+  /// no peer to read them: each record is a store write, about 12 us of a
+  /// call's collective (bench/host_cost_bench.py).
   ProcessGroupCommunicator(RendezvousOptions options,
                            c10::intrusive_ptr<c10d::Store> store,
                            c10::intrusive_ptr<c10d::ProcessGroup> group,
                            bool ownGroup)
       : ContractCommunicator(options,
-                             store ? std::make_unique<PeerStates>(
-                                         std::move(store), options, ownGroup)
-                                   : nullptr,
+                             store && options.worldSize > 1
+                                 ? std::make_unique<PeerStates>(
+                                       std::move(store), options, ownGroup)
+                                 : nullptr,
                              wordingOf(*group)),
         group(std::move(group)), ownGroup(ownGroup) {}
   // Closing the Gloo pairs first (before PeerStates' destructor keeps a
