@@ -37,7 +37,8 @@
 #
 # env: DLOSS_GPU_PYTHON (the Python with torch: default .venv-cuda's where it
 # has a CUDA torch, else python3), DLOSS_GPU_ALL_TARGETS=1 (build every
-# target, not only the ones the stages use).
+# target, not only the ones the stages use), DLOSS_GPU_BENCH_ARGS (more
+# arguments for bench/gpu_bench.py, e.g. "--b-local 8,32 --reps 30").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -450,6 +451,12 @@ stage_bench() {
   local extra=() usage
   usage=$("$PY" "$script" --help 2>/dev/null)
   [[ $usage == *--budget-s* ]] && extra=(--budget-s $(( ${STAGE_LIMIT:-150} - 30 )))
+  # A run's own sizes, losses or repetitions (docs/Cuda.md).
+  [ -n "${DLOSS_GPU_BENCH_ARGS:-}" ] && {
+    read -ra more <<< "$DLOSS_GPU_BENCH_ARGS"
+    extra+=("${more[@]}")
+    note "bench arguments from DLOSS_GPU_BENCH_ARGS: $DLOSS_GPU_BENCH_ARGS"
+  }
   # CUDA tensors over Gloo where NCCL failed its probe.
   if [ "$DLOSS_TEST_CUDA_BACKEND" != nccl ]; then
     [[ $usage == *--backend* ]] && extra+=(--backend "cpu:gloo,cuda:$DLOSS_TEST_CUDA_BACKEND")
