@@ -96,6 +96,11 @@ GEMM_TARGET = 0.7
 # loss value is rounded to bf16 again: about 1.5% at worst (1.1% seen on the
 # CPU at B_local 256).
 VALUE_TOLERANCE = {"bf16": 3e-2, "f32": 1e-4}
+# Inf-CL's value against the others: its kernels multiply in TF32 even for
+# f32 inputs (unit round-off 2^-11), so each logit at a scale of 14 may move
+# by 7e-3 and a log-sum-exp by as much: 3e-3 of the small-batch losses (about
+# 2.2 at B_local 8, where 1.6e-4 was seen on an H200); bf16's rule otherwise.
+INFCL_VALUE_TOLERANCE = {"bf16": 3e-2, "f32": 3e-3}
 # One GPU's share of a 128k global batch on 8 GPUs, and Inf-CL's figures
 # for it (arXiv 2410.17243, 8 x A800, per GPU).
 SHARE_B_LOCAL, SHARE_WORLD = 16384, 8
@@ -518,17 +523,19 @@ def value_checks(summary):
                                           "PASS" if good else "FAIL"))
         if i is None or (f is None and e is None):
             continue
-        # Inf-CL's against each of the others that ran, the same rule.
+        # Inf-CL's against each of the others that ran, at TF32's rule.
         parts, good = [], True
+        infcl_tolerance = INFCL_VALUE_TOLERANCE[s["dtype"]]
         for name, want in (("eager", e), ("dloss", f)):
             if want is None:
                 continue
             error, finite = relative(i, want)
-            good &= finite and error <= tolerance
+            good &= finite and error <= infcl_tolerance
             parts.append("%s %.7g, relative %.2e" % (name, want, error))
         failed |= not good
         lines.append("value %s: Inf-CL %.7g; %s (<= %g): %s" % (
-            what, i, "; ".join(parts), tolerance, "PASS" if good else "FAIL"))
+            what, i, "; ".join(parts), infcl_tolerance,
+            "PASS" if good else "FAIL"))
     return lines, failed
 
 
