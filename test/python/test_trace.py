@@ -295,7 +295,7 @@ def more_torch(x, y, w, tmp):
     """More of the supported torch, for one rank (where a per-rank program
     and one process agree): t/transpose/mm, log_softmax/softmax, keepdim,
     view, *_like, masks with & | ~ !=, slices, a 0-d torch constant, a branch
-    on a fixed size."""
+    on a fixed size, vectors broadcast against matrices."""
     n = x.shape[0]
     if x.shape[1] == DIM:  # fixed sizes are plain ints
         x = x * 1.0
@@ -312,7 +312,11 @@ def more_torch(x, y, w, tmp):
     return (ls.sum() + sm.sum() * torch.tensor(2.0) + picked.mean() +
             sim[1:3].sum() + sim.gather(1, labels.view(-1, 1)).sum() +
             differ + F.normalize(w, dim=1).sum() + (x ** 2).mean() +
-            torch.clamp(sim, min=0.1).sum() + sim.square().sum())
+            torch.clamp(sim, min=0.1).sum() + sim.square().sum() +
+            # A vector against a matrix is a row, as in torch (sim is
+            # square here, so a column would give another number).
+            (sim - sim.logsumexp(1)).square().sum() +
+            (x - x.sum(0)).square().mean())
 
 
 def run_more_torch(rank, world):

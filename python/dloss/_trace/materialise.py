@@ -42,8 +42,9 @@ def _mat(v, like=None):
                     _is_one(d) and not _is_one(r)
                     for d, r in zip(v.dims, like.dims))):
             return v
-        return _expand(v, tuple(range(like.ndim - v.ndim, like.ndim)),
-                       like, v.loc)
+        # Broadcasting aligns trailing axes, as in torch: a [d] vector
+        # against [n, d] is a row, repeated along the new leading axis.
+        return _expand(v, tuple(range(like.ndim - v.ndim)), like, v.loc)
     if isinstance(v, _Transposed):
         if v.ndim < 2:
             return _mat(v.base, like)
