@@ -178,7 +178,8 @@ def peer_exits(group=None):
     is enough); a rank that was killed or ended with os._exit records
     nothing. An exit that followed a failed dloss collective (a consequence,
     not a cause) ends with " (after its dloss collective failed)". Empty
-    when the store cannot be read."""
+    when the store cannot be read, and in a group of one rank, which
+    records nothing (it has no peer to tell)."""
     exits = {}
     for rank, _, reason, after_failure in communicator(group).peer_exits():
         exits[rank] = reason + (" (after its dloss collective failed)"
