@@ -486,6 +486,8 @@ const std::map<std::string, std::pair<llvm::StringRef, Handler>> &handlers() {
           {"sin", {nameOf<d::SinOp>(), unary<d::SinOp>()}},
           {"acos", {nameOf<d::AcosOp>(), unary<d::AcosOp>()}},
           {"sqrt", {nameOf<d::SqrtOp>(), unary<d::SqrtOp>()}},
+          {"stopGradient",
+           {nameOf<d::StopGradientOp>(), unary<d::StopGradientOp>()}},
           {"zerosLike", {nameOf<d::ZerosLikeOp>(), unary<d::ZerosLikeOp>()}},
           {"clamp",
            {nameOf<d::ClampOp>(),

@@ -202,6 +202,7 @@ DLOSS_NO_GRADIENT(GlobalSizeOp)
 DLOSS_NO_GRADIENT(EqOp)
 DLOSS_NO_GRADIENT(ArangeOp)
 DLOSS_NO_GRADIENT(ZerosLikeOp)
+DLOSS_NO_GRADIENT(StopGradientOp)
 #undef DLOSS_NO_GRADIENT
 
 //===----------------------------------------------------------------------===//

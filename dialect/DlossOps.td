@@ -291,6 +291,10 @@ def Dloss_AcosOp : Dloss_UnaryOp<"acos", "arc cosine (clamp the input into [-1, 
 def Dloss_SinOp : Dloss_UnaryOp<"sin", "sine">;
 def Dloss_SqrtOp : Dloss_UnaryOp<"sqrt", "square root">;
 def Dloss_SigmoidOp : Dloss_UnaryOp<"sigmoid", "logistic sigmoid, 1 / (1 + exp(-x))">;
+// torch's x.detach(): the value passes, its gradient is zero (a DINO
+// teacher's target, DCLW's weights, a hardness weighting).
+def Dloss_StopGradientOp : Dloss_UnaryOp<"stop_gradient",
+    "identity whose gradient is zero (torch's x.detach())">;
 
 def Dloss_ClampOp : Dloss_Op<"clamp", [Pure, SameOperandsAndResultType]> {
   let summary = "element-wise clamp into [min, max]";

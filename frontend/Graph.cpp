@@ -273,6 +273,7 @@ DLOSS_UNARY(cos)
 DLOSS_UNARY(sin)
 DLOSS_UNARY(acos)
 DLOSS_UNARY(sqrt)
+DLOSS_UNARY(stopGradient)
 DLOSS_UNARY(zerosLike)
 #undef DLOSS_UNARY
 

@@ -121,6 +121,8 @@ public:
   Tensor sin(Tensor x, SourceLoc at = SourceLoc::current());
   Tensor acos(Tensor x, SourceLoc at = SourceLoc::current());
   Tensor sqrt(Tensor x, SourceLoc at = SourceLoc::current());
+  /// `x` itself, whose gradient is zero (torch's x.detach()).
+  Tensor stopGradient(Tensor x, SourceLoc at = SourceLoc::current());
   Tensor clamp(Tensor x, std::optional<double> min, std::optional<double> max,
                SourceLoc at = SourceLoc::current());
   Tensor cast(Tensor x, DType dtype, SourceLoc at = SourceLoc::current());

@@ -408,6 +408,8 @@ void bindGraph(py::module_ &m) {
               return g.acos(x, loc);
             if (op == "sqrt")
               return g.sqrt(x, loc);
+            if (op == "stop_gradient")
+              return g.stopGradient(x, loc);
             if (op == "zeros_like")
               return g.zerosLike(x, loc);
             throw Error("unknown unary op '" + op + "'",

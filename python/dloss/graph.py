@@ -203,6 +203,10 @@ class Graph:
         """sqrt(x), element-wise."""
         return self._g.unary("sqrt", x, *_at())
 
+    def stop_gradient(self, x):
+        """`x` itself, whose gradient is zero (torch's x.detach())."""
+        return self._g.unary("stop_gradient", x, *_at())
+
     def zeros_like(self, x):
         """Zeros of `x`'s shape and dtype."""
         return self._g.unary("zeros_like", x, *_at())

@@ -40,6 +40,8 @@ std::unordered_map<std::string, KernelRule> buildTable() {
   add("dloss.eq", binaryRule(eqIndicator));
   add("dloss.select", selectValuesRule());
   add("dloss.neg", unaryRule([](const at::Tensor &x) { return at::neg(x); }));
+  // The value passes unchanged; its gradient is the compiler's business.
+  add("dloss.stop_gradient", unaryRule([](const at::Tensor &x) { return x; }));
   add("dloss.exp", unaryRule([](const at::Tensor &x) { return at::exp(x); }));
   add("dloss.log", unaryRule([](const at::Tensor &x) { return at::log(x); }));
   add("dloss.sqrt", unaryRule([](const at::Tensor &x) { return at::sqrt(x); }));

@@ -84,7 +84,9 @@ func.func @unary(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
   %11 = dloss.sqrt %10 : tensor<?x4xf32>
   // CHECK: dloss.sigmoid
   %12 = dloss.sigmoid %11 : tensor<?x4xf32>
-  return %12 : tensor<?x4xf32>
+  // CHECK: dloss.stop_gradient %{{.*}} : tensor<?x4xf32>
+  %13 = dloss.stop_gradient %12 : tensor<?x4xf32>
+  return %13 : tensor<?x4xf32>
 }
 
 // CHECK-LABEL: func.func @cast

@@ -498,6 +498,7 @@ LOCAL_OPS = {
     "dloss.exp": lambda op, x: torch.exp(x),
     "dloss.log": lambda op, x: torch.log(x),
     "dloss.sqrt": lambda op, x: torch.sqrt(x),
+    "dloss.stop_gradient": lambda op, x: x.detach(),
     "dloss.sin": lambda op, x: torch.sin(x),
     "dloss.cos": lambda op, x: torch.cos(x),
     "dloss.acos": lambda op, x: torch.acos(x),

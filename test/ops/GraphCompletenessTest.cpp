@@ -117,6 +117,8 @@ const std::map<std::string, Witness> &witnesses() {
        }},
       {"dloss.softplus", [](Graph &g, const Inputs &in) { g.softplus(in.x); }},
       {"dloss.sqrt", [](Graph &g, const Inputs &in) { g.sqrt(in.x); }},
+      {"dloss.stop_gradient",
+       [](Graph &g, const Inputs &in) { g.stopGradient(in.x); }},
       {"dloss.sub", [](Graph &g, const Inputs &in) { g.sub(in.x, in.y); }},
       {"dloss.take_along",
        [](Graph &g, const Inputs &in) {

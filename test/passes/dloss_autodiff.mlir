@@ -110,6 +110,28 @@ func.func @gather_none(%x: tensor<?x4xf32> {dloss.grad}, %y: tensor<?x4xf32>) ->
 
 // -----
 
+// stop_gradient passes its value and no cotangent: %w's gradient comes only
+// from its direct use (no second term to add), and %x's, used only through
+// stop_gradient, is zeros.
+// CHECK-LABEL: func.func @stop_gradient_grad
+// CHECK-SAME: (%[[W:[^:]*]]: tensor<?x4xf32>, %[[X:[^:]*]]: tensor<?x4xf32>)
+// CHECK-NOT: dloss.add
+// CHECK: %[[Z:.*]] = dloss.zeros_like %[[X]]
+// CHECK-NOT: dloss.add
+// CHECK: return %{{.*}}, %{{.*}}, %[[Z]]
+func.func @stop_gradient(%w: tensor<?x4xf32> {dloss.grad}, %x: tensor<?x4xf32> {dloss.grad}) -> tensor<f32> attributes {dloss.loss} {
+  %held = dloss.stop_gradient %w : tensor<?x4xf32>
+  %e = dloss.exp %held : tensor<?x4xf32>
+  %sx = dloss.stop_gradient %x : tensor<?x4xf32>
+  %ex = dloss.mul %e, %sx : tensor<?x4xf32>, tensor<?x4xf32>
+  %p = dloss.mul %ex, %w : tensor<?x4xf32>, tensor<?x4xf32>
+  %s = dloss.reduce sum %p axes [0, 1] : tensor<?x4xf32>
+  %t = dloss.all_reduce sum %s : tensor<f32>
+  return %t : tensor<f32>
+}
+
+// -----
+
 // all_reduce: sum passes the cotangent as is, mean divides by N, max routes
 // it to the ranks holding the maximum (ties share).
 // CHECK-LABEL: func.func @all_reduce_kinds_grad

@@ -75,6 +75,7 @@ WITNESSES = {
     "dloss.slice": lambda g, i: g.slice(i["x"], 1, g.size(1), g.size(2)),
     "dloss.softplus": lambda g, i: g.softplus(i["x"]),
     "dloss.sqrt": lambda g, i: g.sqrt(i["x"]),
+    "dloss.stop_gradient": lambda g, i: g.stop_gradient(i["x"]),
     "dloss.sub": lambda g, i: i["x"] - i["y"],
     "dloss.take_along":
         lambda g, i: g.take_along(logits(g, i), i["labels"], 1),

@@ -351,6 +351,124 @@ class MoreTorchTest(unittest.TestCase):
 
 
 # ---------------------------------------------------------------------------
+# .detach(): the value flows on, its gradient does not (dloss.stop_gradient).
+# ---------------------------------------------------------------------------
+
+def detached_eager(image, text, scale):
+    """One process over the global batch: a hardness weighting computed from
+    the detached logits (sentence-transformers' hardness modes), a centre
+    of the batch that carries no gradient (DINO's), and a detached scale."""
+    n = image.shape[0]
+    sim = scale * image @ text.T
+    weights = torch.softmax(sim.detach(), dim=1)
+    labels = torch.arange(n)
+    centre = image.mean(0).detach()
+    spread = ((image - centre) ** 2).sum() / n
+    return (F.cross_entropy(sim, labels) + (weights * sim).sum() / n +
+            spread * scale.detach() + labels.detach().float().mean())
+
+
+def run_detached(rank, world, sizes):
+    import dloss
+
+    @dloss.loss
+    def detached(image, text, scale: dloss.Input(replicated=True)):
+        n = dloss.global_size(image)
+        sim = scale * image @ dloss.all_gather(text).T
+        weights = torch.softmax(sim.detach(), dim=1)
+        labels = torch.arange(image.shape[0]) + dloss.shard_offset(image)
+        centre = (dloss.all_reduce(image.sum(0), "sum") / n).detach()
+        spread = dloss.all_reduce(((image - centre) ** 2).sum(), "sum") / n
+        ce = dloss.all_reduce(F.cross_entropy(sim, labels, reduction="sum"),
+                              "sum") / n
+        hard = dloss.all_reduce((weights * sim).sum(), "sum") / n
+        mean_label = dloss.all_reduce(labels.detach().float().sum(),
+                                      "sum") / n
+        return ce + hard + spread * scale.detach() + mean_label
+
+    starts = offsets(sizes)
+    mine = slice(starts[rank], starts[rank + 1])
+    g = torch.Generator().manual_seed(11)
+    total = sum(sizes)
+    image = F.normalize(torch.randn(total, DIM, generator=g), dim=1)
+    text = F.normalize(torch.randn(total, DIM, generator=g), dim=1)
+    inputs = [image[mine].clone().requires_grad_(),
+              text[mine].clone().requires_grad_(),
+              torch.tensor(3.0, requires_grad=True)]
+    loss = detached(*inputs)
+    loss.backward()
+    return loss.detach(), [v.grad for v in inputs]
+
+
+class DetachTest(unittest.TestCase):
+
+    def check(self, world, sizes):
+        g = torch.Generator().manual_seed(11)
+        total = sum(sizes)
+        image = F.normalize(torch.randn(total, DIM, generator=g), dim=1)
+        text = F.normalize(torch.randn(total, DIM, generator=g), dim=1)
+        ref_inputs = [image.requires_grad_(), text.requires_grad_(),
+                      torch.tensor(3.0, requires_grad=True)]
+        ref = detached_eager(*ref_inputs)
+        ref.backward()
+        # Had the detached terms their gradient, the text's and the scale's
+        # would differ by this much (the check below can fail).
+        starts = offsets(sizes)
+        worst = 0.0
+        scale_grad = 0.0
+        for r, (loss, grads) in enumerate(
+                multiproc.run(world, run_detached, sizes, timeout=300)):
+            worst = max(worst, rel(loss, ref.detach()))
+            for got, want in zip(grads[:2], ref_inputs[:2]):
+                # ddp: rank r holds N * dF/dx_r.
+                block = want.grad[starts[r]:starts[r + 1]]
+                worst = max(worst, rel(got / world, block, want.grad))
+            scale_grad = scale_grad + grads[2] / world
+        worst = max(worst, rel(scale_grad, ref_inputs[2].grad))
+        print("METRIC trace case=detach world=%d sizes=%s traced_vs_eager="
+              "%.3g" % (world, sizes, worst), file=sys.stderr)
+        self.assertLess(worst, TOLERANCE)
+
+    def test_one_rank(self):
+        self.check(1, [5])
+
+    def test_three_uneven_ranks(self):
+        self.check(3, [4, 1, 6])
+
+    def test_the_detached_terms_change_the_gradients(self):
+        # The eager loss without its detaches has other gradients, so a
+        # stop_gradient that let the gradient through would fail check().
+        g = torch.Generator().manual_seed(11)
+        image = F.normalize(torch.randn(5, DIM, generator=g), dim=1)
+        text = F.normalize(torch.randn(5, DIM, generator=g), dim=1)
+        grads = []
+        for detach in (True, False):
+            inputs = [image.clone().requires_grad_(),
+                      text.clone().requires_grad_(),
+                      torch.tensor(3.0, requires_grad=True)]
+            if detach:
+                loss = detached_eager(*inputs)
+            else:
+                with _no_detach():
+                    loss = detached_eager(*inputs)
+            loss.backward()
+            grads.append([v.grad for v in inputs])
+        for with_detach, without in zip(*grads):
+            self.assertGreater(rel(without, with_detach), 1e-2)
+
+
+class _no_detach:
+    """Makes torch.Tensor.detach the identity for a block."""
+
+    def __enter__(self):
+        self.saved = torch.Tensor.detach
+        torch.Tensor.detach = lambda x: x
+
+    def __exit__(self, *exc):
+        torch.Tensor.detach = self.saved
+
+
+# ---------------------------------------------------------------------------
 # Errors: each bad loss below marks the line the message must name.
 # ---------------------------------------------------------------------------
 
@@ -398,6 +516,11 @@ def bad_losses():
         logits = image @ dloss.all_gather(text).T
         return F.cross_entropy(logits, labels)
 
+    def no_grad_block(image, text):
+        with torch.no_grad():
+            centre = image.mean(0)  # ERROR: no-grad
+        return ((image - centre) ** 2).mean()
+
     return {name: fn for name, fn in locals().items() if callable(fn) and
             name not in ("dist", "dloss")}
 
@@ -414,11 +537,14 @@ EXPECTED = {
     "seeds-labels": ["torch.distributed.get_rank()", "shard_offset"],
     "rank-times-size": ["multiplies a batch size by the rank",
                         "dloss.shard_offset(x)"],
+    "no-grad": ["torch.no_grad()", "would still pass gradients",
+                ".detach()"],
 }
 CASES = {"unsupported_op": "unsupported", "control_flow": "control-flow",
          "rank_conditional_collective": "rank-condition",
          "varying_result": "varying", "seeds_gather": "seeds-gather",
-         "seeds_labels": "seeds-labels", "rank_times_size": "rank-times-size"}
+         "seeds_labels": "seeds-labels", "rank_times_size": "rank-times-size",
+         "no_grad_block": "no-grad"}
 
 
 def marked_line(marker):

@@ -37,11 +37,12 @@ def witness(image, text, labels, scale):
         torch.sigmoid(picked) + torch.sin(picked)           # softplus...
     roots = torch.sqrt(torch.exp(-lse)).log()               # sqrt, neg, log
     zeros = torch.zeros_like(sim)                           # zeros_like
+    held = picked.detach() * picked                         # stop_gradient
     sizes = (dloss.world_size() + dloss.rank()) / 2.0      # world_size,
     # rank, cast (a size as a tensor), div.
     local = (masked.sum() + lse.sum() + picked.sum() + put.sum() +
              part.sum() + unit.sum() + bounded.sum() + smooth.sum() +
-             roots.sum() + zeros.sum() + labels.float().sum() -
+             roots.sum() + zeros.sum() + held.sum() + labels.float().sum() -
              sizes)                                         # reduce, sub
     shifted = dloss.ring_shift(image)                       # ring_shift
     mine = dloss.reduce_scatter(dloss.all_gather(image),

@@ -2,6 +2,8 @@
 transpose, a scale, an arange, size-1 axes, a pending broadcast) is built
 when its use needs a tensor."""
 
+import torch
+
 from ..graph import to_dtype
 from .locations import _code, fail
 from .values import (_Arange, _Bcast, _Scaled, _Size, _Tensor, _Transposed,
@@ -14,6 +16,14 @@ EMITS = frozenset({"dloss.arange", "dloss.cast", "dloss.expand", "dloss.mul"})
 def _emit(tr, t, dims, dtype, like, loc, ir=None, note=None, varying=None):
     """A new _Tensor; varying-ness and its note follow the operands in
     `like` unless given."""
+    if not torch.is_grad_enabled():
+        # The function runs under enable_grad (record.py): the user's own
+        # block turned it off, and its values would still carry gradients.
+        fail("torch.no_grad() (or inference_mode) at %s is not supported "
+             "inside @dloss.loss: the values computed there would still "
+             "pass gradients" % _code(loc),
+             "Compute them outside the block and write .detach() on what "
+             "must carry no gradient (dloss.stop_gradient)", loc)
     vs = [v for v in like if isinstance(v, (_Value, _Size))]
     if varying is None:
         varying = any(v.varying for v in vs)

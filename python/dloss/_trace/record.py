@@ -27,10 +27,15 @@ def trace_graph(fn, name, params, tensors, constants, grad_mode):
     after its softplus); the fusion patterns then decline. So when the first
     pass builds any, a second pass builds them first, before the user's
     ops."""
-    tr, result = _run(fn, name, params, tensors, constants, [])
-    if tr.aranges:
-        tr, result = _run(fn, name, params, tensors, constants, tr.aranges)
-    return _finish(fn, tr, result, grad_mode)
+    # Under enable_grad, so that a loss first called inside an evaluation's
+    # no_grad records the same program, and a no_grad block of the
+    # function's own is seen (materialise.py's _emit refuses it).
+    with torch.enable_grad():
+        tr, result = _run(fn, name, params, tensors, constants, [])
+        if tr.aranges:
+            tr, result = _run(fn, name, params, tensors, constants,
+                              tr.aranges)
+        return _finish(fn, tr, result, grad_mode)
 
 
 def _run(fn, name, params, tensors, constants, hoist):

@@ -19,7 +19,8 @@ EMITS = frozenset({
     "dloss.add", "dloss.sub", "dloss.mul", "dloss.div", "dloss.eq",
     "dloss.select", "dloss.neg", "dloss.exp", "dloss.log", "dloss.softplus",
     "dloss.log_sigmoid", "dloss.sigmoid", "dloss.cos", "dloss.sin",
-    "dloss.acos", "dloss.sqrt", "dloss.zeros_like", "dloss.clamp",
+    "dloss.acos", "dloss.sqrt", "dloss.stop_gradient", "dloss.zeros_like",
+    "dloss.clamp",
     "dloss.matmul", "dloss.reduce", "dloss.logsumexp", "dloss.l2_normalize",
     "dloss.cross_entropy", "dloss.take_along", "dloss.put_along",
     "dloss.pad", "dloss.slice", "dloss.all_reduce"})
@@ -200,7 +201,7 @@ def _logical_not(m, loc):
 
 
 _UNARY = {"exp", "log", "cos", "acos", "sin", "sqrt", "sigmoid", "neg",
-          "softplus", "log_sigmoid"}
+          "softplus", "log_sigmoid", "stop_gradient"}
 
 
 def _unary(op, x, loc):
@@ -712,10 +713,12 @@ def _to(x, *args, **kwargs):
 
 
 def _detach(x):
+    """x.detach(): the value, with no gradient (dloss.stop_gradient). An
+    integer tensor has none to stop."""
     loc = _user_location()
-    fail("x.detach() at %s: dloss has no stop-gradient op yet" % _code(loc),
-         "Compute the value outside the loss and pass it as an argument "
-         "(arguments that are not float tensors get no gradient)", loc)
+    if _value(x, loc).dtype not in FLOAT_DTYPES:
+        return x
+    return _unary("stop_gradient", x, loc)
 
 
 def _with_loc(fn):
@@ -856,9 +859,8 @@ def _call_torch(func, args, kwargs):
 
 def supported_ops():
     """The torch operations @dloss.loss records, by name."""
-    methods = sorted(set(_METHODS) - {"detach"} |
-                     {"T", "shape", "size", "dim"})
-    return {"torch": sorted(set(_TORCH) - {"detach"} | {"arange"}),
+    methods = sorted(set(_METHODS) | {"T", "shape", "size", "dim"})
+    return {"torch": sorted(set(_TORCH) | {"arange"}),
             "Tensor": methods,
             "operators": ["+", "-", "*", "/", "@", "**", "==", "!=", "&",
                           "|", "~", "x[:, None]", "x[a:b]"]}
