@@ -80,7 +80,6 @@ def aten_ops(fn):
 
 def measure(loss, group, args):
     """One (loss, group) setting's rows: [(step name, microseconds, note)]."""
-    import torch
     import dloss
     from dloss import _ops, compiled
     from python_clip_bench import make_inputs, upstream
@@ -151,7 +150,6 @@ def measure(loss, group, args):
         ("OpenCLIP ATen ops per step", aten_ops(step(theirs)), "count"),
         ("dloss / OpenCLIP step", t_step / t_theirs, "ratio"),
     ]
-    del torch
     return rows
 
 
