@@ -644,11 +644,11 @@ at::Tensor ProcessGroupCommunicator::transferAllReduce(Call &call,
 at::Tensor ProcessGroupCommunicator::transferReduceScatter(
     Call &call, const at::Tensor &input, Reduction op, int64_t dim,
     const std::vector<int64_t> &sizes) {
+  if (alone()) // The only block is the whole input.
+    return communicate(call, [&] { return ownCopy(input); });
   if (stagedOnHost(input))
     return transferReduceScatter(call, input.cpu(), op, dim, sizes)
         .to(input.device());
-  if (alone()) // The only block is the whole input.
-    return communicate(call, [&] { return ownCopy(input); });
   int n = options.worldSize;
   int rank = options.rank;
   // Block b is rank b's slice [offsets[b], offsets[b] + sizes[b]) of `dim`.
