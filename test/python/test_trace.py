@@ -516,6 +516,11 @@ def bad_losses():
         logits = image @ dloss.all_gather(text).T
         return F.cross_entropy(logits, labels)
 
+    def local_statistic(image, text):
+        # Barlow Twins' cross-correlation pasted without its all_reduce.
+        c = image.T @ text / image.shape[0]  # ERROR: local-statistic
+        return (c ** 2).sum()
+
     def no_grad_block(image, text):
         with torch.no_grad():
             centre = image.mean(0)  # ERROR: no-grad
@@ -537,6 +542,9 @@ EXPECTED = {
     "seeds-labels": ["torch.distributed.get_rank()", "shard_offset"],
     "rank-times-size": ["multiplies a batch size by the rank",
                         "dloss.shard_offset(x)"],
+    "local-statistic": ["varies across ranks",
+                        "sums over this rank's rows only",
+                        "all_reduce is missing"],
     "no-grad": ["torch.no_grad()", "would still pass gradients",
                 ".detach()"],
 }
@@ -544,7 +552,7 @@ CASES = {"unsupported_op": "unsupported", "control_flow": "control-flow",
          "rank_conditional_collective": "rank-condition",
          "varying_result": "varying", "seeds_gather": "seeds-gather",
          "seeds_labels": "seeds-labels", "rank_times_size": "rank-times-size",
-         "no_grad_block": "no-grad"}
+         "no_grad_block": "no-grad", "local_statistic": "local-statistic"}
 
 
 def marked_line(marker):

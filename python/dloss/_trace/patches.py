@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from .locations import _code, _user_location, fail
+from .rules import _eye as _rules_eye
 from .rules import _unsupported
 from .values import _Arange, _Size, _Value, _current_trace, _size_op
 
@@ -77,6 +78,20 @@ def _arange(*args, **kwargs):
     return _Arange(tr, start, _size_op("sub", end, start, loc), dtype, loc)
 
 
+def _eye(n, m=None, *, dtype=None, device=None, requires_grad=False,
+         layout=None, out=None, pin_memory=False):
+    """torch.eye(n[, m]) of sizes: the mask rows == cols, as a tensor."""
+    loc = _user_location()
+    for v in (n, m):
+        if v is not None and (not isinstance(v, (int, _Size)) or
+                              isinstance(v, bool)):
+            _unsupported("torch.eye of %s (sizes only)" % type(v).__name__,
+                         loc)
+    if out is not None:
+        _unsupported("torch.eye with out=", loc)
+    return _rules_eye(n, m, dtype=dtype, loc=loc)
+
+
 def _factory(name, original):
     def make(*args, **kwargs):
         loc = _user_location()
@@ -85,10 +100,7 @@ def _factory(name, original):
             (args[0] if args and isinstance(args[0], (list, tuple)) else ()))
         if not sized:
             return original(*args, **kwargs)
-        hint = ("Build masks from indices: `rows[:, None] == cols[None, :]` "
-                "with rows and cols from torch.arange and dloss.shard_offset"
-                if name == "eye" else
-                "A number broadcasts in arithmetic; torch.zeros_like/"
+        hint = ("A number broadcasts in arithmetic; torch.zeros_like/"
                 "ones_like/full_like(x) make a tensor of x's shape")
         fail("torch.%s with a size known only when the loss runs, at %s" %
              (name, _code(loc)), hint, loc)
@@ -114,7 +126,8 @@ class _Patches:
             setattr(module, name, new)
 
         patch(torch, "arange", _arange)
-        for name in ("eye", "ones", "zeros", "full", "empty", "rand", "randn",
+        patch(torch, "eye", _eye)
+        for name in ("ones", "zeros", "full", "empty", "rand", "randn",
                      "tensor"):
             patch(torch, name, _factory(name, getattr(torch, name)))
         for name, (what, hint) in _DISTRIBUTED.items():

@@ -311,7 +311,13 @@ def _matmul(a, b, loc):
     t = x.tr.g.matmul(x.node, y.node, tx, ty, *loc)
     rows = x.dims[1] if tx else x.dims[0]
     cols = y.dims[0] if ty else y.dims[1]
-    out = _emit(x.tr, t, (rows, cols), dtype, (x, y), loc)
+    inner = x.dims[0] if tx else x.dims[1]
+    note = None
+    if (x.varying or y.varying) and isinstance(inner, _Size) and \
+            inner.batch:
+        # x.T @ y over the batch: this rank's addend of the global product.
+        note = (loc, "{code} sums over this rank's rows only")
+    out = _emit(x.tr, t, (rows, cols), dtype, (x, y), loc, note=note)
     if not scales:
         return out
     s = scales[0]
@@ -377,27 +383,147 @@ def _reduce(kind, x, dim=None, keepdim=False, loc=None, dtype=None):
     return _keep(out, axes, keepdim, loc)
 
 
-def _mean(x, axes, loc):
-    """A mean over the batch is the global mean (sum, all_reduce, divide by
-    the global count); over other axes it is local."""
+def _total(x, axes, loc):
+    """The sum of `x` over `axes` and the number of elements summed. Over
+    the batch (a split axis of a varying value) the sum is all-reduced and
+    the count is the global one: the statistic of the global batch."""
     x = _float(x, loc)
     batch = [a for a in axes if isinstance(x.dims[a], _Size) and
-             x.dims[a].batch]
+             x.dims[a].batch] if x.varying else []
     dims = tuple(d for i, d in enumerate(x.dims) if i not in axes)
-    if not batch or not x.varying:
-        t = x.tr.g.reduce(x.node, "mean", list(axes), *loc)
-        return _emit(x.tr, t, dims, x.dtype, (x,), loc)
     tr = x.tr
-    local = tr.g.reduce(x.node, "sum", list(axes), *loc)
-    total = tr.g.all_reduce(local, "sum", *loc)
     count = 1
     for a in axes:
         d = x.dims[a]
         count = _size_op("mul", count, d.glob(loc) if a in batch else d,
                          loc)
-    denominator = _size_tensor(tr, count, x.dtype, loc)
-    t = tr.g.binary("div", total, denominator.node, *loc)
-    return _emit(tr, t, dims, x.dtype, (), loc, varying=False)
+    t = tr.g.reduce(x.node, "sum", list(axes), *loc)
+    if not batch:
+        return _emit(tr, t, dims, x.dtype, (x,), loc), count
+    t = tr.g.all_reduce(t, "sum", *loc)
+    return _emit(tr, t, dims, x.dtype, (), loc, varying=False), count
+
+
+def _mean(x, axes, loc):
+    """A mean over the batch is the global mean (sum, all_reduce, divide by
+    the global count); over other axes it is local."""
+    x = _float(x, loc)
+    if not x.varying or not any(isinstance(x.dims[a], _Size) and
+                                x.dims[a].batch for a in axes):
+        dims = tuple(d for i, d in enumerate(x.dims) if i not in axes)
+        t = x.tr.g.reduce(x.node, "mean", list(axes), *loc)
+        return _emit(x.tr, t, dims, x.dtype, (x,), loc)
+    total, count = _total(x, axes, loc)
+    return _binary("div", total, count, loc)
+
+
+def _var(x, dim=None, unbiased=None, keepdim=False, correction=None,
+         loc=None, std=False):
+    """var/std over `dim`: over the batch, the global batch's (two passes:
+    the global mean, then the global sum of squared deviations), with
+    Bessel's correction unless `unbiased=False` or `correction=0`."""
+    loc = loc or _user_location()
+    if isinstance(dim, bool) and unbiased is None:  # x.var(False)
+        dim, unbiased = None, dim
+    if correction is None:
+        correction = 0 if unbiased is False else 1
+    if isinstance(correction, float) and correction.is_integer():
+        correction = int(correction)
+    if not isinstance(correction, int) or isinstance(correction, bool):
+        _unsupported("%s with correction=%r (an integer)" % (
+            "std" if std else "var", correction), loc)
+    x = _float(_mat(_value(x, loc)), loc)
+    axes = _axes(dim, x.ndim, loc)
+    mean = _keep(_mean(x, axes, loc), axes, True, loc)
+    dev = _binary("sub", x, mean, loc)
+    total, count = _total(_mat(_binary("mul", dev, dev, loc)), axes, loc)
+    out = _binary("div", total, _size_op("sub", count, correction, loc), loc)
+    if std:
+        out = _unary("sqrt", out, loc)
+    return _keep(out, axes, keepdim, loc)
+
+
+def _batch_norm(input, running_mean, running_var, weight=None, bias=None,
+                training=False, momentum=0.1, eps=1e-5, loc=None):
+    """F.batch_norm: in training, with the global batch's mean and biased
+    variance (SyncBatchNorm's statistics; its backward comes from autodiff);
+    otherwise with the given running statistics."""
+    loc = loc or _user_location()
+    x = _float(_mat(_value(input, loc)), loc)
+    if x.ndim < 2:
+        _unsupported("F.batch_norm of a %d-dim tensor" % x.ndim, loc)
+    axes = tuple(a for a in range(x.ndim) if a != 1)
+
+    def per_channel(v):  # [C] against [N, C, ...]: channel on axis 1
+        if v is None or isinstance(v, (int, float)):
+            return v
+        v = _value(v, loc)
+        return _Unsq(v, x.ndim, [1], loc) if v.ndim == 1 and x.ndim > 1 \
+            else v
+    if training:
+        if running_mean is not None or running_var is not None:
+            fail("F.batch_norm at %s updates running statistics in "
+                 "training: state a @dloss.loss does not carry" % _code(loc),
+                 "Pass running_mean=None and running_var=None (the "
+                 "batch's statistics, as lightly's Barlow Twins does), "
+                 "or keep the BatchNorm layer in the model", loc)
+        mean = _keep(_mean(x, axes, loc), axes, True, loc)
+        var = _var(x, axes, correction=0, keepdim=True, loc=loc)
+    else:
+        if running_mean is None or running_var is None:
+            fail("F.batch_norm at %s has training=False and no running "
+                 "statistics" % _code(loc),
+                 "Pass training=True for the batch's statistics", loc)
+        mean, var = per_channel(running_mean), per_channel(running_var)
+    out = _binary("div", _binary("sub", x, mean, loc),
+                  _unary("sqrt", _binary("add", var, eps, loc), loc), loc)
+    if weight is not None:
+        out = _binary("mul", out, per_channel(weight), loc)
+    if bias is not None:
+        out = _binary("add", out, per_channel(bias), loc)
+    return out
+
+
+def _mse_loss(input, target, size_average=None, reduce=None,
+              reduction="mean", weight=None, loc=None):
+    """F.mse_loss; its mean over the batch is the global mean."""
+    loc = loc or _user_location()
+    if size_average is not None or reduce is not None or weight is not None:
+        _unsupported("F.mse_loss with size_average, reduce or weight", loc)
+    d = _binary("sub", input, target, loc)
+    sq = _binary("mul", d, d, loc)
+    if reduction == "none":
+        return sq
+    if reduction not in ("mean", "sum"):
+        _unsupported("F.mse_loss with reduction=%r" % (reduction,), loc)
+    return _reduce(reduction, sq, None, False, loc)
+
+
+def _diagonal(x, offset=0, dim1=0, dim2=1, loc=None):
+    """The main diagonal of a square matrix: the rows of `x` masked by
+    the identity, summed."""
+    loc = loc or _user_location()
+    x = _mat(_value(x, loc))
+    if x.ndim != 2 or offset != 0 or {dim1 % 2, dim2 % 2} != {0, 1}:
+        _unsupported("diagonal other than the main one of a matrix", loc)
+    n, m = x.dims
+    if not (n is m or isinstance(n, int) and n == m):
+        _unsupported("diagonal of a matrix not known to be square", loc)
+    eye = _eye(n, dtype=torch.bool, loc=loc, tr=x.tr)
+    return _reduce("sum", _where(eye, x, 0, loc), 1, False, loc)
+
+
+def _eye(n, m=None, dtype=None, loc=None, tr=None, **kwargs):
+    """torch.eye(n): the mask rows == cols, in `dtype` (float by
+    default)."""
+    from .values import _current_trace
+    loc = loc or _user_location()
+    tr = tr or _current_trace()
+    rows = _Arange(tr, 0, n, torch.int64, loc)
+    cols = rows if m is None else _Arange(tr, 0, m, torch.int64, loc)
+    mask = _binary("eq", _unsqueeze(rows, 1, loc), _unsqueeze(cols, 0, loc),
+                   loc)
+    return _cast(mask, dtype or torch.get_default_dtype(), loc)
 
 
 def _logsumexp(x, dim, keepdim=False, loc=None):
@@ -802,6 +928,10 @@ _COMMON = {
     "clamp_min": lambda x, min: _clamp(x, min=min),
     "clamp_max": lambda x, max: _clamp(x, max=max),
     "sum": _sum_fn, "mean": _mean_fn,
+    "var": _with_loc(_var),
+    "std": _with_loc(functools.partial(_var, std=True)),
+    "diagonal": _with_loc(_diagonal),
+    "relu": lambda x, inplace=False: _clamp(x, min=0),
     "max": _max_like("max"), "min": _max_like("min"),
     "amax": _amax("max"), "amin": _amax("min"),
     "matmul": _matmul_fn, "mm": _matmul_fn,
@@ -843,6 +973,8 @@ _TORCH = dict(_COMMON, **{
     "cat": _with_loc(_cat), "concat": _with_loc(_cat),
     "concatenate": _with_loc(_cat),
     "detach": _detach,
+    "batch_norm": _with_loc(_batch_norm),
+    "mse_loss": _with_loc(_mse_loss),
 })
 
 
@@ -860,7 +992,7 @@ def _call_torch(func, args, kwargs):
 def supported_ops():
     """The torch operations @dloss.loss records, by name."""
     methods = sorted(set(_METHODS) | {"T", "shape", "size", "dim"})
-    return {"torch": sorted(set(_TORCH) | {"arange"}),
+    return {"torch": sorted(set(_TORCH) | {"arange", "eye"}),
             "Tensor": methods,
             "operators": ["+", "-", "*", "/", "@", "**", "==", "!=", "&",
                           "|", "~", "x[:, None]", "x[a:b]"]}
