@@ -418,7 +418,7 @@ def _mean(x, axes, loc):
 
 
 def _var(x, dim=None, unbiased=None, keepdim=False, correction=None,
-         loc=None, std=False):
+         loc=None, std=False, mean=None):
     """var/std over `dim`: over the batch, the global batch's (two passes:
     the global mean, then the global sum of squared deviations), with
     Bessel's correction unless `unbiased=False` or `correction=0`."""
@@ -434,7 +434,8 @@ def _var(x, dim=None, unbiased=None, keepdim=False, correction=None,
             "std" if std else "var", correction), loc)
     x = _float(_mat(_value(x, loc)), loc)
     axes = _axes(dim, x.ndim, loc)
-    mean = _keep(_mean(x, axes, loc), axes, True, loc)
+    if mean is None:  # `mean`: x's over `axes`, kept, when known already
+        mean = _keep(_mean(x, axes, loc), axes, True, loc)
     dev = _binary("sub", x, mean, loc)
     total, count = _total(_mat(_binary("mul", dev, dev, loc)), axes, loc)
     out = _binary("div", total, _size_op("sub", count, correction, loc), loc)
@@ -468,7 +469,7 @@ def _batch_norm(input, running_mean, running_var, weight=None, bias=None,
                  "batch's statistics, as lightly's Barlow Twins does), "
                  "or keep the BatchNorm layer in the model", loc)
         mean = _keep(_mean(x, axes, loc), axes, True, loc)
-        var = _var(x, axes, correction=0, keepdim=True, loc=loc)
+        var = _var(x, axes, correction=0, keepdim=True, loc=loc, mean=mean)
     else:
         if running_mean is None or running_var is None:
             fail("F.batch_norm at %s has training=False and no running "
