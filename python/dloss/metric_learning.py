@@ -27,6 +27,15 @@ from .trace import Loss, all_gather, all_reduce, global_size, shard_offset
 _MASKED = -1e30
 
 
+def _logaddexp(values):
+    """log(sum(exp(v))) of per-row log-sum-exps, pairwise:
+    log(e^z + e^v) = z - log sigmoid(z - v). The first must be finite."""
+    total = values[0]
+    for v in values[1:]:
+        total = total - F.logsigmoid(total - v)
+    return total
+
+
 # ---------------------------------------------------------------------------
 # PML's constructor keywords: accepted when they hold PML's defaults.
 # ---------------------------------------------------------------------------

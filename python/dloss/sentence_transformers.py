@@ -47,7 +47,7 @@ except ImportError as e:
 from .collectives import all_gather as _gather
 from .errors import Error, make_error
 from .group import ALONE, communicator, runs_alone
-from .metric_learning import _MASKED
+from .metric_learning import _MASKED, _logaddexp
 from .schedule import check_schedule
 from .trace import Loss, all_gather, global_size, shard_offset
 
@@ -64,15 +64,6 @@ _NAME = "st_mnrl_%d_columns"
 # ---------------------------------------------------------------------------
 # The per-rank program: one per number of document columns.
 # ---------------------------------------------------------------------------
-
-def _logaddexp(values):
-    """log(sum(exp(v))) of per-row log-sum-exps, pairwise:
-    log(e^z + e^v) = z - log sigmoid(z - v). The first must be finite."""
-    total = values[0]
-    for v in values[1:]:
-        total = total - F.logsigmoid(total - v)
-    return total
-
 
 def _mnrl(queries, docs, scale, directions, per_direction, cosine):
     """sentence-transformers' MNRL over the global batch, as the program

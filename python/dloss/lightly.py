@@ -1,0 +1,302 @@
+"""lightly's self-supervised losses as exact distributed drop-ins: swap the
+import, keep the training script.
+
+    from dloss.lightly import BarlowTwinsLoss
+    loss_fn = BarlowTwinsLoss(gather_distributed=True)
+
+Each class subclasses lightly's own (same constructor, same ``forward``,
+plus ``group=``, a torch.distributed group, default the default group);
+only the loss is dloss's, the program one rank runs, compiled by
+@dloss.loss:
+
+- ``gather_distributed=True``: the single-device loss of the concatenated
+  global batch, the same value on every rank, for batches of any size on
+  each rank (an empty one included). Embedding gradients follow the ddp
+  contract: rank r gets N * dF/dx_r, so DDP's average is the
+  single-process gradient of the global batch.
+  - BarlowTwinsLoss and VICRegLoss move statistics, never rows: the global
+    batch's mean and variance (O(d) all-reduces) and the cross-correlation
+    or covariance (one O(d^2) all-reduce). lightly's Barlow Twins
+    batch-normalises each rank's rows apart, so its loss is not the
+    global batch's.
+  - NTXentLoss, DCLLoss and DCLWLoss gather, compare and reduce in dloss's
+    fused ring-tiled op: no rank holds a B_local x B_global matrix.
+    lightly's DCLW weights are a softmax over each rank's own rows; here
+    they are the global batch's.
+- ``gather_distributed=False``: each rank's own loss, as lightly computes
+  it, with no collective (DDP then averages the per-rank gradients).
+
+What is refused, and why, is in docs/Migration.md.
+"""
+
+import torch
+import torch.nn.functional as F
+
+try:
+    from lightly import loss as _lightly
+except ImportError as e:
+    raise ImportError(
+        "dloss.lightly needs lightly 1.6 (tested with 1.6.0), which is not "
+        "installed or does not import (%s): pip install lightly==1.6.0 "
+        "(it needs torchvision), or pip install 'dloss[lightly]'" % e) from e
+
+from .errors import make_error
+from .group import ALONE, runs_alone
+from .metric_learning import _MASKED, _logaddexp
+from .trace import Loss, all_gather, all_reduce, global_size, shard_offset
+
+__all__ = ["BarlowTwinsLoss", "DCLLoss", "DCLWLoss", "NTXentLoss",
+           "VICRegLoss"]
+
+
+# ---------------------------------------------------------------------------
+# The per-rank programs: lightly's single-device code, with the global
+# batch's statistics where it means them.
+# ---------------------------------------------------------------------------
+
+def _off_diagonal(c):
+    """c with its diagonal zeroed (lightly takes the off-diagonal elements
+    through a flatten/view, which dloss cannot trace; the sum of squares is
+    the same)."""
+    return torch.where(~torch.eye(c.shape[0], dtype=torch.bool), c, 0.0)
+
+
+def _barlow_twins(z_a, z_b, lambda_param):
+    z_a_norm = F.batch_norm(z_a, None, None, training=True)
+    z_b_norm = F.batch_norm(z_b, None, None, training=True)
+    c = all_reduce(z_a_norm.T @ z_b_norm) / global_size(z_a)
+    invariance = (torch.diagonal(c) - 1).pow(2).sum()
+    return invariance + lambda_param * _off_diagonal(c).pow(2).sum()
+
+
+def _variance(x, eps):
+    std = torch.sqrt(x.var(dim=0) + eps)
+    return torch.mean(F.relu(1.0 - std))
+
+
+def _covariance(x):
+    x = x - x.mean(dim=0)
+    cov = all_reduce(x.T @ x) / (global_size(x) - 1)
+    return _off_diagonal(cov).pow(2).sum() / x.shape[1]
+
+
+def _vicreg(z_a, z_b, lambda_param, mu_param, nu_param, eps):
+    return (lambda_param * F.mse_loss(z_a, z_b) +
+            mu_param * 0.5 * (_variance(z_a, eps) + _variance(z_b, eps)) +
+            nu_param * (_covariance(z_a) + _covariance(z_b)))
+
+
+def _ntxent(out0, out1, temperature):
+    """SimCLR's NT-Xent over the 2B rows of the global batch (lightly's
+    cross-entropy over [positive block, negatives]): each rank stacks its
+    two views and gathers every rank's stack once; a row's positive is its
+    other view, and a row is not its own negative."""
+    out0, out1 = F.normalize(out0, dim=1), F.normalize(out1, dim=1)
+    mine = torch.cat([out0, out1])
+    logits = mine @ all_gather(mine).T / temperature
+    n = out0.shape[0]
+    firsts = torch.arange(n) + 2 * shard_offset(out0)
+    rows = torch.cat([firsts, firsts + n])
+    positives = torch.cat([firsts + n, firsts])
+    own = rows[:, None] == torch.arange(2 * global_size(out0))[None, :]
+    return F.cross_entropy(logits.masked_fill(own, float("-inf")), positives)
+
+
+def _mises_fisher_weights(out0, out1, sigma):
+    """lightly's negative_mises_fisher_weights, 2 - B softmax(s / sigma),
+    with the softmax and B over the global batch (lightly's are the
+    rank's own)."""
+    s = (out0.detach() * out1.detach()).sum(1) / sigma
+    # Cosines: s <= 1 / sigma, so exp(s - 1 / sigma) cannot overflow.
+    e = torch.exp(s - 1.0 / sigma)
+    return 2 - global_size(out0) * e / all_reduce(e.sum())
+
+
+def _dcl(out0, out1, temperature, sigma):
+    """lightly's DCL (sigma None) or DCLW: for each view, a row's negatives
+    are every other row of both views (its positive excluded: decoupled),
+    its positive term -cos / temperature, weighted in DCLW; the mean over
+    the global batch, averaged over the two views."""
+    out0, out1 = F.normalize(out0, dim=1), F.normalize(out1, dim=1)
+
+    def half(a, b):
+        ids = torch.arange(a.shape[0]) + shard_offset(a)
+        own = ids[:, None] == torch.arange(global_size(a))[None, :]
+        negatives = _logaddexp([
+            torch.logsumexp((a @ all_gather(c).T / temperature)
+                            .masked_fill(own, _MASKED), dim=1)
+            for c in (a, b)])
+        positive = (a * b).sum(1) / temperature
+        if sigma is not None:
+            positive = positive * _mises_fisher_weights(a, b, sigma)
+        return (negatives - positive).mean()
+
+    return 0.5 * (half(out0, out1) + half(out1, out0))
+
+
+# ---------------------------------------------------------------------------
+# The drop-ins.
+# ---------------------------------------------------------------------------
+
+def _two_views(name, z_a, z_b, matrices=True):
+    """lightly's checks of a pair of views, as dloss.Errors that say what
+    to pass."""
+    if matrices and (z_a.dim() != 2 or z_b.dim() != 2):
+        raise make_error(
+            "dloss.lightly.%s takes (batch, dim) embeddings; got shapes %s "
+            "and %s" % (name, list(z_a.shape), list(z_b.shape)),
+            "Flatten the features to (batch, dim) before the loss")
+    if z_a.shape != z_b.shape:
+        raise make_error(
+            "dloss.lightly.%s: the two views' shapes differ on this rank: %s "
+            "and %s" % (name, list(z_a.shape), list(z_b.shape)),
+            "Pass the same rows of both views (one row per image in each)")
+
+
+class _Distributed:
+    """The dloss program of a lightly loss: over `group` when the loss
+    gathers (gather_distributed and more than one rank), else over this
+    rank alone, as lightly computes it without the flag."""
+
+    def _setup(self, program, group):
+        self._program_fn, self._group = program, group
+        self._compiled = {}
+
+    def program(self):
+        """The dloss.Loss this call runs (over the group, or alone) and the
+        constants it takes after the two views."""
+        gathered = bool(self.gather_distributed) and \
+            not runs_alone(self._group)
+        fn = self._compiled.get(gathered)
+        if fn is None:
+            fn = Loss(self._program_fn, grad_mode="ddp",
+                      group=self._group if gathered else ALONE,
+                      name="lightly_" + type(self).__name__)
+            self._compiled[gathered] = fn
+        return fn, self._constants()
+
+    def _run(self, a, b):
+        fn, constants = self.program()
+        return fn(a, b, *constants)
+
+
+class BarlowTwinsLoss(_lightly.BarlowTwinsLoss, _Distributed):
+    """lightly's ``BarlowTwinsLoss``. With ``gather_distributed=True``, the
+    global batch's loss: each view batch-normalised with the global batch's
+    mean and variance, its cross-correlation all-reduced (O(d^2), no rows
+    move); lightly normalises each rank's rows apart."""
+
+    def __init__(self, lambda_param=5e-3, gather_distributed=False,
+                 group=None):
+        super().__init__(lambda_param=lambda_param,
+                         gather_distributed=gather_distributed)
+        self._setup(_barlow_twins, group)
+
+    def forward(self, z_a, z_b):
+        _two_views("BarlowTwinsLoss", z_a, z_b)
+        return self._run(z_a, z_b)
+
+    def _constants(self):
+        return (float(self.lambda_param),)
+
+
+class VICRegLoss(_lightly.VICRegLoss, _Distributed):
+    """lightly's ``VICRegLoss`` on (batch, dim) embeddings. With
+    ``gather_distributed=True``, the global batch's loss: the invariance
+    term's mean, the variances and the covariances are the global batch's
+    (O(d) and O(d^2) all-reduces; lightly gathers the rows). Ranks may hold
+    different numbers of rows; the global batch needs at least two."""
+
+    def __init__(self, lambda_param=25.0, mu_param=25.0, nu_param=1.0,
+                 gather_distributed=False, eps=0.0001, group=None):
+        super().__init__(lambda_param=lambda_param, mu_param=mu_param,
+                         nu_param=nu_param,
+                         gather_distributed=gather_distributed, eps=eps)
+        self._setup(_vicreg, group)
+
+    def forward(self, z_a, z_b):
+        _two_views("VICRegLoss", z_a, z_b)
+        if not self.gather_distributed and z_a.shape[0] <= 1:
+            raise make_error(
+                "dloss.lightly.VICRegLoss: a batch of %d row(s) has no "
+                "variance" % z_a.shape[0],
+                "Pass at least 2 rows per rank, or gather_distributed=True "
+                "(then only the global batch needs 2)")
+        return self._run(z_a, z_b)
+
+    def _constants(self):
+        return (float(self.lambda_param), float(self.mu_param),
+                float(self.nu_param), float(self.eps))
+
+
+class NTXentLoss(_lightly.NTXentLoss, _Distributed):
+    """lightly's ``NTXentLoss`` (SimCLR) without a memory bank. With
+    ``gather_distributed=True``, the global batch's loss over its 2B rows,
+    fused; lightly's labels (``rank * batch_size``) assume equal batches."""
+
+    def __init__(self, temperature=0.5, memory_bank_size=0,
+                 gather_distributed=False, group=None):
+        super().__init__(temperature=temperature,
+                         memory_bank_size=memory_bank_size,
+                         gather_distributed=gather_distributed)
+        if self.memory_bank.size[0] != 0:
+            raise make_error(
+                "dloss.lightly.NTXentLoss does not take a memory bank "
+                "(memory_bank_size=%r): the bank's negatives are state "
+                "that each rank fills from its own batches" %
+                (memory_bank_size,),
+                "Use memory_bank_size=0 (in-batch negatives, exact over "
+                "the global batch), or lightly.loss.NTXentLoss for a bank")
+        self._setup(_ntxent, group)
+
+    def forward(self, out0, out1):
+        _two_views("NTXentLoss", out0, out1)
+        return self._run(out0, out1)
+
+    def _constants(self):
+        return (float(self.temperature),)
+
+
+class DCLLoss(_lightly.DCLLoss, _Distributed):
+    """lightly's ``DCLLoss`` (decoupled contrastive learning), fused. A
+    ``weight_fn`` of your own is refused with ``gather_distributed=True``:
+    dloss cannot tell whether it uses the batch (use DCLWLoss for the
+    paper's weighting)."""
+
+    _sigma = None
+
+    def __init__(self, temperature=0.1, weight_fn=None,
+                 gather_distributed=False, group=None):
+        super().__init__(temperature=temperature, weight_fn=weight_fn,
+                         gather_distributed=gather_distributed)
+        if weight_fn is not None and type(self) is DCLLoss:
+            raise make_error(
+                "dloss.lightly.DCLLoss does not take a weight_fn: dloss "
+                "cannot tell whether %s reads the batch (a softmax over it "
+                "would be each rank's, not the global batch's)" %
+                getattr(weight_fn, "__name__", type(weight_fn).__name__),
+                "Use dloss.lightly.DCLWLoss(sigma=...) for the negative "
+                "von Mises-Fisher weighting, or lightly.loss.DCLLoss")
+        self._setup(_dcl, group)
+
+    def forward(self, out0, out1):
+        _two_views(type(self).__name__, out0, out1)
+        return self._run(out0, out1)
+
+    def _constants(self):
+        return (float(self.temperature), self._sigma)
+
+
+class DCLWLoss(_lightly.DCLWLoss, DCLLoss):
+    """lightly's ``DCLWLoss``: DCL with negative von Mises-Fisher weights
+    on the positive term. With ``gather_distributed=True`` the weights are
+    a softmax over the global batch (lightly's are each rank's own)."""
+
+    def __init__(self, temperature=0.1, sigma=0.5, gather_distributed=False,
+                 group=None):
+        # lightly's __init__ reaches DCLLoss's (this class's next in line)
+        # with lightly's weight_fn, which dloss's program replaces.
+        super().__init__(temperature=temperature, sigma=sigma,
+                         gather_distributed=gather_distributed)
+        self._sigma = float(sigma)
+        self._setup(_dcl, group)
