@@ -29,6 +29,8 @@ only the loss is dloss's, the program one rank runs, compiled by
 What is refused, and why, is in docs/Migration.md.
 """
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 
@@ -46,7 +48,7 @@ from .metric_learning import _MASKED, _logaddexp
 from .trace import Loss, all_gather, all_reduce, global_size, shard_offset
 
 __all__ = ["BarlowTwinsLoss", "DCLLoss", "DCLWLoss", "NTXentLoss",
-           "VICRegLoss"]
+           "SwaVLoss", "VICRegLoss"]
 
 
 # ---------------------------------------------------------------------------
@@ -132,6 +134,61 @@ def _dcl(out0, out1, temperature, sigma):
         return (negatives - positive).mean()
 
     return 0.5 * (half(out0, out1) + half(out1, out0))
+
+
+def _sinkhorn(out, iterations, epsilon):
+    """lightly's sinkhorn over the global batch's rows (its B is the local
+    batch times the world size, wrong for uneven batches): the codes of
+    `out` (rows: samples, columns: prototypes), with no gradient."""
+    q = torch.exp(out.detach() / epsilon)
+    q = q / all_reduce(q.sum())
+    rows = global_size(q)
+    for _ in range(iterations):
+        q = q / all_reduce(q.sum(0, keepdim=True))  # each prototype's mass
+        q = q / q.sum(1, keepdim=True) / rows       # each sample's
+    return q * rows
+
+
+def _swav(crops, n_high, n_queue, temperature, iterations, epsilon):
+    """lightly's SwaV: the codes of each high-resolution crop (with its
+    queue's rows, when given) predicted from every other crop; the mean
+    over the global batch."""
+    high, low = crops[:n_high], crops[n_high:len(crops) - n_queue]
+    queue = crops[len(crops) - n_queue:]
+    views = len(crops) - n_queue
+    loss = 0.0
+    for i in range(n_high):
+        outputs = high[i]
+        if n_queue:
+            outputs = torch.cat((outputs, queue[i]))
+        q = _sinkhorn(outputs, iterations, epsilon)
+        if n_queue:
+            q = q[:high[i].shape[0]]
+        subloss = 0.0
+        for z in [h for v, h in enumerate(high) if v != i] + list(low):
+            subloss = subloss - torch.mean(torch.sum(
+                q * F.log_softmax(z / temperature, dim=1), dim=1))
+        loss = loss + subloss / (views - 1)
+    return loss / n_high
+
+
+def _swav_program(n_high, n_low, n_queue):
+    """`_swav` with one tensor parameter per crop (and queue entry), as
+    @dloss.loss records it: the counts are part of the plan."""
+    def program(*args):
+        crops = list(args[:n_high + n_low + n_queue])
+        return _swav(crops, n_high, n_queue, *args[len(crops):])
+
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    names = (["high_%d" % i for i in range(n_high)] +
+             ["low_%d" % i for i in range(n_low)] +
+             ["queue_%d" % i for i in range(n_queue)])
+    program.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, kind) for n in names + [
+            "temperature", "iterations", "epsilon"]])
+    program.__name__ = program.__qualname__ = \
+        "lightly_swav_%d_%d_%d" % (n_high, n_low, n_queue)
+    return program
 
 
 # ---------------------------------------------------------------------------
@@ -300,3 +357,55 @@ class DCLWLoss(_lightly.DCLWLoss, DCLLoss):
                          gather_distributed=gather_distributed)
         self._sigma = float(sigma)
         self._setup(_dcl, group)
+
+
+class SwaVLoss(_lightly.SwaVLoss):
+    """lightly's ``SwaVLoss``. With ``sinkhorn_gather_distributed=True``
+    the Sinkhorn-Knopp codes are the global batch's (all-reduced sums, no
+    gradient, the iterations unrolled into the plan), exact for uneven
+    batches (lightly's normalisation assumes equal ones), and the loss is
+    the global batch's mean, the same on every rank. A queue's rows join
+    the rank's rows in the codes, as in lightly. Returns a tensor of shape
+    (1,), as lightly does."""
+
+    def __init__(self, temperature=0.1, sinkhorn_iterations=3,
+                 sinkhorn_epsilon=0.05, sinkhorn_gather_distributed=False,
+                 group=None):
+        super().__init__(
+            temperature=temperature, sinkhorn_iterations=sinkhorn_iterations,
+            sinkhorn_epsilon=sinkhorn_epsilon,
+            sinkhorn_gather_distributed=sinkhorn_gather_distributed)
+        self._group = group
+        self._compiled = {}
+
+    def forward(self, high_resolution_outputs, low_resolution_outputs,
+                queue_outputs=None):
+        high, low = list(high_resolution_outputs), \
+            list(low_resolution_outputs)
+        queue = list(queue_outputs) if queue_outputs is not None else []
+        if not high:
+            raise make_error(
+                "dloss.lightly.SwaVLoss: no high-resolution outputs",
+                "Pass at least one crop's prototype scores in "
+                "high_resolution_outputs")
+        if queue and len(queue) != len(high):
+            raise make_error(
+                "dloss.lightly.SwaVLoss: %d queue outputs for %d "
+                "high-resolution crops" % (len(queue), len(high)),
+                "Pass one queue output per high-resolution crop")
+        if len(high) + len(low) < 2:
+            raise make_error(
+                "dloss.lightly.SwaVLoss needs at least two crops in all",
+                "Pass another high- or low-resolution crop")
+        gathered = bool(self.sinkhorn_gather_distributed) and \
+            not runs_alone(self._group)
+        key = (len(high), len(low), len(queue), gathered)
+        fn = self._compiled.get(key)
+        if fn is None:
+            fn = Loss(_swav_program(*key[:3]), grad_mode="ddp",
+                      group=self._group if gathered else ALONE)
+            self._compiled[key] = fn
+        loss = fn(*high, *low, *[q.detach() for q in queue],
+                  float(self.temperature), int(self.sinkhorn_iterations),
+                  float(self.sinkhorn_epsilon))
+        return loss.reshape(1)

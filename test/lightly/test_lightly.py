@@ -33,31 +33,59 @@ CASES = {
     # lightly's default temperature: at 0.2 the loss of the 8 rows below
     # is -0.004, where float32's rounding alone is 1e-5 of it.
     "DCLWLoss": ({"temperature": 0.1, "sigma": 0.5}, False),
+    # Two high- and two low-resolution crops' prototype scores, and a
+    # queue per high-resolution crop.
+    "SwaVLoss": ({"sinkhorn_iterations": 3}, True),
 }
-
-
 ROWS_FUSED = {"NTXentLoss", "DCLLoss", "DCLWLoss"}
+PROTOTYPES = 6
 
 
-def views(total, seed=3):
+def inputs(name, total, seed=3):
+    """The global batch's inputs of a case (rows first): two views, or
+    SwaV's four crops and two queues."""
     g = torch.Generator().manual_seed(seed)
+    if name == "SwaVLoss":  # cosine-like scores, as against prototypes
+        return [torch.tanh(torch.randn(total, PROTOTYPES, generator=g))
+                for _ in range(6)]
     a = torch.randn(total, DIM, generator=g)
-    return a, a + 0.5 * torch.randn(total, DIM, generator=g)
+    return [a, a + 0.5 * torch.randn(total, DIM, generator=g)]
+
+
+def call(loss_fn, name, tensors):
+    if name == "SwaVLoss":
+        return loss_fn(tensors[:2], tensors[2:4],
+                       [t.detach() for t in tensors[4:]])
+    return loss_fn(*tensors)
+
+
+def make(module, name, gathered=False):
+    kwargs, _ = CASES[name]
+    flag = "sinkhorn_gather_distributed" if name == "SwaVLoss" else \
+        "gather_distributed"
+    return getattr(module, name)(**{flag: gathered}, **kwargs)
 
 
 def lightly_loss(name, gathered=False):
     import lightly.loss
-    kwargs, _ = CASES[name]
-    return getattr(lightly.loss, name)(gather_distributed=gathered, **kwargs)
+    return make(lightly.loss, name, gathered)
+
+
+def grads(tensors):
+    return [t.grad for t in tensors if t.grad is not None]
+
+
+def leaves(tensors, rows=slice(None)):
+    return [t[rows].clone().requires_grad_() for t in tensors]
 
 
 def on_one_process(name, total):
     """lightly's loss of the global batch on one process: value and the
-    two views' gradients."""
-    a, b = (v.requires_grad_() for v in views(total))
-    loss = lightly_loss(name)(a, b)
+    inputs' gradients."""
+    x = leaves(inputs(name, total))
+    loss = call(lightly_loss(name), name, x)
     loss.backward()
-    return loss.detach(), a.grad, b.grad
+    return loss.detach(), grads(x)
 
 
 def run_rank(rank, world, sizes, equal_sizes):
@@ -68,39 +96,36 @@ def run_rank(rank, world, sizes, equal_sizes):
     starts = offsets(sizes)
     mine = slice(starts[rank], starts[rank + 1])
     out = {}
-    for name, (kwargs, _) in CASES.items():
-        a, b = (v[mine].clone().requires_grad_()
-                for v in views(sum(sizes)))
-        loss_fn = getattr(dloss.lightly, name)(gather_distributed=True,
-                                               **kwargs)
-        loss = loss_fn(a, b)
+    for name in CASES:
+        x = leaves(inputs(name, sum(sizes)), mine)
+        loss_fn = make(dloss.lightly, name, gathered=True)
+        loss = call(loss_fn, name, x)
         loss.backward()
-        program, constants = loss_fn.program()
-        compiled = program.compiled(a.detach(), b.detach(), *constants)
-        ir = program.to_mlir(a.detach(), b.detach(), *constants)
-        result = {"loss": loss.detach(), "grads": (a.grad, b.grad),
-                  "fused": compiled.fused_ops(),
-                  "gathers": ir.count("dloss.all_gather")}
-        if a.shape[0] > 1:
+        result = {"dloss": (loss.detach(), grads(x))}
+        if hasattr(loss_fn, "program"):
+            program, constants = loss_fn.program()
+            args = [t.detach() for t in x] + list(constants)
+            result["fused"] = program.compiled(*args).fused_ops()
+            result["gathers"] = program.to_mlir(*args).count(
+                "dloss.all_gather")
+        if x[0].shape[0] > 1:
             # Flag off: this rank's own loss, lightly's without the flag.
-            x, y = (v[mine].clone().requires_grad_()
-                    for v in views(sum(sizes)))
-            own = getattr(dloss.lightly, name)(**kwargs)(x, y)
+            y = leaves(inputs(name, sum(sizes)), mine)
+            own = call(make(dloss.lightly, name), name, y)
             own.backward()
-            p, q = (v[mine].clone().requires_grad_()
-                    for v in views(sum(sizes)))
-            want = lightly_loss(name)(p, q)
+            z = leaves(inputs(name, sum(sizes)), mine)
+            want = call(lightly_loss(name), name, z)
             want.backward()
-            result["flag_off"] = max(rel(own, want), rel(x.grad, p.grad),
-                                     rel(y.grad, q.grad))
+            result["flag_off"] = max([rel(own, want)] + [
+                rel(u, v) for u, v in zip(grads(y), grads(z))])
         # lightly's own distributed form, on equal batches (its gather
         # needs them).
         n = equal_sizes[rank]
-        p, q = (v[rank * n:(rank + 1) * n].clone().requires_grad_()
-                for v in views(sum(equal_sizes)))
-        theirs = lightly_loss(name, gathered=True)(p, q)
+        z = leaves(inputs(name, sum(equal_sizes)),
+                   slice(rank * n, (rank + 1) * n))
+        theirs = call(lightly_loss(name, gathered=True), name, z)
         theirs.backward()
-        result["lightly"] = (theirs.detach(), (p.grad, q.grad))
+        result["lightly"] = (theirs.detach(), grads(z))
         out[name] = result
     return out
 
@@ -110,7 +135,7 @@ def worst_error(name, results, sizes, key):
     DDP's averaging, against lightly on one process over the global
     batch."""
     world = len(sizes)
-    ref_loss, *ref_grads = on_one_process(name, sum(sizes))
+    ref_loss, ref_grads = on_one_process(name, sum(sizes))
     starts = offsets(sizes)
     worst = 0.0
     # DDP averages the ranks' gradients (and lightly's per-rank values are
@@ -119,10 +144,10 @@ def worst_error(name, results, sizes, key):
     mean_loss = sum(r[name][key][0] for r in results) / world
     worst = max(worst, rel(mean_loss, ref_loss))
     for r, per_case in enumerate(results):
-        loss, grads = per_case[name][key]
+        loss, got_grads = per_case[name][key]
         if key == "dloss":
             worst = max(worst, rel(loss, ref_loss))
-        for got, want in zip(grads, ref_grads):
+        for got, want in zip(got_grads, ref_grads):
             block = want[starts[r]:starts[r + 1]]
             worst = max(worst, rel(got / world, block, want))
     return worst
@@ -134,9 +159,6 @@ class LightlyTest(unittest.TestCase):
         world = len(sizes)
         equal = [4] * world
         results = multiproc.run(world, run_rank, sizes, equal, timeout=600)
-        for per_case in results:
-            for result in per_case.values():
-                result["dloss"] = (result["loss"], result["grads"])
         for name, (_, lightly_exact) in CASES.items():
             with self.subTest(name):
                 ours = worst_error(name, results, sizes, "dloss")
@@ -152,7 +174,7 @@ class LightlyTest(unittest.TestCase):
                 for r in results:
                     if name in ROWS_FUSED:  # gathered in the ring kernel
                         self.assertTrue(r[name]["fused"], name)
-                    else:  # statistics all-reduced; no row moves
+                    elif "gathers" in r[name]:  # statistics; no row moves
                         self.assertEqual(r[name]["gathers"], 0, name)
                 if lightly_exact:
                     self.assertLess(theirs, 1e-4)
@@ -171,17 +193,18 @@ class LightlyTest(unittest.TestCase):
 
     def test_no_process_group_is_lightly(self):
         import dloss.lightly
-        for name, (kwargs, _) in CASES.items():
+        for name in CASES:
             with self.subTest(name):
-                a, b = (v.requires_grad_() for v in views(7, seed=9))
-                ours = getattr(dloss.lightly, name)(
-                    gather_distributed=True, **kwargs)(a, b)
+                x = leaves(inputs(name, 7, seed=9))
+                ours = call(make(dloss.lightly, name, True), name, x)
                 ours.backward()
-                p, q = (v.requires_grad_() for v in views(7, seed=9))
-                want = lightly_loss(name)(p, q)
+                y = leaves(inputs(name, 7, seed=9))
+                want = call(lightly_loss(name), name, y)
                 want.backward()
-                self.assertLess(max(rel(ours, want), rel(a.grad, p.grad),
-                                    rel(b.grad, q.grad)), TOLERANCE)
+                self.assertEqual(ours.shape, want.shape)
+                self.assertLess(max([rel(ours, want)] + [
+                    rel(u, v) for u, v in zip(grads(x), grads(y))]),
+                    TOLERANCE)
 
     def test_signatures_are_lightlys_plus_group(self):
         import lightly.loss
@@ -220,6 +243,9 @@ class LightlyTest(unittest.TestCase):
             (lambda: dloss.lightly.VICRegLoss()(torch.randn(1, 3),
                                                 torch.randn(1, 3)),
              ["no variance", "gather_distributed=True"]),
+            (lambda: dloss.lightly.SwaVLoss()(
+                [torch.randn(4, 3)] * 2, [], [torch.randn(2, 3)]),
+             ["2 high-resolution crops", "one queue output"]),
         ]
         for make, words in cases:
             with self.assertRaises(dloss.Error) as caught:

@@ -1,6 +1,7 @@
 """Statistics of the global batch in @dloss.loss: Barlow Twins and VICReg
 pasted from lightly's single-device code with only the all_reduce of their
-cross-correlation added, and var/std/F.batch_norm over the batch, on 1 and
+cross-correlation added, var/std/F.batch_norm over the batch, and SwaV's
+Sinkhorn-Knopp loop of no-grad all-reduces, on 1 and
 3 real Gloo ranks with uneven batches (an empty one included), against
 one process on the global batch in eager torch. They move statistics
 (O(d) and O(d^2)), never rows."""
@@ -55,8 +56,24 @@ def stats_eager(x, weight, bias):
             torch.std(x, dim=0, correction=0).mean())
 
 
+def swav_eager(scores, other, iterations=3):
+    """SwaV's prediction of one crop's Sinkhorn-Knopp codes from another's
+    scores, on one process (lightly's sinkhorn, world size 1)."""
+    with torch.no_grad():
+        q = torch.exp(scores / 0.05).t()
+        q /= torch.sum(q)
+        b = q.shape[1]
+        for _ in range(iterations):
+            q /= torch.sum(q, dim=1, keepdim=True)
+            q /= torch.sum(q, dim=0, keepdim=True)
+            q /= b
+        q = (q * b).t()
+    return -torch.mean(torch.sum(q * F.log_softmax(other / 0.1, dim=1),
+                                 dim=1))
+
+
 EAGER = {"barlow_twins": barlow_twins_eager, "vicreg": vicreg_eager,
-         "stats": stats_eager}
+         "stats": stats_eager, "swav": swav_eager}
 
 
 def traced_losses():
@@ -94,11 +111,29 @@ def traced_losses():
     def stats(x, weight: dloss.Replicated, bias: dloss.Replicated):
         return stats_eager(x, weight, bias)
 
-    return {"barlow_twins": barlow_twins, "vicreg": vicreg, "stats": stats}
+    @dloss.loss
+    def swav(scores, other):
+        # The Sinkhorn-Knopp iterations: a Python loop of no-grad
+        # all-reduces over the global batch, unrolled as it is recorded.
+        q = torch.exp(scores.detach() / 0.05)
+        q = q / dloss.all_reduce(q.sum())
+        b = dloss.global_size(q)
+        for _ in range(3):
+            q = q / dloss.all_reduce(q.sum(0, keepdim=True))
+            q = q / q.sum(1, keepdim=True) / b
+        q = q * b
+        return -torch.mean(torch.sum(q * F.log_softmax(other / 0.1, dim=1),
+                                     dim=1))
+
+    return {"barlow_twins": barlow_twins, "vicreg": vicreg, "stats": stats,
+            "swav": swav}
 
 
 def global_inputs(case, total):
     g = torch.Generator().manual_seed(5)
+    if case == "swav":  # cosine-like scores against prototypes
+        return [torch.tanh(torch.randn(total, DIM + 2, generator=g))
+                for _ in range(2)]
     if case == "stats":
         return [torch.randn(total, DIM, generator=g) * 2 + 1,
                 torch.rand(DIM, generator=g) + 0.5,
@@ -151,6 +186,9 @@ class GlobalStatisticsTest(unittest.TestCase):
                     if i in REPLICATED.get(case, ()):
                         # ddp: each rank holds its share of N * dF/dtheta.
                         summed[i] = summed.get(i, 0) + got / world
+                        continue
+                    if want.grad is None:  # reached only through detach
+                        self.assertFalse(got is not None and got.any(), case)
                         continue
                     block = want.grad[starts[r]:starts[r + 1]]
                     worst = max(worst, rel(got / world, block, want.grad))

@@ -8,7 +8,7 @@ from .. import _C
 from ..collectives import all_gather as _eager_all_gather
 from .locations import _code, _user_location, fail
 from .materialise import _emit, _mat
-from .values import _Size, _Value, _axis, _current_trace
+from .values import _Size, _Unsq, _Value, _axis, _current_trace
 
 # The dloss ops these rules emit (test_trace_emits keeps it true).
 EMITS = frozenset({"dloss.all_gather", "dloss.all_reduce",
@@ -66,6 +66,8 @@ def all_reduce(x, op="sum", group=None):
         fail("unknown reduction %r for dloss.all_reduce" % (op,),
              "Use 'sum', 'mean', 'max' or 'min'", loc,
              op="dloss.all_reduce")
+    if isinstance(x, _Unsq):  # a keepdim reduction: its size-1 axes stay
+        return _Unsq(all_reduce(x.base, op), x.ndim, x.positions, loc)
     x = _mat(x)
     t = x.tr.g.all_reduce(x.node, op, *loc)
     return _emit(x.tr, t, x.dims, x.dtype, (), loc, varying=False, ir=x.ir)
