@@ -56,36 +56,38 @@ __all__ = ["BarlowTwinsLoss", "DCLLoss", "DCLWLoss", "NTXentLoss",
 # batch's statistics where it means them.
 # ---------------------------------------------------------------------------
 
-def _off_diagonal(c):
-    """c with its diagonal zeroed (lightly takes the off-diagonal elements
-    through a flatten/view, which dloss cannot trace; the sum of squares is
-    the same)."""
-    return torch.where(~torch.eye(c.shape[0], dtype=torch.bool), c, 0.0)
-
-
 def _barlow_twins(z_a, z_b, lambda_param):
     z_a_norm = F.batch_norm(z_a, None, None, training=True)
     z_b_norm = F.batch_norm(z_b, None, None, training=True)
-    c = all_reduce(z_a_norm.T @ z_b_norm) / global_size(z_a)
-    invariance = (torch.diagonal(c) - 1).pow(2).sum()
-    return invariance + lambda_param * _off_diagonal(c).pow(2).sum()
+    n = global_size(z_a)
+    c = all_reduce(z_a_norm.T @ z_b_norm) / n
+    # c's diagonal, from the rows (O(B d) and an O(d) all-reduce), and the
+    # off-diagonal sum of squares as the whole one less it: lightly's
+    # flatten/view trick is not traceable, and a d x d identity mask would
+    # cost more memory than c itself.
+    diagonal = all_reduce((z_a_norm * z_b_norm).sum(0)) / n
+    invariance = (diagonal - 1).pow(2).sum()
+    off_diagonal = c.pow(2).sum() - diagonal.pow(2).sum()
+    return invariance + lambda_param * off_diagonal
 
 
-def _variance(x, eps):
-    std = torch.sqrt(x.var(dim=0) + eps)
-    return torch.mean(F.relu(1.0 - std))
-
-
-def _covariance(x):
+def _variance_and_covariance(x, eps):
+    """VICReg's variance and covariance terms of one view from one global
+    mean: the covariance's diagonal is the (unbiased) variance."""
     x = x - x.mean(dim=0)
-    cov = all_reduce(x.T @ x) / (global_size(x) - 1)
-    return _off_diagonal(cov).pow(2).sum() / x.shape[1]
+    n = global_size(x)
+    var = all_reduce(x.pow(2).sum(0)) / (n - 1)
+    cov = all_reduce(x.T @ x) / (n - 1)
+    variance = torch.mean(F.relu(1.0 - torch.sqrt(var + eps)))
+    covariance = (cov.pow(2).sum() - var.pow(2).sum()) / x.shape[1]
+    return variance, covariance
 
 
 def _vicreg(z_a, z_b, lambda_param, mu_param, nu_param, eps):
+    var_a, cov_a = _variance_and_covariance(z_a, eps)
+    var_b, cov_b = _variance_and_covariance(z_b, eps)
     return (lambda_param * F.mse_loss(z_a, z_b) +
-            mu_param * 0.5 * (_variance(z_a, eps) + _variance(z_b, eps)) +
-            nu_param * (_covariance(z_a) + _covariance(z_b)))
+            mu_param * 0.5 * (var_a + var_b) + nu_param * (cov_a + cov_b))
 
 
 def _ntxent(out0, out1, temperature):
