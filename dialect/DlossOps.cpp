@@ -6,6 +6,7 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/PatternMatch.h"
 #include "mlir/IR/TypeUtilities.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallSet.h"
@@ -130,6 +131,32 @@ template <typename OpT> static LogicalResult verifyAxisSizeOp(OpT op) {
 LogicalResult DimOp::verify() { return verifyAxisSizeOp(*this); }
 LogicalResult ShardOffsetOp::verify() { return verifyAxisSizeOp(*this); }
 LogicalResult GlobalSizeOp::verify() { return verifyAxisSizeOp(*this); }
+
+namespace {
+/// reduce sum|mean (neg x) -> neg (reduce sum|mean x), when the negation has
+/// no other use: autodiff negates whole batches (the adjoints of sub and
+/// div) only to sum them over the batch, and one pass over the reduced
+/// value replaces one over the batch.
+struct NegateAfterReducing : OpRewritePattern<ReduceOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(ReduceOp op,
+                                PatternRewriter &rewriter) const override {
+    auto neg = op.getInput().getDefiningOp<NegOp>();
+    if (!neg || !neg->hasOneUse() ||
+        (op.getKind() != ReduceKind::sum && op.getKind() != ReduceKind::mean))
+      return failure();
+    Value reduced = ReduceOp::create(rewriter, op.getLoc(), op.getKind(),
+                                     neg.getInput(), op.getAxes());
+    rewriter.replaceOpWithNewOp<NegOp>(op, reduced);
+    return success();
+  }
+};
+} // namespace
+
+void ReduceOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
+                                           MLIRContext *context) {
+  patterns.add<NegateAfterReducing>(context);
+}
 
 OpFoldResult DimOp::fold(FoldAdaptor) {
   auto type = cast<ShapedType>(getInput().getType());

@@ -390,6 +390,8 @@ def Dloss_ReduceOp : Dloss_Op<"reduce",
                    DenseI64ArrayAttr:$axes);
   let results = (outs Dloss_NumTensor:$result);
   let assemblyFormat = "`` $kind $input `axes` $axes attr-dict `:` type($input)";
+  // A sum or mean of a negation negates the (smaller) reduced value.
+  let hasCanonicalizer = 1;
 }
 
 def Dloss_LogSumExpOp : Dloss_Op<"logsumexp",

@@ -59,13 +59,11 @@ __all__ = ["BarlowTwinsLoss", "DCLLoss", "DCLWLoss", "NTXentLoss",
 def _barlow_twins(z_a, z_b, lambda_param):
     z_a_norm = F.batch_norm(z_a, None, None, training=True)
     z_b_norm = F.batch_norm(z_b, None, None, training=True)
-    n = global_size(z_a)
-    c = all_reduce(z_a_norm.T @ z_b_norm) / n
-    # c's diagonal, from the rows (O(B d) and an O(d) all-reduce), and the
-    # off-diagonal sum of squares as the whole one less it: lightly's
-    # flatten/view trick is not traceable, and a d x d identity mask would
-    # cost more memory than c itself.
-    diagonal = all_reduce((z_a_norm * z_b_norm).sum(0)) / n
+    c = all_reduce(z_a_norm.T @ z_b_norm) / global_size(z_a)
+    # The off-diagonal sum of squares as the whole one less the diagonal's:
+    # lightly's flatten/view trick is not traceable, and a d x d identity
+    # mask would cost more memory than c itself.
+    diagonal = torch.diagonal(c)
     invariance = (diagonal - 1).pow(2).sum()
     off_diagonal = c.pow(2).sum() - diagonal.pow(2).sum()
     return invariance + lambda_param * off_diagonal
@@ -218,21 +216,21 @@ class _Distributed:
     rank alone, as lightly computes it without the flag."""
 
     def _setup(self, program, group):
-        self._program_fn, self._group = program, group
-        self._compiled = {}
+        # Both made now (each compiles at its first call), not in a call:
+        # torch.compile must find them alive when it traces the call.
+        self._group = group
+        self._compiled = {
+            gathered: Loss(program, grad_mode="ddp",
+                           group=group if gathered else ALONE,
+                           name="lightly_" + type(self).__name__)
+            for gathered in (True, False)}
 
     def program(self):
         """The dloss.Loss this call runs (over the group, or alone) and the
         constants it takes after the two views."""
         gathered = bool(self.gather_distributed) and \
             not runs_alone(self._group)
-        fn = self._compiled.get(gathered)
-        if fn is None:
-            fn = Loss(self._program_fn, grad_mode="ddp",
-                      group=self._group if gathered else ALONE,
-                      name="lightly_" + type(self).__name__)
-            self._compiled[gathered] = fn
-        return fn, self._constants()
+        return self._compiled[gathered], self._constants()
 
     def _run(self, a, b):
         fn, constants = self.program()

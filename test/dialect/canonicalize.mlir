@@ -69,3 +69,29 @@ func.func @pure_ops_merge(%x: tensor<?x8xf32>) -> (tensor<?x8xf32>, tensor<?x8xf
   %1 = dloss.exp %x : tensor<?x8xf32>
   return %0, %1 : tensor<?x8xf32>, tensor<?x8xf32>
 }
+
+// -----
+
+// A sum or mean of a negation negates the reduced value (one pass over
+// the batch less); a max keeps its negation, and so does a negation with
+// another use.
+// CHECK-LABEL: func.func @negation_after_reducing
+// CHECK-SAME: (%[[X:.*]]: tensor<?x8xf32>)
+// CHECK-DAG: %[[S:.*]] = dloss.reduce sum %[[X]] axes [0] : tensor<?x8xf32>
+// CHECK-DAG: %[[NS:.*]] = dloss.neg %[[S]] : tensor<8xf32>
+// CHECK-DAG: %[[M:.*]] = dloss.reduce mean %[[X]] axes [0, 1] : tensor<?x8xf32>
+// CHECK-DAG: %[[NM:.*]] = dloss.neg %[[M]] : tensor<f32>
+// CHECK-DAG: %[[N:.*]] = dloss.neg %[[X]] : tensor<?x8xf32>
+// CHECK-DAG: %[[MAX:.*]] = dloss.reduce max %[[N]] axes [0] : tensor<?x8xf32>
+// CHECK-DAG: %[[S2:.*]] = dloss.reduce sum %[[N]] axes [0] : tensor<?x8xf32>
+// CHECK: return %[[NS]], %[[NM]], %[[MAX]], %[[S2]]
+func.func @negation_after_reducing(%x: tensor<?x8xf32>) -> (tensor<8xf32>, tensor<f32>, tensor<8xf32>, tensor<8xf32>) {
+  %n1 = dloss.neg %x : tensor<?x8xf32>
+  %s = dloss.reduce sum %n1 axes [0] : tensor<?x8xf32>
+  %n2 = dloss.neg %x : tensor<?x8xf32>
+  %m = dloss.reduce mean %n2 axes [0, 1] : tensor<?x8xf32>
+  %n3 = dloss.neg %x : tensor<?x8xf32>
+  %max = dloss.reduce max %n3 axes [0] : tensor<?x8xf32>
+  %s2 = dloss.reduce sum %n3 axes [0] : tensor<?x8xf32>
+  return %s, %m, %max, %s2 : tensor<8xf32>, tensor<f32>, tensor<8xf32>, tensor<8xf32>
+}

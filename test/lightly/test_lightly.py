@@ -206,6 +206,49 @@ class LightlyTest(unittest.TestCase):
                     rel(u, v) for u, v in zip(grads(x), grads(y))]),
                     TOLERANCE)
 
+    def test_torch_compile_fullgraph(self):
+        # One graph per loss, as a training step compiles it (a new loss in
+        # an already compiled step recompiles it: dynamo.reset between).
+        import dloss.lightly
+        for name in CASES:
+            if name == "SwaVLoss":
+                continue  # its plan per crop count is made at the call
+            with self.subTest(name):
+                torch._dynamo.reset()
+                fn = make(dloss.lightly, name, True)
+                step = torch.compile(lambda a, b: fn(a, b), fullgraph=True)
+                x = leaves(inputs(name, 7, seed=4))
+                ours = step(*x)
+                ours.backward()
+                y = leaves(inputs(name, 7, seed=4))
+                want = call(lightly_loss(name), name, y)
+                want.backward()
+                self.assertLess(max([rel(ours, want)] + [
+                    rel(u, v) for u, v in zip(grads(x), grads(y))]),
+                    TOLERANCE)
+        torch._dynamo.reset()
+
+    def test_bfloat16_autocast(self):
+        # bf16 embeddings under autocast: a bf16 loss within bf16's
+        # rounding of lightly's float32 loss.
+        import dloss.lightly
+        for name in CASES:
+            with self.subTest(name):
+                x = [t.bfloat16().requires_grad_()
+                     for t in inputs(name, 9, seed=6)]
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    ours = call(make(dloss.lightly, name, True), name, x)
+                ours.float().sum().backward()
+                y = leaves(inputs(name, 9, seed=6))
+                want = call(lightly_loss(name), name, y)
+                want.backward()
+                self.assertTrue(all(g.dtype == torch.bfloat16 and
+                                    torch.isfinite(g).all()
+                                    for g in grads(x)))
+                self.assertLess(rel(ours.float(), want), 3e-2)
+                for u, v in zip(grads(x), grads(y)):
+                    self.assertLess(rel(u.float(), v), 5e-2)
+
     def test_signatures_are_lightlys_plus_group(self):
         import lightly.loss
 

@@ -501,8 +501,8 @@ def _mse_loss(input, target, size_average=None, reduce=None,
 
 
 def _diagonal(x, offset=0, dim1=0, dim2=1, loc=None):
-    """The main diagonal of a square matrix: the rows of `x` masked by
-    the identity, summed."""
+    """The main diagonal of a square matrix: row i's element i
+    (dloss.take_along), with no n x n mask."""
     loc = loc or _user_location()
     x = _mat(_value(x, loc))
     if x.ndim != 2 or offset != 0 or {dim1 % 2, dim2 % 2} != {0, 1}:
@@ -510,8 +510,9 @@ def _diagonal(x, offset=0, dim1=0, dim2=1, loc=None):
     n, m = x.dims
     if not (n is m or isinstance(n, int) and n == m):
         _unsupported("diagonal of a matrix not known to be square", loc)
-    eye = _eye(n, dtype=torch.bool, loc=loc, tr=x.tr)
-    return _reduce("sum", _where(eye, x, 0, loc), 1, False, loc)
+    rows = _Arange(x.tr, 0, n, torch.int64, loc)
+    return _squeeze(_gather(x, 1, _unsqueeze(rows, 1, loc), loc=loc), 1,
+                    loc)
 
 
 def _eye(n, m=None, dtype=None, loc=None, tr=None, **kwargs):
