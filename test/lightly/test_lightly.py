@@ -249,6 +249,33 @@ class LightlyTest(unittest.TestCase):
                 for u, v in zip(grads(x), grads(y)):
                     self.assertLess(rel(u.float(), v), 5e-2)
 
+    def test_training_run_equals_one_process(self):
+        # examples/python/train_ssl.py: SimCLR and Barlow Twins with
+        # lightly's heads under DDP on 4 ranks, uneven batches, 20 steps.
+        import os
+        import re
+        import subprocess
+        examples = os.path.join(os.path.dirname(os.path.dirname(
+            os.path.dirname(os.path.abspath(__file__)))), "examples",
+            "python")
+        done = subprocess.run(
+            [sys.executable, "launch.py", "--nproc", "4", "train_ssl.py",
+             "--steps", "20", "--batch", "16"], cwd=examples,
+            capture_output=True, text=True, timeout=600)
+        output = done.stdout + done.stderr
+        self.assertEqual(done.returncode, 0, output[-4000:])
+        for name in ("simclr", "barlow twins"):
+            self.assertIn("%s check (dloss equals one process within 1e-05)"
+                          ": PASS" % name, output)
+        drift = re.search(r"lightly's gather_distributed=True ([0-9.e+-]+)",
+                          output)
+        self.assertIsNotNone(drift, output[-4000:])
+        print("METRIC lightly training " + " ".join(
+            line for line in output.splitlines()
+            if "max |param - single-process param|" in line),
+            file=sys.stderr)
+        self.assertGreater(float(drift.group(1)), 1e-3)
+
     def test_signatures_are_lightlys_plus_group(self):
         import lightly.loss
 

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Self-supervised training with lightly's projection heads, DDP and
+dloss.lightly's losses: SimCLR (NTXentLoss) and Barlow Twins.
+
+    python3 launch.py --nproc 4 train_ssl.py
+    torchrun --nproc_per_node 4 train_ssl.py    # the same
+
+Needs lightly (and its torchvision). The ranks train on uneven batches of a
+synthetic dataset of two augmented views per sample. For each loss, the
+runs start from the same parameters and see the same samples:
+
+1. dloss: the model in DDP, ``loss_fn = dloss.lightly.NTXentLoss(
+   gather_distributed=True)`` (or ``BarlowTwinsLoss``). The loss is the
+   global batch's, exact for any per-rank sizes.
+2. lightly's own distributed form, ``lightly.loss.BarlowTwinsLoss(
+   gather_distributed=True)``, otherwise the same (Barlow Twins only:
+   lightly's NT-Xent gathers into equal-sized buffers and labels positives
+   ``rank * batch_size``, so it cannot run on uneven batches at all).
+3. one process (rank 0 only): lightly's loss on the concatenated global
+   batch. Run 1 must end with the same parameters; the script prints the
+   largest difference of runs 1 and 2, PASS or FAIL, and exits non-zero on
+   FAIL.
+"""
+
+import sys
+import time
+
+import torch
+import torch.nn as nn
+from lightly.loss import BarlowTwinsLoss as LightlyBarlowTwins
+from lightly.loss import NTXentLoss as LightlyNTXent
+from lightly.models.modules import SimCLRProjectionHead
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import dloss
+import dloss.lightly
+
+import demo_utils
+
+NUM_SAMPLES, IN_DIM, HIDDEN, EMBED_DIM = 1000, 32, 64, 16
+LEARNING_RATE, MOMENTUM = 0.05, 0.9
+
+
+class Encoder(nn.Module):
+    """A small backbone and lightly's SimCLR projection head (without batch
+    norm: a model's BatchNorm1d normalises each rank's rows on its own,
+    which no loss can make the global batch's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Linear(IN_DIM, HIDDEN), nn.ReLU())
+        self.head = SimCLRProjectionHead(HIDDEN, HIDDEN, EMBED_DIM,
+                                         batch_norm=False)
+
+    def forward(self, x):
+        return self.head(self.backbone(x))
+
+
+def train(model, loss_fn, batches, on_step):
+    """The training loop: SGD with momentum over `batches`, this rank's
+    (view0, view1) per step."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE,
+                                momentum=MOMENTUM)
+    for step, (view0, view1) in enumerate(batches):
+        start = time.perf_counter()
+        loss = loss_fn(model(view0), model(view1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        on_step(step, loss.item(), time.perf_counter() - start)
+
+
+def synthetic_views(num_samples, seed=0):
+    """Two noisy views of each sample's 8-dim latent: what augmentations
+    make of one image."""
+    g = torch.Generator().manual_seed(seed)
+    latent = torch.randn(num_samples, 8, generator=g)
+    to_input = torch.randn(8, IN_DIM, generator=g)
+    return [latent @ to_input + 0.5 * torch.randn(num_samples, IN_DIM,
+                                                  generator=g)
+            for _ in range(2)]
+
+
+def main():
+    args = demo_utils.arguments(__doc__.split("\n")[0])
+    rank, world = dloss.init()
+    torch.set_num_threads(1)
+
+    views = synthetic_views(NUM_SAMPLES)
+    schedule = demo_utils.batch_schedule(NUM_SAMPLES, world, args.batch,
+                                         args.steps)
+    mine = [[v[step[rank]] for v in views] for step in schedule]
+    everyone = [[v[torch.cat(step)] for v in views] for step in schedule]
+    runs = {
+        "simclr": (LightlyNTXent, dloss.lightly.NTXentLoss, None),
+        "barlow twins": (LightlyBarlowTwins, dloss.lightly.BarlowTwinsLoss,
+                         LightlyBarlowTwins),
+    }
+    ok = True
+    for name, (single, exact, theirs) in runs.items():
+        # 3. One process on the concatenated global batch (rank 0 only).
+        reference = None
+        if rank == 0:
+            torch.manual_seed(0)
+            model = Encoder()
+            reference = demo_utils.Recorder("one process", model.parameters(),
+                                            schedule)
+            train(model, single(), everyone, reference)
+        # 1. dloss.
+        torch.manual_seed(0)
+        model = DDP(Encoder())
+        ours = demo_utils.Recorder(name + ", dloss", model.parameters(),
+                                   schedule, reference, every=5)
+        train(model, exact(gather_distributed=True), mine, ours)
+        line = "%s, %d steps on %d ranks: max |param - single-process " \
+            "param| dloss %.2e" % (name, len(schedule), world,
+                                   ours.diffs[-1] if rank == 0 else 0.0)
+        # 2. lightly's own distributed form.
+        if theirs is not None:
+            torch.manual_seed(0)
+            model = DDP(Encoder())
+            lightly_run = demo_utils.Recorder(
+                name + ", lightly", model.parameters(), schedule, reference,
+                every=5)
+            train(model, theirs(gather_distributed=True), mine, lightly_run)
+            if rank == 0:
+                line += ", lightly's gather_distributed=True %.2e" % \
+                    lightly_run.diffs[-1]
+        if rank == 0:
+            passed = ours.diffs[-1] <= args.tolerance
+            ok &= passed
+            print(line)
+            print("%s check (dloss equals one process within %.0e): %s" %
+                  (name, args.tolerance, "PASS" if passed else "FAIL"),
+                  flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
