@@ -286,11 +286,18 @@ int32_t input(Args &a) {
              "graph '" + s.name + "' already has an input called '" + name +
                  "'",
              "Give every input its own name");
-  // ints: dtype, grad, replicated, then the shape.
+  // ints: dtype, grad, replicated, state, then the shape.
   auto dtype = static_cast<DType>(a.integer(0));
-  InputOptions options{a.integer(1) != 0, a.integer(2) != 0};
+  InputOptions options{a.integer(1) != 0, a.integer(2) != 0, a.integer(3) != 0};
+  if (options.state && (options.grad || !options.replicated))
+    s.fail("input", at,
+           "state input '" + name +
+               "' must be replicated and have no "
+               "gradient",
+           "Declare state with replicated = true and grad = false: it is "
+           "updated by the loss, not trained");
   llvm::SmallVector<int64_t> dims;
-  for (int64_t d : a.integersFrom(3)) {
+  for (int64_t d : a.integersFrom(4)) {
     if (d < -1)
       s.fail("input", at, "input '" + name + "' has size " + std::to_string(d),
              "Use -1 for a size known only at run time");
@@ -311,11 +318,14 @@ int32_t input(Args &a) {
 int32_t setLoss(Args &a) {
   Builder &s = a.s;
   SourceLoc at = a.at;
-  mlir::Value v = a.tensor(0);
+  // The loss, then each state input's new value.
+  llvm::SmallVector<mlir::Value> results;
+  for (int32_t i = 0; i < a.call.tensor_count; ++i)
+    results.push_back(a.tensor(i));
   auto mode = static_cast<GradMode>(a.integer(0));
-  mlir::func::ReturnOp::create(s.builder, s.location(at), mlir::ValueRange{v});
-  s.func.setFunctionType(
-      s.builder.getFunctionType(s.body->getArgumentTypes(), {v.getType()}));
+  mlir::func::ReturnOp::create(s.builder, s.location(at), results);
+  s.func.setFunctionType(s.builder.getFunctionType(
+      s.body->getArgumentTypes(), mlir::ValueRange(results).getTypes()));
   s.func->setAttr(d::DlossDialect::kLossAttrName, s.builder.getUnitAttr());
   s.func->setAttr(
       d::DlossDialect::kGradModeAttrName,
@@ -328,6 +338,9 @@ int32_t setLoss(Args &a) {
                         s.builder.getUnitAttr());
     if (s.inputOptions[i].replicated)
       s.func.setArgAttr(i, d::DlossDialect::kReplicatedAttrName,
+                        s.builder.getUnitAttr());
+    if (s.inputOptions[i].state)
+      s.func.setArgAttr(i, d::DlossDialect::kStateAttrName,
                         s.builder.getUnitAttr());
   }
   s.finished = true;

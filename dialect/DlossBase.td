@@ -28,7 +28,7 @@ def Dloss_Dialect : Dialect {
 
     * `dloss.loss` (unit, on the function): a loss entry point. It returns one
       0-d floating-point tensor, the loss, which must be invariant (equal on
-      every rank).
+      every rank), then one new value per `dloss.state` argument.
     * `dloss.grad_mode = "ddp" | "global"` (on the function, default `"ddp"`):
       the gradient contract. `ddp` gives rank r `N * dF/dx_r`, so that DDP's
       gradient average yields the single-device gradient; `global` gives
@@ -38,6 +38,10 @@ def Dloss_Dialect : Dialect {
     * `dloss.replicated` (unit, on an argument): the argument holds the same
       value on every rank (a loss parameter such as a logit scale or ArcFace's
       class weights). Arguments are varying otherwise.
+    * `dloss.state` (unit, on a `dloss.replicated` argument without
+      `dloss.grad`): loss state (a centre, an EMA). The loss returns its new
+      value, invariant and of the argument's type, after the loss, in
+      argument order; callers store it (docs/Autodiff.md, "Loss state").
     * `dloss.name = "text"` (string, on an argument): the input's name in
       plans and tools (`dloss-run --input text=...`). `dlossc` takes it from
       the SSA name in the source (`%text`) when absent.
@@ -58,6 +62,9 @@ def Dloss_Dialect : Dialect {
     static constexpr ::llvm::StringLiteral kGradModeAttrName = "dloss.grad_mode";
     static constexpr ::llvm::StringLiteral kGradAttrName = "dloss.grad";
     static constexpr ::llvm::StringLiteral kReplicatedAttrName = "dloss.replicated";
+    // On an argument: loss state (a centre, an EMA) that the loss returns
+    // updated, after the loss, one result per state argument in order.
+    static constexpr ::llvm::StringLiteral kStateAttrName = "dloss.state";
     // On @<loss>_grad (written by dloss-autodiff): the loss it differentiates.
     static constexpr ::llvm::StringLiteral kGradientOfAttrName = "dloss.gradient_of";
     // On an argument: the name users give its input (dloss-run --input NAME=...).

@@ -33,10 +33,12 @@ Operation *DlossDialect::materializeConstant(OpBuilder &builder,
 
 static constexpr StringLiteral kKnownAttrs =
     "dloss knows dloss.loss, dloss.grad_mode and dloss.gradient_of on "
-    "functions, dloss.grad, dloss.replicated and dloss.name on arguments, "
+    "functions, dloss.grad, dloss.replicated, dloss.state and dloss.name on "
+    "arguments, "
     "dloss.replication on ops";
 static constexpr StringLiteral kKnownArgAttrs =
-    "dloss knows dloss.grad, dloss.replicated and dloss.name on arguments";
+    "dloss knows dloss.grad, dloss.replicated, dloss.state and dloss.name on "
+    "arguments";
 
 static bool isReplicationName(Attribute attr) {
   auto name = dyn_cast<StringAttr>(attr);
@@ -67,16 +69,27 @@ LogicalResult DlossDialect::verifyOperationAttribute(Operation *op,
       return op->emitError() << "loss entry point @" << func.getName()
                              << " has no body; a dloss.loss function must "
                                 "define the per-rank program";
+    // The loss, then each state argument's new value, in argument order.
+    SmallVector<Type> expected;
+    for (unsigned i = 0, e = func.getNumArguments(); i < e; ++i)
+      if (func.getArgAttr(i, kStateAttrName))
+        expected.push_back(func.getArgumentTypes()[i]);
     ArrayRef<Type> results = func.getResultTypes();
-    if (results.size() != 1 || !isScalarFloatTensor(results.front()))
+    if (results.empty() || !isScalarFloatTensor(results.front()))
       return op->emitError()
              << "loss entry point @" << func.getName()
-             << " must return exactly one 0-d floating-point tensor (the "
-                "loss), "
-                "got ("
+             << " must return one 0-d floating-point tensor (the loss) "
+                "first, got ("
              << results
              << "); reduce the loss to a scalar with dloss.reduce "
                 "and dloss.all_reduce";
+    if (results.drop_front() != ArrayRef<Type>(expected))
+      return op->emitError()
+             << "loss entry point @" << func.getName()
+             << " must return the loss and then one new value per "
+                "dloss.state argument, of that argument's type ("
+             << expected << "), got (" << results.drop_front()
+             << ") after the loss";
     return success();
   }
   if (name == kGradModeAttrName) {
@@ -111,7 +124,7 @@ LogicalResult DlossDialect::verifyOperationAttribute(Operation *op,
     return success();
   }
   if (name == kGradAttrName || name == kReplicatedAttrName ||
-      name == kNameAttrName)
+      name == kStateAttrName || name == kNameAttrName)
     return op->emitError() << "'" << name
                            << "' belongs on a function argument, not on '"
                            << op->getName() << "'";
@@ -130,7 +143,8 @@ LogicalResult DlossDialect::verifyRegionArgAttribute(Operation *op,
                              << " must be a string, got " << attr.getValue();
     return success();
   }
-  if (name != kGradAttrName && name != kReplicatedAttrName)
+  if (name != kGradAttrName && name != kReplicatedAttrName &&
+      name != kStateAttrName)
     return op->emitError() << "unknown argument attribute '" << name
                            << "' on argument " << argIndex << "; "
                            << kKnownArgAttrs;
@@ -138,6 +152,21 @@ LogicalResult DlossDialect::verifyRegionArgAttribute(Operation *op,
     return op->emitError() << "'" << name << "' on argument " << argIndex
                            << " is a unit attribute; write `" << name
                            << "` without a value";
+  if (name == kStateAttrName) {
+    // On a loss, or on the gradient function derived from one.
+    auto func = dyn_cast<FunctionOpInterface>(op);
+    if (!func ||
+        !(op->hasAttr(kLossAttrName) || op->hasAttr(kGradientOfAttrName)))
+      return op->emitError() << "'" << name << "' on argument " << argIndex
+                             << " needs a loss entry point; add `"
+                             << kLossAttrName << "` to the function";
+    if (!func.getArgAttr(argIndex, kReplicatedAttrName) ||
+        func.getArgAttr(argIndex, kGradAttrName))
+      return op->emitError()
+             << "state argument " << argIndex
+             << " must be `dloss.replicated` (the same on every rank) and "
+                "carry no `dloss.grad`: state is updated, not trained";
+  }
   if (name == kGradAttrName) {
     if (!op->hasAttr(kLossAttrName))
       return op->emitError() << "'" << name << "' on argument " << argIndex

@@ -179,7 +179,7 @@ Tensor Graph::input(const std::string &name, DType dtype,
                     std::vector<int64_t> shape, InputOptions options,
                     SourceLoc at) {
   std::vector<int64_t> ints{static_cast<int64_t>(dtype), options.grad,
-                            options.replicated};
+                            options.replicated, options.state};
   ints.insert(ints.end(), shape.begin(), shape.end());
   Tensor result = DLOSS_TENSOR_OP("input", {}, {}, ints, {}, name);
   state->inputNames.push_back(name);
@@ -336,8 +336,15 @@ Tensor Graph::pad(Tensor x, int64_t axis, Size low, Size high, SourceLoc at) {
 }
 
 void Graph::setLoss(Tensor loss, GradMode mode, SourceLoc at) {
-  addOp(*this,
-        Call{"setLoss", {DLOSS_T(loss)}, {}, {static_cast<int64_t>(mode)}}, at,
+  setLoss(loss, {}, mode, at);
+}
+
+void Graph::setLoss(Tensor loss, std::vector<Tensor> newState, GradMode mode,
+                    SourceLoc at) {
+  std::vector<int32_t> tensors{DLOSS_T(loss)};
+  for (Tensor &t : newState)
+    tensors.push_back(DLOSS_T(t));
+  addOp(*this, Call{"setLoss", tensors, {}, {static_cast<int64_t>(mode)}}, at,
         Result::None);
   state->finished = true;
 }

@@ -154,6 +154,12 @@ public:
   /// after allReduce) is what the compiled function returns.
   void setLoss(Tensor loss, GradMode mode = GradMode::Ddp,
                SourceLoc at = SourceLoc::current());
+  /// The same, for a loss with state inputs (InputOptions::state): `state`
+  /// holds each one's new value (equal on every rank, same type as the
+  /// input), in the order the state inputs were declared.
+  void setLoss(Tensor loss, std::vector<Tensor> state,
+               GradMode mode = GradMode::Ddp,
+               SourceLoc at = SourceLoc::current());
 
   /// The verified program as dloss MLIR text (what dlossc reads). Needs the
   /// compiler library.

@@ -29,6 +29,10 @@ struct InputOptions {
   /// The same value on every rank (a loss parameter: a logit scale, ArcFace's
   /// W).
   bool replicated = false;
+  /// Loss state (DINO's centre, an EMA): replicated, no gradient; the loss
+  /// returns its new value (Graph::setLoss's `state`), which the call
+  /// stores in the input.
+  bool state = false;
 };
 
 } // namespace dloss

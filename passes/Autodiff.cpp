@@ -127,8 +127,10 @@ struct AutodiffPass : dloss::impl::AutodiffPassBase<AutodiffPass> {
     // @<name>_grad: the same arguments, the loss and one gradient per
     // dloss.grad argument. Argument attributes stay, but dloss.grad: the
     // gradient function is not a loss entry point.
+    // The loss, each state argument's new value (dloss.state), then the
+    // gradients.
     SmallVector<unsigned> gradArgs;
-    SmallVector<Type> resultTypes{loss.getResultTypes().front()};
+    SmallVector<Type> resultTypes(loss.getResultTypes());
     for (unsigned i = 0, e = loss.getNumArguments(); i < e; ++i)
       if (loss.getArgAttr(i, DlossDialect::kGradAttrName)) {
         gradArgs.push_back(i);
@@ -167,6 +169,17 @@ struct AutodiffPass : dloss::impl::AutodiffPassBase<AutodiffPass> {
       gradFunc.erase();
       return failure();
     }
+
+    for (Value state : ret->getOperands().drop_front())
+      if (analysis.isVarying(state)) {
+        InFlightDiagnostic diag =
+            loss.emitError()
+            << "the new value of a dloss.state argument of @" << loss.getName()
+            << " varies across ranks: state must stay the same on every "
+               "rank (update it from all-reduced statistics)";
+        gradFunc.erase();
+        return diag;
+      }
 
     OpBuilder b(ret);
     Cotangents cotangents;
@@ -218,7 +231,7 @@ struct AutodiffPass : dloss::impl::AutodiffPassBase<AutodiffPass> {
 
     // The gradient contract, explicit in the IR.
     OpAdjointBuilder finish(b, ret, cotangents, analysis);
-    SmallVector<Value> results{lossValue};
+    SmallVector<Value> results(ret->getOperands());
     for (unsigned i : gradArgs) {
       BlockArgument arg = gradFunc.getArgument(i);
       Cotangent ct = cotangents.lookup(arg);

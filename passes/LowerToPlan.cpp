@@ -217,9 +217,11 @@ private:
           func.getArgAttrOfType<StringAttr>(i, DlossDialect::kNameAttrName);
       bool replicated = static_cast<bool>(
           func.getArgAttr(i, DlossDialect::kReplicatedAttrName));
+      bool state =
+          static_cast<bool>(func.getArgAttr(i, DlossDialect::kStateAttrName));
       arguments.push_back(plan::CreateArgument(
           fbb, fbb.CreateString(name ? name.getValue().str() : ""), *type,
-          replicated));
+          replicated, state));
       registers[arg] = static_cast<int>(registers.size());
     }
 

@@ -265,11 +265,13 @@ void bindGraph(py::module_ &m) {
           "input",
           [at](G &g, const std::string &name, DType dtype,
                std::vector<int64_t> shape, bool grad, bool replicated,
-               const std::string &file, int line) {
-            return g.input(name, dtype, std::move(shape), {grad, replicated},
-                           at(file, line));
+               const std::string &file, int line, bool state) {
+            return g.input(name, dtype, std::move(shape),
+                           {grad, replicated, state}, at(file, line));
           },
-          py::keep_alive<0, 1>())
+          py::arg("name"), py::arg("dtype"), py::arg("shape"), py::arg("grad"),
+          py::arg("replicated"), py::arg("file"), py::arg("line"),
+          py::arg("state") = false, py::keep_alive<0, 1>())
       .def(
           "all_gather",
           [at](G &g, Tensor x, int64_t axis, GatherGrad grad,
@@ -499,9 +501,14 @@ void bindGraph(py::module_ &m) {
                const std::string &file,
                int line) { return g.pad(x, axis, low, high, at(file, line)); },
           py::keep_alive<0, 1>())
-      .def("set_loss",
-           [at](G &g, Tensor loss, GradMode mode, const std::string &file,
-                int line) { g.setLoss(loss, mode, at(file, line)); });
+      .def(
+          "set_loss",
+          [at](G &g, Tensor loss, GradMode mode, const std::string &file,
+               int line, std::vector<Tensor> state) {
+            g.setLoss(loss, std::move(state), mode, at(file, line));
+          },
+          py::arg("loss"), py::arg("mode"), py::arg("file"), py::arg("line"),
+          py::arg("state") = std::vector<Tensor>{});
 }
 
 void bindLosses(py::module_ &m) {
@@ -704,12 +711,15 @@ void bindJit(py::module_ &m) {
           },
           py::arg("inputs"), py::arg("requires_grad"), py::arg("site") = "",
           GilRelease(),
-          "The call without autograd: [loss] or, when a flag is true, "
-          "[loss, one gradient per grad_argument_indices entry]. `site`: "
+          "The call without autograd: [loss, one new value per "
+          "state_argument_indices entry] and, when a flag is true, one "
+          "gradient per grad_argument_indices entry after them. `site`: "
           "the user's file:line of the call, which peers, errors and "
           "flight records name for steps located in dloss's own sources.")
       .def_property_readonly("grad_argument_indices",
                              &CompiledLoss::gradArgumentIndices)
+      .def_property_readonly("state_argument_indices",
+                             &CompiledLoss::stateArgumentIndices)
       .def_property_readonly("result_dtypes", &CompiledLoss::resultTypes)
       .def_property_readonly("argument_names", &CompiledLoss::argumentNames)
       .def_property_readonly("loss_name", &CompiledLoss::lossName)

@@ -38,7 +38,7 @@ from .metric_learning import DistributedLossWrapper, NTXentLoss, SupConLoss
 from .schedule import get_schedule, set_schedule
 from .sync import assert_grads_synced
 # After .collectives: inside a @dloss.loss function all_gather records the op.
-from .trace import (Input, Loss, Replicated, all_gather, all_reduce,
+from .trace import (Input, Loss, Replicated, State, all_gather, all_reduce,
                     broadcast, global_size, loss, rank, reduce_scatter,
                     ring_shift, shard_offset, world_size)
 
@@ -55,7 +55,8 @@ __all__ = [
     "ArcFaceLoss", "ClipLoss", "CoCaLoss", "CombinedMarginLoss",
     "CompiledLoss", "DistillClipLoss",
     "CosFaceLoss", "DistributedLossWrapper", "Error", "Graph", "Input", "Loss", "NTXentLoss", "PartialFC",
-    "Replicated", "SigLipLoss", "SupConLoss", "all_gather", "all_reduce",
+    "Replicated", "SigLipLoss", "State", "SupConLoss", "all_gather",
+    "all_reduce",
     "assert_grads_synced", "broadcast", "cmake_prefix_path", "compile",
     "gather_all_tensors", "get_schedule", "global_size", "guard", "init",
     "loss", "rank", "reduce_scatter", "ring_shift", "set_schedule",

@@ -137,29 +137,42 @@ def _loss_fake(inputs, key, requires_grad, site):
     device = next((t.device for t in inputs if t.is_floating_point()),
                   inputs[0].device)
     outputs = [torch.empty((), dtype=dtypes[0], device=device)]
+    states = fn.state_argument_indices
+    for k, i in enumerate(states):  # each state's new value
+        outputs.append(inputs[i].new_empty(inputs[i].shape,
+                                           dtype=dtypes[1 + k]))
     if any(requires_grad):
         for k, i in enumerate(fn.grad_argument_indices):
-            outputs.append(inputs[i].new_empty(inputs[i].shape,
-                                               dtype=dtypes[1 + k]))
+            outputs.append(inputs[i].new_empty(
+                inputs[i].shape, dtype=dtypes[1 + len(states) + k]))
     return outputs
 
 
-def grad_indices(key, inputs):
-    """For each gradient the loss of `key` returns for `inputs`, the input
-    it belongs to."""
+def layout(key, inputs):
+    """The inputs whose new values the loss of `key` returns after the loss
+    (its state, in order), and the inputs each gradient after them belongs
+    to."""
     from torch.utils._python_dispatch import _get_current_dispatch_mode
     fn = (_target(key, inputs)._callable()
           if _get_current_dispatch_mode() is None else _callable(key, inputs))
-    return list(fn.grad_argument_indices)
+    return list(fn.state_argument_indices), list(fn.grad_argument_indices)
+
+
+def store_state(tensors, states, outputs):
+    """Each state input takes its new value (outputs after the loss), in
+    place, as the call's last act: the update is the same on every rank."""
+    with torch.no_grad():
+        for i, value in zip(states, outputs[1:1 + len(states)]):
+            tensors[i].copy_(value)
 
 
 def _loss_setup(ctx, inputs, output):
     tensors, key, _, _ = inputs
     ctx.count = len(tensors)
-    ctx.indices = grad_indices(key, tensors)
-    gradients = output[1:]
-    ctx.mark_non_differentiable(*gradients)
-    ctx.save_for_backward(*gradients)
+    states, ctx.indices = layout(key, tensors)
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.save_for_backward(*output[1 + len(states):])
+    ctx.indices = ctx.indices if len(output) > 1 + len(states) else []
 
 
 def _loss_backward(ctx, grads):
@@ -200,5 +213,5 @@ def traced_site() -> str:
     return ""
 
 
-__all__ = ["Registered", "call_site", "fresh", "grad_indices", "loss",
-           "register", "run", "traced_site"]
+__all__ = ["Registered", "call_site", "fresh", "layout", "loss",
+           "register", "run", "store_state", "traced_site"]

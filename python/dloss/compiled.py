@@ -40,6 +40,9 @@ class CompiledLoss(_ops.Registered, torch.nn.Module):
         fn = self._callable()
         self.argument_names = list(fn.argument_names)
         self._loss_name = fn.loss_name
+        # Inputs that are loss state (dloss.state): each takes its new value
+        # at every call.
+        self._states = tuple(fn.state_argument_indices)
         # The name torch.compile's graph calls this loss by (dloss/_ops.py).
         self._register()
 
@@ -94,7 +97,7 @@ class CompiledLoss(_ops.Registered, torch.nn.Module):
                                       args, kwargs)
         if problem is not None:
             self._refuse(problem, site)
-        return call(self._op_key, tensors, site)
+        return call(self._op_key, tensors, site, self._states)
 
     def _refuse(self, problem, site):
         """Raises `problem`, a mistake in the call's arguments, after
@@ -179,27 +182,33 @@ class _EagerLoss(torch.autograd.Function):
     and any dispatch mode (FakeTensorMode, export), see the op itself."""
 
     @staticmethod
-    def forward(ctx, key, requires_grad, site, *tensors):
+    def forward(ctx, key, requires_grad, site, states, *tensors):
         outputs = _ops.fresh(_ops.run(key, list(tensors), requires_grad,
                                       site), tensors)
         ctx.count = len(tensors)
-        ctx.indices = _ops.grad_indices(key, tensors) if len(outputs) > 1 \
-            else []
-        gradients = outputs[1:]
-        ctx.save_for_backward(*gradients)
-        return outputs[0]
+        ctx.indices = _ops.layout(key, tensors)[1] \
+            if len(outputs) > 1 + states else []
+        ctx.save_for_backward(*outputs[1 + states:])
+        if not states:
+            return outputs[0]
+        # The state's new values: outputs without gradient, which call()
+        # stores.
+        ctx.mark_non_differentiable(*outputs[1:1 + states])
+        return tuple(outputs[:1 + states])
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grad, *state_grads):
         result = [None] * ctx.count
         for i, gradient in zip(ctx.indices, ctx.saved_tensors):
             result[i] = gradient * grad.to(gradient.dtype)
-        return (None, None, None, *result)
+        return (None, None, None, None, *result)
 
 
-def call(key, tensors, site):
+def call(key, tensors, site, states=()):
     """The loss the registered `key` names (dloss/_ops.py) on `tensors`, with
-    autograd: the loss alone, its gradients kept for backward."""
+    autograd: the loss alone, its gradients kept for backward. `states`:
+    the positions of its state inputs (dloss.state), each of which takes
+    its new value in place."""
     grad = torch.is_grad_enabled()
     requires_grad = [grad and t.requires_grad for t in tensors]
     if any(t.device.type == "meta" for t in tensors):
@@ -209,8 +218,14 @@ def call(key, tensors, site):
         return _ops.run(key, tensors, requires_grad, site)[0]
     if not torch.compiler.is_compiling() and \
             _get_current_dispatch_mode() is None:
-        return _EagerLoss.apply(key, requires_grad, site, *tensors)
-    return torch.ops.dloss.loss(tensors, key, requires_grad, site)[0]
+        outputs = _EagerLoss.apply(key, requires_grad, site, len(states),
+                                   *tensors)
+        if not states:
+            return outputs
+    else:
+        outputs = torch.ops.dloss.loss(tensors, key, requires_grad, site)
+    _ops.store_state(tensors, states, outputs)
+    return outputs[0]
 
 
 def compile_graph(graph, grad_mode=None, fuse=True, entry=None, group=None,

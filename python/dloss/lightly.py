@@ -45,9 +45,10 @@ except ImportError as e:
 from .errors import make_error
 from .group import ALONE, runs_alone
 from .metric_learning import _MASKED, _logaddexp
-from .trace import Loss, all_gather, all_reduce, global_size, shard_offset
+from .trace import (Input, Loss, State, all_gather, all_reduce, global_size,
+                    shard_offset)
 
-__all__ = ["BarlowTwinsLoss", "DCLLoss", "DCLWLoss", "NTXentLoss",
+__all__ = ["BarlowTwinsLoss", "DCLLoss", "DCLWLoss", "DINOLoss", "NTXentLoss",
            "SwaVLoss", "VICRegLoss"]
 
 
@@ -188,6 +189,49 @@ def _swav_program(n_high, n_low, n_queue):
             "temperature", "iterations", "epsilon"]])
     program.__name__ = program.__qualname__ = \
         "lightly_swav_%d_%d_%d" % (n_high, n_low, n_queue)
+    return program
+
+
+def _dino(teachers, students, center, teacher_temp, student_temp,
+          momentum):
+    """lightly's DINO: the cross-entropy of every teacher view's centred,
+    sharpened softmax against every other student view's log-softmax, the
+    mean over the global batch; and the centre's EMA from the teacher
+    outputs' global mean (lightly's is a mean of per-rank means)."""
+    t_out = [F.softmax((t - center) / teacher_temp, dim=-1) for t in teachers]
+    s_out = [F.log_softmax(s / student_temp, dim=-1) for s in students]
+    rows, terms = 0.0, 0
+    for i, t in enumerate(t_out):
+        for j, s in enumerate(s_out):
+            if i != j:  # lightly's fill_diagonal_(0)
+                rows = rows - (t * s).sum(-1)
+                terms += 1
+    loss = rows.mean() / terms
+    batch_center = sum(t.detach().mean(0) for t in teachers) / len(teachers)
+    return loss, center * momentum + batch_center * (1 - momentum)
+
+
+def _dino_program(n_teacher, n_student):
+    """`_dino` with one tensor parameter per view, the centre as state and
+    the teacher temperature as a tensor (a schedule changes it without a
+    new plan), as @dloss.loss records it."""
+    def program(*args):
+        teachers = list(args[:n_teacher])
+        students = list(args[n_teacher:n_teacher + n_student])
+        return _dino(teachers, students, *args[n_teacher + n_student:])
+
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    names = (["teacher_%d" % i for i in range(n_teacher)] +
+             ["student_%d" % i for i in range(n_student)])
+    program.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, kind) for n in names] + [
+            inspect.Parameter("center", kind, annotation=State),
+            inspect.Parameter("teacher_temp", kind,
+                              annotation=Input(grad=False)),
+            inspect.Parameter("student_temp", kind),
+            inspect.Parameter("momentum", kind)])
+    program.__name__ = program.__qualname__ = \
+        "lightly_dino_%d_%d" % (n_teacher, n_student)
     return program
 
 
@@ -409,3 +453,59 @@ class SwaVLoss(_lightly.SwaVLoss):
                   float(self.temperature), int(self.sinkhorn_iterations),
                   float(self.sinkhorn_epsilon))
         return loss.reshape(1)
+
+
+class DINOLoss(_lightly.DINOLoss):
+    """lightly's ``DINOLoss``, always over the global batch when a process
+    group is running (lightly's DINO has no flag: its centre is
+    all-reduced whenever torch.distributed is initialised). The loss is
+    the global batch's mean, the same on every rank; the centre buffer is
+    updated at each call, in the same program, from the teacher outputs'
+    global mean (lightly averages the ranks' means: wrong for uneven
+    batches), identically on every rank, and is in ``state_dict()`` as in
+    lightly. Under gradient accumulation it is updated at every call, as
+    lightly does."""
+
+    def __init__(self, output_dim=65536, warmup_teacher_temp=0.04,
+                 teacher_temp=0.04, warmup_teacher_temp_epochs=30,
+                 student_temp=0.1, center_momentum=0.9, center_mode="mean",
+                 group=None):
+        super().__init__(
+            output_dim=output_dim, warmup_teacher_temp=warmup_teacher_temp,
+            teacher_temp=teacher_temp,
+            warmup_teacher_temp_epochs=warmup_teacher_temp_epochs,
+            student_temp=student_temp, center_momentum=center_momentum,
+            center_mode=center_mode)
+        self._group = group
+        self._compiled = {}
+
+    def forward(self, teacher_out, student_out, teacher_temp=None,
+                epoch=None):
+        teachers, students = list(teacher_out), list(student_out)
+        if not teachers or not students or \
+                len(teachers) == 1 and len(students) == 1:
+            raise make_error(
+                "dloss.lightly.DINOLoss needs at least two views in all, "
+                "got %d teacher and %d student view(s)" % (
+                    len(teachers), len(students)),
+                "Pass several crops' outputs (the terms of a view with "
+                "itself are left out, as in lightly)")
+        if teacher_temp is not None:
+            temperature = float(teacher_temp)
+        elif epoch is not None and epoch < self.warmup_teacher_temp_epochs:
+            temperature = float(self.teacher_temp_schedule[epoch])
+        else:
+            temperature = float(self.teacher_temp)
+        gathered = not runs_alone(self._group)
+        key = (len(teachers), len(students), gathered)
+        fn = self._compiled.get(key)
+        if fn is None:
+            fn = Loss(_dino_program(*key[:2]), grad_mode="ddp",
+                      group=self._group if gathered else ALONE)
+            self._compiled[key] = fn
+        # The buffer's storage, flat: the loss stores the new centre there.
+        center = self.center.view(-1)
+        temp = torch.tensor(temperature, dtype=center.dtype,
+                            device=center.device)
+        return fn(*teachers, *students, center, temp,
+                  float(self.student_temp), float(self.center_momentum))

@@ -55,7 +55,8 @@ from .compiled import call, compile_graph
 from .errors import make_error
 from .schedule import check_schedule
 
-__all__ = ["Input", "Loss", "Replicated", "all_gather", "all_reduce",
+__all__ = ["Input", "Loss", "Replicated", "State", "all_gather",
+           "all_reduce",
            "broadcast", "global_size", "loss", "rank", "reduce_scatter",
            "ring_shift", "shard_offset", "world_size"]
 
@@ -70,15 +71,26 @@ class Input:
     the defaults: `shape` with -1 for sizes that may differ between ranks or
     calls (default: the first dimension, for per-rank arguments), `dtype`,
     `grad` (default: float tensors are differentiated), `replicated` (the
-    same on every rank; default: 0-d tensors)."""
+    same on every rank; default: 0-d tensors). `state=True` makes it loss
+    state (a centre, an EMA): replicated, never differentiated; the
+    function returns ``(loss, new_value, ...)``, one new value per state
+    argument in order, and each call stores it in the tensor passed."""
 
-    def __init__(self, shape=None, dtype=None, grad=None, replicated=None):
+    def __init__(self, shape=None, dtype=None, grad=None, replicated=None,
+                 state=False):
         self.shape = None if shape is None else tuple(shape)
         self.dtype, self.grad, self.replicated = dtype, grad, replicated
+        self.state = bool(state)
 
     def __repr__(self):
-        return "dloss.Input(shape=%r, dtype=%r, grad=%r, replicated=%r)" % (
-            self.shape, self.dtype, self.grad, self.replicated)
+        return ("dloss.Input(shape=%r, dtype=%r, grad=%r, replicated=%r, "
+                "state=%r)" % (self.shape, self.dtype, self.grad,
+                               self.replicated, self.state))
+
+
+State = Input(state=True)
+State.__doc__ = ("Annotation: the argument is loss state, returned updated "
+                 "after the loss (DINO's centre, an EMA).")
 
 
 Replicated = Input(replicated=True)
@@ -98,9 +110,13 @@ def _annotation(fn, name):
     return value if isinstance(value, Input) else None
 
 
-def _describe(fn, name, tensor, loc):
-    """(dtype, shape with -1s, grad, replicated) of a tensor argument."""
+def _describe(fn, name, tensor, loc, state=False):
+    """(dtype, shape with -1s, grad, replicated, state) of a tensor
+    argument; `state`: the loss declares it state (Loss's `state`)."""
     spec = _annotation(fn, name) or Input()
+    if state and not spec.state:
+        spec = Input(spec.shape, spec.dtype, spec.grad, spec.replicated,
+                     state=True)
     dtype = spec.dtype or tensor.dtype
     if dtype != tensor.dtype:
         fail("argument %r is %s but its annotation says %s" % (
@@ -109,8 +125,12 @@ def _describe(fn, name, tensor, loc):
     if dtype == torch.bool:
         fail("argument %r is a boolean tensor" % name,
              "Pass masks as integer (0/1) tensors", loc)
+    if spec.state and (spec.grad or spec.replicated is False):
+        fail("state argument %r is annotated with grad=True or "
+             "replicated=False" % name, "Loss state is the same on every "
+             "rank and carries no gradient: drop those options", loc)
     replicated = spec.replicated if spec.replicated is not None else \
-        tensor.dim() == 0
+        tensor.dim() == 0 or spec.state
     if spec.shape is not None:
         if len(spec.shape) != tensor.dim() or any(
                 s >= 0 and s != t for s, t in zip(spec.shape, tensor.shape)):
@@ -123,8 +143,11 @@ def _describe(fn, name, tensor, loc):
         shape = tuple(tensor.shape)
         if not replicated and tensor.dim():
             shape = (-1,) + shape[1:]
-    grad = spec.grad if spec.grad is not None else dtype in FLOAT_DTYPES
-    return dtype, shape, bool(grad), bool(replicated)
+    grad = spec.grad if spec.grad is not None else \
+        dtype in FLOAT_DTYPES and not spec.state
+    if spec.state and spec.shape is None:
+        shape = tuple(tensor.shape)  # state has the same shape everywhere
+    return dtype, shape, bool(grad), bool(replicated), spec.state
 
 
 # ---------------------------------------------------------------------------
@@ -161,7 +184,7 @@ class Loss(_ops.Registered):
     _TRANSIENT = ("_compiled",)
 
     def __init__(self, fn, grad_mode="ddp", fuse=True, group=None,
-                 name=None, schedule=None):
+                 name=None, schedule=None, state=()):
         if grad_mode not in ("ddp", "global"):
             raise make_error("grad_mode must be 'ddp' or 'global', got %r" %
                              (grad_mode,), "See docs/Autodiff.md")
@@ -182,6 +205,11 @@ class Loss(_ops.Registered):
                                       p.POSITIONAL_OR_KEYWORD,
                                       p.KEYWORD_ONLY)
                            for p in signature.parameters.values())
+        # The state arguments (dloss.State annotations, or named in
+        # `state`): each call stores their new values in the tensors passed.
+        self._state = frozenset(state) | {
+            name for name in self.params
+            if getattr(_annotation(fn, name), "state", False)}
         self._compiled = {}
         # The name dloss::loss calls this function by (dloss/_ops.py).
         self._register()
@@ -198,7 +226,8 @@ class Loss(_ops.Registered):
         for name in self.params:
             value = bound.arguments[name]
             if isinstance(value, torch.Tensor):
-                tensors[name] = _describe(self.fn, name, value, loc)
+                tensors[name] = _describe(self.fn, name, value, loc,
+                                          name in self._state)
                 values.append(value)
             else:
                 try:
@@ -264,9 +293,11 @@ class Loss(_ops.Registered):
             self._signature(args, kwargs)  # raises the binding's error
             raise make_error("@%s: the arguments do not fit its parameters" %
                              self.name, "Pass the function's arguments")
-        tensors, spec = [], []
+        tensors, spec, states = [], [], []
         for name, value in zip(self.params, values):
             if isinstance(value, torch.Tensor):
+                if name in self._state:
+                    states.append(len(tensors))
                 tensors.append(value)
                 spec.append((name, True, value.dtype, value.dim(),
                              tuple(value.shape[1:])))
@@ -280,7 +311,8 @@ class Loss(_ops.Registered):
                     except TypeError:
                         self._signature(args, kwargs)  # raises its error
         part = _part(self._op_key, tuple(spec))
-        return call(self._op_key + "/" + part, tensors, _ops.call_site())
+        return call(self._op_key + "/" + part, tensors, _ops.call_site(),
+                    tuple(states))
 
     def _op_target(self, part, inputs):
         """The dloss.CompiledLoss of `part`'s signature for `inputs` (its
@@ -292,7 +324,7 @@ class Loss(_ops.Registered):
         for entry in spec:
             if entry[1]:
                 tensors[entry[0]] = _describe(self.fn, entry[0], next(given),
-                                              loc)
+                                              loc, entry[0] in self._state)
             else:
                 constants[entry[0]] = entry[3]
         key = (tuple(tensors.items()), tuple(sorted(

@@ -57,8 +57,11 @@ CompiledLoss::CompiledLoss(std::shared_ptr<const PlanFile> planFile,
   grad = chosen.grad->name()->str();
   const plan::Function &g = *chosen.grad;
   mode = gradModeOf(g);
-  for (unsigned i = 0; i < g.arguments()->size(); ++i)
+  for (unsigned i = 0; i < g.arguments()->size(); ++i) {
     names.push_back(inputName(g, i));
+    if (g.arguments()->Get(i)->state())
+      stateArguments.push_back(static_cast<int>(i));
+  }
   if (g.grad_arguments())
     gradArguments.assign(g.grad_arguments()->begin(),
                          g.grad_arguments()->end());
@@ -98,7 +101,7 @@ CompiledLoss::run(const std::vector<at::Tensor> &inputs,
     outputs = executor->run(wantsGrad ? grad : loss, flagged);
   }
   if (!wantsGrad)
-    outputs.resize(1);
+    outputs.resize(1 + stateArguments.size());
   for (at::Tensor &t : outputs)
     if (t.defined())
       t = t.detach();
@@ -122,12 +125,20 @@ at::Tensor CompiledLoss::operator()(const std::vector<at::Tensor> &inputs) {
     wantsGrad |= requiresGrad[i];
   }
   std::vector<at::Tensor> outputs = run(inputs, requiresGrad);
+  // Each state input takes its new value, in place (it carries no
+  // gradient: the verifier refuses dloss.grad on state).
+  const size_t states = stateArguments.size();
+  {
+    at::NoGradGuard noGrad;
+    for (size_t k = 0; k < states; ++k)
+      inputs[stateArguments[k]].copy_(outputs.at(1 + k));
+  }
   if (!wantsGrad)
     return outputs.at(0);
   // Gradients in input order; undefined for inputs without dloss.grad.
   std::vector<at::Tensor> gradients(inputs.size());
   for (size_t k = 0; k < gradArguments.size(); ++k)
-    gradients[gradArguments[k]] = outputs.at(1 + k);
+    gradients[gradArguments[k]] = outputs.at(1 + states + k);
   return LossFunction::apply(&gradients, outputs.at(0), at::TensorList(inputs));
 }
 

@@ -49,17 +49,24 @@ public:
   at::Tensor operator()(const std::vector<at::Tensor> &inputs);
 
   /// The call without autograd, for callers that record it themselves
-  /// (Python's `dloss::loss` op, which torch.compile sees): the loss, then,
-  /// when `requiresGrad` holds a true (one flag per input: whether the
-  /// caller's tensor requires grad, which the preflight checks on every rank
-  /// as for operator()), one gradient per `gradArgumentIndices()` entry, all
-  /// detached.
+  /// (Python's `dloss::loss` op, which torch.compile sees): the loss, the
+  /// new value of each state input (`stateArgumentIndices()`, dloss.state;
+  /// the caller stores them), then, when `requiresGrad` holds a true (one
+  /// flag per input: whether the caller's tensor requires grad, which the
+  /// preflight checks on every rank as for operator()), one gradient per
+  /// `gradArgumentIndices()` entry, all detached. operator() stores the
+  /// state itself, in place.
   std::vector<at::Tensor> run(const std::vector<at::Tensor> &inputs,
                               const std::vector<bool> &requiresGrad);
   /// For each gradient run() returns, the input it belongs to.
   const std::vector<int> &gradArgumentIndices() const { return gradArguments; }
-  /// The element types of @<loss>_grad's results (the loss, then each
-  /// gradient), as the compiler inferred them.
+  /// The state inputs whose new values run() returns after the loss, in
+  /// that order.
+  const std::vector<int> &stateArgumentIndices() const {
+    return stateArguments;
+  }
+  /// The element types of @<loss>_grad's results (the loss, each state's
+  /// new value, then each gradient), as the compiler inferred them.
   std::vector<at::ScalarType> resultTypes() const;
 
   /// The inputs' names, in call order (from dloss.name / the source).
@@ -78,6 +85,8 @@ private:
   std::vector<std::string> names;
   /// For each output gradient of @<loss>_grad, the input it belongs to.
   std::vector<int> gradArguments;
+  /// The dloss.state inputs, in result order.
+  std::vector<int> stateArguments;
 };
 
 } // namespace dloss

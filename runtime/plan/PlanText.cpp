@@ -108,6 +108,8 @@ std::string dloss::plan::toText(const Plan &plan) {
           os << " \"" << a->name()->str() << "\"";
         if (a->replicated())
           os << " replicated";
+        if (a->state())
+          os << " state";
       }
     os << ")";
     if (f->grad_mode() && f->grad_mode()->size())

@@ -12,7 +12,9 @@ namespace dloss {
 /// 2: dloss.fused_similarity(_grad) carry the facts of their tile program
 /// (`picks`, `col_picks`, `lse_pairs`, `class_targets`; TileEncoding.h),
 /// which the runtime reads instead of matching the program.
-constexpr int kPlanVersion = 2;
+/// 3: arguments carry `state`; a loss returns its state arguments' new
+/// values after the loss (before the gradients).
+constexpr int kPlanVersion = 3;
 
 } // namespace dloss
 

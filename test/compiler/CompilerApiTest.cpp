@@ -90,10 +90,11 @@ TEST(CompilerApi, BuildsAGraphOpByOp) {
     call.line = 7;
     return dloss_graph_add(graph.get(), &call, &error);
   };
-  // input "x": f32 (DType 2), grad, not replicated, shape [-1, 3].
-  const int64_t inputInts[] = {2, 1, 0, -1, 3};
+  // input "x": f32 (DType 2), grad, not replicated, not state, shape
+  // [-1, 3].
+  const int64_t inputInts[] = {2, 1, 0, 0, -1, 3};
   dloss_graph_call input{"input",   nullptr, 0,       nullptr, 0,
-                         inputInts, 5,       nullptr, 0,       "x"};
+                         inputInts, 6,       nullptr, 0,       "x"};
   int32_t x = add(input);
   ASSERT_EQ(x, 0) << error.message;
   int64_t dims[2] = {0, 0};

@@ -370,21 +370,21 @@ func.func private @loss_without_body(%x: tensor<f32>) -> tensor<f32> attributes 
 
 // -----
 
-// expected-error@+1 {{loss entry point @loss_returns_non_scalar must return exactly one 0-d floating-point tensor (the loss), got ('tensor<?xf32>'); reduce the loss to a scalar with dloss.reduce and dloss.all_reduce}}
+// expected-error@+1 {{loss entry point @loss_returns_non_scalar must return one 0-d floating-point tensor (the loss) first, got ('tensor<?xf32>'); reduce the loss to a scalar with dloss.reduce and dloss.all_reduce}}
 func.func @loss_returns_non_scalar(%x: tensor<?xf32>) -> tensor<?xf32> attributes {dloss.loss} {
   return %x : tensor<?xf32>
 }
 
 // -----
 
-// expected-error@+1 {{loss entry point @loss_returns_two_values must return exactly one 0-d floating-point tensor (the loss)}}
+// expected-error@+1 {{loss entry point @loss_returns_two_values must return the loss and then one new value per dloss.state argument, of that argument's type (), got ('tensor<f32>') after the loss}}
 func.func @loss_returns_two_values(%x: tensor<f32>) -> (tensor<f32>, tensor<f32>) attributes {dloss.loss} {
   return %x, %x : tensor<f32>, tensor<f32>
 }
 
 // -----
 
-// expected-error@+1 {{loss entry point @loss_returns_integer must return exactly one 0-d floating-point tensor (the loss), got ('tensor<i64>')}}
+// expected-error@+1 {{loss entry point @loss_returns_integer must return one 0-d floating-point tensor (the loss) first, got ('tensor<i64>')}}
 func.func @loss_returns_integer(%x: tensor<i64>) -> tensor<i64> attributes {dloss.loss} {
   return %x : tensor<i64>
 }
@@ -412,14 +412,14 @@ func.func @grad_attr_on_function(%x: tensor<f32>) -> tensor<f32> attributes {dlo
 
 // -----
 
-// expected-error@+1 {{unknown attribute 'dloss.los'; dloss knows dloss.loss, dloss.grad_mode and dloss.gradient_of on functions, dloss.grad, dloss.replicated and dloss.name on arguments, dloss.replication on ops}}
+// expected-error@+1 {{unknown attribute 'dloss.los'; dloss knows dloss.loss, dloss.grad_mode and dloss.gradient_of on functions, dloss.grad, dloss.replicated, dloss.state and dloss.name on arguments, dloss.replication on ops}}
 func.func @unknown_function_attr(%x: tensor<f32>) -> tensor<f32> attributes {dloss.los} {
   return %x : tensor<f32>
 }
 
 // -----
 
-// expected-error@+1 {{unknown argument attribute 'dloss.replicate' on argument 0; dloss knows dloss.grad, dloss.replicated and dloss.name on arguments}}
+// expected-error@+1 {{unknown argument attribute 'dloss.replicate' on argument 0; dloss knows dloss.grad, dloss.replicated, dloss.state and dloss.name on arguments}}
 func.func @unknown_argument_attr(%x: tensor<f32> {dloss.replicate}) -> tensor<f32> attributes {dloss.loss} {
   return %x : tensor<f32>
 }
@@ -730,4 +730,24 @@ func.func @fused_similarity_class_target_the_program_lacks(%r: tensor<?x8xf32>, 
   // expected-error@+1 {{has `class_targets` = [0] but its tile program gives []}}
   %0 = dloss.fused_similarity %r, %c leaves(%t) {row_leaves = 1, col_leaves = 0, program = array<i64: 0, 0, 0, 0, 2, 0, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: -1, -1>, class_targets = array<i64: 0>} : (tensor<?x8xf32>, tensor<?x8xf32>, tensor<?xi64>) -> tensor<?xf32>
   return
+}
+
+// -----
+
+// Loss state: the loss returns each dloss.state argument's new value after
+// the loss, of its type.
+// expected-error@+1 {{loss entry point @state_not_returned must return the loss and then one new value per dloss.state argument, of that argument's type ('tensor<4xf32>'), got () after the loss}}
+func.func @state_not_returned(%x: tensor<?x4xf32>, %c: tensor<4xf32> {dloss.replicated, dloss.state}) -> tensor<f32> attributes {dloss.loss} {
+  %s = dloss.reduce sum %x axes [0, 1] : tensor<?x4xf32>
+  %t = dloss.all_reduce sum %s : tensor<f32>
+  return %t : tensor<f32>
+}
+
+// -----
+
+// expected-error@+1 {{state argument 1 must be `dloss.replicated` (the same on every rank) and carry no `dloss.grad`: state is updated, not trained}}
+func.func @state_not_replicated(%x: tensor<?x4xf32>, %c: tensor<4xf32> {dloss.state}) -> (tensor<f32>, tensor<4xf32>) attributes {dloss.loss} {
+  %s = dloss.reduce sum %x axes [0, 1] : tensor<?x4xf32>
+  %t = dloss.all_reduce sum %s : tensor<f32>
+  return %t, %c : tensor<f32>, tensor<4xf32>
 }

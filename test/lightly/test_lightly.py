@@ -153,7 +153,82 @@ def worst_error(name, results, sizes, key):
     return worst
 
 
+# DINO: two teacher and three student views, output_dim OUT, the centre
+# (state) compared after each of two calls.
+OUT = 6
+DINO = {"output_dim": OUT, "warmup_teacher_temp": 0.04, "teacher_temp": 0.07,
+        "warmup_teacher_temp_epochs": 2, "center_momentum": 0.8}
+
+
+def dino_inputs(total, call):
+    g = torch.Generator().manual_seed(50 + call)
+    return ([torch.randn(total, OUT, generator=g) for _ in range(2)],
+            [torch.randn(total, OUT, generator=g) for _ in range(3)])
+
+
+def run_dino(rank, world, sizes):
+    """Two calls (epochs 0 and 5) of dloss's DINOLoss and of lightly's on
+    this rank's rows: loss, student gradients, the centre after the call."""
+    import lightly.loss
+
+    import dloss.lightly
+    starts = offsets(sizes)
+    mine = slice(starts[rank], starts[rank + 1])
+    out = {}
+    for impl, module in (("dloss", dloss.lightly), ("lightly",
+                                                    lightly.loss)):
+        fn = module.DINOLoss(**DINO)
+        calls = []
+        for call, epoch in enumerate((0, 5)):
+            teachers, students = dino_inputs(sum(sizes), call)
+            students = leaves(students, mine)
+            loss = fn([t[mine] for t in teachers], students, epoch=epoch)
+            loss.backward()
+            calls.append((loss.detach(), grads(students),
+                          fn.center.detach().clone(),
+                          dict(fn.state_dict())["center"].clone()))
+        out[impl] = calls
+    return out
+
+
 class LightlyTest(unittest.TestCase):
+
+    def check_dino(self, sizes):
+        import lightly.loss
+        world = len(sizes)
+        results = multiproc.run(world, run_dino, sizes, timeout=600)
+        ref = lightly.loss.DINOLoss(**DINO)
+        starts = offsets(sizes)
+        worst, theirs = 0.0, 0.0
+        for call, epoch in enumerate((0, 5)):
+            teachers, students = dino_inputs(sum(sizes), call)
+            students = leaves(students)
+            want = ref(teachers, students, epoch=epoch)
+            want.backward()
+            for r, per_impl in enumerate(results):
+                loss, got, center, saved = per_impl["dloss"][call]
+                worst = max(worst, rel(loss, want), rel(center, ref.center),
+                            rel(saved, ref.center))
+                for u, v in zip(got, grads(students)):
+                    block = v[starts[r]:starts[r + 1]]
+                    worst = max(worst, rel(u / world, block, v))
+                # The centre is the same on every rank, bit for bit.
+                self.assertTrue(torch.equal(
+                    center, results[0]["dloss"][call][2]))
+                theirs = max(theirs, rel(per_impl["lightly"][call][2],
+                                         ref.center))
+        print("METRIC lightly loss=DINOLoss sizes=%s dloss_vs_one_process"
+              "=%.3g lightly_distributed_centre=%.3g" % (
+                  sizes, worst, theirs), file=sys.stderr)
+        self.assertLess(worst, TOLERANCE)
+        return theirs
+
+    def test_dino_centre_is_the_global_batchs(self):
+        # lightly's centre is the mean of the ranks' means: off on uneven
+        # batches (the comparison can fail), exact on even ones.
+        self.assertGreater(self.check_dino([4, 3, 6]), 1e-3)
+        self.assertLess(self.check_dino([4, 4, 4]), 1e-5)
+        self.check_dino([5, 0, 3])
 
     def check(self, sizes):
         world = len(sizes)

@@ -559,3 +559,37 @@ func.func @select(%c: tensor<?x?xi64>, %x: tensor<?x?xf32> {dloss.grad}) -> tens
   %t = dloss.all_reduce sum %s : tensor<f32>
   return %t : tensor<f32>
 }
+
+// -----
+
+// Loss state: @<loss>_grad returns the loss, the state's new value (no
+// cotangent reaches it), then the gradients; the state argument keeps
+// dloss.state.
+// CHECK-LABEL: func.func @centre_grad
+// CHECK-SAME: %{{[^:]*}}: tensor<4xf32> {dloss.replicated, dloss.state}
+// CHECK-SAME: -> (tensor<f32>, tensor<4xf32>, tensor<?x4xf32>)
+// CHECK: return %{{.*}}, %[[NEW:[^,]*]], %{{.*}} : tensor<f32>, tensor<4xf32>, tensor<?x4xf32>
+func.func @centre(%x: tensor<?x4xf32> {dloss.grad}, %c: tensor<4xf32> {dloss.replicated, dloss.state}) -> (tensor<f32>, tensor<4xf32>) attributes {dloss.loss} {
+  %e = dloss.expand %c axes [0] like %x : tensor<4xf32>, tensor<?x4xf32>
+  %d = dloss.sub %x, %e : tensor<?x4xf32>, tensor<?x4xf32>
+  %q = dloss.mul %d, %d : tensor<?x4xf32>, tensor<?x4xf32>
+  %l = dloss.reduce sum %q axes [0, 1] : tensor<?x4xf32>
+  %loss = dloss.all_reduce sum %l : tensor<f32>
+  %s = dloss.reduce sum %x axes [0] : tensor<?x4xf32>
+  %t = dloss.all_reduce sum %s : tensor<4xf32>
+  %m = dloss.stop_gradient %t : tensor<4xf32>
+  %new = dloss.add %c, %m : tensor<4xf32>, tensor<4xf32>
+  return %loss, %new : tensor<f32>, tensor<4xf32>
+}
+
+// -----
+
+// A state update that differs between ranks is refused.
+// expected-error@+1 {{the new value of a dloss.state argument of @per_rank_centre varies across ranks: state must stay the same on every rank (update it from all-reduced statistics)}}
+func.func @per_rank_centre(%x: tensor<?x4xf32> {dloss.grad}, %c: tensor<4xf32> {dloss.replicated, dloss.state}) -> (tensor<f32>, tensor<4xf32>) attributes {dloss.loss} {
+  %l = dloss.reduce sum %x axes [0, 1] : tensor<?x4xf32>
+  %loss = dloss.all_reduce sum %l : tensor<f32>
+  %s = dloss.reduce sum %x axes [0] : tensor<?x4xf32>
+  %new = dloss.add %c, %s : tensor<4xf32>, tensor<4xf32>
+  return %loss, %new : tensor<f32>, tensor<4xf32>
+}

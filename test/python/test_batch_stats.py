@@ -164,6 +164,106 @@ def run_rank(rank, world, sizes):
     return out
 
 
+# ---------------------------------------------------------------------------
+# Loss state: DINO's centre, an EMA of the teacher's global batch mean.
+# ---------------------------------------------------------------------------
+
+def dino_eager(teacher, student, center):
+    """DINO's loss on one process and the centre's update (lightly's
+    DINOLoss with one view each): the new centre is returned."""
+    t = F.softmax((teacher - center) / 0.04, dim=-1)
+    s = F.log_softmax(student / 0.1, dim=-1)
+    loss = -(t * s).sum(-1).mean()
+    return loss, 0.9 * center + 0.1 * teacher.mean(0, keepdim=True)
+
+
+def run_state(rank, world, sizes):
+    """Two calls of the traced DINO loss on this rank's rows: each call's
+    loss and student gradient, and the centre after each call."""
+    import dloss
+
+    @dloss.loss
+    def dino(teacher, student, center: dloss.State):
+        t = F.softmax((teacher.detach() - center) / 0.04, dim=-1)
+        s = F.log_softmax(student / 0.1, dim=-1)
+        loss = -(t * s).sum(-1).mean()
+        return loss, 0.9 * center + 0.1 * teacher.detach().mean(
+            0, keepdim=True)
+
+    starts = offsets(sizes)
+    mine = slice(starts[rank], starts[rank + 1])
+    center = torch.zeros(1, DIM)
+    out = []
+    for call in range(2):
+        teacher, student = state_inputs(sum(sizes), call)
+        student = student[mine].clone().requires_grad_()
+        loss = dino(teacher[mine], student, center)
+        loss.backward()
+        out.append((loss.detach(), student.grad, center.clone()))
+    return out
+
+
+def state_inputs(total, call):
+    g = torch.Generator().manual_seed(100 + call)
+    return (torch.randn(total, DIM, generator=g),
+            torch.randn(total, DIM, generator=g))
+
+
+class LossStateTest(unittest.TestCase):
+
+    def check(self, sizes):
+        world = len(sizes)
+        results = multiproc.run(world, run_state, sizes, timeout=300)
+        starts = offsets(sizes)
+        center = torch.zeros(1, DIM)
+        worst = 0.0
+        for call in range(2):
+            teacher, student = state_inputs(sum(sizes), call)
+            student.requires_grad_()
+            ref, center = dino_eager(teacher, student, center)
+            ref.backward()
+            for r, per_call in enumerate(results):
+                loss, grad, got_center = per_call[call]
+                worst = max(worst, rel(loss, ref.detach()),
+                            rel(got_center, center))
+                block = student.grad[starts[r]:starts[r + 1]]
+                worst = max(worst, rel(grad / world, block, student.grad))
+                # The same state on every rank, bit for bit.
+                self.assertTrue(torch.equal(got_center,
+                                            results[0][call][2]))
+        print("METRIC batch_stats case=state sizes=%s traced_vs_eager=%.3g"
+              % (sizes, worst), file=sys.stderr)
+        self.assertLess(worst, TOLERANCE)
+
+    def test_one_rank(self):
+        self.check([6])
+
+    def test_three_uneven_ranks(self):
+        self.check([4, 1, 6])
+
+    def test_state_errors(self):
+        import dloss
+
+        @dloss.loss
+        def per_rank_state(x, c: dloss.State):
+            return x.mean(), c + x.sum(0)  # ERROR: varying state
+
+        @dloss.loss
+        def missing_state(x, c: dloss.State):
+            return x.mean()
+
+        x, c = torch.randn(3, DIM), torch.zeros(DIM)
+        for fn, words in ((per_rank_state, ["state argument 'c' varies",
+                                            "all-reduced statistics"]),
+                          (missing_state, ["0 value(s) after the loss",
+                                           "1 state argument(s) (c)"])):
+            with self.assertRaises(dloss.Error) as caught:
+                fn(x, c)
+            for w in words:
+                self.assertIn(w, str(caught.exception))
+        self.assertTrue(torch.equal(c, torch.zeros(DIM)))
+
+
 class GlobalStatisticsTest(unittest.TestCase):
 
     def check(self, sizes):

@@ -56,11 +56,12 @@ def witness(image, text, labels, scale):
 class TraceEmitsTest(unittest.TestCase):
 
     def test_the_declared_ops_are_the_ops_witnesses_emit(self):
-        # (dtype, shape with -1 for a per-rank size, grad, replicated).
-        tensors = {"image": (torch.float32, (-1, DIM), True, False),
-                   "text": (torch.float32, (-1, DIM), True, False),
-                   "labels": (torch.int64, (-1,), False, False),
-                   "scale": (torch.float32, (), True, True)}
+        # (dtype, shape with -1 for a per-rank size, grad, replicated,
+        # state).
+        tensors = {"image": (torch.float32, (-1, DIM), True, False, False),
+                   "text": (torch.float32, (-1, DIM), True, False, False),
+                   "labels": (torch.int64, (-1,), False, False, False),
+                   "scale": (torch.float32, (), True, True, False)}
         graph = trace_graph(witness, "witness", list(tensors), tensors, {},
                             "ddp")
         emitted = set(op_counts(graph.to_mlir()))

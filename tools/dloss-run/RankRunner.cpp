@@ -93,13 +93,21 @@ int runRank(const Options &o, const std::string &planPath) {
     json << "{\n  \"rank\": " << rank
          << ",\n  \"world_size\": " << comm->worldSize()
          << ",\n  \"loss\": " << outputs[0].item<double>();
-    for (unsigned k = 1; k < outputs.size(); ++k) {
-      std::string name =
-          inputName(*entry.grad, entry.grad->grad_arguments()->Get(k - 1));
-      at::Tensor g = outputs[k].to(at::kFloat).contiguous();
-      npy::save(dir + "/grad_" + name + ".npy", g);
-      if (g.dim() == 0)
-        json << ",\n  \"grad_" << name << "\": " << g.item<double>();
+    // After the loss: each state argument's new value (dloss.state), then
+    // one gradient per grad argument.
+    unsigned k = 1;
+    for (unsigned i = 0; i < entry.grad->arguments()->size(); ++i)
+      if (entry.grad->arguments()->Get(i)->state() && k < outputs.size())
+        npy::save(dir + "/state_" + inputName(*entry.grad, i) + ".npy",
+                  outputs[k++].to(at::kFloat).contiguous());
+    const auto *gradArgs = entry.grad->grad_arguments();
+    for (unsigned g = 0; gradArgs && g < gradArgs->size() && k < outputs.size();
+         ++g, ++k) {
+      std::string name = inputName(*entry.grad, gradArgs->Get(g));
+      at::Tensor grad = outputs[k].to(at::kFloat).contiguous();
+      npy::save(dir + "/grad_" + name + ".npy", grad);
+      if (grad.dim() == 0)
+        json << ",\n  \"grad_" << name << "\": " << grad.item<double>();
     }
     json << ",\n  \"intra_op_threads\": " << at::get_num_threads()
          << ",\n  \"median_ms\": " << median

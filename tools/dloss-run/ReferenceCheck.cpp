@@ -115,8 +115,24 @@ int checkAgainstReference(const Options &o, const std::string &planPath,
                 o.out.c_str());
     return 3;
   }
-  for (unsigned k = 1; k < expected.size(); ++k) {
-    unsigned arg = grad.grad_arguments()->Get(k - 1);
+  // The state arguments' new values come between the loss and the
+  // gradients: the same on every rank and in one process.
+  unsigned first = 1;
+  for (unsigned i = 0; i < grad.arguments()->size(); ++i) {
+    if (!grad.arguments()->Get(i)->state() || first >= expected.size())
+      continue;
+    std::string name = inputName(grad, i);
+    for (int r = 0; r < world; ++r)
+      note(compare(npy::load(rankDir(o, r) + "/state_" + name + ".npy")
+                       .to(at::kDouble),
+                   expected[first].to(at::kDouble), "the new state"),
+           "state " + name + " on rank " + std::to_string(r));
+    ++first;
+  }
+  const auto *gradArgs = grad.grad_arguments();
+  for (unsigned k = first;
+       gradArgs && k - first < gradArgs->size() && k < expected.size(); ++k) {
+    unsigned arg = gradArgs->Get(k - first);
     std::string name = inputName(grad, arg);
     std::vector<at::Tensor> got;
     for (int r = 0; r < world; ++r)

@@ -53,8 +53,19 @@ def _mat(v, like=None):
                     for d, r in zip(v.dims, like.dims))):
             return v
         # Broadcasting aligns trailing axes, as in torch: a [d] vector
-        # against [n, d] is a row, repeated along the new leading axis.
-        return _expand(v, tuple(range(like.ndim - v.ndim)), like, v.loc)
+        # against [n, d] is a row, repeated along the new leading axis. A
+        # size-1 axis of v's own (a [1, d] tensor) is dropped first (a sum
+        # over one element) and expanded as a new one.
+        shift = like.ndim - v.ndim
+        ones = [i for i, d in enumerate(v.dims)
+                if _is_one(d) and not _is_one(like.dims[shift + i])]
+        if ones:
+            t = v.tr.g.reduce(v.node, "sum", ones, *v.loc)
+            v = _emit(v.tr, t, tuple(d for i, d in enumerate(v.dims)
+                                     if i not in ones), v.dtype, (v,),
+                      v.loc, ir=v.ir)
+        axes = tuple(range(shift)) + tuple(shift + i for i in ones)
+        return _expand(v, axes, like, v.loc)
     if isinstance(v, _Transposed):
         if v.ndim < 2:
             return _mat(v.base, like)

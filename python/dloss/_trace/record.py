@@ -11,6 +11,7 @@ from ..graph import to_dtype
 from .locations import _code, _text, fail
 from .materialise import _mat, _size_tensor
 from .patches import _Patches
+from .rules import _cast
 from .values import (FLOAT_DTYPES, _Arange, _Size, _Tensor, _Trace, _Value,
                      _dim_text, _recording)
 
@@ -42,9 +43,10 @@ def _run(fn, name, params, tensors, constants, hoist):
     tr = _Trace(name)
     def_loc = (fn.__code__.co_filename, fn.__code__.co_firstlineno)
     args = dict(constants)
-    for pname, (dtype, shape, grad, replicated) in tensors.items():
+    tr.states = []  # the state inputs, in order
+    for pname, (dtype, shape, grad, replicated, state) in tensors.items():
         t = tr.g.input(pname, to_dtype(dtype), list(shape), grad, replicated,
-                       *def_loc)
+                       *def_loc, state)
         dims = []
         value = _Tensor(tr, t, [0] * len(shape), dtype, not replicated,
                         (def_loc, "it is computed from argument %r, which "
@@ -56,6 +58,8 @@ def _run(fn, name, params, tensors, constants, hoist):
                 batch=not replicated))
         value.dims = tuple(dims)
         args[pname] = value
+        if state:
+            tr.states.append(value)
     inputs = {p: args[p] for p in tensors}
     for old in hoist:
         rebase = (lambda v: v.rebased(tr, inputs) if isinstance(v, _Size)
@@ -85,8 +89,19 @@ def _run(fn, name, params, tensors, constants, hoist):
 def _finish(fn, tr, result, grad_mode):
     """Checks the returned loss and ends the graph."""
     ret_loc = _return_location(fn)
+    new_state = []
     if isinstance(result, (list, tuple)) and result:
-        result = result[0]
+        result, new_state = result[0], list(result[1:])
+    if len(new_state) != len(tr.states):
+        fail("the loss function returned %d value(s) after the loss for its "
+             "%d state argument(s)%s" % (
+                 len(new_state), len(tr.states),
+                 " (%s)" % ", ".join(s.input_name for s in tr.states)
+                 if tr.states else ""),
+             "Return the loss alone, or (loss, new value of each state "
+             "argument, in order) when arguments are dloss.State", ret_loc)
+    state_nodes = [_new_state(tr, old, new, ret_loc)
+                   for old, new in zip(tr.states, new_state)]
     if isinstance(result, _Size):
         result = _size_tensor(tr, result, torch.float32, ret_loc)
     if not isinstance(result, _Value):
@@ -111,8 +126,37 @@ def _finish(fn, tr, result, grad_mode):
              "batch, which dloss makes the global mean; an all_reduce is "
              "missing", where)
     mode = _C.GradMode.ddp if grad_mode == "ddp" else _C.GradMode.global_
-    tr.g.set_loss(result.node, mode, *ret_loc)
+    tr.g.set_loss(result.node, mode, *ret_loc, state_nodes)
     return tr.g
+
+
+def _new_state(tr, old, new, loc):
+    """The graph node of state argument `old`'s new value `new`: the same on
+    every rank, of `old`'s shape, cast to its dtype."""
+    if not isinstance(new, _Value):
+        fail("the new value of state argument %r is %s, not a tensor "
+             "computed in the loss" % (old.input_name, type(new).__name__),
+             "Return (loss, new value of each state argument)", loc)
+    new = _mat(new)
+    if new.varying:
+        where, what = new.note or (loc, "{code} is computed from each "
+                                   "rank's own data")
+        fail("the new value of state argument %r varies across ranks: %s "
+             "(%s)" % (old.input_name, what.replace("{code}", _code(where)),
+                       _text(where)),
+             "State must stay the same on every rank: update it from "
+             "all-reduced statistics (a .mean() over the batch is one)", loc)
+    if new.ndim != old.ndim or any(
+            isinstance(a, int) and isinstance(b, int) and a != b
+            for a, b in zip(new.dims, old.dims)):
+        fail("the new value of state argument %r has shape [%s], the "
+             "argument [%s]" % (old.input_name,
+                                ", ".join(map(_dim_text, new.dims)),
+                                ", ".join(map(_dim_text, old.dims))),
+             "Return a new value of the state's own shape", loc)
+    if new.dtype != old.dtype:
+        new = _mat(_cast(new, old.dtype, loc))
+    return new.node
 
 
 def _traceback_location(tb):
