@@ -155,7 +155,7 @@ if [ -f "$COMPILER_LIB" ]; then
     "$VENV/bin/python" -m unittest -v test_lightly > "$log" 2>&1 ||
     { tail -80 "$log"; echo "cuda-build: FAILED: dloss.lightly against lightly (log: $log)"; exit 1; }
   grep "^METRIC" "$log" | sed "s/^/cuda-build: /"
-  echo "cuda-build: dloss.lightly against lightly: $(grep -E '^Ran [0-9]+ tests' "$log"), $(tail -1 "$log")"
+  echo "cuda-build: dloss.lightly against lightly: $(grep -E '^Ran [0-9]+ tests' "$log"), $(grep -E '^(OK|FAILED)' "$log" | tail -1)"
 else
   echo "cuda-build: no $COMPILER_LIB (the main build's): OpenCLIP's trainer test and dloss.lightly's are skipped"
 fi

@@ -345,7 +345,7 @@ class LightlyTest(unittest.TestCase):
         drift = re.search(r"lightly's gather_distributed=True ([0-9.e+-]+)",
                           output)
         self.assertIsNotNone(drift, output[-4000:])
-        print("METRIC lightly training " + " ".join(
+        print("\nMETRIC lightly training " + " ".join(
             line for line in output.splitlines()
             if "max |param - single-process param|" in line),
             file=sys.stderr)
