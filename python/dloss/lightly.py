@@ -30,6 +30,7 @@ What is refused, and why, is in docs/Migration.md.
 """
 
 import inspect
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -281,6 +282,40 @@ class _Distributed:
         return fn(a, b, *constants)
 
 
+# The drop-ins whose programs depend on the call (the number of crops),
+# by a key of their own: a program is made while torch.compile traces the
+# call, where only a constant function may make it.
+_BY_CROPS = weakref.WeakValueDictionary()
+
+
+@torch._dynamo.assume_constant_result
+def _made(owner, key):
+    """Makes the program `key` of the drop-in registered as `owner` (once);
+    returns True. Under torch.compile it runs while Dynamo traces, so the
+    program exists when the compiled step calls it."""
+    module = _BY_CROPS[owner]
+    if key not in module._compiled:
+        module._compiled[key] = module._program_for(key)
+    return True
+
+
+class _ByCrops:
+    """A drop-in with one program per crop count and grouping, made on
+    first use (`_program_for(key)`)."""
+
+    def _setup_crops(self, group):
+        self._group = group
+        self._compiled = {}
+        self._owner = "%s-%d" % (type(self).__name__, id(self))
+        _BY_CROPS[self._owner] = self
+
+    def _program(self, counts):
+        gathered = self._gathers() and not runs_alone(self._group)
+        key = tuple(counts) + (gathered,)
+        _made(self._owner, key)
+        return self._compiled[key]
+
+
 class BarlowTwinsLoss(_lightly.BarlowTwinsLoss, _Distributed):
     """lightly's ``BarlowTwinsLoss``. With ``gather_distributed=True``, the
     global batch's loss: each view batch-normalised with the global batch's
@@ -403,7 +438,7 @@ class DCLWLoss(_lightly.DCLWLoss, DCLLoss):
         self._setup(_dcl, group)
 
 
-class SwaVLoss(_lightly.SwaVLoss):
+class SwaVLoss(_lightly.SwaVLoss, _ByCrops):
     """lightly's ``SwaVLoss``. With ``sinkhorn_gather_distributed=True``
     the Sinkhorn-Knopp codes are the global batch's (all-reduced sums, no
     gradient, the iterations unrolled into the plan), exact for uneven
@@ -419,8 +454,14 @@ class SwaVLoss(_lightly.SwaVLoss):
             temperature=temperature, sinkhorn_iterations=sinkhorn_iterations,
             sinkhorn_epsilon=sinkhorn_epsilon,
             sinkhorn_gather_distributed=sinkhorn_gather_distributed)
-        self._group = group
-        self._compiled = {}
+        self._setup_crops(group)
+
+    def _gathers(self):
+        return bool(self.sinkhorn_gather_distributed)
+
+    def _program_for(self, key):
+        return Loss(_swav_program(*key[:3]), grad_mode="ddp",
+                    group=self._group if key[3] else ALONE)
 
     def forward(self, high_resolution_outputs, low_resolution_outputs,
                 queue_outputs=None):
@@ -441,21 +482,14 @@ class SwaVLoss(_lightly.SwaVLoss):
             raise make_error(
                 "dloss.lightly.SwaVLoss needs at least two crops in all",
                 "Pass another high- or low-resolution crop")
-        gathered = bool(self.sinkhorn_gather_distributed) and \
-            not runs_alone(self._group)
-        key = (len(high), len(low), len(queue), gathered)
-        fn = self._compiled.get(key)
-        if fn is None:
-            fn = Loss(_swav_program(*key[:3]), grad_mode="ddp",
-                      group=self._group if gathered else ALONE)
-            self._compiled[key] = fn
+        fn = self._program((len(high), len(low), len(queue)))
         loss = fn(*high, *low, *[q.detach() for q in queue],
                   float(self.temperature), int(self.sinkhorn_iterations),
                   float(self.sinkhorn_epsilon))
         return loss.reshape(1)
 
 
-class DINOLoss(_lightly.DINOLoss):
+class DINOLoss(_lightly.DINOLoss, _ByCrops):
     """lightly's ``DINOLoss``, always over the global batch when a process
     group is running (lightly's DINO has no flag: its centre is
     all-reduced whenever torch.distributed is initialised). The loss is
@@ -476,8 +510,14 @@ class DINOLoss(_lightly.DINOLoss):
             warmup_teacher_temp_epochs=warmup_teacher_temp_epochs,
             student_temp=student_temp, center_momentum=center_momentum,
             center_mode=center_mode)
-        self._group = group
-        self._compiled = {}
+        self._setup_crops(group)
+
+    def _gathers(self):
+        return True  # lightly's DINO has no flag
+
+    def _program_for(self, key):
+        return Loss(_dino_program(*key[:2]), grad_mode="ddp",
+                    group=self._group if key[2] else ALONE)
 
     def forward(self, teacher_out, student_out, teacher_temp=None,
                 epoch=None):
@@ -496,13 +536,7 @@ class DINOLoss(_lightly.DINOLoss):
             temperature = float(self.teacher_temp_schedule[epoch])
         else:
             temperature = float(self.teacher_temp)
-        gathered = not runs_alone(self._group)
-        key = (len(teachers), len(students), gathered)
-        fn = self._compiled.get(key)
-        if fn is None:
-            fn = Loss(_dino_program(*key[:2]), grad_mode="ddp",
-                      group=self._group if gathered else ALONE)
-            self._compiled[key] = fn
+        fn = self._program((len(teachers), len(students)))
         # The buffer's storage, flat: the loss stores the new centre there.
         center = self.center.view(-1)
         temp = torch.tensor(temperature, dtype=center.dtype,
