@@ -255,36 +255,9 @@ def _two_views(name, z_a, z_b, matrices=True):
             "Pass the same rows of both views (one row per image in each)")
 
 
-class _Distributed:
-    """The dloss program of a lightly loss: over `group` when the loss
-    gathers (gather_distributed and more than one rank), else over this
-    rank alone, as lightly computes it without the flag."""
-
-    def _setup(self, program, group):
-        # Both made now (each compiles at its first call), not in a call:
-        # torch.compile must find them alive when it traces the call.
-        self._group = group
-        self._compiled = {
-            gathered: Loss(program, grad_mode="ddp",
-                           group=group if gathered else ALONE,
-                           name="lightly_" + type(self).__name__)
-            for gathered in (True, False)}
-
-    def program(self):
-        """The dloss.Loss this call runs (over the group, or alone) and the
-        constants it takes after the two views."""
-        gathered = bool(self.gather_distributed) and \
-            not runs_alone(self._group)
-        return self._compiled[gathered], self._constants()
-
-    def _run(self, a, b):
-        fn, constants = self.program()
-        return fn(a, b, *constants)
-
-
-# The drop-ins whose programs depend on the call (the number of crops),
-# by a key of their own: a program is made while torch.compile traces the
-# call, where only a constant function may make it.
+# Every drop-in's programs, by a key of the call (the number of crops, and
+# whether it gathers), made on first use: while torch.compile traces the
+# call, only a constant function may make one.
 _BY_CROPS = weakref.WeakValueDictionary()
 
 
@@ -301,7 +274,7 @@ def _made(owner, key):
 
 class _ByCrops:
     """A drop-in with one program per crop count and grouping, made on
-    first use (`_program_for(key)`)."""
+    first use (`_program_for(key)`, `_gathers()` its flag)."""
 
     def _setup_crops(self, group):
         self._group = group
@@ -314,6 +287,33 @@ class _ByCrops:
         key = tuple(counts) + (gathered,)
         _made(self._owner, key)
         return self._compiled[key]
+
+
+class _Distributed(_ByCrops):
+    """The dloss program of a two-view lightly loss: over `group` when the
+    loss gathers (gather_distributed and more than one rank), else over
+    this rank alone, as lightly computes it without the flag."""
+
+    def _setup(self, program, group):
+        self._program_fn = program
+        self._setup_crops(group)
+
+    def _gathers(self):
+        return bool(self.gather_distributed)
+
+    def _program_for(self, key):
+        return Loss(self._program_fn, grad_mode="ddp",
+                    group=self._group if key[-1] else ALONE,
+                    name="lightly_" + type(self).__name__)
+
+    def program(self):
+        """The dloss.Loss this call runs (over the group, or alone) and the
+        constants it takes after the two views."""
+        return self._program(()), self._constants()
+
+    def _run(self, a, b):
+        fn, constants = self.program()
+        return fn(a, b, *constants)
 
 
 class BarlowTwinsLoss(_lightly.BarlowTwinsLoss, _Distributed):
