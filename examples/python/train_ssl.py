@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Self-supervised training with lightly's projection heads, DDP and
-dloss.lightly's losses: SimCLR (NTXentLoss) and Barlow Twins.
+dloss.lightly's losses: SimCLR (NTXentLoss), Barlow Twins and DINO (a
+student, and a teacher that follows it by EMA; DINOLoss's centre is loss
+state).
 
     python3 launch.py --nproc 4 train_ssl.py
     torchrun --nproc_per_node 4 train_ssl.py    # the same
@@ -13,9 +15,10 @@ runs start from the same parameters and see the same samples:
    gather_distributed=True)`` (or ``BarlowTwinsLoss``). The loss is the
    global batch's, exact for any per-rank sizes.
 2. lightly's own distributed form, ``lightly.loss.BarlowTwinsLoss(
-   gather_distributed=True)``, otherwise the same (Barlow Twins only:
-   lightly's NT-Xent gathers into equal-sized buffers and labels positives
-   ``rank * batch_size``, so it cannot run on uneven batches at all).
+   gather_distributed=True)`` or its DINOLoss, otherwise the same (not
+   SimCLR: lightly's NT-Xent gathers into equal-sized buffers and labels
+   positives ``rank * batch_size``, so it cannot run on uneven batches at
+   all).
 3. one process (rank 0 only): lightly's loss on the concatenated global
    batch. Run 1 must end with the same parameters; the script prints the
    largest difference of runs 1 and 2, PASS or FAIL, and exits non-zero on
@@ -24,12 +27,15 @@ runs start from the same parameters and see the same samples:
 
 import sys
 import time
+import warnings
 
 import torch
 import torch.nn as nn
 from lightly.loss import BarlowTwinsLoss as LightlyBarlowTwins
+from lightly.loss import DINOLoss as LightlyDINO
 from lightly.loss import NTXentLoss as LightlyNTXent
-from lightly.models.modules import SimCLRProjectionHead
+from lightly.models.modules import DINOProjectionHead, SimCLRProjectionHead
+from lightly.models.utils import update_momentum
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dloss
@@ -37,8 +43,14 @@ import dloss.lightly
 
 import demo_utils
 
+# lightly's DINOProjectionHead uses torch.nn.utils.weight_norm, which
+# warns that it is deprecated at every head made: lightly's to change.
+warnings.filterwarnings("ignore", category=FutureWarning,
+                        message=".*weight_norm.* is deprecated")
+
 NUM_SAMPLES, IN_DIM, HIDDEN, EMBED_DIM = 1000, 32, 64, 16
 LEARNING_RATE, MOMENTUM = 0.05, 0.9
+DINO_OUT, TEACHER_MOMENTUM = 64, 0.9
 
 
 class Encoder(nn.Module):
@@ -46,24 +58,49 @@ class Encoder(nn.Module):
     norm: a model's BatchNorm1d normalises each rank's rows on its own,
     which no loss can make the global batch's)."""
 
-    def __init__(self):
+    def __init__(self, dino=False):
         super().__init__()
         self.backbone = nn.Sequential(nn.Linear(IN_DIM, HIDDEN), nn.ReLU())
-        self.head = SimCLRProjectionHead(HIDDEN, HIDDEN, EMBED_DIM,
-                                         batch_norm=False)
+        self.head = DINOProjectionHead(HIDDEN, HIDDEN, EMBED_DIM, DINO_OUT) \
+            if dino else SimCLRProjectionHead(HIDDEN, HIDDEN, EMBED_DIM,
+                                              batch_norm=False)
 
     def forward(self, x):
         return self.head(self.backbone(x))
 
 
-def train(model, loss_fn, batches, on_step):
+def two_views(model, loss_fn):
+    """SimCLR's and Barlow Twins' step: the loss of both views'
+    embeddings."""
+    return lambda view0, view1: loss_fn(model(view0), model(view1))
+
+
+def dino(student, loss_fn):
+    """DINO's step: the teacher (a copy of the student at the start, then
+    its EMA; no gradient) embeds both views, and the loss compares them
+    with the student's (each view against the other)."""
+    module = getattr(student, "module", student)
+    # lightly's DINO head uses torch's old weight_norm, whose modules
+    # deepcopy cannot copy: a new one, loaded with the student's state.
+    teacher = Encoder(dino=True).requires_grad_(False)
+    teacher.load_state_dict(module.state_dict())
+
+    def step(view0, view1):
+        update_momentum(module, teacher, TEACHER_MOMENTUM)
+        return loss_fn([teacher(view0), teacher(view1)],
+                       [student(view0), student(view1)])
+    return step
+
+
+def train(model, loss_fn, method, batches, on_step):
     """The training loop: SGD with momentum over `batches`, this rank's
-    (view0, view1) per step."""
+    (view0, view1) per step; `method` makes a step's loss of the views."""
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE,
                                 momentum=MOMENTUM)
+    loss_of = method(model, loss_fn)
     for step, (view0, view1) in enumerate(batches):
         start = time.perf_counter()
-        loss = loss_fn(model(view0), model(view1))
+        loss = loss_of(view0, view1)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -91,41 +128,58 @@ def main():
                                          args.steps)
     mine = [[v[step[rank]] for v in views] for step in schedule]
     everyone = [[v[torch.cat(step)] for v in views] for step in schedule]
+    flag = {"gather_distributed": True}
+    dino_loss = {"output_dim": DINO_OUT, "teacher_temp": 0.07,
+                 "warmup_teacher_temp_epochs": 0}
+    # Per method: its step, lightly's loss class, dloss's, the keywords
+    # of the distributed form, and whether lightly's own runs on uneven
+    # batches.
     runs = {
-        "simclr": (LightlyNTXent, dloss.lightly.NTXentLoss, None),
-        "barlow twins": (LightlyBarlowTwins, dloss.lightly.BarlowTwinsLoss,
-                         LightlyBarlowTwins),
+        "simclr": (two_views, LightlyNTXent, dloss.lightly.NTXentLoss, flag,
+                   False),
+        "barlow twins": (two_views, LightlyBarlowTwins,
+                         dloss.lightly.BarlowTwinsLoss, flag, True),
+        "dino": (dino, LightlyDINO, dloss.lightly.DINOLoss, dino_loss,
+                 True),
     }
     ok = True
-    for name, (single, exact, theirs) in runs.items():
+    for name, (method, single, exact, kwargs, theirs) in runs.items():
+        is_dino = method is dino
+        alone = dino_loss if is_dino else {}
         # 3. One process on the concatenated global batch (rank 0 only).
         reference = None
         if rank == 0:
             torch.manual_seed(0)
-            model = Encoder()
+            model = Encoder(is_dino)
             reference = demo_utils.Recorder("one process", model.parameters(),
                                             schedule)
-            train(model, single(), everyone, reference)
+            loss_fn = single(**alone)
+            if is_dino:
+                # lightly's centre all-reduces whenever a process group
+                # is up; on one device it is the batch's mean.
+                loss_fn._center_fn = lambda x, dim: x.mean(dim, keepdim=True)
+            train(model, loss_fn, method, everyone, reference)
         # 1. dloss.
         torch.manual_seed(0)
-        model = DDP(Encoder())
+        model = DDP(Encoder(is_dino))
         ours = demo_utils.Recorder(name + ", dloss", model.parameters(),
                                    schedule, reference, every=5)
-        train(model, exact(gather_distributed=True), mine, ours)
+        train(model, exact(**kwargs), method, mine, ours)
         line = "%s, %d steps on %d ranks: max |param - single-process " \
             "param| dloss %.2e" % (name, len(schedule), world,
                                    ours.diffs[-1] if rank == 0 else 0.0)
         # 2. lightly's own distributed form.
-        if theirs is not None:
+        if theirs:
             torch.manual_seed(0)
-            model = DDP(Encoder())
+            model = DDP(Encoder(is_dino))
             lightly_run = demo_utils.Recorder(
                 name + ", lightly", model.parameters(), schedule, reference,
                 every=5)
-            train(model, theirs(gather_distributed=True), mine, lightly_run)
+            train(model, single(**kwargs), method, mine, lightly_run)
             if rank == 0:
-                line += ", lightly's gather_distributed=True %.2e" % \
-                    lightly_run.diffs[-1]
+                line += ", lightly's %s %.2e" % (
+                    "DINOLoss" if is_dino else "gather_distributed=True",
+                    lightly_run.diffs[-1])
         if rank == 0:
             passed = ours.diffs[-1] <= args.tolerance
             ok &= passed

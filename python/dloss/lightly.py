@@ -29,7 +29,9 @@ only the loss is dloss's, the program one rank runs, compiled by
 What is refused, and why, is in docs/Migration.md.
 """
 
+import contextlib
 import inspect
+import math
 import weakref
 
 import torch
@@ -49,8 +51,9 @@ from .metric_learning import _MASKED, _logaddexp
 from .trace import (Input, Loss, State, all_gather, all_reduce, global_size,
                     shard_offset)
 
-__all__ = ["BarlowTwinsLoss", "DCLLoss", "DCLWLoss", "DINOLoss", "NTXentLoss",
-           "SwaVLoss", "VICRegLoss"]
+__all__ = ["BarlowTwinsLoss", "DCLLoss", "DCLWLoss", "DINOLoss",
+           "IBOTPatchLoss", "MSNLoss", "NTXentLoss", "PMSNLoss", "SwaVLoss",
+           "TiCoLoss", "VICRegLoss"]
 
 
 # ---------------------------------------------------------------------------
@@ -138,11 +141,14 @@ def _dcl(out0, out1, temperature, sigma):
     return 0.5 * (half(out0, out1) + half(out1, out0))
 
 
-def _sinkhorn(out, iterations, epsilon):
-    """lightly's sinkhorn over the global batch's rows (its B is the local
-    batch times the world size, wrong for uneven batches): the codes of
-    `out` (rows: samples, columns: prototypes), with no gradient."""
-    q = torch.exp(out.detach() / epsilon)
+def _sinkhorn(q, iterations):
+    """Sinkhorn-Knopp over the global batch's rows of the positive scores
+    `q` (rows: samples, columns: prototypes), as lightly's SwaV and MSN
+    normalise them, with no gradient: each prototype's mass all-reduced,
+    each sample's row summing to 1 at the end. lightly divides by the
+    local batch times the world size, or the local batch: wrong for
+    uneven batches; here it is the global batch."""
+    q = q.detach()
     q = q / all_reduce(q.sum())
     rows = global_size(q)
     for _ in range(iterations):
@@ -163,7 +169,7 @@ def _swav(crops, n_high, n_queue, temperature, iterations, epsilon):
         outputs = high[i]
         if n_queue:
             outputs = torch.cat((outputs, queue[i]))
-        q = _sinkhorn(outputs, iterations, epsilon)
+        q = _sinkhorn(torch.exp(outputs.detach() / epsilon), iterations)
         if n_queue:
             q = q[:high[i].shape[0]]
         subloss = 0.0
@@ -174,31 +180,46 @@ def _swav(crops, n_high, n_queue, temperature, iterations, epsilon):
     return loss / n_high
 
 
-def _swav_program(n_high, n_low, n_queue):
-    """`_swav` with one tensor parameter per crop (and queue entry), as
-    @dloss.loss records it: the counts are part of the plan."""
+def _program(name, params, body):
+    """A per-rank program as @dloss.loss records it: `body(*args)` under
+    the signature `params` (names, or (name, dloss.Input) pairs), so that
+    a loss of several crops has one tensor parameter per crop and the
+    counts are part of the plan."""
     def program(*args):
-        crops = list(args[:n_high + n_low + n_queue])
-        return _swav(crops, n_high, n_queue, *args[len(crops):])
+        return body(*args)
 
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    names = (["high_%d" % i for i in range(n_high)] +
-             ["low_%d" % i for i in range(n_low)] +
-             ["queue_%d" % i for i in range(n_queue)])
-    program.__signature__ = inspect.Signature(
-        [inspect.Parameter(n, kind) for n in names + [
-            "temperature", "iterations", "epsilon"]])
-    program.__name__ = program.__qualname__ = \
-        "lightly_swav_%d_%d_%d" % (n_high, n_low, n_queue)
+    program.__signature__ = inspect.Signature([
+        inspect.Parameter(p, kind) if isinstance(p, str) else
+        inspect.Parameter(p[0], kind, annotation=p[1]) for p in params])
+    program.__name__ = program.__qualname__ = name
     return program
 
 
+def _numbered(prefix, count):
+    return ["%s_%d" % (prefix, i) for i in range(count)]
+
+
+def _swav_program(n_high, n_low, n_queue):
+    """`_swav` with one tensor parameter per crop and queue entry."""
+    crops = n_high + n_low + n_queue
+    return _program(
+        "lightly_swav_%d_%d_%d" % (n_high, n_low, n_queue),
+        _numbered("high", n_high) + _numbered("low", n_low) +
+        _numbered("queue", n_queue) + ["temperature", "iterations",
+                                       "epsilon"],
+        lambda *args: _swav(list(args[:crops]), n_high, n_queue,
+                            *args[crops:]))
+
+
 def _dino(teachers, students, center, teacher_temp, student_temp,
-          momentum):
+          momentum, *pending):
     """lightly's DINO: the cross-entropy of every teacher view's centred,
     sharpened softmax against every other student view's log-softmax, the
     mean over the global batch; and the centre's EMA from the teacher
-    outputs' global mean (lightly's is a mean of per-rank means)."""
+    outputs' global mean (lightly's is a mean of per-rank means). Under
+    accumulation (`pending`: the step's sums so far), the centre stays
+    and the step's sums grow instead."""
     t_out = [F.softmax((t - center) / teacher_temp, dim=-1) for t in teachers]
     s_out = [F.log_softmax(s / student_temp, dim=-1) for s in students]
     rows, terms = 0.0, 0
@@ -208,32 +229,144 @@ def _dino(teachers, students, center, teacher_temp, student_temp,
                 rows = rows - (t * s).sum(-1)
                 terms += 1
     loss = rows.mean() / terms
+    if pending:
+        return (loss,) + _accumulated(pending, teachers)
     batch_center = sum(t.detach().mean(0) for t in teachers) / len(teachers)
     return loss, center * momentum + batch_center * (1 - momentum)
 
 
-def _dino_program(n_teacher, n_student):
-    """`_dino` with one tensor parameter per view, the centre as state and
-    the teacher temperature as a tensor (a schedule changes it without a
-    new plan), as @dloss.loss records it."""
-    def program(*args):
-        teachers = list(args[:n_teacher])
-        students = list(args[n_teacher:n_teacher + n_student])
-        return _dino(teachers, students, *args[n_teacher + n_student:])
+def _accumulated(pending, views):
+    """The step's running sums (`pending`: the teacher rows' sum, averaged
+    over the views, and the global number of rows) with this call's
+    global batch added: the centre's mean, once the step ends."""
+    total, count = pending
+    rows = sum(all_reduce(v.detach().sum(0)) for v in views) / len(views)
+    return total + rows, count + global_size(views[0])
 
-    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    names = (["teacher_%d" % i for i in range(n_teacher)] +
-             ["student_%d" % i for i in range(n_student)])
-    program.__signature__ = inspect.Signature(
-        [inspect.Parameter(n, kind) for n in names] + [
-            inspect.Parameter("center", kind, annotation=State),
-            inspect.Parameter("teacher_temp", kind,
-                              annotation=Input(grad=False)),
-            inspect.Parameter("student_temp", kind),
-            inspect.Parameter("momentum", kind)])
-    program.__name__ = program.__qualname__ = \
-        "lightly_dino_%d_%d" % (n_teacher, n_student)
-    return program
+
+# The centre: loss state, or, under accumulation, fixed for the step while
+# the step's sums are the state.
+_CENTRE = [("center", State)]
+_CENTRE_FIXED = [("center", Input(replicated=True, grad=False))]
+_PENDING = [("pending_total", State), ("pending_count", State)]
+
+
+def _dino_program(n_teacher, n_student, accumulate):
+    """`_dino` with one tensor parameter per view and the teacher
+    temperature as a tensor (a schedule changes it without a new plan)."""
+    views = n_teacher + n_student
+    return _program(
+        "lightly_dino_%d_%d%s" % (n_teacher, n_student,
+                                  "_accumulate" if accumulate else ""),
+        _numbered("teacher", n_teacher) + _numbered("student", n_student) +
+        (_CENTRE_FIXED if accumulate else _CENTRE) +
+        [("teacher_temp", Input(grad=False)), "student_temp", "momentum"] +
+        (_PENDING if accumulate else []),
+        lambda *args: _dino(list(args[:n_teacher]),
+                            list(args[n_teacher:views]), *args[views:]))
+
+
+def _tico(z_a, z_b, covariance, beta, rho, update):
+    """lightly's TiCo: transformative invariance plus the covariance
+    contrast against C, an EMA of the batch's second moment of the
+    normalised first view (no gradient), all-reduced over the global batch
+    (lightly gathers the rows). Returns the loss and, when `update`, the
+    new C."""
+    z_a, z_b = F.normalize(z_a, dim=1), F.normalize(z_b, dim=1)
+    moment = all_reduce(z_a.detach().T @ z_a.detach()) / global_size(z_a)
+    c = beta * covariance + (1 - beta) * moment
+    invariance = 1.0 - (z_a * z_b).sum(dim=1).mean()
+    contrast = rho * ((z_a @ c) * z_a).sum(dim=1).mean()
+    loss = invariance + contrast
+    return (loss, c) if update else loss
+
+
+def _tico_program(update):
+    """`_tico`, C its state when it is updated, else a fixed input."""
+    return _program(
+        "lightly_tico" + ("" if update else "_fixed"),
+        ["z_a", "z_b", ("covariance", State if update else Input(
+            replicated=True, grad=False)), "beta", "rho"],
+        lambda *args: _tico(*args, update))
+
+
+def _msn(anchors, targets, prototypes, temperature, sharpen, iterations,
+         regularization_weight, prior):
+    """lightly's MSN over the global batch: each anchor view's
+    cross-entropy against its target's sharpened prototype probabilities
+    (Sinkhorn-normalised over the global batch; no gradient), the mean
+    over every anchor; plus the mean-entropy regulariser of the global
+    mean anchor probabilities (lightly's is each rank's), or PMSN's
+    KL(prior || mean) when `prior` (the power-law distribution) is given.
+    lightly's sharpen(softmax(s / t), T) is softmax(s / (t T))."""
+    prototypes = F.normalize(prototypes, dim=1)
+    scores = F.normalize(targets.detach(), dim=1) @ prototypes.detach().T
+    target = F.softmax(scores / (temperature * sharpen), dim=1)
+    if iterations > 0:
+        target = _sinkhorn(target, iterations)
+    loss, mean_probs = 0.0, 0.0
+    for a in anchors:
+        logits = F.normalize(a, dim=1) @ prototypes.T / temperature
+        loss = loss - (target * F.log_softmax(logits, dim=1)).sum(1).mean()
+        mean_probs = mean_probs + F.softmax(logits, dim=1).mean(0)
+    loss = loss / len(anchors)
+    if regularization_weight > 0:
+        m = mean_probs / len(anchors)
+        if prior is None:  # mean entropy, plus log K
+            reg = (m * torch.log(m)).sum() + math.log(m.shape[0])
+        else:  # F.kl_div(m.log(), prior, reduction="sum")
+            reg = (prior * (torch.log(prior) - torch.log(m))).sum()
+        loss = loss + regularization_weight * reg
+    return loss
+
+
+def _msn_program(views, power_law):
+    """`_msn` with one tensor parameter per anchor view (each with this
+    rank's rows of the targets), the prototypes replicated (a parameter
+    of the model: DDP averages its gradient), and PMSN's prior."""
+    def body(*args):
+        rest = list(args[views:])
+        prior = rest.pop(2) if power_law else None
+        return _msn(list(args[:views]), *rest, prior)
+
+    return _program(
+        "lightly_%s_%d" % ("pmsn" if power_law else "msn", views),
+        _numbered("anchors", views) + [
+            "targets", ("prototypes", Input(replicated=True))] +
+        ([("prior", Input(replicated=True, grad=False))] if power_law
+         else []) +
+        ["temperature", "sharpen", "iterations", "regularization_weight"],
+        body)
+
+
+def _ibot_patch(teacher, student, weight, images, center, teacher_temp,
+                student_temp, momentum, *pending):
+    """lightly's iBOT patch loss over the global batch: the masked
+    tokens' cross-entropies, each weighted by 1 / its image's masked
+    count, summed over the global batch's tokens and divided by its
+    number of images (`images`: one entry per image of this rank); the
+    centre's EMA from the global mean of the masked teacher tokens
+    (lightly's is a mean of the ranks' means), or, under accumulation,
+    the step's sums."""
+    t = F.softmax((teacher - center) / teacher_temp, dim=-1)
+    s = F.log_softmax(student / student_temp, dim=-1)
+    tokens = -(t * s).sum(-1) * weight
+    loss = all_reduce(tokens.sum()) / global_size(images)
+    if pending:
+        return (loss,) + _accumulated(pending, [teacher])
+    return loss, center * momentum + teacher.detach().mean(0) * (
+        1 - momentum)
+
+
+def _ibot_patch_program(accumulate):
+    return _program(
+        "lightly_ibot_patch" + ("_accumulate" if accumulate else ""),
+        ["teacher", "student", ("weight", Input(grad=False)),
+         ("images", Input(grad=False))] +
+        (_CENTRE_FIXED if accumulate else _CENTRE) +
+        [("teacher_temp", Input(grad=False)), "student_temp", "momentum"] +
+        (_PENDING if accumulate else []),
+        _ibot_patch)
 
 
 # ---------------------------------------------------------------------------
@@ -287,6 +420,57 @@ class _ByCrops:
         key = tuple(counts) + (gathered,)
         _made(self._owner, key)
         return self._compiled[key]
+
+
+class _Centred(_ByCrops):
+    """A drop-in with a centre (DINO's, iBOT's): loss state, updated in
+    the loss's own program; ``accumulate()`` for gradient accumulation."""
+
+    _pending = None
+
+    def _gathers(self):
+        return True  # lightly's centre is all-reduced: there is no flag
+
+    def _centre(self):
+        """The centre buffer's storage, flat: the loss stores the new
+        centre there."""
+        return self._centre_buffer().view(-1)
+
+    def _centre_args(self, temperature):
+        """The centre (and the step's sums under accumulation) and the
+        teacher temperature, as the program takes them."""
+        centre = self._centre()
+        temp = torch.tensor(float(temperature), dtype=centre.dtype,
+                            device=centre.device)
+        return [centre, temp], list(self._pending or ())
+
+    @contextlib.contextmanager
+    def accumulate(self):
+        """Gradient accumulation: one optimizer step over the calls in the
+        block (under DDP's ``no_sync`` but the last, say). Each call's loss
+        uses the centre as the block found it; the centre moves once, as
+        the block ends, by the mean of the teacher outputs of all its
+        calls: the step's whole batch, as one call on that batch would
+        move it, identically on every rank. Without the block the centre
+        moves at every call, as in lightly (whose PR #2062 is this)."""
+        if self._pending is not None:
+            raise make_error(
+                "dloss.lightly.%s.accumulate() is already open" %
+                type(self).__name__,
+                "Open one block per optimizer step, not one inside another")
+        centre = self._centre()
+        self._pending = (torch.zeros_like(centre),
+                         centre.new_zeros(()))
+        try:
+            yield self
+        finally:
+            total, count = self._pending
+            self._pending = None
+        # Not on an exception (above): the step did not happen.
+        if count.item() > 0:
+            momentum = self._momentum()
+            with torch.no_grad():
+                centre.mul_(momentum).add_(total / count * (1 - momentum))
 
 
 class _Distributed(_ByCrops):
@@ -489,7 +673,7 @@ class SwaVLoss(_lightly.SwaVLoss, _ByCrops):
         return loss.reshape(1)
 
 
-class DINOLoss(_lightly.DINOLoss, _ByCrops):
+class DINOLoss(_lightly.DINOLoss, _Centred):
     """lightly's ``DINOLoss``, always over the global batch when a process
     group is running (lightly's DINO has no flag: its centre is
     all-reduced whenever torch.distributed is initialised). The loss is
@@ -497,8 +681,8 @@ class DINOLoss(_lightly.DINOLoss, _ByCrops):
     updated at each call, in the same program, from the teacher outputs'
     global mean (lightly averages the ranks' means: wrong for uneven
     batches), identically on every rank, and is in ``state_dict()`` as in
-    lightly. Under gradient accumulation it is updated at every call, as
-    lightly does."""
+    lightly. Under gradient accumulation, ``with loss_fn.accumulate():``
+    around a step's calls updates it once, from the step's whole batch."""
 
     def __init__(self, output_dim=65536, warmup_teacher_temp=0.04,
                  teacher_temp=0.04, warmup_teacher_temp_epochs=30,
@@ -512,12 +696,15 @@ class DINOLoss(_lightly.DINOLoss, _ByCrops):
             center_mode=center_mode)
         self._setup_crops(group)
 
-    def _gathers(self):
-        return True  # lightly's DINO has no flag
-
     def _program_for(self, key):
-        return Loss(_dino_program(*key[:2]), grad_mode="ddp",
-                    group=self._group if key[2] else ALONE)
+        return Loss(_dino_program(*key[:3]), grad_mode="ddp",
+                    group=self._group if key[-1] else ALONE)
+
+    def _centre_buffer(self):
+        return self.center
+
+    def _momentum(self):
+        return float(self.center_momentum)
 
     def forward(self, teacher_out, student_out, teacher_temp=None,
                 epoch=None):
@@ -536,10 +723,223 @@ class DINOLoss(_lightly.DINOLoss, _ByCrops):
             temperature = float(self.teacher_temp_schedule[epoch])
         else:
             temperature = float(self.teacher_temp)
-        fn = self._program((len(teachers), len(students)))
-        # The buffer's storage, flat: the loss stores the new centre there.
-        center = self.center.view(-1)
-        temp = torch.tensor(temperature, dtype=center.dtype,
-                            device=center.device)
-        return fn(*teachers, *students, center, temp,
-                  float(self.student_temp), float(self.center_momentum))
+        fn = self._program((len(teachers), len(students),
+                            self._pending is not None))
+        centre, pending = self._centre_args(temperature)
+        return fn(*teachers, *students, *centre, float(self.student_temp),
+                  float(self.center_momentum), *pending)
+
+
+class TiCoLoss(_lightly.TiCoLoss, _ByCrops):
+    """lightly's ``TiCoLoss``. With ``gather_distributed=True``, the global
+    batch's loss, the same on every rank: the second moment behind C is
+    all-reduced (O(d^2); lightly gathers the rows), and C, updated in the
+    same program, is identical on every rank. C is a buffer here (None
+    until the first call, then in ``state_dict()``); lightly keeps it as a
+    plain attribute. TiCo's loss reads its own batch's moment, so under
+    gradient accumulation no schedule of updates equals one large batch:
+    pass ``update_covariance_matrix=False`` on all but one micro-batch to
+    update C once per optimizer step."""
+
+    def __init__(self, beta=0.9, rho=8.0, gather_distributed=False,
+                 group=None):
+        super().__init__(beta=beta, rho=rho,
+                         gather_distributed=gather_distributed)
+        del self.C
+        self.register_buffer("C", None)
+        self._setup_crops(group)
+
+    def _gathers(self):
+        return bool(self.gather_distributed)
+
+    def _program_for(self, key):
+        return Loss(_tico_program(key[0]), grad_mode="ddp",
+                    group=self._group if key[-1] else ALONE)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        saved = state_dict.get(prefix + "C")
+        if self.C is None and saved is not None:
+            self.C = torch.empty_like(saved)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def forward(self, z_a, z_b, update_covariance_matrix=True):
+        _two_views("TiCoLoss", z_a, z_b)
+        if not self._gathers() and z_a.shape[0] <= 1:
+            raise make_error(
+                "dloss.lightly.TiCoLoss: a batch of %d row(s) has no "
+                "second moment to learn from" % z_a.shape[0],
+                "Pass at least 2 rows per rank, or gather_distributed=True "
+                "(then only the global batch needs 2)")
+        d = z_a.shape[1]
+        if self.C is None:
+            self.C = z_a.new_zeros(d, d, requires_grad=False)
+        elif self.C.shape != (d, d):
+            raise make_error(
+                "dloss.lightly.TiCoLoss: the embeddings have %d features "
+                "but C, from earlier calls or a checkpoint, is %s" % (
+                    d, list(self.C.shape)),
+                "Pass embeddings of the width the loss was used with, or "
+                "a new TiCoLoss")
+        fn = self._program((bool(update_covariance_matrix),))
+        return fn(z_a, z_b, self.C, float(self.beta), float(self.rho))
+
+
+class MSNLoss(_lightly.MSNLoss, _ByCrops):
+    """lightly's ``MSNLoss``. With ``gather_distributed=True``, the global
+    batch's loss, the same on every rank: the targets' Sinkhorn
+    normalisation over the global batch (lightly's assumes equal batches),
+    the mean over every rank's anchors, and the mean-entropy regulariser
+    of the global batch's mean anchor probabilities (lightly's is each
+    rank's, as the official MSN's is not). ``anchors`` holds the views one
+    after another, each with the rows of ``targets``; ``prototypes`` is
+    the model's parameter, the same on every rank (DDP averages its
+    gradient to the global batch's)."""
+
+    _power_law = False
+
+    def __init__(self, temperature=0.1, sinkhorn_iterations=3,
+                 regularization_weight=1.0, gather_distributed=False,
+                 group=None):
+        super().__init__(temperature=temperature,
+                         sinkhorn_iterations=sinkhorn_iterations,
+                         regularization_weight=regularization_weight,
+                         gather_distributed=gather_distributed)
+        self._setup_crops(group)
+        self._views = None
+
+    def _gathers(self):
+        return bool(self.gather_distributed)
+
+    def _program_for(self, key):
+        return Loss(_msn_program(key[0], self._power_law), grad_mode="ddp",
+                    group=self._group if key[-1] else ALONE)
+
+    def _prior(self, prototypes):
+        return []
+
+    def _anchor_views(self, anchors, targets, prototypes):
+        """The number of anchor views, checked; an empty rank's is the
+        last call's (every rank's program must be the same)."""
+        name = type(self).__name__
+        if anchors.dim() != 2 or targets.dim() != 2 or \
+                prototypes.dim() != 2:
+            raise make_error(
+                "dloss.lightly.%s takes (rows, dim) anchors, targets and "
+                "prototypes; got shapes %s, %s and %s" % (
+                    name, list(anchors.shape), list(targets.shape),
+                    list(prototypes.shape)),
+                "Flatten the features to (rows, dim)")
+        if not anchors.shape[1] == targets.shape[1] == prototypes.shape[1]:
+            raise make_error(
+                "dloss.lightly.%s: anchors, targets and prototypes have %d, "
+                "%d and %d features" % (name, anchors.shape[1],
+                                        targets.shape[1],
+                                        prototypes.shape[1]),
+                "Project all three to the prototypes' width")
+        n = targets.shape[0]
+        if n == 0:
+            if anchors.shape[0] != 0 or self._views is None:
+                raise make_error(
+                    "dloss.lightly.%s: this rank has no targets and %d "
+                    "anchors, and no earlier call tells how many anchor "
+                    "views there are" % (name, anchors.shape[0]),
+                    "Give every rank at least one row on the first call")
+            return self._views
+        if anchors.shape[0] == 0 or anchors.shape[0] % n:
+            raise make_error(
+                "dloss.lightly.%s: %d anchor rows are not a whole number "
+                "of views of the %d targets" % (name, anchors.shape[0], n),
+                "Pass anchors as the views one after another, each with "
+                "one row per target")
+        self._views = anchors.shape[0] // n
+        return self._views
+
+    def forward(self, anchors, targets, prototypes,
+                target_sharpen_temperature=0.25):
+        views = self._anchor_views(anchors, targets, prototypes)
+        n = targets.shape[0]
+        fn = self._program((views,))
+        return fn(*[anchors[v * n:(v + 1) * n] for v in range(views)],
+                  targets, prototypes, *self._prior(prototypes),
+                  float(self.temperature), float(target_sharpen_temperature),
+                  int(self.sinkhorn_iterations),
+                  float(self.regularization_weight))
+
+
+class PMSNLoss(_lightly.PMSNLoss, MSNLoss):
+    """lightly's ``PMSNLoss``: MSN whose regulariser is the KL divergence
+    of the global batch's mean anchor probabilities from a power law
+    (lightly's is each rank's)."""
+
+    _power_law = True
+
+    def __init__(self, temperature=0.1, sinkhorn_iterations=3,
+                 regularization_weight=1, power_law_exponent=0.25,
+                 gather_distributed=False, group=None):
+        super().__init__(temperature=temperature,
+                         sinkhorn_iterations=sinkhorn_iterations,
+                         regularization_weight=regularization_weight,
+                         power_law_exponent=power_law_exponent,
+                         gather_distributed=gather_distributed)
+        self._setup_crops(group)
+
+    def _prior(self, prototypes):
+        # lightly's power law: (1 / k) ** exponent for k = 1..K, summing
+        # to 1.
+        k = torch.arange(1, prototypes.shape[0] + 1, device=prototypes.device,
+                         dtype=prototypes.dtype)
+        prior = k ** -float(self.power_law_exponent)
+        return [prior / prior.sum()]
+
+
+class IBOTPatchLoss(_lightly.IBOTPatchLoss, _Centred):
+    """lightly's ``IBOTPatchLoss``, always over the global batch when a
+    process group is running (as lightly's centre is): the masked tokens'
+    weighted cross-entropies summed over the global batch and divided by
+    its number of images, the same on every rank; the centre (in
+    ``state_dict()``) updated in the same program from the global mean of
+    the masked teacher tokens, identical on every rank (lightly averages
+    the ranks' means: wrong when the ranks mask different numbers of
+    tokens). Under gradient accumulation, ``with loss_fn.accumulate():``
+    around a step's calls updates it once, from the step's whole batch."""
+
+    def __init__(self, output_dim=65536, teacher_temp=0.04, student_temp=0.1,
+                 center_mode="mean", center_momentum=0.9, group=None):
+        super().__init__(output_dim=output_dim, teacher_temp=teacher_temp,
+                         student_temp=student_temp, center_mode=center_mode,
+                         center_momentum=center_momentum)
+        self._setup_crops(group)
+
+    def _program_for(self, key):
+        return Loss(_ibot_patch_program(key[0]), grad_mode="ddp",
+                    group=self._group if key[-1] else ALONE)
+
+    def _centre_buffer(self):
+        return self.center.center
+
+    def _momentum(self):
+        return float(self.center.momentum)
+
+    def forward(self, teacher_out, student_out, mask, teacher_temp=None):
+        if teacher_out.dim() != 2 or teacher_out.shape != student_out.shape:
+            raise make_error(
+                "dloss.lightly.IBOTPatchLoss takes (masked tokens, dim) "
+                "teacher and student outputs of one shape; got %s and %s" % (
+                    list(teacher_out.shape), list(student_out.shape)),
+                "Pass the outputs of the masked tokens only, flattened")
+        if mask.dtype != torch.bool or mask.dim() != 3 or \
+                int(mask.sum()) != teacher_out.shape[0]:
+            raise make_error(
+                "dloss.lightly.IBOTPatchLoss: the mask (%s, %s) must be a "
+                "boolean (batch, height, width) tensor with one True entry "
+                "per output row (%d)" % (
+                    mask.dtype, list(mask.shape), teacher_out.shape[0]),
+                "Pass the mask that selected the masked tokens")
+        num_masked = mask.sum(dim=(1, 2), keepdim=True).clamp(min=1.0)
+        weight = (1.0 / num_masked).expand_as(mask)[mask]
+        centre, pending = self._centre_args(
+            teacher_temp if teacher_temp is not None else self.teacher_temp)
+        fn = self._program((self._pending is not None,))
+        return fn(teacher_out, student_out, weight.to(student_out.dtype),
+                  num_masked.view(-1).to(student_out.dtype), *centre,
+                  float(self.student_temp), self._momentum(), *pending)

@@ -341,7 +341,7 @@ class LightlyTest(unittest.TestCase):
                     self.assertLess(rel(u.float(), v), 5e-2)
 
     def test_training_run_equals_one_process(self):
-        # examples/python/train_ssl.py: SimCLR and Barlow Twins with
+        # examples/python/train_ssl.py: SimCLR, Barlow Twins and DINO with
         # lightly's heads under DDP on 4 ranks, uneven batches, 20 steps.
         import os
         import re
@@ -355,7 +355,7 @@ class LightlyTest(unittest.TestCase):
             capture_output=True, text=True, timeout=600)
         output = done.stdout + done.stderr
         self.assertEqual(done.returncode, 0, output[-4000:])
-        for name in ("simclr", "barlow twins"):
+        for name in ("simclr", "barlow twins", "dino"):
             self.assertIn("%s check (dloss equals one process within 1e-05)"
                           ": PASS" % name, output)
         drift = re.search(r"lightly's gather_distributed=True ([0-9.e+-]+)",
@@ -366,6 +366,9 @@ class LightlyTest(unittest.TestCase):
             if "max |param - single-process param|" in line),
             file=sys.stderr)
         self.assertGreater(float(drift.group(1)), 1e-3)
+        drift = re.search(r"lightly's DINOLoss ([0-9.e+-]+)", output)
+        self.assertIsNotNone(drift, output[-4000:])
+        self.assertGreater(float(drift.group(1)), 1e-4)
 
     def test_signatures_are_lightlys_plus_group(self):
         import lightly.loss
