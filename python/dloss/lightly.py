@@ -927,19 +927,26 @@ class IBOTPatchLoss(_lightly.IBOTPatchLoss, _Centred):
                 "teacher and student outputs of one shape; got %s and %s" % (
                     list(teacher_out.shape), list(student_out.shape)),
                 "Pass the outputs of the masked tokens only, flattened")
-        if mask.dtype != torch.bool or mask.dim() != 3 or \
-                int(mask.sum()) != teacher_out.shape[0]:
+        # (Under torch.compile the count is data: not checked.)
+        if mask.dtype != torch.bool or mask.dim() != 3 or (
+                not torch.compiler.is_compiling() and
+                int(mask.sum()) != teacher_out.shape[0]):
             raise make_error(
                 "dloss.lightly.IBOTPatchLoss: the mask (%s, %s) must be a "
                 "boolean (batch, height, width) tensor with one True entry "
                 "per output row (%d)" % (
                     mask.dtype, list(mask.shape), teacher_out.shape[0]),
                 "Pass the mask that selected the masked tokens")
-        num_masked = mask.sum(dim=(1, 2), keepdim=True).clamp(min=1.0)
-        weight = (1.0 / num_masked).expand_as(mask)[mask]
+        counts = mask.sum(dim=(1, 2))
+        num_masked = counts.clamp(min=1.0)
+        # Each token's 1 / its image's count (lightly's expand_as(mask)
+        # [mask], without a data-dependent shape: the tokens come image by
+        # image).
+        weight = (1.0 / num_masked).repeat_interleave(
+            counts, output_size=teacher_out.shape[0])
         centre, pending = self._centre_args(
             teacher_temp if teacher_temp is not None else self.teacher_temp)
         fn = self._program((self._pending is not None,))
         return fn(teacher_out, student_out, weight.to(student_out.dtype),
-                  num_masked.view(-1).to(student_out.dtype), *centre,
+                  num_masked.to(student_out.dtype), *centre,
                   float(self.student_temp), self._momentum(), *pending)

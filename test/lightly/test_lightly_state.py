@@ -302,6 +302,62 @@ class LightlyStateTest(unittest.TestCase):
                         errors.append(rel(sa, sb))
                     self.assertLess(max(errors), TOLERANCE)
 
+    def test_torch_compile_fullgraph(self):
+        # One compiled graph per loss, over two calls (the state updated
+        # inside the compiled step).
+        import lightly.loss
+
+        import dloss.lightly
+        for name in NAMES:
+            with self.subTest(name):
+                torch._dynamo.reset()
+                ours = make(dloss.lightly, name)
+                want = make(lightly.loss, name)
+                step = torch.compile(
+                    lambda t, mask: call(ours, name, t, mask),
+                    fullgraph=True)
+                for c in range(CALLS):
+                    x, mask = Batch(name, 7, c).whole()
+                    y = [t.detach().clone().requires_grad_(t.requires_grad)
+                         for t in x]
+                    a = step(x, mask)
+                    a.backward()
+                    b = call(want, name, y, mask)
+                    b.backward()
+                    errors = [rel(a, b)] + [
+                        rel(u.grad, v.grad) for u, v in zip(x, y)
+                        if v.requires_grad]
+                    if state(want, name) is not None:
+                        errors.append(rel(state(ours, name),
+                                          state(want, name)))
+                    self.assertLess(max(errors), TOLERANCE)
+        torch._dynamo.reset()
+
+    def test_bfloat16_autocast(self):
+        # bf16 inputs under autocast: within bf16's rounding of lightly's
+        # float32 loss, bf16 gradients, finite.
+        import lightly.loss
+
+        import dloss.lightly
+        for name in NAMES:
+            with self.subTest(name):
+                x, mask = Batch(name, 9, 0).whole()
+                y = [t.detach().clone().requires_grad_(t.requires_grad)
+                     for t in x]
+                x = [t.detach().bfloat16().requires_grad_(t.requires_grad)
+                     for t in x]
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    ours = call(make(dloss.lightly, name), name, x, mask)
+                ours.float().sum().backward()
+                want = call(make(lightly.loss, name), name, y, mask)
+                want.backward()
+                self.assertLess(rel(ours.float(), want), 3e-2)
+                for u, v in zip(x, y):
+                    if v.requires_grad:
+                        self.assertEqual(u.grad.dtype, torch.bfloat16)
+                        self.assertTrue(torch.isfinite(u.grad).all())
+                        self.assertLess(rel(u.grad.float(), v.grad), 5e-2)
+
     def test_flag_off_is_each_ranks_own(self):
         # TiCo and MSN without gather_distributed on 2 ranks: each rank's
         # loss, gradients and C are lightly's on its own rows.
