@@ -55,6 +55,7 @@ std::optional<ep::Op> elementwiseOpcode(Operation *op) {
       .Case([](ClampOp) { return ep::Op::Clamp; })
       .Case([](EqOp) { return ep::Op::Eq; })
       .Case([](SelectOp) { return ep::Op::Select; })
+      .Case([](StopGradientOp) { return ep::Op::StopGradient; })
       .Default([](Operation *) { return std::nullopt; });
 }
 

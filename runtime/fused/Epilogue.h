@@ -109,6 +109,8 @@ template <Op O, typename T> DLOSS_HD T apply(T a, T b, T c, const Instr &ins) {
     return a == b ? T(1) : T(0);
   else if constexpr (O == Op::Select)
     return a != T(0) ? b : c;
+  else if constexpr (O == Op::StopGradient)
+    return a;
   else
     return T(0);
 }
@@ -116,8 +118,9 @@ template <Op O, typename T> DLOSS_HD T apply(T a, T b, T c, const Instr &ins) {
 /// The cotangents instruction `O` passes to its register operands, given
 /// its operands a, b, c, its value `out` and its cotangent `ct`: adds to
 /// da, db, dc. The rules are the dialect's adjoints (dialect/DlossAdjoints.cpp)
-/// on scalars; Eq and Select's condition carry no gradient, a clamp passes
-/// the gradient where its input lies inside the bounds (bounds included).
+/// on scalars; Eq, StopGradient and Select's condition carry no gradient, a
+/// clamp passes the gradient where its input lies inside the bounds (bounds
+/// included).
 template <Op O, typename T>
 DLOSS_HD void adjoint(T a, T b, T c, T out, T ct, const Instr &ins, T &da,
                       T &db, T &dc) {
@@ -166,7 +169,7 @@ DLOSS_HD void adjoint(T a, T b, T c, T out, T ct, const Instr &ins, T &da,
     else
       dc += ct;
   }
-  // Eq: no gradient.
+  // Eq, StopGradient: no gradient.
 }
 
 /// What instruction O's adjoint reads besides its cotangent: kReadsA, B, C
@@ -180,6 +183,7 @@ DLOSS_HD int adjointReads(Op op) {
   case Op::Sub:
   case Op::Neg:
   case Op::Eq:
+  case Op::StopGradient:
     return 0;
   case Op::Mul:
   case Op::Div:
@@ -231,6 +235,7 @@ template <typename Fn> DLOSS_HD void dispatch(Op op, Fn &&fn) {
     DLOSS_EPILOGUE_CASE(Clamp)
     DLOSS_EPILOGUE_CASE(Eq)
     DLOSS_EPILOGUE_CASE(Select)
+    DLOSS_EPILOGUE_CASE(StopGradient)
 #undef DLOSS_EPILOGUE_CASE
   default:
     break;

@@ -9,9 +9,9 @@ namespace dloss::fused::similarity {
 namespace {
 
 /// Calls fn(r) for each register operand r a gradient flows back to (none
-/// for eq, not select's condition).
+/// for eq and stop_gradient, not select's condition).
 template <typename Fn> void forGradientOperands(const Instr &ins, Fn &&fn) {
-  if (ins.op == Op::Eq)
+  if (ins.op == Op::Eq || ins.op == Op::StopGradient)
     return;
   const int first = ins.op == Op::Select ? 1 : 0;
   for (int k = first; k < epilogue::registerOperands(ins.op); ++k)
@@ -19,8 +19,8 @@ template <typename Fn> void forGradientOperands(const Instr &ins, Fn &&fn) {
 }
 
 /// The registers the outputs read, directly or not; with `gradients`, only
-/// along the operands a gradient flows back through (Eq and Select's
-/// condition pass none).
+/// along the operands a gradient flows back through (Eq, StopGradient and
+/// Select's condition pass none).
 std::vector<char> registersReaching(const SimilarityOperands &ops,
                                     bool gradients) {
   std::vector<char> reached(ops.program.size(), 0);

@@ -44,7 +44,7 @@ template <Op O, typename T>
 DLOSS_ROW_LOOP void adjointRow(const T *a, const T *b, const T *c, const T *out,
                                const T *dt, T *da, T *db, T *dc, int64_t w,
                                Instr ins) {
-  if constexpr (O == Op::Eq) {
+  if constexpr (O == Op::Eq || O == Op::StopGradient) {
     return; // no gradient
   } else if constexpr (O == Op::Select) {
     // The condition gets none.

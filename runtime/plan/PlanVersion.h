@@ -14,7 +14,9 @@ namespace dloss {
 /// which the runtime reads instead of matching the program.
 /// 3: arguments carry `state`; a loss returns its state arguments' new
 /// values after the loss (before the gradients).
-constexpr int kPlanVersion = 3;
+/// 4: the tile program has a stop_gradient opcode (TileEncoding.h's Op 24),
+/// which a version-3 runtime would refuse as unknown at the call.
+constexpr int kPlanVersion = 4;
 
 } // namespace dloss
 

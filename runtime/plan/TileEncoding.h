@@ -85,14 +85,15 @@ enum class Op : int64_t {
   Acos = 17,
   Sin = 18,
   Sqrt = 19,
-  Clamp = 20,  ///< a: register; b, c: the bits of the double bounds
-  Eq = 21,     ///< 1 where a == b, else 0 (no gradient)
-  Select = 22, ///< a != 0 ? b : c (a gets no gradient)
-  RowId = 23,  ///< the row's global index (the rows' shard offset + i)
+  Clamp = 20,        ///< a: register; b, c: the bits of the double bounds
+  Eq = 21,           ///< 1 where a == b, else 0 (no gradient)
+  Select = 22,       ///< a != 0 ? b : c (a gets no gradient)
+  RowId = 23,        ///< the row's global index (the rows' shard offset + i)
+  StopGradient = 24, ///< a's value, with no gradient (dloss.stop_gradient)
 };
 
 /// The number of opcodes (one past the last).
-constexpr int64_t kOpCount = 24;
+constexpr int64_t kOpCount = 25;
 
 /// How a result reduces its value along the row.
 enum class Reduce : int64_t {
@@ -150,10 +151,11 @@ DLOSS_HD int registerOperands(Op op) {
 /// The name of an opcode (plan text, errors, the fusion remarks), or null.
 inline const char *opName(Op op) {
   static const char *const names[kOpCount] = {
-      "sim", "col_id",   "row",         "col",     "scalar", "const",
-      "add", "sub",      "mul",         "div",     "neg",    "exp",
-      "log", "softplus", "log_sigmoid", "sigmoid", "cos",    "acos",
-      "sin", "sqrt",     "clamp",       "eq",      "select", "row_id"};
+      "sim",     "col_id", "row",    "col",      "scalar",
+      "const",   "add",    "sub",    "mul",      "div",
+      "neg",     "exp",    "log",    "softplus", "log_sigmoid",
+      "sigmoid", "cos",    "acos",   "sin",      "sqrt",
+      "clamp",   "eq",     "select", "row_id",   "stop_gradient"};
   auto k = static_cast<int64_t>(op);
   return k >= 0 && k < kOpCount ? names[k] : nullptr;
 }

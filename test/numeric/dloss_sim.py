@@ -786,13 +786,14 @@ def _sharded_softmax_grad(op, args, world):
 _FS_OPS = ["sim", "col_id", "row", "col", "scalar", "const", "add", "sub",
            "mul", "div", "neg", "exp", "log", "softplus", "log_sigmoid",
            "sigmoid", "cos", "acos", "sin", "sqrt", "clamp", "eq", "select",
-           "row_id"]
+           "row_id", "stop_gradient"]
 _FS_REDUCE = {0: "sum", 1: "logsumexp"}
 _FS_UNARY = {
     "neg": lambda x: -x, "exp": torch.exp, "log": torch.log,
     "softplus": _softplus, "log_sigmoid": torch.nn.functional.logsigmoid,
     "sigmoid": torch.sigmoid, "cos": torch.cos, "acos": torch.acos,
     "sin": torch.sin, "sqrt": torch.sqrt,
+    "stop_gradient": lambda x: x.detach(),  # the value, no gradient
 }
 _FS_BINARY = {
     "add": lambda a, b: a + b, "sub": lambda a, b: a - b,

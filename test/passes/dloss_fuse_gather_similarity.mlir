@@ -445,3 +445,52 @@ func.func @hard_negatives(%q: tensor<?x?xf32> {dloss.grad}, %k: tensor<?x?xf32> 
   %total = dloss.all_reduce sum %sum : tensor<f32>
   return %total : tensor<f32>
 }
+
+// -----
+
+// sentence-transformers' hardness weighting: a stop-gradient copy of the
+// similarity, scaled by alpha, added to every negative logit (not the row's
+// own column). stop_gradient is an instruction of the tile program (opcode
+// 24); its adjoint passes nothing, so the backward is fused too and no
+// similarity matrix is left.
+// %3 = stop_gradient %0 (S), %5 = %3 * 9, %10 = select(own, 0, %5),
+// %11 = s S + %10: the log-sum-exp; %12 the positive's logit, picked.
+// CHECK-LABEL: func.func @hardness_stop_gradient(
+// CHECK: dloss.fused_similarity
+// CHECK-SAME: outputs = array<i64: 11, 1, 12, 0>, picks = array<i64: -1, -1, 2, 0>,
+// CHECK-SAME: program = array<i64: 0, 0, 0, 0, 4, 0, 0, 0, 8, 0, 1, 0, 24, 0, 0, 0, 5, 4621256167635550208, 0, 0, 8, 3, 4, 0, 2, 0, 0, 0, 1, 0, 0, 0, 21, 6, 7, 0, 5, 0, 0, 0, 22, 8, 9, 5, 6, 2, 10, 0, 22, 8, 2, 9>
+// CHECK-NOT: dloss.stop_gradient
+// CHECK-NOT: dloss.matmul
+// CHECK-NOT: dloss.logsumexp
+// GRAD-LABEL: func.func @hardness_stop_gradient_grad(
+// GRAD-NOT: dloss.matmul
+// GRAD: dloss.fused_similarity_grad
+// GRAD-NOT: dloss.matmul
+// GRAD: return
+func.func @hardness_stop_gradient(%q: tensor<?x?xf32> {dloss.grad}, %k: tensor<?x?xf32> {dloss.grad},
+                                  %s: tensor<f32> {dloss.replicated}) -> tensor<f32> attributes {dloss.loss} {
+  %zero = arith.constant 0 : index
+  %all = dloss.all_gather %k axis 0 : tensor<?x?xf32>
+  %sim = dloss.matmul %q, %all transpose_rhs : tensor<?x?xf32>, tensor<?x?xf32>
+  %logits = dloss.mul %sim, %s : tensor<?x?xf32>, tensor<f32>
+  %held = dloss.stop_gradient %sim : tensor<?x?xf32>
+  %alpha = arith.constant dense<9.0> : tensor<f32>
+  %penalty = dloss.mul %held, %alpha : tensor<?x?xf32>, tensor<f32>
+  %offset = dloss.shard_offset %q axis 0 : tensor<?x?xf32>
+  %n = dloss.dim %q axis 0 : tensor<?x?xf32>
+  %pos = dloss.arange %offset, %n : tensor<?xi64>
+  %b = dloss.global_size %k axis 0 : tensor<?x?xf32>
+  %cols = dloss.arange %zero, %b : tensor<?xi64>
+  %row_pos = dloss.expand %pos axes [1] like %logits : tensor<?xi64>, tensor<?x?xf32>
+  %col_ids = dloss.expand %cols axes [0] like %logits : tensor<?xi64>, tensor<?x?xf32>
+  %is_pos = dloss.eq %row_pos, %col_ids : tensor<?x?xi64>, tensor<?x?xi64>
+  %zero_f = arith.constant dense<0.0> : tensor<f32>
+  %others = dloss.select %is_pos, %zero_f, %penalty : tensor<?x?xi64>, tensor<f32>, tensor<?x?xf32>
+  %hard = dloss.add %logits, %others : tensor<?x?xf32>, tensor<?x?xf32>
+  %lse = dloss.logsumexp %hard axis 1 : tensor<?x?xf32>
+  %positive = dloss.take_along %logits, %pos axis 1 : tensor<?x?xf32>, tensor<?xi64>
+  %loss = dloss.sub %lse, %positive : tensor<?xf32>, tensor<?xf32>
+  %sum = dloss.reduce sum %loss axes [0] : tensor<?xf32>
+  %total = dloss.all_reduce sum %sum : tensor<f32>
+  return %total : tensor<f32>
+}

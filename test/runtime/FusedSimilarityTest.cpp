@@ -189,6 +189,9 @@ std::vector<at::Tensor> interpret(const Program &program, const at::Tensor &S,
     case Op::Select:
       v = at::where(A() != 0, B(), reg[c]);
       break;
+    case Op::StopGradient:
+      v = A().detach();
+      break;
     }
     reg.push_back(v);
   }

@@ -198,6 +198,32 @@ ProgramCase arcFace() {
           }};
 }
 
+/// sentence-transformers' hardness weighting: a stop-gradient copy of the
+/// similarity, times a weight, added to every logit but the row's own
+/// (column id == global row id). The weight is w_i s under stop_gradient,
+/// so the float per-row leaf w and the 0-d scale s get gradients only from
+/// their direct uses: s in the logits, w in the second result, sum_j
+/// stop_gradient(S) w_i (no gradient to S there).
+ProgramCase hardness() {
+  Program p;
+  p.rowLeaves = 1;
+  int64_t sim = p.emit(Op::Sim), s = p.emit(Op::Scalar, 0);
+  int64_t w = p.emit(Op::RowLeaf, 0);
+  int64_t logits = p.emit(Op::Mul, sim, s);
+  int64_t held = p.emit(Op::StopGradient, sim);
+  int64_t weight = p.emit(Op::StopGradient, p.emit(Op::Mul, w, s));
+  int64_t penalty = p.emit(Op::Mul, held, weight);
+  int64_t own = p.emit(Op::Eq, p.emit(Op::ColId), p.emit(Op::RowId));
+  int64_t hard =
+      p.emit(Op::Add, logits, p.emit(Op::Select, own, p.constant(0), penalty));
+  p.output(hard, Reduce::LogSumExp);
+  p.output(p.emit(Op::Mul, held, w), Reduce::Sum);
+  return {"hardness", p, [](int64_t N, int64_t) {
+            return std::vector<at::Tensor>{
+                at::rand({N}, at::kDouble).mul_(3.0).add_(0.5), scalar(2.0)};
+          }};
+}
+
 } // namespace
 
 std::vector<ProgramCase> tilePrograms() {
@@ -210,7 +236,8 @@ std::vector<ProgramCase> tilePrograms() {
           clip(),
           clip(60, "CLIP, far logits"),
           clipWithoutFacts(),
-          uniformOperands()};
+          uniformOperands(),
+          hardness()};
 }
 
 } // namespace dloss::test

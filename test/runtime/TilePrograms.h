@@ -117,7 +117,8 @@ struct ProgramCase {
 
 /// Every program the tests run: InfoNCE, NT-Xent, SupCon, DCL, ArcFace,
 /// every transcendental opcode, CLIP's two directions (near and far logits,
-/// with and without the facts), uniform operands.
+/// with and without the facts), uniform operands, a stop-gradient hardness
+/// weighting.
 std::vector<ProgramCase> tilePrograms();
 
 } // namespace dloss::test

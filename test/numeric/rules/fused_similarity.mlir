@@ -10,6 +10,7 @@
 // one 0-d leaf s. Two row results (logsumexp, sum) and one column result.
 //   r0 = lse_j select(y_i == y_j, s S w_i, clamp(S, -0.5, 0.5))
 //   r1 = sum_j 0.25 (j - i) sin S + softplus(s S w_i) + sigmoid(S) log_sigmoid(s S)
+//        + stop_gradient(S) w_i
 //   c0 = lse_i s (log exp S - cos(acos(clamp(S))) / sqrt(exp S))
 func.func @gathered(%q: tensor<?x?xf32> {dloss.grad}, %k: tensor<?x?xf32> {dloss.grad},
                     %w: tensor<?xf32> {dloss.grad}, %y: tensor<?xi64>,
@@ -26,8 +27,9 @@ func.func @gathered(%q: tensor<?x?xf32> {dloss.grad}, %k: tensor<?x?xf32> {dloss
                            6, 16, 17, 0, 15, 0, 0, 0,  14, 2, 0, 0,  8, 19, 20, 0,
                            6, 18, 21, 0, 11, 0, 0, 0,  19, 23, 0, 0, 17, 9, 0, 0,
                            16, 25, 0, 0, 9, 26, 24, 0, 10, 27, 0, 0, 12, 23, 0, 0,
-                           6, 28, 29, 0, 8, 30, 1, 0>,
-      outputs = array<i64: 10, 1, 22, 0>, col_outputs = array<i64: 31, 1>,
+                           6, 28, 29, 0, 8, 30, 1, 0,  24, 0, 0, 0,  8, 32, 3, 0,
+                           6, 22, 33, 0>,
+      outputs = array<i64: 10, 1, 34, 0>, col_outputs = array<i64: 31, 1>,
       picks = array<i64: -1, -1, -1, -1>, col_picks = array<i64: -1, -1>,
       lse_pairs = array<i64: -1>, class_targets = array<i64>}
       : (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?xf32>, tensor<?xi64>, tensor<?xi64>,
