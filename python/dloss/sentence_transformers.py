@@ -15,7 +15,8 @@ citation); only the loss computed from the embeddings is dloss's:
   Embedding gradients follow the ddp contract: rank r gets N * dF/dx_r, so
   DDP's average is the single-process gradient of the global batch.
   Gather, similarity and log-sum-exp run as dloss's ring-tiled fused op for
-  ``cos_sim`` and ``dot_score``: no rank holds a B_local x B_global matrix.
+  ``cos_sim`` and ``dot_score``, hardness weighting included: no rank holds
+  a B_local x B_global matrix.
 - ``gather_across_devices=False``: each rank's loss of its own batch, as
   sentence-transformers computes it, with no collective (DDP then averages
   the per-rank gradients).
@@ -65,32 +66,66 @@ _NAME = "st_mnrl_%d_columns"
 # The per-rank program: one per number of document columns.
 # ---------------------------------------------------------------------------
 
-def _mnrl(queries, docs, scale, directions, per_direction, cosine):
+# sentence-transformers' hardness modes: which query_to_doc logits get the
+# penalty, in the positive column and in each hard-negative column: "own"
+# (the row's own document), "others" (every other row's), "all", or None.
+# The row's positive is never penalised.
+_PENALISED = {
+    None: (None, None),
+    "hard_negatives": (None, "own"),
+    "in_batch_negatives": ("others", "others"),
+    "all_negatives": ("others", "all"),
+}
+
+
+def _hardness(loss):
+    """Whether `loss` weights negatives by hardness (a penalty that is
+    there at all)."""
+    return loss.hardness_mode is not None and loss.hardness_strength > 0.0
+
+
+def _mnrl(queries, docs, scale, directions, per_direction, cosine,
+          hardness_mode, hardness_strength):
     """sentence-transformers' MNRL over the global batch, as the program
     one rank runs: this rank's queries (and positives) against every
     rank's documents. `docs`: the positive column, then the hard
     negatives'. Each direction is one fused similarity per column (a
     log-sum-exp per row; the softmax over several columns combines them),
     so no concatenated copy of the columns is made and each ring carries
-    one column; the positive's logit is a local row-wise dot product."""
+    one column; the positive's logit is a local row-wise dot product.
+    `hardness_mode` (None when off): query_to_doc's negative logits get
+    hardness_strength * stop_gradient(similarity), unscaled, as
+    sentence-transformers adds it; a stop_gradient of the tile is part of
+    the fused program."""
     if cosine:
         queries = F.normalize(queries, dim=1)
         docs = [F.normalize(d, dim=1) for d in docs]
     positives = docs[0]
 
-    def lse(rows, cols, own_masked=False):
+    def lse(rows, cols, own_masked=False, penalised=None):
         """The log-sum-exp per row of scale * rows . every rank's cols; with
         `own_masked`, without the row's own column (row j of a gathered
-        column belongs to the query of global row j)."""
-        logits = scale * (rows @ all_gather(cols).T)
-        if own_masked:
+        column belongs to the query of global row j); `penalised`: which
+        logits get the hardness penalty, "own" (the row's own column),
+        "others" (every other) or "all"."""
+        sims = rows @ all_gather(cols).T
+        logits = scale * sims
+        if own_masked or penalised in ("own", "others"):
             ids = torch.arange(rows.shape[0]) + shard_offset(rows)
-            logits = logits.masked_fill(
-                ids[:, None] == torch.arange(global_size(rows))[None, :],
-                _MASKED)
+            own = ids[:, None] == torch.arange(global_size(rows))[None, :]
+        if penalised is not None:
+            penalty = hardness_strength * sims.detach()
+            if penalised != "all":
+                penalty = torch.where(own if penalised == "own" else ~own,
+                                      penalty, 0.0)
+            logits = logits + penalty
+        if own_masked:
+            logits = logits.masked_fill(own, _MASKED)
         return torch.logsumexp(logits, dim=1)
 
-    terms = {"query_to_doc": [lse(queries, d) for d in docs]}
+    penalised = _PENALISED[hardness_mode]
+    terms = {"query_to_doc": [lse(queries, d, penalised=penalised[c > 0])
+                              for c, d in enumerate(docs)]}
     if "query_to_query" in directions:
         terms["query_to_query"] = [lse(queries, queries, own_masked=True)]
     if "doc_to_query" in directions:
@@ -119,7 +154,8 @@ def _program(columns):
                                         for i in range(1, columns)]
     program.__signature__ = inspect.Signature(
         [inspect.Parameter(n, kind) for n in names + [
-            "scale", "directions", "per_direction", "cosine"]])
+            "scale", "directions", "per_direction", "cosine",
+            "hardness_mode", "hardness_strength"]])
     program.__name__ = program.__qualname__ = _NAME % columns
     return program
 
@@ -137,14 +173,8 @@ def _columns_differ(error):
 
 
 # ---------------------------------------------------------------------------
-# The unfused path: another similarity_fct, or hardness weighting.
+# The unfused path: another similarity_fct.
 # ---------------------------------------------------------------------------
-
-def _hardness(loss):
-    """Whether `loss` weights negatives by hardness (a penalty that is
-    there at all)."""
-    return loss.hardness_mode is not None and loss.hardness_strength > 0.0
-
 
 def _per_row_unfused(loss, queries, docs, q_all, docs_all, offset):
     """sentence-transformers' per-row loss (its compute_loss_from_embeddings
@@ -170,17 +200,12 @@ def _per_row_unfused(loss, queries, docs, q_all, docs_all, offset):
     penalty = None
     if _hardness(loss):
         # hardness_strength * stop_grad(similarity) on the chosen negatives
-        # of query_to_doc, never on the positive, not temperature-scaled.
-        own_docs = own.repeat(1, len(docs))
-        if loss.hardness_mode == "hard_negatives":
-            keep = own_docs
-            keep[:, :total] = False
-        elif loss.hardness_mode == "in_batch_negatives":
-            keep = ~own_docs
-        else:  # all_negatives
-            keep = own_docs.clone()
-            keep[:, :total] = False
-            keep |= ~own_docs
+        # of query_to_doc, not temperature-scaled.
+        where = {None: torch.zeros_like(own), "own": own, "others": ~own,
+                 "all": torch.ones_like(own)}
+        first, rest = _PENALISED[loss.hardness_mode]
+        keep = torch.cat([where[first]] + [where[rest]] * (len(docs) - 1),
+                         dim=1)
         penalty = loss.hardness_strength * torch.where(
             keep, sims["query_to_doc"].detach(), 0.0)
     sims = {k: v * loss.scale for k, v in sims.items()}
@@ -211,9 +236,9 @@ class MultipleNegativesRankingLoss(_st.MultipleNegativesRankingLoss):
     rank's own (sentence-transformers' meaning of the flag).
     ``similarity_fct``: ``cos_sim`` and ``dot_score`` run fused; any other
     callable runs unfused (exact, but builds the similarity matrix), with a
-    one-time remark; so does ``hardness_mode`` with a positive
-    ``hardness_strength`` (its penalty is a stop-gradient copy of the
-    similarity, which dloss's fused programs cannot express yet).
+    one-time remark. ``hardness_mode`` (every mode) runs fused too: its
+    penalty, ``hardness_strength`` times a stop-gradient copy of each
+    negative's similarity, is part of the tile program.
 
     Extra keywords: ``group`` (a torch.distributed group; default the
     default group), ``fuse`` (the ring-tiled fused kernel, default True) and
@@ -251,6 +276,30 @@ class MultipleNegativesRankingLoss(_st.MultipleNegativesRankingLoss):
             self._programs[key] = fn
         return fn
 
+    def _gathered(self):
+        """Whether the loss is the global batch's (a group of several
+        ranks and gather_across_devices)."""
+        return bool(self.gather_across_devices) and \
+            not runs_alone(self._group)
+
+    def _arguments(self, embeddings, cosine):
+        """The fused program's arguments for `embeddings` (_program)."""
+        hardness = _hardness(self)
+        return (*embeddings, float(self.scale), tuple(self.directions),
+                self.partition_mode == "per_direction", cosine,
+                self.hardness_mode if hardness else None,
+                float(self.hardness_strength) if hardness else 0.0)
+
+    def compiled(self, embeddings):
+        """The dloss.CompiledLoss that `embeddings` (anchor, positive, hard
+        negatives...) run (``.fused_ops()``, ``.plan_text()``), or None for
+        another similarity_fct than cos_sim and dot_score (unfused)."""
+        cosine = self._similarity()
+        if cosine is None:
+            return None
+        fn = self._program_for(len(embeddings) - 1, self._gathered())
+        return fn.compiled(*self._arguments(embeddings, cosine))
+
     def _similarity(self):
         """True for cos_sim, False for dot_score, None for another."""
         if self.similarity_fct is cos_sim:
@@ -265,8 +314,7 @@ class MultipleNegativesRankingLoss(_st.MultipleNegativesRankingLoss):
         if len(embeddings) < 2:
             raise ValueError("Expected at least 2 embeddings, got %d" %
                              len(embeddings))
-        gathered = bool(self.gather_across_devices) and \
-            not runs_alone(self._group)
+        gathered = self._gathered()
         cosine = self._similarity()
         if cosine is None:
             return self._unfused(embeddings, gathered, (
@@ -275,16 +323,9 @@ class MultipleNegativesRankingLoss(_st.MultipleNegativesRankingLoss):
                 getattr(self.similarity_fct, "__name__",
                         type(self.similarity_fct).__name__)),
                 "Use cos_sim or dot_score for the fused kernel")
-        if _hardness(self):
-            return self._unfused(embeddings, gathered, (
-                "hardness_mode=%r adds a stop-gradient copy of each "
-                "similarity to its logit, which dloss's fused programs "
-                "cannot express yet" % self.hardness_mode),
-                "hardness_mode=None runs fused")
         fn = self._program_for(len(embeddings) - 1, gathered)
         try:
-            return fn(*embeddings, float(self.scale), tuple(self.directions),
-                      self.partition_mode == "per_direction", cosine)
+            return fn(*self._arguments(embeddings, cosine))
         except Error as e:
             counts = _columns_differ(e)
             if counts is None:

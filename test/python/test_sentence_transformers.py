@@ -12,19 +12,22 @@ Float32, TOL 1e-5.
   every rank and the gradients averaged over the ranks (what DDP does)
   equal sentence-transformers' MultipleNegativesRankingLoss run on one
   process over the global batch, for every directions / partition_mode
-  combination, cos_sim and dot_score fused, a custom similarity and each
-  hardness_mode unfused; the cached loss with mini_batch_size=2 too, and it
+  combination, cos_sim and dot_score and each hardness_mode fused (the
+  plan's forward and backward are fused ops, with no dloss.matmul: no
+  B_local x B_global matrix), a custom similarity unfused (with and
+  without hardness); the cached loss with mini_batch_size=2 too, and it
   starts as many dloss collectives per step as with one mini-batch (one
-  fused call, not one per chunk).
+  fused call, not one per chunk). The hardness penalty moves the
+  gradients far more than TOL, so a dropped penalty would fail.
 - Equal batches: each rank's gradients equal sentence-transformers' own
   gather_across_devices=True run on the same ranks (the same contract), and
-  the value is the mean of its per-rank values; with
+  the value is the mean of its per-rank values (hardness weighting too); with
   gather_across_devices=False each rank's value and gradients equal
   sentence-transformers' local loss.
 - A rank with another number of columns: the same dloss.Error on every rank.
-- On one process: hardness_mode runs unfused, equals
-  sentence-transformers' and says why once, as a custom similarity does; the
-  symmetric aliases (plain and cached) equal sentence-transformers'; without
+- On one process: every hardness_mode runs fused, with no remark, and
+  equals sentence-transformers'; a custom similarity says once why it runs
+  unfused; the symmetric aliases (plain and cached) equal sentence-transformers'; without
   sentence-transformers the import says what to install.
 """
 
@@ -70,7 +73,10 @@ def _cases():
                                     directions=GTE[0])))
     cases.append(("unfused", dict(similarity_fct=_scaled_cos,
                                   directions=GTE[0])))
-    # Hardness weighting runs unfused (a stop-gradient penalty).
+    cases.append(("unfused/hardness", dict(
+        similarity_fct=_scaled_cos, hardness_mode="all_negatives",
+        hardness_strength=3.0)))
+    # Hardness weighting runs fused (a stop-gradient penalty in the tile).
     cases.append(("hardness/hard_negatives", dict(
         hardness_mode="hard_negatives", hardness_strength=5.0)))
     cases.append(("hardness/in_batch_negatives", dict(
@@ -79,7 +85,20 @@ def _cases():
     cases.append(("hardness/all_negatives", dict(
         hardness_mode="all_negatives", hardness_strength=3.0,
         directions=COMBOS[-1][0], partition_mode="per_direction")))
+    cases.append(("hardness/dot_score", dict(
+        similarity_fct=dot_score, scale=1.0, hardness_mode="all_negatives",
+        hardness_strength=0.5, directions=GTE[0])))
     return cases
+
+
+def _plan(loss, model, cols):
+    """(fused ops, whether a dloss.matmul is left) of the plan `loss` runs
+    for `cols`, or None where it runs unfused."""
+    compiled = loss.compiled([model(fx.features(model, c))[
+        "sentence_embedding"] for c in cols])
+    if compiled is None:
+        return None
+    return compiled.fused_ops(), "dloss.matmul" in compiled.plan_text()
 
 
 def _st_loss(name, model, **kwargs):
@@ -112,6 +131,7 @@ def _rank_uneven(rank, world, path, sizes, seed):
         loss = MultipleNegativesRankingLoss(model, gather_across_devices=True,
                                             **kwargs)
         out[name] = _step(model, loss, cols)
+        out[name + "/plan"] = _plan(loss, model, cols)
     comm = communicator()
     for name, (dirs, mode) in (("cached", COMBOS[0]), ("cached/gte", GTE)):
         loss = MultipleNegativesRankingLoss(
@@ -141,11 +161,14 @@ def _rank_even(rank, world, path, sizes, seed):
     model = fx.load(path)
     cols = _shard(fx.columns(sum(sizes), seed), sizes, rank)
     out = {}
-    for name, (dirs, mode) in (("default", COMBOS[0]), ("gte", GTE),
-                               ("symmetric", COMBOS[-1])):
+    hard = dict(hardness_mode="in_batch_negatives", hardness_strength=9.0)
+    for name, (dirs, mode), extra in (("default", COMBOS[0], {}),
+                                      ("gte", GTE, {}),
+                                      ("symmetric", COMBOS[-1], {}),
+                                      ("hardness", GTE, hard)):
         for gather in (True, False):
             kwargs = dict(gather_across_devices=gather, directions=dirs,
-                          partition_mode=mode)
+                          partition_mode=mode, **extra)
             ours = _step(model, MultipleNegativesRankingLoss(model, **kwargs),
                          cols)
             theirs = _step(model, _st_loss("MultipleNegativesRankingLoss",
@@ -180,8 +203,9 @@ class SentenceTransformersTest(fx.ModelTestCase):
                                 timeout=900, dloss_timeout=300)
         cols = fx.columns(sum(UNEVEN), seed)
         worst = {}
+        cases = _cases()
         refs = {name: self._reference(cols, **kwargs)
-                for name, kwargs in _cases()}
+                for name, kwargs in cases}
         refs["cached/2"] = refs["cached/64"] = refs[
             "query_to_doc/joint"]
         refs["cached/gte/2"] = refs["cached/gte/64"] = refs[
@@ -196,6 +220,22 @@ class SentenceTransformersTest(fx.ModelTestCase):
         report("st_uneven", worst)
         for key, err in worst.items():
             self.assertLess(err, TOL, key)
+        fused = ["dloss.fused_similarity", "dloss.fused_similarity_grad"]
+        for name, _ in cases:
+            for rank, r in enumerate(results):
+                if name.startswith("unfused"):
+                    self.assertIsNone(r[name + "/plan"], name)
+                else:
+                    # Forward and backward fused, no similarity matrix.
+                    self.assertEqual(r[name + "/plan"], (fused, False),
+                                     (name, rank))
+        # The penalty matters: without it the gradients differ by far more
+        # than TOL.
+        for name in ("hardness/hard_negatives", "hardness/all_negatives"):
+            plain = "query_to_doc/joint" if name.endswith("hard_negatives") \
+                else "+".join(COMBOS[-1][0]) + "/per_direction"
+            self.assertGreater(_err(refs[name][1], refs[plain][1]),
+                               100 * TOL, name)
         for name in ("cached", "cached/gte"):
             counts = [r["%s/%s/collectives" % (name, mini)]
                       for r in results for mini in (2, 64, "uncached")]
@@ -240,22 +280,22 @@ class SentenceTransformersTest(fx.ModelTestCase):
             self.assertIn("rank 1 passed 2", text)
             self.assertIn("ranks 0,2 passed 3", text)
 
-    def test_hardness_mode_runs_unfused_and_says_why(self):
+    def test_hardness_modes_run_fused_on_one_process(self):
         from dloss.sentence_transformers import MultipleNegativesRankingLoss
         model = fx.load(self.path)
         cols = fx.columns(5, 11)
-        kwargs = dict(hardness_mode="hard_negatives", hardness_strength=5.0)
-        loss = MultipleNegativesRankingLoss(model, **kwargs)
-        with self.assertLogs("dloss", logging.WARNING) as logs:
-            ours = _step(model, loss, cols)
-            _step(model, loss, cols)
-        self.assertEqual(len(logs.records), 1)
-        self.assertIn("hardness_mode='hard_negatives'", logs.output[0])
-        self.assertIn("runs unfused", logs.output[0])
-        theirs = self._reference(cols, **kwargs)
-        self.assertLess(abs(float(ours[0] - theirs[0])) / float(theirs[0]),
-                        TOL)
-        self.assertLess(_err(ours[1], theirs[1]), TOL)
+        for mode in ("hard_negatives", "in_batch_negatives", "all_negatives"):
+            kwargs = dict(hardness_mode=mode, hardness_strength=5.0)
+            loss = MultipleNegativesRankingLoss(model, **kwargs)
+            with self.assertNoLogs("dloss", logging.WARNING):
+                ours = _step(model, loss, cols)
+            self.assertEqual(_plan(loss, model, cols), ([
+                "dloss.fused_similarity", "dloss.fused_similarity_grad"],
+                False), mode)
+            theirs = self._reference(cols, **kwargs)
+            self.assertLess(abs(float(ours[0] - theirs[0])) /
+                            float(theirs[0]), TOL, mode)
+            self.assertLess(_err(ours[1], theirs[1]), TOL, mode)
 
     def test_symmetric_aliases_on_one_process(self):
         import dloss.sentence_transformers as dst
