@@ -31,6 +31,7 @@ What is refused, and why, is in docs/Migration.md.
 
 import contextlib
 import inspect
+import logging
 import math
 import weakref
 
@@ -45,6 +46,7 @@ except ImportError as e:
         "installed or does not import (%s): pip install lightly==1.6.0 "
         "(it needs torchvision), or pip install 'dloss[lightly]'" % e) from e
 
+from .collectives import all_gather as _all_gather
 from .errors import make_error
 from .group import ALONE, runs_alone
 from .metric_learning import _MASKED, _logaddexp
@@ -53,7 +55,9 @@ from .trace import (Input, Loss, State, all_gather, all_reduce, global_size,
 
 __all__ = ["BarlowTwinsLoss", "DCLLoss", "DCLWLoss", "DINOLoss",
            "IBOTPatchLoss", "MSNLoss", "NTXentLoss", "PMSNLoss", "SwaVLoss",
-           "TiCoLoss", "VICRegLoss"]
+           "TiCoLoss", "VICRegLLoss", "VICRegLoss"]
+
+log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------
@@ -950,3 +954,59 @@ class IBOTPatchLoss(_lightly.IBOTPatchLoss, _Centred):
         return fn(teacher_out, student_out, weight.to(student_out.dtype),
                   num_masked.to(student_out.dtype), *centre,
                   float(self.student_temp), self._momentum(), *pending)
+
+
+class VICRegLLoss(_lightly.VICRegLLoss):
+    """lightly's ``VICRegLLoss``. With ``gather_distributed=True``, the
+    global batch's loss, the same on every rank, for uneven batches: but
+    unfused. Every input is gathered with dloss.all_gather (exact
+    gradients; lightly's gather needs equal batches and its invariance
+    terms are each rank's), and lightly's own single-device computation,
+    its nearest-neighbour matching of the local features included, runs
+    on the global batch. Why: VICRegL's local covariance is one d x d
+    matrix per matched position, a product over the batch per position
+    that @dloss.loss cannot record yet; so each rank computes the whole
+    batch's loss (the world size times the compute, the global batch's
+    features in memory). Said once, on rank 0."""
+
+    def __init__(self, lambda_param=25.0, mu_param=25.0, nu_param=1.0,
+                 alpha=0.75, gather_distributed=False, eps=0.0001,
+                 num_matches=(20, 4), group=None):
+        super().__init__(lambda_param=lambda_param, mu_param=mu_param,
+                         nu_param=nu_param, alpha=alpha,
+                         gather_distributed=gather_distributed, eps=eps,
+                         num_matches=num_matches)
+        self._group = group
+        self._remarked = False
+
+    def _gather_all(self, views):
+        return None if views is None else [
+            tuple(_all_gather(t, self._group) for t in v)
+            if isinstance(v, (tuple, list)) else _all_gather(v, self._group)
+            for v in views]
+
+    def forward(self, global_view_features, global_view_grids,
+                local_view_features=None, local_view_grids=None):
+        if not self.gather_distributed or runs_alone(self._group):
+            return super().forward(global_view_features, global_view_grids,
+                                   local_view_features, local_view_grids)
+        if not self._remarked:
+            self._remarked = True
+            if torch.distributed.get_rank() == 0:
+                log.warning(
+                    "dloss.lightly.VICRegLLoss runs unfused: every rank "
+                    "gathers the global batch and computes its whole loss "
+                    "(exact, uneven batches included). VICRegL's local "
+                    "covariance, a d x d matrix per matched position, is a "
+                    "product over the batch that dloss's programs cannot "
+                    "record yet.")
+        # lightly's own computation, on the global batch, gathering nothing.
+        flags = self.gather_distributed, self.vicreg_loss.gather_distributed
+        self.gather_distributed = self.vicreg_loss.gather_distributed = False
+        try:
+            return super().forward(*(self._gather_all(v) for v in (
+                global_view_features, global_view_grids, local_view_features,
+                local_view_grids)))
+        finally:
+            self.gather_distributed, self.vicreg_loss.gather_distributed = \
+                flags
