@@ -68,6 +68,16 @@ then
   "$VENV/bin/python" -m pip install --progress-bar off -q -r "$TRAINER_REQUIREMENTS" 2>&1 |
     grep -v "^WARNING: Location" || true
 fi
+# Lightning, for examples/python/train_ssl.py (run by dloss.lightly's
+# tests): the main venv's pin (test/requirements.txt), with its own
+# requirements (this venv's torch satisfies its torch>=), before lightly, whose
+# unmet requirements pip would otherwise report.
+LIGHTNING_PIN=$(grep -E '^lightning==' "$ROOT/test/requirements.txt")
+if ! "$VENV/bin/python" -c "import importlib.metadata as m; assert m.version('lightning') == '${LIGHTNING_PIN#lightning==}'" 2>/dev/null; then
+  echo "cuda-build: pip install $LIGHTNING_PIN"
+  "$VENV/bin/python" -m pip install --progress-bar off -q "$LIGHTNING_PIN" 2>&1 |
+    grep -v "^WARNING: Location" || true
+fi
 # lightly, for dloss.lightly's tests (test/lightly/), without its own
 # requirements (test/requirements-lightly.txt says why).
 LIGHTLY_REQUIREMENTS=$ROOT/test/requirements-lightly.txt

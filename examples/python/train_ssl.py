@@ -1,34 +1,37 @@
 #!/usr/bin/env python3
-"""Self-supervised training with lightly's projection heads, DDP and
-dloss.lightly's losses: SimCLR (NTXentLoss), Barlow Twins and DINO (a
-student, and a teacher that follows it by EMA; DINOLoss's centre is loss
-state).
+"""Self-supervised training with lightly's projection heads, Lightning's
+Trainer (DDP) and dloss.lightly's losses: SimCLR (NTXentLoss), Barlow Twins
+and DINO (a student, and a teacher that follows it by EMA; DINOLoss's
+centre is loss state).
 
     python3 launch.py --nproc 4 train_ssl.py
     torchrun --nproc_per_node 4 train_ssl.py    # the same
 
-Needs lightly (and its torchvision). The ranks train on uneven batches of a
+Needs lightly (and its torchvision) and Lightning. The ranks train on uneven batches of a
 synthetic dataset of two augmented views per sample. For each loss, the
 runs start from the same parameters and see the same samples:
 
-1. dloss: the model in DDP, ``loss_fn = dloss.lightly.NTXentLoss(
-   gather_distributed=True)`` (or ``BarlowTwinsLoss``). The loss is the
-   global batch's, exact for any per-rank sizes.
+1. dloss: a LightningModule trained by ``Trainer(strategy="ddp")`` with
+   ``loss_fn = dloss.lightly.NTXentLoss(gather_distributed=True)`` (or
+   ``BarlowTwinsLoss``, ``DINOLoss``). The loss is the global batch's,
+   exact for any per-rank sizes.
 2. lightly's own distributed form, ``lightly.loss.BarlowTwinsLoss(
    gather_distributed=True)`` or its DINOLoss, otherwise the same (not
    SimCLR: lightly's NT-Xent gathers into equal-sized buffers and labels
    positives ``rank * batch_size``, so it cannot run on uneven batches at
    all).
-3. one process (rank 0 only): lightly's loss on the concatenated global
-   batch. Run 1 must end with the same parameters; the script prints the
+3. one process (rank 0 only, a plain loop of the same SGD): lightly's loss
+   on the concatenated global batch. Run 1 must end with the same parameters; the script prints the
    largest difference of runs 1 and 2, PASS or FAIL, and exits non-zero on
    FAIL.
 """
 
+import logging
 import sys
 import time
 import warnings
 
+import lightning.pytorch as pl
 import torch
 import torch.nn as nn
 from lightly.loss import BarlowTwinsLoss as LightlyBarlowTwins
@@ -36,7 +39,6 @@ from lightly.loss import DINOLoss as LightlyDINO
 from lightly.loss import NTXentLoss as LightlyNTXent
 from lightly.models.modules import DINOProjectionHead, SimCLRProjectionHead
 from lightly.models.utils import update_momentum
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dloss
 import dloss.lightly
@@ -47,6 +49,15 @@ import demo_utils
 # warns that it is deprecated at every head made: lightly's to change.
 warnings.filterwarnings("ignore", category=FutureWarning,
                         message=".*weight_norm.* is deprecated")
+# lightly's Barlow Twins calls torch.distributed.nn's all_reduce, which
+# torch says is deprecated, at every step: lightly's to change.
+warnings.filterwarnings("ignore", category=FutureWarning,
+                        message=".*all_reduce is deprecated")
+# Lightning 2.6 on torch 2.14 uses a pytree API torch deprecates.
+warnings.filterwarnings("ignore", message=".*isinstance.treespec, LeafSpec")
+# Lightning's advice for real data loaders; these batches are in memory.
+warnings.filterwarnings("ignore", message=".*does not have many workers")
+logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
 
 NUM_SAMPLES, IN_DIM, HIDDEN, EMBED_DIM = 1000, 32, 64, 16
 LEARNING_RATE, MOMENTUM = 0.05, 0.9
@@ -92,11 +103,57 @@ def dino(student, loss_fn):
     return step
 
 
+def sgd(parameters):
+    return torch.optim.SGD(parameters, lr=LEARNING_RATE, momentum=MOMENTUM)
+
+
+class SelfSupervised(pl.LightningModule):
+    """The LightningModule: `method`'s loss of the model on each batch's
+    two views, SGD with momentum."""
+
+    def __init__(self, model, loss_fn, method):
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+        self.loss_of = method(model, loss_fn)
+
+    def training_step(self, batch, index):
+        return self.loss_of(*batch)
+
+    def configure_optimizers(self):
+        return sgd(self.model.parameters())
+
+
+class Progress(pl.Callback):
+    """Calls `on_step(step, loss, seconds)` after each training step."""
+
+    def __init__(self, on_step):
+        self.on_step, self.start = on_step, 0.0
+
+    def on_train_batch_start(self, trainer, module, batch, index):
+        self.start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, index):
+        self.on_step(index, outputs["loss"].item(),
+                     time.perf_counter() - self.start)
+
+
+def fit(model, loss_fn, method, batches, on_step, world):
+    """The distributed run: Lightning's Trainer, DDP over the `world`
+    ranks already started (dloss.init()), one step per batch of this
+    rank's (view0, view1)."""
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=world, strategy="ddp",
+        max_steps=len(batches), logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+        use_distributed_sampler=False, callbacks=[Progress(on_step)])
+    trainer.fit(SelfSupervised(model, loss_fn, method),
+                torch.utils.data.DataLoader(batches, batch_size=None))
+
+
 def train(model, loss_fn, method, batches, on_step):
-    """The training loop: SGD with momentum over `batches`, this rank's
-    (view0, view1) per step; `method` makes a step's loss of the views."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE,
-                                momentum=MOMENTUM)
+    """The one-process loop: SGD with momentum over `batches`, (view0,
+    view1) per step; `method` makes a step's loss of the views."""
+    optimizer = sgd(model.parameters())
     loss_of = method(model, loss_fn)
     for step, (view0, view1) in enumerate(batches):
         start = time.perf_counter()
@@ -161,21 +218,21 @@ def main():
             train(model, loss_fn, method, everyone, reference)
         # 1. dloss.
         torch.manual_seed(0)
-        model = DDP(Encoder(is_dino))
+        model = Encoder(is_dino)
         ours = demo_utils.Recorder(name + ", dloss", model.parameters(),
                                    schedule, reference, every=5)
-        train(model, exact(**kwargs), method, mine, ours)
+        fit(model, exact(**kwargs), method, mine, ours, world)
         line = "%s, %d steps on %d ranks: max |param - single-process " \
             "param| dloss %.2e" % (name, len(schedule), world,
                                    ours.diffs[-1] if rank == 0 else 0.0)
         # 2. lightly's own distributed form.
         if theirs:
             torch.manual_seed(0)
-            model = DDP(Encoder(is_dino))
+            model = Encoder(is_dino)
             lightly_run = demo_utils.Recorder(
                 name + ", lightly", model.parameters(), schedule, reference,
                 every=5)
-            train(model, single(**kwargs), method, mine, lightly_run)
+            fit(model, single(**kwargs), method, mine, lightly_run, world)
             if rank == 0:
                 line += ", lightly's %s %.2e" % (
                     "DINOLoss" if is_dino else "gather_distributed=True",
