@@ -54,7 +54,8 @@ from .trace import (Input, Loss, State, all_gather, all_reduce, global_size,
                     shard_offset)
 
 __all__ = ["BarlowTwinsLoss", "DCLLoss", "DCLWLoss", "DINOLoss",
-           "IBOTPatchLoss", "MSNLoss", "NTXentLoss", "PMSNLoss", "SwaVLoss",
+           "IBOTPatchLoss", "MSNLoss", "NTXentLoss", "PMSNCustomLoss",
+           "PMSNLoss", "SwaVLoss",
            "TiCoLoss", "VICRegLLoss", "VICRegLoss"]
 
 log = logging.getLogger(__name__)
@@ -301,7 +302,8 @@ def _msn(anchors, targets, prototypes, temperature, sharpen, iterations,
     (Sinkhorn-normalised over the global batch; no gradient), the mean
     over every anchor; plus the mean-entropy regulariser of the global
     mean anchor probabilities (lightly's is each rank's), or PMSN's
-    KL(prior || mean) when `prior` (the power-law distribution) is given.
+    KL(prior || mean) when `prior` is given: the power-law distribution,
+    or PMSNCustomLoss's function of the mean.
     lightly's sharpen(softmax(s / t), T) is softmax(s / (t T))."""
     prototypes = F.normalize(prototypes, dim=1)
     scores = F.normalize(targets.detach(), dim=1) @ prototypes.detach().T
@@ -319,22 +321,27 @@ def _msn(anchors, targets, prototypes, temperature, sharpen, iterations,
         if prior is None:  # mean entropy, plus log K
             reg = (m * torch.log(m)).sum() + math.log(m.shape[0])
         else:  # F.kl_div(m.log(), prior, reduction="sum")
+            if callable(prior):
+                prior = prior(m)
             reg = (prior * (torch.log(prior) - torch.log(m))).sum()
         loss = loss + regularization_weight * reg
     return loss
 
 
-def _msn_program(views, power_law):
+def _msn_program(views, power_law, target_distribution=None):
     """`_msn` with one tensor parameter per anchor view (each with this
     rank's rows of the targets), the prototypes replicated (a parameter
-    of the model: DDP averages its gradient), and PMSN's prior."""
+    of the model: DDP averages its gradient), and PMSN's prior (or
+    PMSNCustomLoss's `target_distribution`, recorded into the program)."""
     def body(*args):
         rest = list(args[views:])
-        prior = rest.pop(2) if power_law else None
+        prior = rest.pop(2) if power_law else target_distribution
         return _msn(list(args[:views]), *rest, prior)
 
+    kind = "pmsn" if power_law else "msn" if target_distribution is None \
+        else "pmsn_custom"
     return _program(
-        "lightly_%s_%d" % ("pmsn" if power_law else "msn", views),
+        "lightly_%s_%d" % (kind, views),
         _numbered("anchors", views) + [
             "targets", ("prototypes", Input(replicated=True))] +
         ([("prior", Input(replicated=True, grad=False))] if power_law
@@ -815,8 +822,12 @@ class MSNLoss(_lightly.MSNLoss, _ByCrops):
         return bool(self.gather_distributed)
 
     def _program_for(self, key):
-        return Loss(_msn_program(key[0], self._power_law), grad_mode="ddp",
-                    group=self._group if key[-1] else ALONE)
+        return Loss(_msn_program(key[0], self._power_law,
+                                 self._target_distribution()),
+                    grad_mode="ddp", group=self._group if key[-1] else ALONE)
+
+    def _target_distribution(self):
+        return None
 
     def _prior(self, prototypes):
         return []
@@ -1010,3 +1021,25 @@ class VICRegLLoss(_lightly.VICRegLLoss):
         finally:
             self.gather_distributed, self.vicreg_loss.gather_distributed = \
                 flags
+
+
+class PMSNCustomLoss(_lightly.PMSNCustomLoss, MSNLoss):
+    """lightly's ``PMSNCustomLoss``: MSN whose regulariser is the KL
+    divergence of the global batch's mean anchor probabilities from
+    ``target_distribution(mean)`` (lightly's mean is each rank's). Your
+    function is recorded into dloss's program like the rest of the loss:
+    it must use operations @dloss.loss records (an error names its line
+    otherwise), and its result must be positive where the mean is."""
+
+    def __init__(self, target_distribution, temperature=0.1,
+                 sinkhorn_iterations=3, regularization_weight=1,
+                 gather_distributed=False, group=None):
+        super().__init__(target_distribution=target_distribution,
+                         temperature=temperature,
+                         sinkhorn_iterations=sinkhorn_iterations,
+                         regularization_weight=regularization_weight,
+                         gather_distributed=gather_distributed)
+        self._setup_crops(group)
+
+    def _target_distribution(self):
+        return self.target_distribution

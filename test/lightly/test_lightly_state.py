@@ -27,15 +27,28 @@ from loss_reference import offsets, rel
 TOLERANCE = 1e-5
 DIM, PROTOTYPES, VIEWS, OUT = 8, 5, 2, 6
 CALLS = 2
-NAMES = ("TiCoLoss", "MSNLoss", "PMSNLoss", "IBOTPatchLoss", "VICRegLLoss")
+NAMES = ("TiCoLoss", "MSNLoss", "PMSNLoss", "PMSNCustomLoss",
+         "IBOTPatchLoss", "VICRegLLoss")
+MSN_LIKE = ("MSNLoss", "PMSNLoss", "PMSNCustomLoss")
+
+
+def squared(mean_anchor_probabilities):
+    """PMSNCustomLoss's target: the mean sharpened (a function of it, so
+    the gradient flows through the target too)."""
+    p = mean_anchor_probabilities ** 2
+    return p / p.sum()
+
+
 KWARGS = {"TiCoLoss": {"beta": 0.8, "rho": 4.0},
           "MSNLoss": {"temperature": 0.2},
           "PMSNLoss": {"temperature": 0.2, "power_law_exponent": 0.5},
+          "PMSNCustomLoss": {"temperature": 0.2,
+                             "target_distribution": squared},
           # iBOT: lightly's student temperature, a teacher's of 0.07.
           "IBOTPatchLoss": {"output_dim": OUT, "teacher_temp": 0.07},
           # Two global views of 3 x 3 local features, a local one of 2 x 2.
           "VICRegLLoss": {"num_matches": (3, 2)}}
-HAS_FLAG = {"TiCoLoss", "MSNLoss", "PMSNLoss", "VICRegLLoss"}
+HAS_FLAG = {"TiCoLoss", "VICRegLLoss"} | set(MSN_LIKE)
 
 
 def make(module, name, gathered=True):
@@ -67,7 +80,7 @@ class Batch:
             a = torch.randn(total, DIM, generator=g)
             self.tensors = [a, a + 0.5 * torch.randn(total, DIM, generator=g)]
             self.layout = ["rows", "rows"]
-        elif name in ("MSNLoss", "PMSNLoss"):
+        elif name in MSN_LIKE:
             self.tensors = [torch.randn(VIEWS, total, DIM, generator=g),
                             torch.randn(total, DIM, generator=g),
                             torch.randn(PROTOTYPES, DIM, generator=g)]
@@ -91,6 +104,7 @@ class Batch:
         self.grad = {"TiCoLoss": [True, True],
                      "MSNLoss": [True, False, True],
                      "PMSNLoss": [True, False, True],
+                     "PMSNCustomLoss": [True, False, True],
                      "IBOTPatchLoss": [False, True],
                      "VICRegLLoss": [True, True, False] * 3}[name]
 
@@ -294,7 +308,7 @@ class LightlyStateTest(unittest.TestCase):
         # (no rows gathered: run on these uneven batches) divides by each
         # rank's images and averages the ranks' centres; its TiCo is
         # exact on equal batches.
-        for name in ("MSNLoss", "PMSNLoss", "IBOTPatchLoss"):
+        for name in MSN_LIKE + ("IBOTPatchLoss",):
             self.assertGreater(theirs[name], 1e-2, name)
         self.assertLess(theirs["TiCoLoss"], 1e-4)
 
@@ -396,6 +410,36 @@ class LightlyStateTest(unittest.TestCase):
                         self.assertLess(rel(a, b), TOLERANCE)
                         if sb is not None:
                             self.assertLess(rel(sa, sb), TOLERANCE)
+
+    def test_pmsn_custom_lightlys_example(self):
+        # The target of lightly's docstring, new_ones and all, on one
+        # process; a target dloss cannot record names the user's line.
+        import lightly.loss
+
+        import dloss
+        import dloss.lightly
+
+        def uniform(mean_anchor_probabilities):
+            dim = mean_anchor_probabilities.shape[0]
+            return mean_anchor_probabilities.new_ones(dim) / dim
+
+        def unrecordable(mean_anchor_probabilities):
+            return torch.softmax(mean_anchor_probabilities.cumsum(0), 0)
+
+        batch = Batch("MSNLoss", 6, 0)
+        x, _ = batch.whole()
+        y = [t.detach().clone().requires_grad_(t.requires_grad) for t in x]
+        a = dloss.lightly.PMSNCustomLoss(uniform)(*x)
+        b = lightly.loss.PMSNCustomLoss(uniform)(*y)
+        a.backward()
+        b.backward()
+        self.assertLess(max([rel(a, b)] + [
+            rel(u.grad, v.grad) for u, v in zip(x, y) if v.requires_grad]),
+            TOLERANCE)
+        with self.assertRaises(dloss.Error) as caught:
+            dloss.lightly.PMSNCustomLoss(unrecordable)(*batch.whole()[0])
+        self.assertIn("cumsum", str(caught.exception))
+        self.assertIn("test_lightly_state.py", str(caught.exception))
 
     def test_tico_covariance_fixed(self):
         # update_covariance_matrix=False: C is read, not written.

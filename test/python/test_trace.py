@@ -294,8 +294,8 @@ class TracedExamplesTest(unittest.TestCase):
 def more_torch(x, y, w, tmp):
     """More of the supported torch, for one rank (where a per-rank program
     and one process agree): t/transpose/mm, log_softmax/softmax, keepdim,
-    view, *_like, masks with & | ~ !=, slices, a 0-d torch constant, a branch
-    on a fixed size, vectors broadcast against matrices."""
+    view, *_like, new_*, masks with & | ~ !=, slices, a 0-d torch constant,
+    a branch on a fixed size, vectors broadcast against matrices."""
     n = x.shape[0]
     if x.shape[1] == DIM:  # fixed sizes are plain ints
         x = x * 1.0
@@ -316,7 +316,10 @@ def more_torch(x, y, w, tmp):
             # A vector against a matrix is a row, as in torch (sim is
             # square here, so a column would give another number).
             (sim - sim.logsumexp(1)).square().sum() +
-            (x - x.sum(0)).square().mean())
+            (x - x.sum(0)).square().mean() +
+            # new_* of a size, in the source's dtype.
+            (w.sum(0) * w.new_ones(DIM) + w.new_zeros(DIM) +
+             w.new_full((DIM,), 0.5)).sum())
 
 
 def run_more_torch(rank, world):

@@ -812,6 +812,20 @@ def _like(x, fill, loc, dtype=None):
     return _cast(out, dtype, loc) if dtype is not None else out
 
 
+def _new_full(x, size, fill, dtype=None, loc=None):
+    """x.new_full/new_ones/new_zeros of a 1-d size (x's dtype unless
+    `dtype`): `fill` everywhere."""
+    loc = loc or _user_location()
+    if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)):
+        size = tuple(size[0])
+    if len(size) != 1:
+        _unsupported("new_full/new_ones/new_zeros of %d dims (dloss makes "
+                     "1-d ones)" % len(size), loc)
+    from .values import _current_trace
+    count = _Arange(_current_trace(), 0, size[0], torch.int64, loc)
+    return _like(count, fill, loc, dtype or _value(x, loc).dtype)
+
+
 def _max_like(kind):
     def run(x, dim=None, keepdim=False, *rest, loc=None):
         loc = loc or _user_location()
@@ -967,6 +981,12 @@ _METHODS = dict(_COMMON, **{
     "type": lambda x, dtype=None, **k: _cast(x, dtype, _user_location()),
     "contiguous": _identity, "clone": _identity, "cpu": _identity,
     "cuda": _identity, "detach": _detach,
+    "new_ones": lambda x, *size, dtype=None, **k: _new_full(x, size, 1,
+                                                            dtype),
+    "new_zeros": lambda x, *size, dtype=None, **k: _new_full(x, size, 0,
+                                                             dtype),
+    "new_full": lambda x, size, fill_value, dtype=None, **k: _new_full(
+        x, (size,), fill_value, dtype),
 })
 
 _TORCH = dict(_COMMON, **{
