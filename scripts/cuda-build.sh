@@ -162,7 +162,7 @@ if [ -f "$COMPILER_LIB" ]; then
   log=$BUILD_DIR/lightly.log
   DLOSS_CACHE_DIR=$BUILD_DIR/plan-cache DLOSS_COMPILER_LIBRARY=$COMPILER_LIB OMP_NUM_THREADS=1 \
     PYTHONPATH="$BUILD_DIR/python:$ROOT/test/python:$ROOT/test/lightly" \
-    "$VENV/bin/python" -m unittest -v test_lightly test_lightly_state > "$log" 2>&1 ||
+    "$VENV/bin/python" -m unittest -v test_lightly test_lightly_state test_check_loss_seeds > "$log" 2>&1 ||
     { tail -80 "$log"; echo "cuda-build: FAILED: dloss.lightly against lightly (log: $log)"; exit 1; }
   grep "^METRIC" "$log" | sed "s/^/cuda-build: /"
   echo "cuda-build: dloss.lightly against lightly: $(grep -E '^Ran [0-9]+ tests' "$log"), $(grep -E '^(OK|FAILED)' "$log" | tail -1)"

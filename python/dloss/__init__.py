@@ -51,13 +51,26 @@ from .guard import install_from_environment as _install_guard
 
 _install_guard()
 
+
+def __getattr__(name):
+    # dloss.check_loss on first use: `python -m dloss.check_loss` runs that
+    # module as the main one, which an eager import here would have loaded
+    # already (runpy warns, and its processes would load it twice).
+    if name == "check_loss":
+        from .check_loss import check_loss
+        # The import set dloss.check_loss to the module: the function wins.
+        globals()["check_loss"] = check_loss
+        return check_loss
+    raise AttributeError("module 'dloss' has no attribute %r" % name)
+
 __all__ = [
     "ArcFaceLoss", "ClipLoss", "CoCaLoss", "CombinedMarginLoss",
     "CompiledLoss", "DistillClipLoss",
     "CosFaceLoss", "DistributedLossWrapper", "Error", "Graph", "Input", "Loss", "NTXentLoss", "PartialFC",
     "Replicated", "SigLipLoss", "State", "SupConLoss", "all_gather",
     "all_reduce",
-    "assert_grads_synced", "broadcast", "cmake_prefix_path", "compile",
+    "assert_grads_synced", "broadcast", "check_loss", "cmake_prefix_path",
+    "compile",
     "gather_all_tensors", "get_schedule", "global_size", "guard", "init",
     "loss", "rank", "reduce_scatter", "ring_shift", "set_schedule",
     "set_timeout", "shard_offset", "world_size",
