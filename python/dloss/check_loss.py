@@ -8,10 +8,12 @@ loss, for losses you cannot switch to dloss's.
 `my_loss` is your loss exactly as each rank calls it, on
 torch.distributed's default group, with your own all_gather, all_reduce
 and labels. `inputs` are global-batch tensors: each is split by rows across
-the ranks in rank order (0-d tensors go whole to every rank), and `params`
-(tensors, or a module: the loss's own parameters, such as ArcFace's W or a
-logit scale) go whole to every rank, after the inputs:
-``my_loss(*shards, *params)`` (a module is one argument).
+the ranks in rank order (0-d tensors, such as the model's logit scale, go
+whole to every rank, and DDP averages their gradients), and `params`
+(tensors, or a module: the loss's own parameters, outside the DDP model,
+such as ArcFace's W) go whole to every rank, after the inputs:
+``my_loss(*shards, *params)`` (a module is one argument); their gradients
+must also agree between ranks.
 
 For each world size, W fresh CPU processes with a Gloo group run the loss
 on their shard (under dloss.guard) and call backward; the reference is the
@@ -417,7 +419,8 @@ class _Check:
                     sum(values) / world, self._value_hint(sizes))))
             how = None
         grads_ok = self.compare_grads(ref_grads, per_rank, sizes, seen)
-        params_ok = self.compare_params(ref_params, per_rank, sizes)
+        params_ok = self.compare_params(ref_params, per_rank, sizes,
+                                        ref_grads)
         if how and grads_ok and params_ok:
             self.report.notes.append(
                 "world %d, sizes %s: %s; gradients under DDP's averaging "
@@ -504,14 +507,22 @@ class _Check:
                 kind, world, sizes, message.replace("{where}", where)))
         return not found
 
-    def compare_params(self, ref_params, per_rank, sizes):
+    def compare_params(self, ref_params, per_rank, sizes, ref_inputs=()):
+        """The parameters' gradients, and the 0-d inputs' (a logit scale of
+        the model: whole on every rank; DDP averages it, so only the
+        average must be right)."""
         world = len(sizes)
         ok = True
-        for i, want in enumerate(ref_params):
+        items = [("parameter %d" % i, want, [v[2][i] for v in per_rank],
+                  True) for i, want in enumerate(ref_params)]
+        items += [("input %d" % i, want, [v[1][i] for v in per_rank], False)
+                  for i, (t, want) in enumerate(zip(self.inputs, ref_inputs))
+                  if t.dim() == 0]
+        for name, want, got, own in items:
             if want is None:
                 continue
-            got = [v[2][i] if v[2][i] is not None else torch.zeros_like(
-                want) for v in per_rank]
+            got = [g if g is not None else torch.zeros_like(want)
+                   for g in got]
             scale = want.abs().max().item()
             mean = sum(got) / world
             differ = max(_rel(g, got[0], scale) for g in got)
@@ -519,19 +530,19 @@ class _Check:
                 ok = False
                 self.report.failures.append(Failure(
                     "param_grad", world, sizes,
-                    "parameter %d's gradient averaged over the ranks is "
-                    "off by %.3g relative from one process's" % (
-                        i, _rel(mean, want, scale))))
-            elif differ > self.tol:
+                    "%s's gradient averaged over the ranks is off by %.3g "
+                    "relative from one process's" % (
+                        name, _rel(mean, want, scale))))
+            elif own and differ > self.tol:
                 ok = False
                 self.report.failures.append(Failure(
                     "param_grad", world, sizes,
-                    "parameter %d's gradient differs between ranks (by "
-                    "%.3g relative; their average is right): DDP averages "
-                    "only the parameters of the module it wraps, so a "
-                    "parameter outside it (a loss's own W) drifts apart on "
-                    "each rank: put it in the DDP-wrapped module, or "
-                    "all-reduce its gradient" % (i, differ)))
+                    "%s's gradient differs between ranks (by %.3g "
+                    "relative; their average is right): DDP averages only "
+                    "the parameters of the module it wraps, so a parameter "
+                    "outside it (a loss's own W) drifts apart on each "
+                    "rank: put it in the DDP-wrapped module, or all-reduce "
+                    "its gradient" % (name, differ)))
         return ok
 
 

@@ -196,3 +196,19 @@ def dloss_traced_clip(image, text, scale):
 
 
 _TRACED = None
+
+
+def dloss_siglip_drop_in(image, text, scale, bias):
+    import dloss
+    return dloss.SigLipLoss()(image, text, scale, bias)
+
+
+def dloss_arcface_module():
+    import dloss
+    torch.manual_seed(3)
+    return dloss.ArcFaceLoss(num_classes=4, embedding_size=DIM)
+
+
+def dloss_arcface_drop_in(embeddings, labels, module):
+    """dloss's ArcFaceLoss: its W replicated, the loss the global batch's."""
+    return module(embeddings, labels)

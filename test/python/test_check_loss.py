@@ -110,6 +110,18 @@ class CheckLossTest(unittest.TestCase):
                 self.assertIn("global batch's value on every rank",
                               report.notes[0])
 
+    def test_more_drop_ins_pass(self):
+        image, text, scale = losses.clip_inputs()
+        report = check(losses.dloss_siglip_drop_in,
+                       (image, text, scale, torch.tensor(-2.0)), worlds=(3,))
+        self.assertTrue(report.ok, str(report))
+        # ArcFace with its W a parameter of the loss: the same gradient on
+        # every rank, whose average is one process's.
+        embeddings, labels = losses.arcface_inputs()["inputs"]
+        report = check(losses.dloss_arcface_drop_in, (embeddings, labels),
+                       params=losses.dloss_arcface_module(), worlds=(3,))
+        self.assertTrue(report.ok, str(report))
+
     def test_command_line(self):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [HERE] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
