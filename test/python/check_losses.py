@@ -212,3 +212,13 @@ def dloss_arcface_module():
 def dloss_arcface_drop_in(embeddings, labels, module):
     """dloss's ArcFaceLoss: its W replicated, the loss the global batch's."""
     return module(embeddings, labels)
+
+
+def dloss_supcon_drop_in(embeddings, labels):
+    import dloss
+    return dloss.SupConLoss()(embeddings, labels)
+
+
+def dloss_ntxent_drop_in(embeddings, labels):
+    import dloss
+    return dloss.NTXentLoss()(embeddings, labels)

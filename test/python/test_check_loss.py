@@ -121,6 +121,10 @@ class CheckLossTest(unittest.TestCase):
         report = check(losses.dloss_arcface_drop_in, (embeddings, labels),
                        params=losses.dloss_arcface_module(), worlds=(3,))
         self.assertTrue(report.ok, str(report))
+        for fn in (losses.dloss_supcon_drop_in, losses.dloss_ntxent_drop_in):
+            with self.subTest(fn.__name__):
+                report = check(fn, (embeddings, labels), worlds=(3,))
+                self.assertTrue(report.ok, str(report))
 
     def test_command_line(self):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
