@@ -665,3 +665,9 @@ DLOSS_NO_SECOND_DERIVATIVE(RingSigmoidPairsGradOp)
 DLOSS_NO_SECOND_DERIVATIVE(ShardedSoftmaxGradOp)
 DLOSS_NO_SECOND_DERIVATIVE(FusedSimilarityGradOp)
 #undef DLOSS_NO_SECOND_DERIVATIVE
+
+LogicalResult FusedElementwiseOp::buildAdjoint(AdjointBuilder &) {
+  // dloss-fuse-elementwise runs after autodiff, on derived IR only.
+  return emitOpError("is made after autodiff and has no adjoint: run "
+                     "dloss-fuse-elementwise after dloss-autodiff");
+}

@@ -338,6 +338,13 @@ DLOSS_SAME_TYPE_COST(L2NormalizeGradOp)
 DLOSS_SAME_TYPE_COST(ZerosLikeOp)
 #undef DLOSS_SAME_TYPE_COST
 
+LogicalResult FusedElementwiseOp::evaluateCost(CostEvaluator &e, OpCost &) {
+  // Every result has the shape of leaf 0 (the verifier's rule).
+  for (Value result : getResults())
+    e.setTensor(result, e.shape(getLeaves().front()));
+  return success();
+}
+
 LogicalResult CastOp::evaluateCost(CostEvaluator &e, OpCost &) {
   // An index becomes a 0-d tensor.
   const Concrete &input = e.get(getInput());

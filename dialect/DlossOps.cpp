@@ -680,3 +680,58 @@ FusedSimilarityOp::inferReplication(ArrayRef<Replication> operands) {
 Replication FusedSimilarityGradOp::inferReplication(ArrayRef<Replication>) {
   return Replication::Varying;
 }
+
+LogicalResult FusedElementwiseOp::verify() {
+  ValueRange leaves = getLeaves();
+  const int64_t count = static_cast<int64_t>(leaves.size());
+  const int64_t elements = getElements(), rows = getRowLeaves(),
+                cols = getColLeaves();
+  if (elements < 1 || rows < 0 || cols < 0 || elements + rows + cols > count)
+    return emitOpError() << "has " << count << " leaves, not " << elements
+                         << " (at least 1) of the results' shape, " << rows
+                         << " per-row and " << cols << " per-column ones";
+  if (getResults().empty() || static_cast<int64_t>(getResults().size()) !=
+                                  static_cast<int64_t>(getOutputs().size()))
+    return emitOpError() << "has " << getResults().size()
+                         << " results but its program has "
+                         << getOutputs().size() << " outputs";
+  auto space = cast<RankedTensorType>(getResult(0).getType());
+  for (Value result : getResults())
+    if (result.getType() != space)
+      return emitOpError() << "has results of types " << space << " and "
+                           << result.getType()
+                           << ": all share the iteration space's type";
+  // Per-row and per-column vectors need rows and columns to index.
+  if ((rows > 0 || cols > 0) && space.getRank() < 2)
+    return emitOpError() << "has per-row or per-column leaves but iterates "
+                            "over "
+                         << space << ", which has no rows and columns";
+  for (auto [i, leaf] : llvm::enumerate(leaves)) {
+    auto type = cast<RankedTensorType>(leaf.getType());
+    const int64_t k = static_cast<int64_t>(i);
+    const char *want = k < elements                 ? "of the results' type"
+                       : k < elements + rows        ? "a per-row 1-D tensor"
+                       : k < elements + rows + cols ? "a per-column 1-D tensor"
+                                                    : "a 0-d tensor";
+    bool ok = type.getElementType() == space.getElementType();
+    if (k < elements)
+      ok = ok && type == space;
+    else if (k < elements + rows + cols)
+      ok = ok && type.getRank() == 1;
+    else
+      ok = ok && type.getRank() == 0;
+    if (ok && k >= elements + rows && k < elements + rows + cols)
+      ok = succeeded(
+          verifyCompatibleDims({type.getDimSize(0), space.getShape().back()}));
+    if (!ok)
+      return emitOpError() << "leaf " << k << " must be " << want << " of "
+                           << space.getElementType() << ", got " << type;
+  }
+  using ::dloss::epilogue::intsOf;
+  std::string problem = ::dloss::epilogue::checkElementwiseProgram(
+      intsOf(getProgram()), intsOf(getOutputs()), elements, rows, cols,
+      count - elements - rows - cols);
+  if (!problem.empty())
+    return emitOpError() << "has a malformed program: " << problem;
+  return success();
+}

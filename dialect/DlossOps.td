@@ -807,4 +807,40 @@ def Dloss_FusedSimilarityGradOp : Dloss_CollectiveOp<"fused_similarity_grad",
   let hasVerifier = 1;
 }
 
+def Dloss_FusedElementwiseOp : Dloss_Op<"fused_elementwise",
+    [Pure, Dloss_Internal]> {
+  let summary = "a chain of element-wise ops in one pass over memory";
+  let description = [{
+    Evaluates the straight-line program `program` at every element of an
+    iteration space, the shape of its results (all of one type; its last
+    axis is the columns, the others the rows), and writes register
+    `outputs[k]` of each element to result k. The leaves (`leaves`, in this
+    order): `elements` operands of the results' type, read at the element;
+    `row_leaves` per-row vectors (1-D, one value per row); `col_leaves`
+    per-column vectors (1-D, one value per column); the rest 0-d. The
+    encoding is runtime/plan/TileEncoding.h's, with the `element` leaf and
+    the arithmetic `add sub mul div neg sqrt`.
+
+    Produced by dloss-fuse-elementwise after autodiff from chains of
+    element-wise ops (batch norm's forward and backward), so that each chain
+    reads its inputs and writes its outputs once instead of materialising
+    every intermediate. It has no adjoint.
+
+    ```mlir
+    %y = dloss.fused_elementwise %x, %m, %s {elements = 1 : i64,
+           row_leaves = 0 : i64, col_leaves = 2 : i64,
+           program = array<i64: 25, 0, 0, 0, 3, 0, 0, 0, 7, 0, 1, 0,
+                                3, 1, 0, 0, 9, 2, 3, 0>,
+           outputs = array<i64: 4>}
+         : (tensor<?x8xf32>, tensor<8xf32>, tensor<8xf32>) -> tensor<?x8xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Dloss_FloatTensor>:$leaves, I64Attr:$elements,
+                   I64Attr:$row_leaves, I64Attr:$col_leaves,
+                   DenseI64ArrayAttr:$program, DenseI64ArrayAttr:$outputs);
+  let results = (outs Variadic<Dloss_FloatTensor>:$results);
+  let assemblyFormat = "$leaves attr-dict `:` functional-type($leaves, results)";
+  let hasVerifier = 1;
+}
+
 #endif // DLOSS_OPS_TD

@@ -90,6 +90,9 @@ FailureOr<std::string> dloss::compileToPlan(ModuleOp module, StringRef source,
                                             bool fuse, bool dedicated) {
   PassManager pm(module.getContext());
   buildDeriveBackwardPipeline(pm, fuse, dedicated);
+  // After autodiff: the chains it derives (batch norm's backward) fuse too.
+  if (fuse)
+    pm.addPass(createFuseElementwisePass());
   if (failed(pm.run(module)))
     return failure();
   return lowerToPlan(module, source);

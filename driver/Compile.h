@@ -33,8 +33,9 @@ OwningOpRef<ModuleOp> parseLoss(llvm::SourceMgr &sourceMgr,
 LogicalResult overrideGradMode(ModuleOp module, StringRef mode);
 
 /// Derives every loss's gradient (dloss-derive-backward, fused unless `fuse`
-/// is false; `dedicated`: the fusion pass's option of that name) and lowers
-/// the module to plan bytes. Diagnostics go to the context's handler.
+/// is false; `dedicated`: the fusion pass's option of that name), fuses its
+/// element-wise chains (dloss-fuse-elementwise, unless `fuse` is false) and
+/// lowers the module to plan bytes. Diagnostics go to the context's handler.
 FailureOr<std::string> compileToPlan(ModuleOp module, StringRef source,
                                      bool fuse = true, bool dedicated = true);
 

@@ -89,6 +89,24 @@ def FuseGatherSimilarityPass : Pass<"dloss-fuse-gather-similarity", "ModuleOp"> 
   let dependentDialects = ["::mlir::dloss::DlossDialect", "::mlir::arith::ArithDialect"];
 }
 
+def FuseElementwisePass : Pass<"dloss-fuse-elementwise", "ModuleOp"> {
+  let summary = "Fuses chains of element-wise ops into one pass over memory";
+  let description = [{
+    Runs after autodiff (dlossc and the JIT run it between the
+    derive-backward pipeline and dloss-lower-to-plan). Groups connected
+    element-wise ops (`add sub mul div neg sqrt`) of one float type, whose
+    operands are values of that type, 0-d values, or per-row / per-column
+    vectors broadcast by `dloss.expand`, into one `dloss.fused_elementwise`
+    that evaluates the group's program chunk by chunk in cache and writes
+    only the values used outside the group. An op joins the group of its
+    operands only when no op outside the group reads the group's values
+    before it, so the fused op can take the place of the group's last op
+    and no op moves (collectives keep their order). Groups of one op stay
+    as they are. Reductions stay separate ops.
+  }];
+  let dependentDialects = ["::mlir::dloss::DlossDialect"];
+}
+
 def LowerToPlanPass : Pass<"dloss-lower-to-plan", "ModuleOp"> {
   let summary = "Writes the module's functions as a runtime plan";
   let description = [{

@@ -1,5 +1,5 @@
-// The kernels of the fused similarity ops (dloss.ring_softmax_ce, ...), as the
-// kernel table runs them.
+// The kernels of the fused ops (dloss.ring_softmax_ce, ...,
+// dloss.fused_elementwise), as the kernel table runs them.
 //
 // One file per fused family holds its CPU and GPU visits, forward and _grad:
 // RingSoftmaxCE.cpp (CLIP), RingSigmoidPairs.cpp (SigLIP), ShardedSoftmax.cpp
@@ -54,6 +54,19 @@ struct SimilarityProgram {
 /// local class matrix or a shard of the classes; and its backward.
 void fusedSimilarity(KernelContext &ctx, const SimilarityProgram &program);
 void fusedSimilarityGrad(KernelContext &ctx, const SimilarityProgram &program);
+
+/// The attributes of dloss.fused_elementwise (TileEncoding.h's encoding).
+struct ElementwiseProgram {
+  int64_t elements = 0, rowLeaves = 0, colLeaves = 0;
+  std::vector<int64_t> program;
+  /// One register per result.
+  std::vector<int64_t> outputs;
+};
+
+/// A chain of element-wise ops in one pass (FusedElementwise.cpp): on CPU
+/// float and double, chunk by chunk in cache; elsewhere (CUDA) one ATen op
+/// per instruction, as the unfused ops would run.
+void fusedElementwise(KernelContext &ctx, const ElementwiseProgram &program);
 
 } // namespace fused
 } // namespace dloss

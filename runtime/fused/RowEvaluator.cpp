@@ -195,6 +195,14 @@ DLOSS_ROW_LOOP void addSeed(T *__restrict seed, const T *__restrict c,
 }
 
 template <typename T>
+void applyInstructionRow(const Instr &ins, T *o, const T *a, const T *b,
+                         const T *c, int64_t w) {
+  epilogue::dispatch(ins.op, [&](auto tag) {
+    applyRow<decltype(tag)::value, T>(o, a, b, c, w, ins);
+  });
+}
+
+template <typename T>
 RowProgram<T>::RowProgram(const SimilarityOperands &ops,
                           const RegisterSets &sets, int64_t width)
     : ops(ops), live(sets.live), carries(sets.carries), reduced(sets.reduced),
@@ -395,6 +403,8 @@ void RowProgram<T>::sweep(const std::vector<char> &mask, int64_t i, int64_t w,
                                              const T *__restrict, T, T, T,     \
                                              const T *__restrict, int64_t);    \
   template void addSeed<T>(T *__restrict, const T *__restrict, bool, int64_t); \
+  template void applyInstructionRow<T>(const Instr &, T *, const T *,          \
+                                       const T *, const T *, int64_t);         \
   template class RowProgram<T>;
 
 DLOSS_INSTANTIATE_ROW_EVALUATOR(float)

@@ -63,6 +63,13 @@ template <typename T>
 void addSeed(T *__restrict seed, const T *__restrict c, bool perColumn,
              int64_t w);
 
+/// o[j] = instruction `ins` (arithmetic, epilogue::apply) of a[j], b[j],
+/// c[j] (operands it does not have: any valid array, unread); o overlaps
+/// none of them. The tile programs' row loop, for dloss.fused_elementwise.
+template <typename T>
+void applyInstructionRow(const Instr &ins, T *o, const T *a, const T *b,
+                         const T *c, int64_t w);
+
 //===----------------------------------------------------------------------===//
 // The evaluator
 //===----------------------------------------------------------------------===//

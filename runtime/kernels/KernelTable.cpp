@@ -156,6 +156,22 @@ std::unordered_map<std::string, KernelRule> buildTable() {
   add("dloss.fused_similarity", std::move(similarity));
   add("dloss.fused_similarity_grad",
       similarityBinding(fused::fusedSimilarityGrad, ShapeFlow::Operand0));
+  // A chain of element-wise ops; its results have the shape of operand 0
+  // (an element leaf).
+  add("dloss.fused_elementwise",
+      KernelRule{[](const StepAttrs &attrs) -> Kernel {
+                   fused::ElementwiseProgram program;
+                   program.elements = attrs.integer("elements");
+                   program.rowLeaves = attrs.integer("row_leaves");
+                   program.colLeaves = attrs.integer("col_leaves");
+                   program.program = attrs.integers("program");
+                   program.outputs = attrs.integers("outputs");
+                   return [program](KernelContext &ctx) {
+                     fused::fusedElementwise(ctx, program);
+                   };
+                 },
+                 ShapeFlow::Operand0,
+                 {}});
   return table;
 }
 

@@ -16,7 +16,9 @@ namespace dloss {
 /// values after the loss (before the gradients).
 /// 4: the tile program has a stop_gradient opcode (TileEncoding.h's Op 24),
 /// which a version-3 runtime would refuse as unknown at the call.
-constexpr int kPlanVersion = 4;
+/// 5: dloss.fused_elementwise, whose program has an `element` leaf
+/// (TileEncoding.h's Op 25).
+constexpr int kPlanVersion = 5;
 
 } // namespace dloss
 

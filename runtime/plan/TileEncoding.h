@@ -1,4 +1,5 @@
-// The encoding of the tile program of dloss.fused_similarity and its _grad:
+// The encoding of the tile program of dloss.fused_similarity and its _grad
+// (and of dloss.fused_elementwise's, at the end of the file):
 // the contract between the compiler, which writes it into the op's attributes
 // and the plan step's, and the runtime, which runs it (its scalar rules are
 // runtime/fused/Epilogue.h's). It sits beside Plan.fbs, the plan's other
@@ -90,10 +91,12 @@ enum class Op : int64_t {
   Select = 22,       ///< a != 0 ? b : c (a gets no gradient)
   RowId = 23,        ///< the row's global index (the rows' shard offset + i)
   StopGradient = 24, ///< a's value, with no gradient (dloss.stop_gradient)
+  // Leaf of dloss.fused_elementwise only (see the end of the file)
+  Element = 25, ///< a: which operand of the iteration space's shape
 };
 
 /// The number of opcodes (one past the last).
-constexpr int64_t kOpCount = 25;
+constexpr int64_t kOpCount = 26;
 
 /// How a result reduces its value along the row.
 enum class Reduce : int64_t {
@@ -138,6 +141,7 @@ DLOSS_HD int registerOperands(Op op) {
   case Op::Scalar:
   case Op::Const:
   case Op::RowId:
+  case Op::Element:
     return 0;
   default:
     return 1;
@@ -151,11 +155,11 @@ DLOSS_HD int registerOperands(Op op) {
 /// The name of an opcode (plan text, errors, the fusion remarks), or null.
 inline const char *opName(Op op) {
   static const char *const names[kOpCount] = {
-      "sim",     "col_id", "row",    "col",      "scalar",
-      "const",   "add",    "sub",    "mul",      "div",
-      "neg",     "exp",    "log",    "softplus", "log_sigmoid",
-      "sigmoid", "cos",    "acos",   "sin",      "sqrt",
-      "clamp",   "eq",     "select", "row_id",   "stop_gradient"};
+      "sim",           "col_id",   "row",         "col",     "scalar", "const",
+      "add",           "sub",      "mul",         "div",     "neg",    "exp",
+      "log",           "softplus", "log_sigmoid", "sigmoid", "cos",    "acos",
+      "sin",           "sqrt",     "clamp",       "eq",      "select", "row_id",
+      "stop_gradient", "element"};
   auto k = static_cast<int64_t>(op);
   return k >= 0 && k < kOpCount ? names[k] : nullptr;
 }
@@ -181,19 +185,20 @@ inline std::string checkOutputs(const int64_t *outputs, int64_t outputsSize,
   return {};
 }
 
-/// Checks an encoded program against the op's leaf counts: returns what is
-/// wrong with it, or an empty string. The compiler's verifier and the
-/// runtime's operand checks both call it, so they agree on what is valid.
-inline std::string checkProgram(const int64_t *program, int64_t programSize,
-                                const int64_t *outputs, int64_t outputsSize,
-                                int64_t rowLeaves, int64_t colLeaves,
-                                int64_t scalars) {
+/// Checks the instructions of an encoded program against the op's leaf
+/// counts (`elements`: operands of dloss.fused_elementwise's iteration
+/// space, none in a tile program): returns what is wrong, or an empty
+/// string.
+inline std::string checkInstructions(const int64_t *program,
+                                     int64_t programSize, int64_t rowLeaves,
+                                     int64_t colLeaves, int64_t scalars,
+                                     int64_t elements) {
   auto at = [](int64_t t) { return "instruction " + std::to_string(t) + ": "; };
   if (programSize <= 0 || programSize % 4 != 0)
     return "the program must hold 4 integers per instruction (opcode, a, b, "
            "c), got " +
            std::to_string(programSize);
-  if (rowLeaves < 0 || colLeaves < 0 || scalars < 0)
+  if (rowLeaves < 0 || colLeaves < 0 || scalars < 0 || elements < 0)
     return "negative leaf counts";
   const int64_t count = programSize / 4;
   for (int64_t t = 0; t < count; ++t) {
@@ -209,14 +214,30 @@ inline std::string checkProgram(const int64_t *program, int64_t programSize,
     int64_t limit = op == Op::RowLeaf   ? rowLeaves
                     : op == Op::ColLeaf ? colLeaves
                     : op == Op::Scalar  ? scalars
+                    : op == Op::Element ? elements
                                         : -1;
     if (limit >= 0 && (ins[1] < 0 || ins[1] >= limit))
       return at(t) + opName(op) + " reads leaf " + std::to_string(ins[1]) +
              " of " + std::to_string(limit);
   }
+  return {};
+}
+
+/// Checks an encoded tile program against the op's leaf counts: returns
+/// what is wrong with it, or an empty string. The compiler's verifier and
+/// the runtime's operand checks both call it, so they agree on what is
+/// valid.
+inline std::string checkProgram(const int64_t *program, int64_t programSize,
+                                const int64_t *outputs, int64_t outputsSize,
+                                int64_t rowLeaves, int64_t colLeaves,
+                                int64_t scalars) {
+  std::string problem = checkInstructions(program, programSize, rowLeaves,
+                                          colLeaves, scalars, /*elements=*/0);
+  if (!problem.empty())
+    return problem;
   if (outputsSize <= 0)
     return "the program has no outputs";
-  return checkOutputs(outputs, outputsSize, count, "result");
+  return checkOutputs(outputs, outputsSize, programSize / 4, "result");
 }
 
 /// A read-only view of an integer attribute (a std::vector, an ArrayRef or
@@ -380,6 +401,67 @@ inline DerivedFacts deriveFacts(Ints program, Ints outputs, Ints colOutputs) {
   }
   std::sort(facts.classTargets.begin(), facts.classTargets.end());
   return facts;
+}
+
+//===----------------------------------------------------------------------===//
+// dloss.fused_elementwise
+//===----------------------------------------------------------------------===//
+//
+// The same instructions describe a chain of element-wise ops over one
+// iteration space (a tensor's shape, seen as rows x columns: its last axis
+// is the columns, the others the rows), which dloss.fused_elementwise runs in
+// one pass over memory (passes/FuseElementwise.cpp writes it). Its leaves:
+// `element a` (operand a, of the iteration space's shape, read at the
+// element), `row a` (a per-row vector, read at the element's row), `col a`
+// (a per-column vector, read at its column), `scalar a` (a 0-d operand) and
+// `const`. `outputs` holds one register per result, each written in full.
+// The op only runs forward (it is made after autodiff), so the arithmetic
+// is the set whose ATen kernels round the same way as epilogue::apply.
+
+/// The arithmetic a fused element-wise program may hold.
+inline bool isElementwiseArithmetic(Op op) {
+  switch (op) {
+  case Op::Add:
+  case Op::Sub:
+  case Op::Mul:
+  case Op::Div:
+  case Op::Neg:
+  case Op::Sqrt:
+    return true;
+  default:
+    return false;
+  }
+}
+
+/// Checks a fused element-wise program and its outputs (one register each)
+/// against the op's leaf counts: what is wrong, or an empty string. The
+/// verifier and the runtime both call it.
+inline std::string checkElementwiseProgram(Ints program, Ints outputs,
+                                           int64_t elements, int64_t rowLeaves,
+                                           int64_t colLeaves, int64_t scalars) {
+  std::string problem = checkInstructions(program.data, program.size, rowLeaves,
+                                          colLeaves, scalars, elements);
+  if (!problem.empty())
+    return problem;
+  const int64_t count = program.size / 4;
+  for (int64_t t = 0; t < count; ++t) {
+    const auto op = static_cast<Op>(program[4 * t]);
+    const bool leaf = op == Op::Element || op == Op::RowLeaf ||
+                      op == Op::ColLeaf || op == Op::Scalar || op == Op::Const;
+    if (!leaf && !isElementwiseArithmetic(op))
+      return "instruction " + std::to_string(t) + ": " + opName(op) +
+             " is not an instruction of a fused element-wise program";
+  }
+  if (elements <= 0)
+    return "a fused element-wise program needs an operand of its iteration "
+           "space's shape";
+  if (outputs.size <= 0)
+    return "the program has no outputs";
+  for (int64_t k = 0; k < outputs.size; ++k)
+    if (outputs[k] < 0 || outputs[k] >= count)
+      return "result " + std::to_string(k) + " names register " +
+             std::to_string(outputs[k]) + " of " + std::to_string(count);
+  return {};
 }
 #endif // !defined(__CUDACC__)
 

@@ -751,3 +751,43 @@ func.func @state_not_replicated(%x: tensor<?x4xf32>, %c: tensor<4xf32> {dloss.st
   %t = dloss.all_reduce sum %s : tensor<f32>
   return %t, %c : tensor<f32>, tensor<4xf32>
 }
+
+// -----
+
+func.func @fused_elementwise_leaf_counts(%x: tensor<?x8xf32>) {
+  // expected-error@+1 {{has 1 leaves, not 1 (at least 1) of the results' shape, 0 per-row and 1 per-column ones}}
+  %0 = dloss.fused_elementwise %x {elements = 1, row_leaves = 0, col_leaves = 1, program = array<i64: 25, 0, 0, 0>, outputs = array<i64: 0>} : (tensor<?x8xf32>) -> tensor<?x8xf32>
+  return
+}
+
+// -----
+
+func.func @fused_elementwise_outputs(%x: tensor<?x8xf32>) {
+  // expected-error@+1 {{has 2 results but its program has 1 outputs}}
+  %0:2 = dloss.fused_elementwise %x {elements = 1, row_leaves = 0, col_leaves = 0, program = array<i64: 25, 0, 0, 0, 10, 0, 0, 0>, outputs = array<i64: 1>} : (tensor<?x8xf32>) -> (tensor<?x8xf32>, tensor<?x8xf32>)
+  return
+}
+
+// -----
+
+func.func @fused_elementwise_leaf_types(%x: tensor<?x8xf32>, %c: tensor<4xf32>) {
+  // expected-error@+1 {{leaf 1 must be a per-column 1-D tensor of 'f32', got 'tensor<4xf32>'}}
+  %0 = dloss.fused_elementwise %x, %c {elements = 1, row_leaves = 0, col_leaves = 1, program = array<i64: 25, 0, 0, 0, 3, 0, 0, 0, 8, 0, 1, 0>, outputs = array<i64: 2>} : (tensor<?x8xf32>, tensor<4xf32>) -> tensor<?x8xf32>
+  return
+}
+
+// -----
+
+func.func @fused_elementwise_instructions(%x: tensor<?x8xf32>) {
+  // expected-error@+1 {{has a malformed program: instruction 1: exp is not an instruction of a fused element-wise program}}
+  %0 = dloss.fused_elementwise %x {elements = 1, row_leaves = 0, col_leaves = 0, program = array<i64: 25, 0, 0, 0, 11, 0, 0, 0>, outputs = array<i64: 1>} : (tensor<?x8xf32>) -> tensor<?x8xf32>
+  return
+}
+
+// -----
+
+func.func @fused_similarity_has_no_element_leaf(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
+  // expected-error@+1 {{has a malformed tile program: instruction 0: element reads leaf 0 of 0}}
+  %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 25, 0, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: -1, -1>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?xf32>
+  return
+}

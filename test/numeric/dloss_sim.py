@@ -1056,7 +1056,61 @@ def _fused_similarity_grad(op, args, world):
     return out
 
 
+# dloss.fused_elementwise (dialect/DlossOps.td): a chain of element-wise
+# ops that dloss-fuse-elementwise makes after autodiff. Its program is the
+# tile encoding with leaf `element` (opcode 25: operand a of the results'
+# shape); per-row leaves hold one value per row (all axes but the last),
+# per-column ones one per column (the last axis). Evaluated here per rank
+# on whole tensors with torch's broadcasting; no communication.
+_FE_ELEMENT = 25
+_FE_ARITHMETIC = ("add", "sub", "mul", "div", "neg", "sqrt")
+
+
+def _fused_elementwise(op, args, world):
+    program = op.attr("program") or []
+    outputs = op.attr("outputs") or []
+    ne, nr, nc = (int(op.attr("elements")), int(op.attr("row_leaves")),
+                  int(op.attr("col_leaves")))
+    if len(program) % 4 or not program or not outputs or ne < 1:
+        raise SimError("malformed program, outputs or leaf counts")
+    out = []
+    for leaves in args:
+        elements = leaves[:ne]
+        rows, cols = leaves[ne:ne + nr], leaves[ne + nr:ne + nr + nc]
+        scalars = leaves[ne + nr + nc:]
+        shape = tuple(elements[0].shape)
+        regs = []
+        for t in range(len(program) // 4):
+            code, a, b, _ = program[4 * t:4 * t + 4]
+            name = "element" if code == _FE_ELEMENT else (
+                _FS_OPS[code] if 0 <= code < len(_FS_OPS) else None)
+            if name == "element":
+                v = elements[a]
+            elif name == "row":
+                v = rows[a].reshape(shape[:-1] + (1,))
+            elif name == "col":
+                v = cols[a]
+            elif name == "scalar":
+                v = scalars[a]
+            elif name == "const":
+                v = torch.tensor(_bits_to_double(a), dtype=FLOAT)
+            elif name in _FE_ARITHMETIC:
+                if not all(0 <= r < t for r in (a, b)[:2 if name in _FS_BINARY
+                                                     else 1]):
+                    raise SimError(f"instruction {t} reads a later register")
+                v = (_FS_BINARY[name](regs[a], regs[b]) if name in _FS_BINARY
+                     else _FS_UNARY[name](regs[a]))
+            else:
+                raise SimError(f"instruction {t}: opcode {code} is not one "
+                               "of a fused element-wise program")
+            regs.append(v)
+        values = [torch.broadcast_to(regs[o], shape) for o in outputs]
+        out.append(tuple(values) if len(values) > 1 else values[0])
+    return out
+
+
 MULTI_OPERAND_COLLECTIVES.update({
+    "dloss.fused_elementwise": _fused_elementwise,
     "dloss.fused_similarity": _fused_similarity,
     "dloss.fused_similarity_grad": _fused_similarity_grad,
 })

@@ -2,7 +2,7 @@
 
 // One step per op, registers numbered arguments first, attributes by name
 // (enums as text), locations, and each register freed after its last use.
-// CHECK: plan version 4 fingerprint 0x{{[0-9a-f]+}}
+// CHECK: plan version 5 fingerprint 0x{{[0-9a-f]+}}
 // CHECK-LABEL: func @steps(%0: tensor<?x8xf32> "x", %1: tensor<f32> replicated) grad_mode "global" registers 8
 // CHECK-NEXT: %2 = arith.constant() {value = constant<f32, splat, 4 bytes>} loc({{.*}}dloss_lower_to_plan.mlir:[[@LINE+10]]:{{[0-9]+}}) free(%2)
 // CHECK-NEXT: %3 = dloss.all_gather(%0) {axis = 0, grad = "none"} loc({{.*}}:[[@LINE+10]]:{{[0-9]+}})

@@ -1,0 +1,241 @@
+// dloss-fuse-elementwise: groups chains of element-wise ops into
+// dloss.fused_elementwise, which runs each chain in one pass over memory.
+#include "passes/Passes.h"
+
+#include "runtime/plan/TileEncoding.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+namespace mlir::dloss {
+#define GEN_PASS_DEF_FUSEELEMENTWISEPASS
+#include "passes/Passes.h.inc"
+} // namespace mlir::dloss
+
+using namespace mlir;
+using namespace mlir::dloss;
+namespace ep = ::dloss::epilogue;
+
+namespace {
+
+/// The opcode of an op the fused program may hold (TileEncoding.h's
+/// isElementwiseArithmetic), or nullopt.
+std::optional<ep::Op> fusedOpcode(Operation *op) {
+  return llvm::TypeSwitch<Operation *, std::optional<ep::Op>>(op)
+      .Case([](AddOp) { return ep::Op::Add; })
+      .Case([](SubOp) { return ep::Op::Sub; })
+      .Case([](MulOp) { return ep::Op::Mul; })
+      .Case([](DivOp) { return ep::Op::Div; })
+      .Case([](NegOp) { return ep::Op::Neg; })
+      .Case([](SqrtOp) { return ep::Op::Sqrt; })
+      .Default([](Operation *) { return std::nullopt; });
+}
+
+/// How an operand of a member enters the program.
+enum class LeafKind { Element, Row, Col, Scalar };
+
+/// The leaf an operand outside the group becomes: the value it reads
+/// (an expand's input, for a broadcast vector) and its kind; nullopt when
+/// the op cannot be a member with this operand.
+std::optional<std::pair<Value, LeafKind>> leafOf(Value operand,
+                                                 RankedTensorType space) {
+  auto type = dyn_cast<RankedTensorType>(operand.getType());
+  if (!type || type.getElementType() != space.getElementType())
+    return std::nullopt;
+  if (type == space)
+    if (auto expand = operand.getDefiningOp<ExpandOp>();
+        expand && space.getRank() == 2) {
+      auto input = cast<RankedTensorType>(expand.getInput().getType());
+      ArrayRef<int64_t> axes = expand.getAxes();
+      if (input.getElementType() == space.getElementType()) {
+        if (input.getRank() == 0)
+          return std::make_pair(expand.getInput(), LeafKind::Scalar);
+        if (input.getRank() == 1 && axes.size() == 1)
+          return std::make_pair(expand.getInput(),
+                                axes[0] == 0 ? LeafKind::Col : LeafKind::Row);
+      }
+    }
+  if (type == space)
+    return std::make_pair(operand, LeafKind::Element);
+  if (type.getRank() == 0)
+    return std::make_pair(operand, LeafKind::Scalar);
+  return std::nullopt;
+}
+
+/// The iteration space of an op that may join a group: its result's type
+/// (f32 or f64, the fused kernels' types), or null.
+RankedTensorType spaceOf(Operation *op) {
+  if (!fusedOpcode(op) || op->getNumResults() != 1)
+    return {};
+  auto type = dyn_cast<RankedTensorType>(op->getResult(0).getType());
+  if (!type || type.getRank() < 1 ||
+      !(type.getElementType().isF32() || type.getElementType().isF64()))
+    return {};
+  for (Value operand : op->getOperands())
+    if (!leafOf(operand, type))
+      return {};
+  return type;
+}
+
+struct Group {
+  RankedTensorType space;
+  SmallVector<Operation *> ops; ///< in block order
+  llvm::SmallPtrSet<Operation *, 16> members;
+};
+
+/// Whether `op` may join `groups` (merged into one) with the fused op at
+/// op's place: they share its type, and every reader of their values
+/// outside them comes after `op`.
+bool canJoin(ArrayRef<const Group *> groups, Operation *op) {
+  RankedTensorType space = spaceOf(op);
+  auto inside = [&](Operation *user) {
+    return user == op || llvm::any_of(groups, [&](const Group *g) {
+             return g->members.contains(user);
+           });
+  };
+  for (const Group *group : groups) {
+    if (group->space != space)
+      return false;
+    for (Operation *member : group->ops)
+      for (Operation *user : member->getUsers())
+        if (!inside(user) && !op->isBeforeInBlock(user))
+          return false;
+  }
+  return true;
+}
+
+/// Replaces the ops of `group` by one dloss.fused_elementwise in the place
+/// of its last op. Returns false, changing nothing, for a group with no
+/// operand of its own shape.
+bool fuseGroup(Group &group) {
+  SmallVector<Value> leaves[4]; // by LeafKind
+  llvm::DenseMap<Value, int64_t> reg;
+  llvm::DenseMap<std::pair<Value, int>, int64_t> leafReg;
+  SmallVector<int64_t> program;
+  auto emit = [&](ep::Op op, int64_t a = 0, int64_t b = 0) {
+    program.append({static_cast<int64_t>(op), a, b, 0});
+    return static_cast<int64_t>(program.size() / 4 - 1);
+  };
+  auto registerOf = [&](Value operand) -> int64_t {
+    if (auto it = reg.find(operand); it != reg.end())
+      return it->second;
+    auto [value, kind] = *leafOf(operand, group.space);
+    auto key = std::make_pair(value, static_cast<int>(kind));
+    if (auto it = leafReg.find(key); it != leafReg.end())
+      return it->second;
+    SmallVector<Value> &list = leaves[static_cast<int>(kind)];
+    const int64_t index = static_cast<int64_t>(list.size());
+    list.push_back(value);
+    const ep::Op opcode = kind == LeafKind::Element ? ep::Op::Element
+                          : kind == LeafKind::Row   ? ep::Op::RowLeaf
+                          : kind == LeafKind::Col   ? ep::Op::ColLeaf
+                                                    : ep::Op::Scalar;
+    return leafReg[key] = emit(opcode, index);
+  };
+  for (Operation *op : group.ops) {
+    int64_t a = registerOf(op->getOperand(0));
+    int64_t b = op->getNumOperands() > 1 ? registerOf(op->getOperand(1)) : 0;
+    reg[op->getResult(0)] = emit(*fusedOpcode(op), a, b);
+  }
+  if (leaves[static_cast<int>(LeafKind::Element)].empty())
+    return false;
+
+  // The results: values read outside the group.
+  SmallVector<Value> outputs;
+  SmallVector<int64_t> outputRegs;
+  for (Operation *op : group.ops)
+    if (llvm::any_of(op->getUsers(), [&](Operation *user) {
+          return !group.members.contains(user);
+        })) {
+      outputs.push_back(op->getResult(0));
+      outputRegs.push_back(reg[op->getResult(0)]);
+    }
+
+  SmallVector<Value> operands;
+  for (auto &list : leaves)
+    operands.append(list.begin(), list.end());
+  Operation *last = group.ops.back();
+  OpBuilder builder(last);
+  SmallVector<Type> types(outputs.size(), group.space);
+  auto fused = FusedElementwiseOp::create(
+      builder, last->getLoc(), types, operands,
+      static_cast<int64_t>(leaves[0].size()),
+      static_cast<int64_t>(leaves[1].size()),
+      static_cast<int64_t>(leaves[2].size()), program, outputRegs);
+  for (auto [value, result] : llvm::zip(outputs, fused.getResults()))
+    value.replaceAllUsesWith(result);
+  llvm::SetVector<Operation *> expands;
+  for (Operation *op : llvm::reverse(group.ops)) {
+    for (Value operand : op->getOperands())
+      if (auto expand = operand.getDefiningOp<ExpandOp>())
+        expands.insert(expand);
+    op->erase();
+  }
+  for (Operation *expand : expands)
+    if (expand->use_empty())
+      expand->erase();
+  return true;
+}
+
+void fuseBlock(Block &block) {
+  std::vector<Group> groups;
+  llvm::DenseMap<Operation *, size_t> groupOf;
+  for (Operation &op : block) {
+    RankedTensorType space = spaceOf(&op);
+    if (!space)
+      continue;
+    // The groups of its operands that it may join, all at once (two chains
+    // meeting at a binary op become one).
+    SmallVector<size_t> joined;
+    SmallVector<const Group *> joinedGroups;
+    for (Value operand : op.getOperands()) {
+      Operation *def = operand.getDefiningOp();
+      auto it = def ? groupOf.find(def) : groupOf.end();
+      if (it == groupOf.end() || llvm::is_contained(joined, it->second))
+        continue;
+      joinedGroups.push_back(&groups[it->second]);
+      if (canJoin(joinedGroups, &op))
+        joined.push_back(it->second);
+      else
+        joinedGroups.pop_back();
+    }
+    if (joined.empty()) {
+      joined.push_back(groups.size());
+      groups.push_back(Group{space, {}, {}});
+    }
+    const size_t target = joined.front();
+    for (size_t other : llvm::drop_begin(joined)) {
+      for (Operation *member : groups[other].ops) {
+        groups[target].ops.push_back(member);
+        groups[target].members.insert(member);
+        groupOf[member] = target;
+      }
+      groups[other].ops.clear();
+      groups[other].members.clear();
+    }
+    groups[target].ops.push_back(&op);
+    groups[target].members.insert(&op);
+    groupOf[&op] = target;
+    // Block order is an order in which each op follows its operands.
+    llvm::sort(groups[target].ops, [](Operation *a, Operation *b) {
+      return a->isBeforeInBlock(b);
+    });
+  }
+  for (Group &group : groups)
+    if (group.ops.size() > 1)
+      fuseGroup(group);
+}
+
+struct FuseElementwisePass
+    : mlir::dloss::impl::FuseElementwisePassBase<FuseElementwisePass> {
+  void runOnOperation() override {
+    getOperation().walk([](func::FuncOp func) {
+      if (!func.isExternal() && func.getBody().hasOneBlock())
+        fuseBlock(func.getBody().front());
+    });
+  }
+};
+
+} // namespace

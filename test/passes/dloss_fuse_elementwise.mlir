@@ -1,0 +1,84 @@
+// RUN: dloss-opt %s --split-input-file --dloss-fuse-elementwise | FileCheck %s
+// What dloss-fuse-elementwise fuses (connected add/sub/mul/div/neg/sqrt of
+// one float type, with 0-d values and expanded vectors as leaves) and what
+// it leaves (lone ops, other ops, a chain whose values are read by an op
+// outside it before the chain ends).
+
+// Batch norm's forward: the expands become per-column leaves (and go), the
+// chain one op with the normalised value as its only result.
+// CHECK-LABEL: func.func @batch_norm(
+// CHECK-SAME: %[[X:[^:]*]]: tensor<?x8xf32>, %[[M:[^:]*]]: tensor<8xf32>, %[[V:[^:]*]]: tensor<8xf32>, %[[E:[^:]*]]: tensor<f32>
+// CHECK-NOT: dloss.expand
+// CHECK: %[[Y:.*]] = dloss.fused_elementwise %[[X]], %[[M]], %[[V]], %[[E]] {col_leaves = 2 : i64, elements = 1 : i64, outputs = array<i64: 7>,
+// CHECK-SAME: program = array<i64: 25, 0, 0, 0, 3, 0, 0, 0, 7, 0, 1, 0, 3, 1, 0, 0, 4, 0, 0, 0, 6, 3, 4, 0, 19, 5, 0, 0, 9, 2, 6, 0>, row_leaves = 0 : i64}
+// CHECK-SAME: : (tensor<?x8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<f32>) -> tensor<?x8xf32>
+// CHECK-NOT: dloss.sub
+// CHECK-NOT: dloss.div
+// CHECK: return %[[Y]]
+func.func @batch_norm(%x: tensor<?x8xf32>, %m: tensor<8xf32>, %v: tensor<8xf32>, %eps: tensor<f32>) -> tensor<?x8xf32> {
+  %me = dloss.expand %m axes [0] like %x : tensor<8xf32>, tensor<?x8xf32>
+  %d = dloss.sub %x, %me : tensor<?x8xf32>, tensor<?x8xf32>
+  %ve = dloss.expand %v axes [0] like %x : tensor<8xf32>, tensor<?x8xf32>
+  %a = dloss.add %ve, %eps : tensor<?x8xf32>, tensor<f32>
+  %s = dloss.sqrt %a : tensor<?x8xf32>
+  %y = dloss.div %d, %s : tensor<?x8xf32>, tensor<?x8xf32>
+  return %y : tensor<?x8xf32>
+}
+
+// -----
+
+// Values read outside the chain after its last op are results; a per-row
+// expand is a row leaf, and an expand read elsewhere too stays.
+// CHECK-LABEL: func.func @outputs(
+// CHECK-SAME: %[[X:[^:]*]]: tensor<?x8xf32>, %[[Y:[^:]*]]: tensor<?x8xf32>, %[[R:[^:]*]]: tensor<?xf32>
+// CHECK: %[[RE:.*]] = dloss.expand %[[R]] axes [1]
+// CHECK: %[[F:.*]]:2 = dloss.fused_elementwise %[[X]], %[[Y]], %[[R]] {col_leaves = 0 : i64, elements = 2 : i64, outputs = array<i64: 2, 5>,
+// CHECK-SAME: program = array<i64: 25, 0, 0, 0, 25, 1, 0, 0, 8, 0, 1, 0, 2, 0, 0, 0, 6, 2, 3, 0, 10, 4, 0, 0>, row_leaves = 1 : i64}
+// CHECK: %[[S:.*]] = dloss.reduce sum %[[F]]#0 axes [0]
+// CHECK: return %[[F]]#1, %[[S]], %[[RE]]
+func.func @outputs(%x: tensor<?x8xf32>, %y: tensor<?x8xf32>, %r: tensor<?xf32>) -> (tensor<?x8xf32>, tensor<8xf32>, tensor<?x8xf32>) {
+  %p = dloss.mul %x, %y : tensor<?x8xf32>, tensor<?x8xf32>
+  %re = dloss.expand %r axes [1] like %x : tensor<?xf32>, tensor<?x8xf32>
+  %q = dloss.add %p, %re : tensor<?x8xf32>, tensor<?x8xf32>
+  %n = dloss.neg %q : tensor<?x8xf32>
+  %s = dloss.reduce sum %p axes [0] : tensor<?x8xf32>
+  return %n, %s, %re : tensor<?x8xf32>, tensor<8xf32>, tensor<?x8xf32>
+}
+
+// -----
+
+// %p is read by the reduction before %q: fused at %q's place, the chain
+// would come after a reader of its value, so %q starts a chain of its own
+// (of one op: nothing fuses). Exp is no instruction of the fused program.
+// CHECK-LABEL: func.func @read_before_the_end(
+// CHECK-NOT: dloss.fused_elementwise
+// CHECK: dloss.mul
+// CHECK: dloss.reduce
+// CHECK: dloss.exp
+// CHECK: dloss.add
+// CHECK: return
+func.func @read_before_the_end(%x: tensor<?x8xf32>, %y: tensor<?x8xf32>) -> (tensor<?x8xf32>, tensor<f32>) {
+  %p = dloss.mul %x, %y : tensor<?x8xf32>, tensor<?x8xf32>
+  %s = dloss.reduce sum %p axes [0, 1] : tensor<?x8xf32>
+  %e = dloss.exp %y : tensor<?x8xf32>
+  %q = dloss.add %p, %e : tensor<?x8xf32>, tensor<?x8xf32>
+  return %q, %s : tensor<?x8xf32>, tensor<f32>
+}
+
+// -----
+
+// Different types make different chains; integer and half types stay.
+// CHECK-LABEL: func.func @types(
+// CHECK: dloss.fused_elementwise %{{.*}} : (tensor<?x8xf64>, tensor<f64>) -> tensor<?x8xf64>
+// CHECK: dloss.add %{{.*}} : tensor<?x4xf32>, tensor<?x4xf32>
+// CHECK: dloss.mul %{{.*}} : tensor<?xi64>, tensor<?xi64>
+// CHECK: dloss.add %{{.*}} : tensor<?xi64>, tensor<?xi64>
+// CHECK-NOT: dloss.fused_elementwise
+func.func @types(%x: tensor<?x8xf64>, %s: tensor<f64>, %z: tensor<?x4xf32>, %i: tensor<?xi64>) -> (tensor<?x8xf64>, tensor<?x4xf32>, tensor<?xi64>) {
+  %a = dloss.mul %x, %s : tensor<?x8xf64>, tensor<f64>
+  %b = dloss.sub %a, %x : tensor<?x8xf64>, tensor<?x8xf64>
+  %c = dloss.add %z, %z : tensor<?x4xf32>, tensor<?x4xf32>
+  %j = dloss.mul %i, %i : tensor<?xi64>, tensor<?xi64>
+  %k = dloss.add %j, %i : tensor<?xi64>, tensor<?xi64>
+  return %b, %c, %k : tensor<?x8xf64>, tensor<?x4xf32>, tensor<?xi64>
+}
