@@ -223,8 +223,16 @@ void fuseBlock(Block &block) {
       return a->isBeforeInBlock(b);
     });
   }
+  // One op alone gains only when it reads an expanded vector, which then
+  // never reaches memory at the op's size.
+  auto readsExpand = [](Operation *op) {
+    return llvm::any_of(op->getOperands(), [](Value operand) {
+      return static_cast<bool>(operand.getDefiningOp<ExpandOp>());
+    });
+  };
   for (Group &group : groups)
-    if (group.ops.size() > 1)
+    if (group.ops.size() > 1 ||
+        (group.ops.size() == 1 && readsExpand(group.ops.front())))
       fuseGroup(group);
 }
 

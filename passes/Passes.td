@@ -101,8 +101,9 @@ def FuseElementwisePass : Pass<"dloss-fuse-elementwise", "ModuleOp"> {
     only the values used outside the group. An op joins the group of its
     operands only when no op outside the group reads the group's values
     before it, so the fused op can take the place of the group's last op
-    and no op moves (collectives keep their order). Groups of one op stay
-    as they are. Reductions stay separate ops.
+    and no op moves (collectives keep their order). A group of one op
+    fuses only when it reads an expanded vector (the expand then never
+    reaches memory). Reductions stay separate ops.
   }];
   let dependentDialects = ["::mlir::dloss::DlossDialect"];
 }

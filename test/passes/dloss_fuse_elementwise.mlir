@@ -1,7 +1,7 @@
 // RUN: dloss-opt %s --split-input-file --dloss-fuse-elementwise | FileCheck %s
 // What dloss-fuse-elementwise fuses (connected add/sub/mul/div/neg/sqrt of
 // one float type, with 0-d values and expanded vectors as leaves) and what
-// it leaves (lone ops, other ops, a chain whose values are read by an op
+// it leaves (lone ops that read no expand, other ops, a chain whose values are read by an op
 // outside it before the chain ends).
 
 // Batch norm's forward: the expands become per-column leaves (and go), the
@@ -81,4 +81,23 @@ func.func @types(%x: tensor<?x8xf64>, %s: tensor<f64>, %z: tensor<?x4xf32>, %i: 
   %j = dloss.mul %i, %i : tensor<?xi64>, tensor<?xi64>
   %k = dloss.add %j, %i : tensor<?xi64>, tensor<?xi64>
   return %b, %c, %k : tensor<?x8xf64>, tensor<?x4xf32>, tensor<?xi64>
+}
+
+// -----
+
+// One op alone fuses when it reads an expanded vector: the expand (of the
+// op's size) goes. An expand of a 0-d value is a 0-d leaf.
+// CHECK-LABEL: func.func @lone_op_reading_an_expand(
+// CHECK-SAME: %[[X:[^:]*]]: tensor<?x8xf32>, %[[V:[^:]*]]: tensor<8xf32>, %[[S:[^:]*]]: tensor<f32>
+// CHECK-NOT: dloss.expand
+// CHECK: dloss.fused_elementwise %[[X]], %[[V]] {col_leaves = 1 : i64, elements = 1 : i64, outputs = array<i64: 2>, program = array<i64: 25, 0, 0, 0, 3, 0, 0, 0, 9, 0, 1, 0>, row_leaves = 0 : i64}
+// CHECK: dloss.fused_elementwise %[[X]], %[[S]] {col_leaves = 0 : i64, elements = 1 : i64, outputs = array<i64: 2>, program = array<i64: 25, 0, 0, 0, 4, 0, 0, 0, 8, 0, 1, 0>, row_leaves = 0 : i64}
+// CHECK-NOT: dloss.expand
+func.func @lone_op_reading_an_expand(%x: tensor<?x8xf32>, %v: tensor<8xf32>, %s: tensor<f32>) -> (tensor<?x8xf32>, tensor<f32>, tensor<?x8xf32>) {
+  %e = dloss.expand %v axes [0] like %x : tensor<8xf32>, tensor<?x8xf32>
+  %d = dloss.div %x, %e : tensor<?x8xf32>, tensor<?x8xf32>
+  %r = dloss.reduce sum %d axes [0, 1] : tensor<?x8xf32>
+  %se = dloss.expand %s axes [0, 1] like %x : tensor<f32>, tensor<?x8xf32>
+  %m = dloss.mul %x, %se : tensor<?x8xf32>, tensor<?x8xf32>
+  return %d, %r, %m : tensor<?x8xf32>, tensor<f32>, tensor<?x8xf32>
 }
