@@ -339,9 +339,12 @@ DLOSS_SAME_TYPE_COST(ZerosLikeOp)
 #undef DLOSS_SAME_TYPE_COST
 
 LogicalResult FusedElementwiseOp::evaluateCost(CostEvaluator &e, OpCost &) {
-  // Every result has the shape of leaf 0 (the verifier's rule).
-  for (Value result : getResults())
-    e.setTensor(result, e.shape(getLeaves().front()));
+  // Full results have the shape of leaf 0, column sums one value per
+  // column (the verifier's rule).
+  ArrayRef<int64_t> space = e.shape(getLeaves().front());
+  const size_t full = getOutputs().size();
+  for (auto [k, result] : llvm::enumerate(getResults()))
+    e.setTensor(result, k < full ? space : space.take_back(1));
   return success();
 }
 

@@ -688,28 +688,42 @@ LogicalResult FusedElementwiseOp::verify() {
                 cols = getColLeaves();
   if (elements < 1 || rows < 0 || cols < 0 || elements + rows + cols > count)
     return emitOpError() << "has " << count << " leaves, not " << elements
-                         << " (at least 1) of the results' shape, " << rows
+                         << " (at least 1) of the space's shape, " << rows
                          << " per-row and " << cols << " per-column ones";
-  if (getResults().empty() || static_cast<int64_t>(getResults().size()) !=
-                                  static_cast<int64_t>(getOutputs().size()))
+  ArrayRef<int64_t> colSums = getColSums().value_or(ArrayRef<int64_t>());
+  const int64_t full = static_cast<int64_t>(getOutputs().size());
+  if (static_cast<int64_t>(getResults().size()) !=
+      full + static_cast<int64_t>(colSums.size()))
     return emitOpError() << "has " << getResults().size()
-                         << " results but its program has "
-                         << getOutputs().size() << " outputs";
-  auto space = cast<RankedTensorType>(getResult(0).getType());
-  for (Value result : getResults())
-    if (result.getType() != space)
-      return emitOpError() << "has results of types " << space << " and "
-                           << result.getType()
-                           << ": all share the iteration space's type";
+                         << " results but its program has " << full
+                         << " outputs and " << colSums.size() << " column sums";
+  // The iteration space is the type of the first leaf.
+  auto space = cast<RankedTensorType>(leaves.front().getType());
   // Per-row and per-column vectors need rows and columns to index.
-  if ((rows > 0 || cols > 0) && space.getRank() < 2)
-    return emitOpError() << "has per-row or per-column leaves but iterates "
-                            "over "
-                         << space << ", which has no rows and columns";
+  if ((rows > 0 || cols > 0 || !colSums.empty()) && space.getRank() != 2)
+    return emitOpError() << "has per-row or per-column leaves or sums but "
+                            "iterates over "
+                         << space << ", which is not a matrix";
+  for (auto [i, result] : llvm::enumerate(getResults())) {
+    auto type = cast<RankedTensorType>(result.getType());
+    const bool whole = static_cast<int64_t>(i) < full;
+    const bool ok =
+        whole ? type == space
+              : type.getRank() == 1 &&
+                    type.getElementType() == space.getElementType() &&
+                    succeeded(verifyCompatibleDims(
+                        {type.getDimSize(0), space.getShape().back()}));
+    if (!ok)
+      return emitOpError() << "result " << i << " has type " << type
+                           << ", expected "
+                           << (whole ? "the iteration space's type "
+                                     : "one value per column of ")
+                           << space;
+  }
   for (auto [i, leaf] : llvm::enumerate(leaves)) {
     auto type = cast<RankedTensorType>(leaf.getType());
     const int64_t k = static_cast<int64_t>(i);
-    const char *want = k < elements                 ? "of the results' type"
+    const char *want = k < elements                 ? "of the space's type"
                        : k < elements + rows        ? "a per-row 1-D tensor"
                        : k < elements + rows + cols ? "a per-column 1-D tensor"
                                                     : "a 0-d tensor";
@@ -729,8 +743,8 @@ LogicalResult FusedElementwiseOp::verify() {
   }
   using ::dloss::epilogue::intsOf;
   std::string problem = ::dloss::epilogue::checkElementwiseProgram(
-      intsOf(getProgram()), intsOf(getOutputs()), elements, rows, cols,
-      count - elements - rows - cols);
+      intsOf(getProgram()), intsOf(getOutputs()), intsOf(colSums), elements,
+      rows, cols, count - elements - rows - cols);
   if (!problem.empty())
     return emitOpError() << "has a malformed program: " << problem;
   return success();

@@ -812,19 +812,23 @@ def Dloss_FusedElementwiseOp : Dloss_Op<"fused_elementwise",
   let summary = "a chain of element-wise ops in one pass over memory";
   let description = [{
     Evaluates the straight-line program `program` at every element of an
-    iteration space, the shape of its results (all of one type; its last
-    axis is the columns, the others the rows), and writes register
-    `outputs[k]` of each element to result k. The leaves (`leaves`, in this
-    order): `elements` operands of the results' type, read at the element;
+    iteration space, the type of its first leaf (its last axis is the
+    columns, the others the rows), and writes register `outputs[k]` of each
+    element to result k (of that type). Then, for a matrix, each register
+    `col_sums[k]` summed over the rows is one more result (1-D, one value
+    per column: a batch reduction that ends the chain, so its operand never
+    reaches memory). The leaves (`leaves`, in this order): `elements`
+    operands of the space's type, read at the element;
     `row_leaves` per-row vectors (1-D, one value per row); `col_leaves`
     per-column vectors (1-D, one value per column); the rest 0-d. The
     encoding is runtime/plan/TileEncoding.h's, with the `element` leaf and
     the arithmetic `add sub mul div neg sqrt`.
 
     Produced by dloss-fuse-elementwise after autodiff from chains of
-    element-wise ops (batch norm's forward and backward), so that each chain
-    reads its inputs and writes its outputs once instead of materialising
-    every intermediate. It has no adjoint.
+    element-wise ops and the sums over the batch that end them (batch norm's
+    forward and backward), so that each chain reads its inputs and writes
+    its outputs once instead of materialising every intermediate. It has no
+    adjoint.
 
     ```mlir
     %y = dloss.fused_elementwise %x, %m, %s {elements = 1 : i64,
@@ -837,7 +841,8 @@ def Dloss_FusedElementwiseOp : Dloss_Op<"fused_elementwise",
   }];
   let arguments = (ins Variadic<Dloss_FloatTensor>:$leaves, I64Attr:$elements,
                    I64Attr:$row_leaves, I64Attr:$col_leaves,
-                   DenseI64ArrayAttr:$program, DenseI64ArrayAttr:$outputs);
+                   DenseI64ArrayAttr:$program, DenseI64ArrayAttr:$outputs,
+                   OptionalAttr<DenseI64ArrayAttr>:$col_sums);
   let results = (outs Variadic<Dloss_FloatTensor>:$results);
   let assemblyFormat = "$leaves attr-dict `:` functional-type($leaves, results)";
   let hasVerifier = 1;

@@ -79,6 +79,17 @@ RankedTensorType spaceOf(Operation *op) {
   return type;
 }
 
+/// The sum over the rows of a matrix (`reduce sum axes [0]`), which may
+/// end a group as a column sum: its input, or null.
+Value summedRows(Operation *op) {
+  auto reduce = dyn_cast<ReduceOp>(op);
+  if (!reduce || reduce.getKind() != ReduceKind::sum ||
+      reduce.getAxes() != ArrayRef<int64_t>{0} ||
+      cast<RankedTensorType>(reduce.getInput().getType()).getRank() != 2)
+    return {};
+  return reduce.getInput();
+}
+
 struct Group {
   RankedTensorType space;
   SmallVector<Operation *> ops; ///< in block order
@@ -86,10 +97,10 @@ struct Group {
 };
 
 /// Whether `op` may join `groups` (merged into one) with the fused op at
-/// op's place: they share its type, and every reader of their values
+/// op's place: they iterate over `space`, and every reader of their values
 /// outside them comes after `op`.
-bool canJoin(ArrayRef<const Group *> groups, Operation *op) {
-  RankedTensorType space = spaceOf(op);
+bool canJoin(ArrayRef<const Group *> groups, Operation *op,
+             RankedTensorType space) {
   auto inside = [&](Operation *user) {
     return user == op || llvm::any_of(groups, [&](const Group *g) {
              return g->members.contains(user);
@@ -134,7 +145,12 @@ bool fuseGroup(Group &group) {
                                                     : ep::Op::Scalar;
     return leafReg[key] = emit(opcode, index);
   };
+  SmallVector<Operation *> sums; // the group's sums over the batch
   for (Operation *op : group.ops) {
+    if (summedRows(op)) {
+      sums.push_back(op);
+      continue;
+    }
     int64_t a = registerOf(op->getOperand(0));
     int64_t b = op->getNumOperands() > 1 ? registerOf(op->getOperand(1)) : 0;
     reg[op->getResult(0)] = emit(*fusedOpcode(op), a, b);
@@ -142,28 +158,35 @@ bool fuseGroup(Group &group) {
   if (leaves[static_cast<int>(LeafKind::Element)].empty())
     return false;
 
-  // The results: values read outside the group.
+  // The results: values read outside the group, then the sums.
   SmallVector<Value> outputs;
-  SmallVector<int64_t> outputRegs;
+  SmallVector<int64_t> outputRegs, sumRegs;
   for (Operation *op : group.ops)
-    if (llvm::any_of(op->getUsers(), [&](Operation *user) {
+    if (!summedRows(op) && llvm::any_of(op->getUsers(), [&](Operation *user) {
           return !group.members.contains(user);
         })) {
       outputs.push_back(op->getResult(0));
       outputRegs.push_back(reg[op->getResult(0)]);
     }
+  SmallVector<Type> types(outputs.size(), group.space);
+  for (Operation *sum : sums) {
+    outputs.push_back(sum->getResult(0));
+    sumRegs.push_back(reg[summedRows(sum)]);
+    types.push_back(sum->getResult(0).getType());
+  }
 
   SmallVector<Value> operands;
   for (auto &list : leaves)
     operands.append(list.begin(), list.end());
   Operation *last = group.ops.back();
   OpBuilder builder(last);
-  SmallVector<Type> types(outputs.size(), group.space);
   auto fused = FusedElementwiseOp::create(
       builder, last->getLoc(), types, operands,
       static_cast<int64_t>(leaves[0].size()),
       static_cast<int64_t>(leaves[1].size()),
-      static_cast<int64_t>(leaves[2].size()), program, outputRegs);
+      static_cast<int64_t>(leaves[2].size()), program, outputRegs,
+      sumRegs.empty() ? DenseI64ArrayAttr()
+                      : builder.getDenseI64ArrayAttr(sumRegs));
   for (auto [value, result] : llvm::zip(outputs, fused.getResults()))
     value.replaceAllUsesWith(result);
   llvm::SetVector<Operation *> expands;
@@ -183,6 +206,23 @@ void fuseBlock(Block &block) {
   std::vector<Group> groups;
   llvm::DenseMap<Operation *, size_t> groupOf;
   for (Operation &op : block) {
+    // A sum over the batch of a group's value joins that group (if the
+    // group's values have no other reader before it): the value then need
+    // not reach memory.
+    if (Value input = summedRows(&op)) {
+      Operation *def = input.getDefiningOp();
+      auto it = def ? groupOf.find(def) : groupOf.end();
+      if (it == groupOf.end())
+        continue;
+      Group &group = groups[it->second];
+      const Group *alone[] = {&group};
+      if (input.getType() != group.space || !canJoin(alone, &op, group.space))
+        continue;
+      group.ops.push_back(&op);
+      group.members.insert(&op);
+      groupOf[&op] = it->second;
+      continue;
+    }
     RankedTensorType space = spaceOf(&op);
     if (!space)
       continue;
@@ -196,7 +236,7 @@ void fuseBlock(Block &block) {
       if (it == groupOf.end() || llvm::is_contained(joined, it->second))
         continue;
       joinedGroups.push_back(&groups[it->second]);
-      if (canJoin(joinedGroups, &op))
+      if (canJoin(joinedGroups, &op, space))
         joined.push_back(it->second);
       else
         joinedGroups.pop_back();

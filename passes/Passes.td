@@ -103,7 +103,9 @@ def FuseElementwisePass : Pass<"dloss-fuse-elementwise", "ModuleOp"> {
     before it, so the fused op can take the place of the group's last op
     and no op moves (collectives keep their order). A group of one op
     fuses only when it reads an expanded vector (the expand then never
-    reaches memory). Reductions stay separate ops.
+    reaches memory). A sum over the batch (`reduce sum axes [0]` of a
+    matrix) of a group's value joins it as a column sum, under the same
+    rule; other reductions stay separate ops.
   }];
   let dependentDialects = ["::mlir::dloss::DlossDialect"];
 }

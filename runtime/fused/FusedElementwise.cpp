@@ -2,7 +2,8 @@
 // memory. On CPU (float, double) the iteration space is cut into chunks of
 // at most kChunk elements of one row, each evaluated by the tile programs'
 // vectorised row loops (RowEvaluator.h) in a thread's registers, which stay
-// in cache; element leaves are read and results written in place. Elsewhere
+// in cache; element leaves are read and results written in place, column
+// sums accumulated in double. Elsewhere
 // (CUDA tensors, other types) each instruction is one ATen op, as the
 // unfused ops would run: no CUDA kernel yet, by choice at run time.
 #include "runtime/fused/FusedKernels.h"
@@ -15,6 +16,7 @@
 #include <ATen/record_function.h>
 
 #include <algorithm>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -48,8 +50,9 @@ ElementwiseOperands checkOperands(KernelContext &ctx,
   const int64_t count = static_cast<int64_t>(ctx.numOperands());
   const int64_t scalars = count - p.elements - p.rowLeaves - p.colLeaves;
   std::string problem = epilogue::checkElementwiseProgram(
-      epilogue::intsOf(p.program), epilogue::intsOf(p.outputs), p.elements,
-      p.rowLeaves, p.colLeaves, scalars);
+      epilogue::intsOf(p.program), epilogue::intsOf(p.outputs),
+      epilogue::intsOf(p.colSums), p.elements, p.rowLeaves, p.colLeaves,
+      scalars);
   if (!problem.empty() || scalars < 0)
     fail("dloss.fused_elementwise has a malformed program: " +
              (problem.empty() ? std::string("more leaves than operands")
@@ -111,16 +114,25 @@ ElementwiseOperands checkOperands(KernelContext &ctx,
   return ops;
 }
 
-/// The CPU pass: chunks of one row each, split over ATen's threads.
+/// acc[j] += v[j]: a chunk's part of a column sum, in double.
+template <typename T>
+void addToColumns(double *__restrict acc, const T *__restrict v, int64_t w) {
+  for (int64_t j = 0; j < w; ++j)
+    acc[j] += static_cast<double>(v[j]);
+}
+
+/// The CPU pass: chunks of one row each, split over ATen's threads; column
+/// sums accumulate in double per task, then across tasks.
 template <typename T>
 std::vector<at::Tensor> runCpu(const ElementwiseOperands &ops,
-                               const std::vector<int64_t> &outputs) {
+                               const std::vector<int64_t> &outputs,
+                               const std::vector<int64_t> &colSums) {
   const at::Tensor &first = ops.elements.front();
   std::vector<at::Tensor> results;
   for (size_t k = 0; k < outputs.size(); ++k)
     results.push_back(at::empty(ops.space, first.options()));
-  // Without per-row or per-column leaves the rows do not matter: one row.
-  const bool flat = ops.rows.empty() && ops.cols.empty();
+  // Without per-row or per-column values the rows do not matter: one row.
+  const bool flat = ops.rows.empty() && ops.cols.empty() && colSums.empty();
   const int64_t numRows = flat ? 1 : ops.numRows;
   const int64_t numCols = flat ? first.numel() : ops.numCols;
   const int64_t width = std::max<int64_t>(1, std::min(numCols, kChunk));
@@ -148,8 +160,13 @@ std::vector<at::Tensor> runCpu(const ElementwiseOperands &ops,
   for (const at::Tensor &t : ops.scalars)
     scalars.push_back(t.data_ptr<T>()[0]);
 
+  const size_t sumSize = colSums.size() * static_cast<size_t>(numCols);
+  std::vector<double> sums(sumSize, 0.0);
+  std::mutex sumsLock;
+
   const int64_t grain = std::max<int64_t>(1, 16384 / width);
   at::parallel_for(0, chunks, grain, [&](int64_t begin, int64_t end) {
+    std::vector<double> partial(sumSize, 0.0);
     std::vector<T> slots(static_cast<size_t>(count * width));
     std::vector<const T *> reg(count, nullptr);
     auto slot = [&](int64_t t) { return slots.data() + t * width; };
@@ -196,14 +213,29 @@ std::vector<at::Tensor> runCpu(const ElementwiseOperands &ops,
       for (size_t k = 0; k < outputs.size(); ++k)
         if (reg[outputs[k]] != out[k] + base)
           std::copy_n(reg[outputs[k]], w, out[k] + base);
+      for (size_t k = 0; k < colSums.size(); ++k)
+        addToColumns(partial.data() + k * numCols + col, reg[colSums[k]], w);
     }
+    if (sumSize == 0)
+      return;
+    std::lock_guard<std::mutex> hold(sumsLock);
+    for (size_t k = 0; k < sumSize; ++k)
+      sums[k] += partial[k];
   });
+  for (size_t k = 0; k < colSums.size(); ++k) {
+    at::Tensor sum = at::empty({numCols}, first.options());
+    T *data = sum.data_ptr<T>();
+    for (int64_t j = 0; j < numCols; ++j)
+      data[j] = static_cast<T>(sums[k * numCols + j]);
+    results.push_back(std::move(sum));
+  }
   return results;
 }
 
 /// One ATen op per instruction (CUDA tensors, types the CPU pass lacks).
 std::vector<at::Tensor> runAten(const ElementwiseOperands &ops,
-                                const std::vector<int64_t> &outputs) {
+                                const std::vector<int64_t> &outputs,
+                                const std::vector<int64_t> &colSums) {
   const at::Tensor &first = ops.elements.front();
   std::vector<at::Tensor> reg(ops.program.size());
   const std::vector<int64_t> matrix = {ops.numRows, ops.numCols};
@@ -266,6 +298,8 @@ std::vector<at::Tensor> runAten(const ElementwiseOperands &ops,
                                 .clone(at::MemoryFormat::Contiguous)
                                 .view(ops.space));
   }
+  for (int64_t r : colSums)
+    results.push_back(reg[r].expand(matrix).sum(0));
   return results;
 }
 
@@ -278,11 +312,11 @@ void fusedElementwise(KernelContext &ctx, const ElementwiseProgram &program) {
   const at::Tensor &first = ops.elements.front();
   std::vector<at::Tensor> results;
   if (first.device().is_cpu() && first.scalar_type() == at::kFloat)
-    results = runCpu<float>(ops, program.outputs);
+    results = runCpu<float>(ops, program.outputs, program.colSums);
   else if (first.device().is_cpu() && first.scalar_type() == at::kDouble)
-    results = runCpu<double>(ops, program.outputs);
+    results = runCpu<double>(ops, program.outputs, program.colSums);
   else
-    results = runAten(ops, program.outputs);
+    results = runAten(ops, program.outputs, program.colSums);
   for (size_t k = 0; k < results.size(); ++k)
     ctx.setResult(k, std::move(results[k]));
 }

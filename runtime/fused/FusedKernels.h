@@ -59,8 +59,10 @@ void fusedSimilarityGrad(KernelContext &ctx, const SimilarityProgram &program);
 struct ElementwiseProgram {
   int64_t elements = 0, rowLeaves = 0, colLeaves = 0;
   std::vector<int64_t> program;
-  /// One register per result.
+  /// One register per full result.
   std::vector<int64_t> outputs;
+  /// One register per further result: its sum over the rows (`col_sums`).
+  std::vector<int64_t> colSums;
 };
 
 /// A chain of element-wise ops in one pass (FusedElementwise.cpp): on CPU

@@ -166,6 +166,8 @@ std::unordered_map<std::string, KernelRule> buildTable() {
                    program.colLeaves = attrs.integer("col_leaves");
                    program.program = attrs.integers("program");
                    program.outputs = attrs.integers("outputs");
+                   if (attrs.has("col_sums"))
+                     program.colSums = attrs.integers("col_sums");
                    return [program](KernelContext &ctx) {
                      fused::fusedElementwise(ctx, program);
                    };

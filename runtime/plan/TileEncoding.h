@@ -414,7 +414,9 @@ inline DerivedFacts deriveFacts(Ints program, Ints outputs, Ints colOutputs) {
 // `element a` (operand a, of the iteration space's shape, read at the
 // element), `row a` (a per-row vector, read at the element's row), `col a`
 // (a per-column vector, read at its column), `scalar a` (a 0-d operand) and
-// `const`. `outputs` holds one register per result, each written in full.
+// `const`. `outputs` holds one register per full result, written in full;
+// `col_sums` one register per further result, its sum over the rows (one
+// value per column: a reduction over the batch that ends the chain).
 // The op only runs forward (it is made after autodiff), so the arithmetic
 // is the set whose ATen kernels round the same way as epilogue::apply.
 
@@ -433,12 +435,13 @@ inline bool isElementwiseArithmetic(Op op) {
   }
 }
 
-/// Checks a fused element-wise program and its outputs (one register each)
-/// against the op's leaf counts: what is wrong, or an empty string. The
-/// verifier and the runtime both call it.
+/// Checks a fused element-wise program, its outputs and its column sums
+/// (one register each) against the op's leaf counts: what is wrong, or an empty
+/// string. The verifier and the runtime both call it.
 inline std::string checkElementwiseProgram(Ints program, Ints outputs,
-                                           int64_t elements, int64_t rowLeaves,
-                                           int64_t colLeaves, int64_t scalars) {
+                                           Ints colSums, int64_t elements,
+                                           int64_t rowLeaves, int64_t colLeaves,
+                                           int64_t scalars) {
   std::string problem = checkInstructions(program.data, program.size, rowLeaves,
                                           colLeaves, scalars, elements);
   if (!problem.empty())
@@ -455,12 +458,15 @@ inline std::string checkElementwiseProgram(Ints program, Ints outputs,
   if (elements <= 0)
     return "a fused element-wise program needs an operand of its iteration "
            "space's shape";
-  if (outputs.size <= 0)
+  if (outputs.size + colSums.size <= 0)
     return "the program has no outputs";
-  for (int64_t k = 0; k < outputs.size; ++k)
-    if (outputs[k] < 0 || outputs[k] >= count)
+  for (int64_t k = 0; k < outputs.size + colSums.size; ++k) {
+    const int64_t reg =
+        k < outputs.size ? outputs[k] : colSums[k - outputs.size];
+    if (reg < 0 || reg >= count)
       return "result " + std::to_string(k) + " names register " +
-             std::to_string(outputs[k]) + " of " + std::to_string(count);
+             std::to_string(reg) + " of " + std::to_string(count);
+  }
   return {};
 }
 #endif // !defined(__CUDACC__)

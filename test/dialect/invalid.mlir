@@ -755,7 +755,7 @@ func.func @state_not_replicated(%x: tensor<?x4xf32>, %c: tensor<4xf32> {dloss.st
 // -----
 
 func.func @fused_elementwise_leaf_counts(%x: tensor<?x8xf32>) {
-  // expected-error@+1 {{has 1 leaves, not 1 (at least 1) of the results' shape, 0 per-row and 1 per-column ones}}
+  // expected-error@+1 {{has 1 leaves, not 1 (at least 1) of the space's shape, 0 per-row and 1 per-column ones}}
   %0 = dloss.fused_elementwise %x {elements = 1, row_leaves = 0, col_leaves = 1, program = array<i64: 25, 0, 0, 0>, outputs = array<i64: 0>} : (tensor<?x8xf32>) -> tensor<?x8xf32>
   return
 }
@@ -763,7 +763,7 @@ func.func @fused_elementwise_leaf_counts(%x: tensor<?x8xf32>) {
 // -----
 
 func.func @fused_elementwise_outputs(%x: tensor<?x8xf32>) {
-  // expected-error@+1 {{has 2 results but its program has 1 outputs}}
+  // expected-error@+1 {{has 2 results but its program has 1 outputs and 0 column sums}}
   %0:2 = dloss.fused_elementwise %x {elements = 1, row_leaves = 0, col_leaves = 0, program = array<i64: 25, 0, 0, 0, 10, 0, 0, 0>, outputs = array<i64: 1>} : (tensor<?x8xf32>) -> (tensor<?x8xf32>, tensor<?x8xf32>)
   return
 }
@@ -789,5 +789,13 @@ func.func @fused_elementwise_instructions(%x: tensor<?x8xf32>) {
 func.func @fused_similarity_has_no_element_leaf(%r: tensor<?x8xf32>, %c: tensor<?x8xf32>) {
   // expected-error@+1 {{has a malformed tile program: instruction 0: element reads leaf 0 of 0}}
   %0 = dloss.fused_similarity %r, %c {row_leaves = 0, col_leaves = 0, program = array<i64: 25, 0, 0, 0>, outputs = array<i64: 0, 0>, picks = array<i64: -1, -1>, class_targets = array<i64>} : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?xf32>
+  return
+}
+
+// -----
+
+func.func @fused_elementwise_column_sums(%x: tensor<?x8xf32>) {
+  // expected-error@+1 {{result 1 has type 'tensor<4xf32>', expected one value per column of 'tensor<?x8xf32>'}}
+  %0:2 = dloss.fused_elementwise %x {elements = 1, row_leaves = 0, col_leaves = 0, program = array<i64: 25, 0, 0, 0, 10, 0, 0, 0>, outputs = array<i64: 1>, col_sums = array<i64: 1>} : (tensor<?x8xf32>) -> (tensor<?x8xf32>, tensor<4xf32>)
   return
 }

@@ -1060,8 +1060,10 @@ def _fused_similarity_grad(op, args, world):
 # ops that dloss-fuse-elementwise makes after autodiff. Its program is the
 # tile encoding with leaf `element` (opcode 25: operand a of the results'
 # shape); per-row leaves hold one value per row (all axes but the last),
-# per-column ones one per column (the last axis). Evaluated here per rank
-# on whole tensors with torch's broadcasting; no communication.
+# per-column ones one per column (the last axis). `outputs` name the full
+# results, `col_sums` further ones: a register summed over the rows (axis
+# 0). Evaluated here per rank on whole tensors with torch's broadcasting;
+# no communication.
 _FE_ELEMENT = 25
 _FE_ARITHMETIC = ("add", "sub", "mul", "div", "neg", "sqrt")
 
@@ -1069,9 +1071,10 @@ _FE_ARITHMETIC = ("add", "sub", "mul", "div", "neg", "sqrt")
 def _fused_elementwise(op, args, world):
     program = op.attr("program") or []
     outputs = op.attr("outputs") or []
+    col_sums = op.attr("col_sums") or []
     ne, nr, nc = (int(op.attr("elements")), int(op.attr("row_leaves")),
                   int(op.attr("col_leaves")))
-    if len(program) % 4 or not program or not outputs or ne < 1:
+    if len(program) % 4 or not program or not outputs + col_sums or ne < 1:
         raise SimError("malformed program, outputs or leaf counts")
     out = []
     for leaves in args:
@@ -1105,6 +1108,7 @@ def _fused_elementwise(op, args, world):
                                "of a fused element-wise program")
             regs.append(v)
         values = [torch.broadcast_to(regs[o], shape) for o in outputs]
+        values += [torch.broadcast_to(regs[o], shape).sum(0) for o in col_sums]
         out.append(tuple(values) if len(values) > 1 else values[0])
     return out
 

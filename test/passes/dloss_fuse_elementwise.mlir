@@ -27,22 +27,44 @@ func.func @batch_norm(%x: tensor<?x8xf32>, %m: tensor<8xf32>, %v: tensor<8xf32>,
 
 // -----
 
-// Values read outside the chain after its last op are results; a per-row
-// expand is a row leaf, and an expand read elsewhere too stays.
+// Values read outside the chain after its last op are results; a sum over
+// the batch that ends the chain is a column sum (its operand never reaches
+// memory); a per-row expand is a row leaf, and an expand read elsewhere too
+// stays.
 // CHECK-LABEL: func.func @outputs(
 // CHECK-SAME: %[[X:[^:]*]]: tensor<?x8xf32>, %[[Y:[^:]*]]: tensor<?x8xf32>, %[[R:[^:]*]]: tensor<?xf32>
 // CHECK: %[[RE:.*]] = dloss.expand %[[R]] axes [1]
-// CHECK: %[[F:.*]]:2 = dloss.fused_elementwise %[[X]], %[[Y]], %[[R]] {col_leaves = 0 : i64, elements = 2 : i64, outputs = array<i64: 2, 5>,
+// CHECK: %[[F:.*]]:3 = dloss.fused_elementwise %[[X]], %[[Y]], %[[R]] {col_leaves = 0 : i64, col_sums = array<i64: 2, 4>, elements = 2 : i64, outputs = array<i64: 5>,
 // CHECK-SAME: program = array<i64: 25, 0, 0, 0, 25, 1, 0, 0, 8, 0, 1, 0, 2, 0, 0, 0, 6, 2, 3, 0, 10, 4, 0, 0>, row_leaves = 1 : i64}
-// CHECK: %[[S:.*]] = dloss.reduce sum %[[F]]#0 axes [0]
-// CHECK: return %[[F]]#1, %[[S]], %[[RE]]
-func.func @outputs(%x: tensor<?x8xf32>, %y: tensor<?x8xf32>, %r: tensor<?xf32>) -> (tensor<?x8xf32>, tensor<8xf32>, tensor<?x8xf32>) {
+// CHECK-SAME: -> (tensor<?x8xf32>, tensor<8xf32>, tensor<8xf32>)
+// CHECK-NOT: dloss.reduce
+// CHECK: return %[[F]]#0, %[[F]]#1, %[[F]]#2, %[[RE]]
+func.func @outputs(%x: tensor<?x8xf32>, %y: tensor<?x8xf32>, %r: tensor<?xf32>) -> (tensor<?x8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<?x8xf32>) {
   %p = dloss.mul %x, %y : tensor<?x8xf32>, tensor<?x8xf32>
   %re = dloss.expand %r axes [1] like %x : tensor<?xf32>, tensor<?x8xf32>
   %q = dloss.add %p, %re : tensor<?x8xf32>, tensor<?x8xf32>
   %n = dloss.neg %q : tensor<?x8xf32>
   %s = dloss.reduce sum %p axes [0] : tensor<?x8xf32>
-  return %n, %s, %re : tensor<?x8xf32>, tensor<8xf32>, tensor<?x8xf32>
+  %t = dloss.reduce sum %q axes [0] : tensor<?x8xf32>
+  return %n, %s, %t, %re : tensor<?x8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<?x8xf32>
+}
+
+// -----
+
+// A sum over the batch whose result the chain reads on (batch norm: the
+// mean, then x - mean) ends the chain: the rest is a chain of its own,
+// reading the first one's value (a full result) and its sum.
+// CHECK-LABEL: func.func @sum_read_by_the_chain(
+// CHECK: %[[A:.*]]:2 = dloss.fused_elementwise %{{.*}} {col_leaves = 0 : i64, col_sums = array<i64: 1>, elements = 1 : i64, outputs = array<i64: 1>,
+// CHECK: %[[E:.*]] = dloss.fused_elementwise %[[A]]#0, %[[A]]#1 {col_leaves = 1 : i64, elements = 1 : i64,
+// CHECK-NOT: dloss.reduce
+// CHECK: return %[[E]]
+func.func @sum_read_by_the_chain(%x: tensor<?x8xf32>) -> tensor<?x8xf32> {
+  %sq = dloss.mul %x, %x : tensor<?x8xf32>, tensor<?x8xf32>
+  %s = dloss.reduce sum %sq axes [0] : tensor<?x8xf32>
+  %se = dloss.expand %s axes [0] like %x : tensor<8xf32>, tensor<?x8xf32>
+  %d = dloss.sub %sq, %se : tensor<?x8xf32>, tensor<?x8xf32>
+  return %d : tensor<?x8xf32>
 }
 
 // -----

@@ -28,13 +28,17 @@ struct Program {
 std::vector<at::Tensor> runChain(const std::vector<at::Tensor> &operands,
                                  int64_t elements, int64_t rows, int64_t cols,
                                  const Program &p,
-                                 const std::vector<int64_t> &outputs) {
+                                 const std::vector<int64_t> &outputs,
+                                 const std::vector<int64_t> &colSums = {}) {
   auto comm = dloss::makeSingleProcessCommunicator();
+  std::vector<AttrSpec> attrs = {
+      intAttr("elements", elements), intAttr("row_leaves", rows),
+      intAttr("col_leaves", cols), intsAttr("program", p.code),
+      intsAttr("outputs", outputs)};
+  if (!colSums.empty())
+    attrs.push_back(intsAttr("col_sums", colSums));
   return runFused(*comm, "dloss.fused_elementwise", operands,
-                  static_cast<int>(outputs.size()), {},
-                  {intAttr("elements", elements), intAttr("row_leaves", rows),
-                   intAttr("col_leaves", cols), intsAttr("program", p.code),
-                   intsAttr("outputs", outputs)});
+                  static_cast<int>(outputs.size() + colSums.size()), {}, attrs);
 }
 
 void expectSame(const at::Tensor &actual, const at::Tensor &expected) {
@@ -96,6 +100,30 @@ TEST(FusedElementwiseTest, RowLeavesConstantsAndFlatChains) {
                   p(Op::Div, p(Op::Element, 1), p(Op::Scalar, 0)));
     std::vector<at::Tensor> out = runChain({a, b, s}, 2, 0, 0, p, {y});
     expectSame(out[0], a * a + b / s);
+  }
+}
+
+// Sums over the rows (batch norm's backward: sum(g * x_hat) and sum(g))
+// as further results, over rows wider than a chunk, and a rank with no
+// rows.
+TEST(FusedElementwiseTest, ColumnSumsMatchAten) {
+  for (int64_t rows : {300, 0}) {
+    SCOPED_TRACE(rows);
+    at::manual_seed(6);
+    at::Tensor g = at::randn({rows, 2500}), x = at::randn({rows, 2500});
+    at::Tensor m = at::randn({2500});
+    Program p;
+    int64_t rg = p(Op::Element, 0);
+    int64_t hat = p(Op::Sub, p(Op::Element, 1), p(Op::ColLeaf, 0));
+    int64_t prod = p(Op::Mul, rg, hat);
+    std::vector<at::Tensor> out =
+        runChain({g, x, m}, 2, 0, 1, p, {hat}, {prod, rg});
+    ASSERT_EQ(out.size(), 3u);
+    expectSame(out[0], x - m);
+    ASSERT_EQ(out[1].sizes(), at::IntArrayRef({2500}));
+    // Summed in double here, in float by ATen: equal up to its rounding.
+    EXPECT_TRUE(at::allclose(out[1], (g * (x - m)).sum(0), 1e-5, 1e-4));
+    EXPECT_TRUE(at::allclose(out[2], g.sum(0), 1e-5, 1e-4));
   }
 }
 
