@@ -1,6 +1,7 @@
 // dloss-fuse-elementwise: groups chains of element-wise ops into
 // dloss.fused_elementwise, which runs each chain in one pass over memory.
 #include "passes/Passes.h"
+#include "passes/TileProgram.h"
 
 #include "runtime/plan/TileEncoding.h"
 
@@ -23,14 +24,10 @@ namespace {
 /// The opcode of an op the fused program may hold (TileEncoding.h's
 /// isElementwiseArithmetic), or nullopt.
 std::optional<ep::Op> fusedOpcode(Operation *op) {
-  return llvm::TypeSwitch<Operation *, std::optional<ep::Op>>(op)
-      .Case([](AddOp) { return ep::Op::Add; })
-      .Case([](SubOp) { return ep::Op::Sub; })
-      .Case([](MulOp) { return ep::Op::Mul; })
-      .Case([](DivOp) { return ep::Op::Div; })
-      .Case([](NegOp) { return ep::Op::Neg; })
-      .Case([](SqrtOp) { return ep::Op::Sqrt; })
-      .Default([](Operation *) { return std::nullopt; });
+  std::optional<ep::Op> code = elementwiseOpcode(op);
+  if (code && ep::isElementwiseArithmetic(*code))
+    return code;
+  return std::nullopt;
 }
 
 /// How an operand of a member enters the program.

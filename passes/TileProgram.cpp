@@ -34,31 +34,6 @@ bool isFloat(Value value) {
   return type && isa<FloatType>(type.getElementType());
 }
 
-/// The opcode of an element-wise op the program can hold with operands taken
-/// as they are, or nullopt.
-std::optional<ep::Op> elementwiseOpcode(Operation *op) {
-  return llvm::TypeSwitch<Operation *, std::optional<ep::Op>>(op)
-      .Case([](AddOp) { return ep::Op::Add; })
-      .Case([](SubOp) { return ep::Op::Sub; })
-      .Case([](MulOp) { return ep::Op::Mul; })
-      .Case([](DivOp) { return ep::Op::Div; })
-      .Case([](NegOp) { return ep::Op::Neg; })
-      .Case([](ExpOp) { return ep::Op::Exp; })
-      .Case([](LogOp) { return ep::Op::Log; })
-      .Case([](SoftplusOp) { return ep::Op::Softplus; })
-      .Case([](LogSigmoidOp) { return ep::Op::LogSigmoid; })
-      .Case([](SigmoidOp) { return ep::Op::Sigmoid; })
-      .Case([](CosOp) { return ep::Op::Cos; })
-      .Case([](AcosOp) { return ep::Op::Acos; })
-      .Case([](SinOp) { return ep::Op::Sin; })
-      .Case([](SqrtOp) { return ep::Op::Sqrt; })
-      .Case([](ClampOp) { return ep::Op::Clamp; })
-      .Case([](EqOp) { return ep::Op::Eq; })
-      .Case([](SelectOp) { return ep::Op::Select; })
-      .Case([](StopGradientOp) { return ep::Op::StopGradient; })
-      .Default([](Operation *) { return std::nullopt; });
-}
-
 /// Ops that become instructions (or, for a cast, share their input's
 /// register): element-wise ops, casts that keep values, and put_along on
 /// axis 1 (a select at the target column).
@@ -479,6 +454,31 @@ std::variant<TileProgram, TileDecline> Deriver::run() {
 }
 
 } // namespace
+
+/// The opcode of an element-wise op the program can hold with operands taken
+/// as they are, or nullopt.
+std::optional<ep::Op> mlir::dloss::elementwiseOpcode(Operation *op) {
+  return llvm::TypeSwitch<Operation *, std::optional<ep::Op>>(op)
+      .Case([](AddOp) { return ep::Op::Add; })
+      .Case([](SubOp) { return ep::Op::Sub; })
+      .Case([](MulOp) { return ep::Op::Mul; })
+      .Case([](DivOp) { return ep::Op::Div; })
+      .Case([](NegOp) { return ep::Op::Neg; })
+      .Case([](ExpOp) { return ep::Op::Exp; })
+      .Case([](LogOp) { return ep::Op::Log; })
+      .Case([](SoftplusOp) { return ep::Op::Softplus; })
+      .Case([](LogSigmoidOp) { return ep::Op::LogSigmoid; })
+      .Case([](SigmoidOp) { return ep::Op::Sigmoid; })
+      .Case([](CosOp) { return ep::Op::Cos; })
+      .Case([](AcosOp) { return ep::Op::Acos; })
+      .Case([](SinOp) { return ep::Op::Sin; })
+      .Case([](SqrtOp) { return ep::Op::Sqrt; })
+      .Case([](ClampOp) { return ep::Op::Clamp; })
+      .Case([](EqOp) { return ep::Op::Eq; })
+      .Case([](SelectOp) { return ep::Op::Select; })
+      .Case([](StopGradientOp) { return ep::Op::StopGradient; })
+      .Default([](Operation *) { return std::nullopt; });
+}
 
 std::variant<TileProgram, TileDecline>
 mlir::dloss::deriveTileProgram(MatmulOp matmul,

@@ -6,6 +6,7 @@
 #define DLOSS_PASSES_TILEPROGRAM_H
 
 #include "dialect/DlossOps.h"
+#include "runtime/plan/TileEncoding.h"
 
 #include "llvm/ADT/SmallVector.h"
 
@@ -17,6 +18,11 @@ class DominanceInfo;
 } // namespace mlir
 
 namespace mlir::dloss {
+
+/// The tile-program opcode of an element-wise op whose operands are taken as
+/// they are (the fused similarity's tiles and dloss-fuse-elementwise's chains
+/// share it), or nullopt.
+std::optional<::dloss::epilogue::Op> elementwiseOpcode(Operation *op);
 
 /// A reduction of the tile that the fused op computes: `op` is replaced by
 /// results [first, first + count) of the fused op.
