@@ -253,12 +253,14 @@ def _rank_main(fn, rank, world, port, shards, params, timeout, queue, done):
     os._exit(0)
 
 
-def _free_port():
+def _held_port():
+    """A socket bound (never listening) to a free port: while it is held,
+    no other bind(port 0) gets that port, so checks run side by side never
+    share one, and rank 0's store (SO_REUSEADDR) can still listen on it."""
     s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    return s
 
 
 def _run(fn, shards, params, timeout):
@@ -271,7 +273,8 @@ def _run(fn, shards, params, timeout):
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch"])
     queue, done = ctx.Queue(), ctx.Event()
-    port = _free_port()
+    held = _held_port()
+    port = held.getsockname()[1]
     procs = [ctx.Process(target=_rank_main, args=(
         fn, r, world, port, shards[r], params, timeout, queue, done))
         for r in range(world)]
@@ -297,6 +300,7 @@ def _run(fn, shards, params, timeout):
             if p.is_alive():
                 p.kill()
                 p.join()
+        held.close()
     # A rank that never reported: still running at the deadline (None), or
     # dead with its exit code (an abort, say).
     lost = {r: None if r in stuck else procs[r].exitcode
