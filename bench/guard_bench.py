@@ -1,13 +1,20 @@
-"""dloss.guard's cost on 4 CPU ranks (Gloo on loopback, one thread each):
-per collective (an all_reduce of one float), per DDP training step (a
-small MLP with dloss.ClipLoss, DDP's gradient all-reduce in 1 bucket or
-several) and per FSDP2 step (the same MLP, each Linear and the root under
-fully_shard: its all-gathers and reduce-scatters), each guarded and
-unguarded in the same run, alternating, with the ratio guarded /
-unguarded. No target: the guard is a debugging mode; the
-numbers go to docs/Lightning.md.
+"""dloss.guard's cost on CPU ranks (Gloo on loopback, one thread each),
+guarded and unguarded in the same run, alternating, as the ratio guarded /
+unguarded:
+
+- per step at --ranks (4): a DDP training step (a small MLP with
+  dloss.ClipLoss, DDP's gradient all-reduce in 1 bucket or several) and an
+  FSDP2 step (the same MLP, each Linear and the root under fully_shard: its
+  all-gathers and reduce-scatters). Target: at most 1.05x each;
+- per collective (an all_reduce of one float) at each of --worlds: the
+  guard's added cost must grow no faster than the collective's own (the
+  last column: added / unguarded, flat or falling), not linearly in the
+  world size.
+
+The numbers go to docs/Lightning.md.
 
     python bench/guard_bench.py [--ranks 4] [--steps 40] [--collectives 400]
+                                [--worlds 2,4,8,16,32]
 """
 
 import argparse
@@ -20,7 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def _rank(rank, world, port, args, queue):
+def _rank(rank, world, port, args, queue, only_collectives):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                       RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
@@ -76,22 +83,20 @@ def _rank(rank, world, port, args, queue):
             guard = dloss.guard(timeout=60) if guarded else None
             key = "guarded" if guarded else "plain"
             out.setdefault(("collective", key), []).append(collectives())
-            out.setdefault(("step, 1 bucket", key), []).append(steps(25))
-            out.setdefault(("step, 4 buckets", key), []).append(steps(0.02))
-            out.setdefault(("FSDP2 step", key), []).append(fsdp_steps())
+            if not only_collectives:
+                out.setdefault(("step, 1 bucket", key), []).append(steps(25))
+                out.setdefault(("step, 4 buckets", key), []).append(
+                    steps(0.02))
+                out.setdefault(("FSDP2 step", key), []).append(fsdp_steps())
             if guard is not None:
                 guard.close()
     queue.put((rank, out))
     dist.barrier()
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--collectives", type=int, default=400)
-    args = parser.parse_args()
-    os.environ["OMP_NUM_THREADS"] = "1"
+def _run(world, args, only_collectives):
+    """Rank 0's figures of one run of `world` ranks (every rank waits for
+    the slowest)."""
     import socket
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -99,14 +104,26 @@ def main():
     s.close()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, args.ranks, port, args, queue))
-             for r in range(args.ranks)]
+    procs = [ctx.Process(target=_rank, args=(r, world, port, args, queue,
+                                             only_collectives))
+             for r in range(world)]
     for p in procs:
         p.start()
-    results = dict(queue.get(timeout=600) for _ in procs)
+    results = dict(queue.get(timeout=1200) for _ in procs)
     for p in procs:
         p.join()
-    out = results[0]  # rank 0's view; every rank waits for the slowest
+    return results[0]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--collectives", type=int, default=400)
+    parser.add_argument("--worlds", default="2,4,8,16,32")
+    args = parser.parse_args()
+    os.environ["OMP_NUM_THREADS"] = "1"
+    out = _run(args.ranks, args, False)
     print("%d ranks, best of 2 alternating runs" % args.ranks)
     print("| figure | unguarded (ms) | guarded (ms) | added (ms) | ratio |")
     print("|---|---:|---:|---:|---:|")
@@ -115,7 +132,23 @@ def main():
         plain = min(out[(name, "plain")]) * 1e3
         guarded = min(out[(name, "guarded")]) * 1e3
         print("| %s | %.3f | %.3f | %.3f | %.2f |" %
-              (name, plain, guarded, guarded - plain, guarded / plain))
+              (name, plain, guarded, guarded - plain, guarded / plain),
+              flush=True)
+    print()
+    print("per collective (all_reduce of one float), best of 2")
+    print("| ranks | unguarded (ms) | guarded (ms) | added (ms) | "
+          "added / unguarded |")
+    print("|---:|---:|---:|---:|---:|")
+    for world in (int(w) for w in args.worlds.split(",") if w):
+        # Fewer collectives as the world grows: each takes longer.
+        sweep = argparse.Namespace(**vars(args))
+        sweep.collectives = max(40, args.collectives * 4 // world)
+        out = _run(world, sweep, True)
+        plain = min(out[("collective", "plain")]) * 1e3
+        guarded = min(out[("collective", "guarded")]) * 1e3
+        print("| %d | %.3f | %.3f | %.3f | %.2f |" %
+              (world, plain, guarded, guarded - plain,
+               (guarded - plain) / plain), flush=True)
 
 
 if __name__ == "__main__":

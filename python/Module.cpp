@@ -727,9 +727,10 @@ void bindJit(py::module_ &m) {
 }
 
 /// dloss.guard's hooks: each calls a method of `checker` (a
-/// dloss.guard._Checker) with the GIL, on the op's own thread. Its
-/// dloss.Error crosses c10d and the autograd engine as a
-/// py::error_already_set, which torch's bindings raise as it is.
+/// dloss.guard._Checker) with the GIL, on the op's own thread, and only on
+/// a slow path (GuardedBackend.h). Its dloss.Error crosses c10d and the
+/// autograd engine as a py::error_already_set, which torch's bindings raise
+/// as it is.
 comm::GuardHooks pythonHooks(const py::object &checker) {
   // Released with the GIL, wherever the last hook goes (a group may end on
   // a thread of c10d's); leaked if Python has already finalised.
@@ -740,9 +741,25 @@ comm::GuardHooks pythonHooks(const py::object &checker) {
     delete o;
   });
   comm::GuardHooks hooks;
-  hooks.collective = [held](const std::string &call) {
+  hooks.waiting = [held](int64_t seq, const std::string &call, bool first) {
     py::gil_scoped_acquire gil;
-    held->attr("collective")(call);
+    held->attr("waiting")(seq, call, first);
+  };
+  hooks.passed = [held](int64_t seq) {
+    py::gil_scoped_acquire gil;
+    held->attr("passed")(seq);
+  };
+  hooks.timedOut = [held](int64_t seq, const std::string &call) {
+    py::gil_scoped_acquire gil;
+    held->attr("timed_out")(seq, call);
+  };
+  hooks.disagreed = [held](int64_t seq, const std::string &call) {
+    py::gil_scoped_acquire gil;
+    held->attr("disagreed")(seq, call);
+  };
+  hooks.refused = [held](const std::string &call) {
+    py::gil_scoped_acquire gil;
+    held->attr("refused")(call);
   };
   hooks.post = [held](const std::string &call, int peer, bool send,
                       int tag) -> int64_t {
@@ -759,15 +776,31 @@ comm::GuardHooks pythonHooks(const py::object &checker) {
 void bindGuard(py::module_ &m) {
   m.def(
       "guard_group",
-      [](const py::object &group, const py::object &checker) {
+      [](const py::object &group, const py::object &checker,
+         const py::object &side, double deadline, double poll, bool broken) {
         auto pg = borrowTorch<c10d::ProcessGroup>(group, "ProcessGroup");
-        comm::guardGroup(*pg, pythonHooks(checker));
+        auto config = std::make_shared<comm::GuardConfig>();
+        config->hooks = pythonHooks(checker);
+        config->side = borrowTorch<c10d::Backend>(side, "Backend");
+        auto ms = [](double seconds) {
+          return std::chrono::milliseconds(
+              static_cast<int64_t>(seconds * 1000.0));
+        };
+        config->deadline = ms(deadline);
+        config->poll = ms(poll);
+        config->broken = broken;
+        comm::guardGroup(*pg, std::move(config));
       },
-      py::arg("group"), py::arg("checker"),
-      "Registers on `group`, in place of its backends, one that calls "
-      "checker.collective(call) before each collective, checker.post(call, "
-      "peer, send, tag) when a send or recv is posted and "
-      "checker.verify(token) before its wait (runtime/comm/GuardedBackend.h).");
+      py::arg("group"), py::arg("checker"), py::arg("side"),
+      py::arg("deadline"), py::arg("poll"), py::arg("broken") = false,
+      "Registers on `group`, in place of its backends, one that checks each "
+      "op's fingerprint against every rank's over `side` (a Gloo backend "
+      "over the group's ranks) within `deadline` seconds, and calls "
+      "`checker`'s methods on the slow paths: waiting(seq, call, first) "
+      "every `poll` seconds of a wait, passed(seq), timed_out(seq, call), "
+      "disagreed(seq, call), refused(call), post(call, peer, send, tag) and "
+      "verify(token) (runtime/comm/GuardedBackend.h). `broken`: refused "
+      "already, every op calls refused(call).");
   m.def(
       "unguard_group",
       [](const py::object &group) {
@@ -776,6 +809,13 @@ void bindGuard(py::module_ &m) {
       },
       py::arg("group"),
       "Gives `group` its own backends back; False when it was not guarded.");
+  m.def("set_guard_origin", &comm::setOriginOfThread, py::arg("origin"),
+        "Makes `origin` (\"module 'encoder.0' (Linear)\") the FSDP2 owner "
+        "that dloss.guard names for this thread's ops, until it is set "
+        "again (\"\": none); returns the previous one.");
+  m.def("guard_fingerprint", &comm::fingerprint, py::arg("call"),
+        "The 62-bit fingerprint dloss.guard exchanges for an op "
+        "described as `call`.");
 }
 
 } // namespace

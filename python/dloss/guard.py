@@ -20,22 +20,30 @@ Sends and recvs are checked per pair: each end records its op when it is
 posted and compares it with its peer's before its wait.
 
 Mechanism: the guard registers a C++ backend (runtime/comm/GuardedBackend.h)
-on the user's own group, in place of its Gloo and NCCL backends, that calls
-this module's checker before each op. torch dispatches every op of a group
-to its backend, so every holder of the group is covered: the user's
-``torch.distributed`` calls, Lightning's ``sync_dist`` reductions and
-barriers, DDP's reducer (a DDP module built before the guard included),
-FSDP2's all-gathers and reduce-scatters, and dloss's runtime. The records
-go through a connection of the guard's own to the group's store, whose
-waits end at the guard's deadline. See docs/Lightning.md for its cost and
-its limits.
+on the user's own group, in place of its Gloo and NCCL backends. torch
+dispatches every op of a group to its backend, so every holder of the group
+is covered: the user's ``torch.distributed`` calls, Lightning's ``sync_dist``
+reductions and barriers, DDP's reducer (a DDP module built before the guard
+included), FSDP2's all-gathers and reduce-scatters, and dloss's runtime.
+Before each collective, the backend exchanges a 62-bit fingerprint of the op
+(its description and who calls it: the user, DDP's reducer, FSDP2, dloss)
+with every rank, in one small all-reduce on a Gloo backend of the guard's
+own over the group's ranks, in C++ without the GIL. Only when the
+fingerprints differ, or a rank waits longer than a poll interval, does this
+module run: it records the op and the user's line in the group's store,
+through a connection of the guard's own whose operations end at the
+guard's deadline, and reads the other ranks' records to say who called
+what where. See docs/Lightning.md for its cost and its limits.
 """
 
+import importlib.abc
+import importlib.util
 import itertools
 import os
 import queue
 import sys
 import threading
+import time
 from datetime import timedelta
 
 import torch
@@ -67,14 +75,40 @@ _lightning_hooked = False
 
 
 def _hook_lightning():
-    """Once Lightning is loaded: its sync_dist reductions run after the
-    self.log that asked for them, so dloss.lightning remembers where that
-    was, from the first guarded collective on."""
+    """Lightning's sync_dist reductions run after the self.log that asked
+    for them, so dloss.lightning remembers where that was: from a guard's
+    install when Lightning is loaded, else from Lightning's import on."""
     global _lightning_hooked
-    if not _lightning_hooked and "lightning.pytorch" in sys.modules:
+    if _lightning_hooked:
+        return
+    if "lightning.pytorch" in sys.modules:
         _lightning_hooked = True
         from .lightning import _remember_log_sites
         _remember_log_sites()
+    elif not any(isinstance(f, _OnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _OnImport())
+
+
+class _OnImport(importlib.abc.MetaPathFinder):
+    """Hooks Lightning (_hook_lightning) once lightning.pytorch has been
+    imported, for a guard installed before it."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "lightning.pytorch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or \
+                not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _hook_lightning()
+
+        spec.loader.exec_module = exec_module
+        return spec
 
 
 def _frame_text(frame):
@@ -125,40 +159,65 @@ def _python_caller(hook):
     return main, False
 
 
-_FSDP_DIR = os.path.join(_TORCH_DIR, "distributed", "fsdp", "_fully_shard")
+def _op_site():
+    """The user's site of the op whose guard hook calls this."""
+    return _user_site(_python_caller(sys._getframe(1))[0])
 
 
-def _fsdp_origin(frame, call):
-    """" (FSDP2 all-gather of encoder.layers.0)" when `frame` runs inside an
-    FSDP2 parameter group's unshard or gradient reduction, else None."""
-    depth = 0
-    while frame is not None and depth < 40:
-        if frame.f_code.co_filename.startswith(_FSDP_DIR):
-            owner = frame.f_locals.get("self")
-            modules = getattr(owner, "modules", None)
-            if modules is not None and hasattr(owner, "_module_fqn"):
-                # fully_shard makes each module's class a subclass
-                # ("FSDPLinear") of the user's.
-                kind = next((k.__name__ for k in type(modules[0]).__mro__
-                             if not k.__name__.startswith("FSDP")), "?")
-                name = "%s (%s)" % (
-                    "module '%s'" % owner._module_fqn if owner._module_fqn
-                    else "the root module", kind)
-                what = ("all-gather" if call.startswith("all_gather") else
-                        "reduce-scatter" if call.startswith("reduce_scatter")
-                        else call.split(" ")[0].replace("_", "-"))
-                return " (FSDP2 %s of %s)" % (what, name)
-        frame = frame.f_back
-        depth += 1
-    return None
+def _fsdp_name(param_group):
+    """"module 'encoder.layers.0' (Linear)" of an FSDP2 parameter group,
+    as the guard names its all-gathers and reduce-scatters."""
+    name = getattr(param_group, "_dloss_origin", None)
+    if name is None:
+        modules = param_group.modules
+        # fully_shard makes each module's class a subclass ("FSDPLinear")
+        # of the user's.
+        kind = next((k.__name__ for k in type(modules[0]).__mro__
+                     if not k.__name__.startswith("FSDP")), "?")
+        fqn = param_group._module_fqn
+        name = "%s (%s)" % ("module '%s'" % fqn if fqn else
+                            "the root module", kind)
+        param_group._dloss_origin = name
+    return name
+
+
+def _hook_fsdp():
+    """Once: FSDP2 parameter groups name themselves, for the guard, around
+    their unshard (all-gathers) and gradient reduction (reduce-scatters):
+    one call into dloss per parameter group and step, not per op."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import \
+            FSDPParamGroup
+    except ImportError:  # a torch without FSDP2: nothing to name
+        return
+    for method in ("unshard", "post_backward"):
+        original = getattr(FSDPParamGroup, method, None)
+        if original is None or getattr(original, "_dloss_guard", False):
+            continue
+
+        def named(self, *args, _original=original, **kwargs):
+            previous = _C.set_guard_origin(_fsdp_name(self))
+            try:
+                return _original(self, *args, **kwargs)
+            finally:
+                _C.set_guard_origin(previous)
+
+        named.__wrapped__ = original
+        named.__doc__ = original.__doc__
+        named._dloss_guard = True
+        setattr(FSDPParamGroup, method, named)
 
 
 class _Checker:
-    """What a guarded group's backend (runtime/comm/GuardedBackend.h) calls
-    before each op: the record on the store, and the comparison with every
-    rank's (a collective) or with the peer's (a send or recv)."""
+    """The slow paths of a guarded group's backend
+    (runtime/comm/GuardedBackend.h), which calls them with the GIL on the
+    op's own thread: a collective that waits longer than a poll interval,
+    one whose fingerprint differs between ranks or that misses the
+    deadline, every op after a refusal; and the per-pair check of sends
+    and recvs. Each record is ``call + "\n" + site`` under
+    ``<prefix><collective number>/<rank>``."""
 
-    def __init__(self, group, store, timeout, label):
+    def __init__(self, group, store, timeout, label, broken=None):
         self._inner = group
         self._store = store
         self.timeout = timeout
@@ -166,34 +225,105 @@ class _Checker:
         self._rank = group.rank()
         self._world = group.size()
         self._prefix = "dloss/guard/%d/" % next(_generations)
-        self._seq = 0
-        self.enabled = True
-        self._broken = None  # the refusal's text, once refused
-        self._ddp_task = (None, 0)  # (autograd graph task, next bucket)
+        self._broken = broken  # the refusal's text, once refused
         # Point to point: posts per (src, dst, tag), and the posted ops
         # not yet verified, by token.
         self._posts = {}
         self._pending = {}
         self._tokens = itertools.count()
 
-    # -- the hooks ---------------------------------------------------------
-    def collective(self, call):
-        if not self.enabled:
-            return
-        caller, on_this_thread = _python_caller(sys._getframe(0))
-        self._check(call, caller, on_this_thread)
+    @property
+    def poll(self):
+        """Seconds a rank waits in a collective before it records it."""
+        return min(1.0, self.timeout / 4)
 
+    # -- the collective hooks ----------------------------------------------
+    def waiting(self, seq, call, first):
+        site = _op_site()
+        try:
+            if first:
+                self._record(seq, call, site)
+            elif self._store.check([self._prefix + "abort"]):
+                self._refuse(self._store.get(self._prefix + "abort").decode(),
+                             "", site, stored=True)
+        except ConnectionError as e:
+            self._lost_store(e, "collective #%d: %s" % (seq, call), site)
+
+    def passed(self, seq):
+        try:
+            self._store.delete_key(self._keys(seq)[self._rank])
+        except ConnectionError:
+            pass  # a later op that needs the store says so
+
+    def timed_out(self, seq, call):
+        site = _op_site()
+        keys = self._keys(seq)
+        store = self._store
+        try:
+            self._record(seq, call, site)
+            # A rank that came records its op within a poll interval of
+            # coming: wait that long for every rank's record (by checks:
+            # torch logs a warning for each store wait that times out).
+            grace = time.monotonic() + self.poll + 0.25
+            while True:
+                present = [store.check([k]) for k in keys]
+                if all(present) or time.monotonic() > grace:
+                    break
+                time.sleep(0.05)
+            came = [None if v is None else v.decode().split("\n", 1)
+                    for v in _fill(store, keys, present)]
+        except ConnectionError as e:
+            self._lost_store(e, "collective #%d: %s" % (seq, call), site)
+        aborted = [c for c in came if c is not None and
+                   c[0].startswith(_ABORT)]
+        if aborted:
+            self._refuse(aborted[0][0][len(_ABORT):] + "\n" + aborted[0][1],
+                         "", site, stored=True)
+        missing = [r for r, c in enumerate(came) if c is None]
+        self._abort(
+            keys, self._cause() + "collective #%d on %s: %s never "
+            "reached it within %g s, while %s" % (
+                seq, self._label, _ranks(missing) if missing else "no rank",
+                self.timeout, _by_rank(came)),
+            _hint([c for c in came if c is not None], missing=True), site)
+
+    def disagreed(self, seq, call):
+        site = _op_site()
+        keys = self._keys(seq)
+        try:
+            self._record(seq, call, site)
+            # Every rank has come (the exchange ended): each records its
+            # op now.
+            self._store.wait(keys, timedelta(seconds=self.timeout))
+            values = [v.decode() for v in self._store.multi_get(keys)]
+        except TimeoutError:
+            values = None
+        except ConnectionError as e:
+            self._lost_store(e, "collective #%d: %s" % (seq, call), site)
+        if values is None:
+            self._abort(keys, "the ranks reached different collectives as "
+                        "collective #%d on %s (this rank: %s at %s); not "
+                        "every rank said which within %g s" %
+                        (seq, self._label, call, site, self.timeout),
+                        _hint([]), site)
+        for value in values:
+            if value.startswith(_ABORT):
+                self._refuse(value[len(_ABORT):], "", site, stored=True)
+        calls = [v.split("\n", 1) for v in values]
+        self._abort(keys, "the ranks reached different collectives as "
+                    "collective #%d on %s: %s" %
+                    (seq, self._label, _by_rank(calls)), _hint(calls), site)
+
+    def refused(self, call):
+        site = _op_site()
+        # The ranks disagree on the order from here on: any op would pair
+        # with the wrong one or hang.
+        self._refuse(self._broken or "%s was refused earlier on this rank" %
+                     self._label, "", site, stored=True)
+
+    # -- point to point ----------------------------------------------------
     def post(self, call, peer, send, tag):
-        if not self.enabled or _C.current_call_site() is not None:
-            # dloss's own ring transfers follow from the call's plan, which
-            # the ranks checked agree (its first, checked, collective): a
-            # record per transfer would add four store round trips each.
-            return -1
-        caller, on_this_thread = _python_caller(sys._getframe(0))
-        site = _user_site(caller)
-        if self._broken is not None:
-            self._refuse(self._broken, "", site, stored=True)
-        call += self._origin(caller, on_this_thread, call)
+        site = _op_site()
         src, dst = (self._rank, peer) if send else (peer, self._rank)
         pair = (src, dst, tag)
         n = self._posts.get(pair, 0)
@@ -203,7 +333,7 @@ class _Checker:
             (base + "r", base + "s")
         try:
             self._store.set(mine, call + "\n" + site)
-        except dist.DistStoreError as e:
+        except ConnectionError as e:
             self._lost_store(e, call, site)
         token = next(self._tokens)
         self._pending[token] = (theirs, call, site, peer, n)
@@ -211,17 +341,15 @@ class _Checker:
 
     def verify(self, token):
         entry = self._pending.pop(token, None)
-        if entry is None or not self.enabled:
+        if entry is None:
             return
         theirs, call, site, peer, n = entry
         store = self._store
         try:
             try:
                 store.wait([theirs], timedelta(seconds=self.timeout))
-            except dist.DistStoreError as e:
-                if not _timed_out(e):
-                    raise
-                self._abort(self._keys(self._seq), self._cause() +
+            except TimeoutError:
+                self._abort([], self._cause() +
                             "%s #%d with rank %d on %s (%s at %s) met no "
                             "matching %s on rank %d within %g s" % (
                                 call.split(" ")[0], n, peer, self._label,
@@ -231,12 +359,12 @@ class _Checker:
                             _hint([], missing=True), site)
             other = store.get(theirs).decode().split("\n", 1)
             store.delete_key(theirs)
-        except dist.DistStoreError as e:
+        except ConnectionError as e:
             self._lost_store(e, call, site)
         if other[0].split(" ", 1)[1:] != call.split(" ", 1)[1:]:
             mine = (self._rank, call, site)
             pair = sorted([mine, (peer, other[0], other[1])])
-            self._abort(self._keys(self._seq),
+            self._abort([],
                         "a send and its recv disagree on %s: %s" % (
                             self._label, "; ".join(
                                 "rank %d: %s at %s" % p for p in pair)),
@@ -245,69 +373,20 @@ class _Checker:
                         "same dtype and shape: fix the side that differs",
                         site)
 
-    # -- the collective check ----------------------------------------------
-    def _origin(self, caller, on_this_thread, call):
-        """Who makes the call, when not the user's own code: dloss's
-        runtime, FSDP2, or DDP's reducer (a collective the autograd engine
-        starts, from Python's backward call or on a thread of its own).
-        Part of what the ranks must agree on."""
-        dloss_site = _C.current_call_site()
-        if dloss_site is not None:
-            function, op, _, phase = dloss_site
-            return " (dloss @%s, %s)" % (function, op or phase)
-        fsdp = _fsdp_origin(caller, call) if on_this_thread else None
-        if fsdp is not None:
-            return fsdp
-        if call.startswith("all_reduce") and (
-                not on_this_thread or (caller is not None and
-                                       caller.f_code.co_filename.endswith((
-                                           os.path.join("torch", "autograd",
-                                                        "graph.py"),
-                                           os.path.join("torch", "autograd",
-                                                        "__init__.py"))))):
-            task = torch._C._current_graph_task_id()
-            last, bucket = self._ddp_task
-            bucket = bucket if last == task else 0
-            self._ddp_task = (task, bucket + 1)
-            return " (DDP gradient all-reduce, bucket %d)" % bucket
-        return ""
-
+    # -- records and refusals ----------------------------------------------
     def _keys(self, seq):
         base = self._prefix + "%d/" % seq
         return [base + str(r) for r in range(self._world)]
 
-    def _check(self, call, caller, on_this_thread):
+    def _record(self, seq, call, site):
+        """Writes this rank's record of collective #seq, unless an abort
+        filled it already: then refuses with the abort's text."""
         _hook_lightning()
-        if self._broken is not None:
-            # The ranks disagree on the order from here on: any collective
-            # would pair with the wrong one or hang.
-            self._refuse(self._broken, "", _user_site(caller), stored=True)
-        seq = self._seq
-        self._seq += 1
-        keys = self._keys(seq)
-        call += self._origin(caller, on_this_thread, call)
-        site = _user_site(caller)
-        store = self._store
-        try:
-            # An abort may have filled this rank's record already.
-            record = call + "\n" + site
-            found = store.compare_set(keys[self._rank], "", record)
-            found = found.decode() if isinstance(found, bytes) else found
-            if found.startswith(_ABORT):
-                self._refuse(found[len(_ABORT):], "", site, stored=True)
-            values = self._gather(seq, keys, site)
-            if seq > 0:
-                # Every rank wrote #seq, so every rank has read #seq-1.
-                store.delete_key(self._prefix + "%d/%d" % (seq - 1,
-                                                           self._rank))
-        except dist.DistStoreError as e:
-            self._lost_store(e, "collective #%d: %s" % (seq, call), site)
-        calls = [v.split("\n", 1) for v in values]
-        if any(c[0] != calls[0][0] for c in calls):
-            self._abort(keys, "the ranks reached different collectives as "
-                        "collective #%d on %s: %s" %
-                        (seq, self._label, _by_rank(calls)),
-                        _hint(calls), site)
+        found = self._store.compare_set(self._keys(seq)[self._rank], "",
+                                        call + "\n" + site)
+        found = found.decode() if isinstance(found, bytes) else found
+        if found.startswith(_ABORT):
+            self._refuse(found[len(_ABORT):], "", site, stored=True)
 
     def _lost_store(self, error, call, site):
         self._refuse(
@@ -326,49 +405,18 @@ class _Checker:
         return cause + " (the first rank that left or failed); because of " \
             "it, " if cause else ""
 
-    def _gather(self, seq, keys, site):
-        """Every rank's record of collective #seq: one blocking wait on the
-        store, until all are there (an abort fills the missing ones) or the
-        deadline."""
-        store = self._store
-        try:
-            store.wait(keys, timedelta(seconds=self.timeout))
-        except dist.DistStoreError as e:
-            if not _timed_out(e):
-                raise
-            present = [store.check([k]) for k in keys]
-            came = [None if v is None else v.decode().split("\n", 1)
-                    for v in _fill(store, keys, present)]
-            aborted = [c for c in came if c is not None and
-                       c[0].startswith(_ABORT)]
-            if aborted:
-                self._refuse(aborted[0][0][len(_ABORT):] + "\n" +
-                             aborted[0][1], "", site, stored=True)
-            missing = [r for r, c in enumerate(came) if c is None]
-            self._abort(
-                keys, self._cause() + "collective #%d on %s: %s never "
-                "reached it within %g s, while %s" % (
-                    seq, self._label, _ranks(missing), self.timeout,
-                    _by_rank(came)),
-                _hint([c for c in came if c is not None], missing=True), site)
-        values = [v.decode() for v in store.multi_get(keys)]
-        for value in values:
-            if value.startswith(_ABORT):
-                self._refuse(value[len(_ABORT):], "", site, stored=True)
-        return values
-
     def _abort(self, keys, problem, hint, site):
         """Raises `problem` here and on every rank waiting for, or coming
         later to, collective `keys`: the first rank to abort writes its text
-        into the records of the ranks that never came, which ends the
-        others' waits."""
+        under the abort key, which the waiting ranks poll, and into the
+        records of the ranks that never came."""
         text = problem + "\n" + hint
         try:
             stored = self._store.compare_set(self._prefix + "abort", "", text)
             stored = stored.decode() if isinstance(stored, bytes) else stored
             for key in keys:
                 self._store.compare_set(key, "", _ABORT + stored)
-        except dist.DistStoreError:
+        except ConnectionError:
             stored = text  # the others cannot learn it: this rank still can
         self._refuse(stored, "", site, stored=True)
 
@@ -382,11 +430,6 @@ class _Checker:
             # Inside a dloss call: its runtime raises this error as it is.
             _C.refuse_collective(error)
         raise error
-
-
-def _timed_out(error):
-    text = str(error).lower()
-    return "timeout" in text or "timed out" in text
 
 
 def _fill(store, keys, present):
@@ -426,8 +469,12 @@ def _hint(calls, missing=False):
     return text
 
 
-# The guard installed on each group, while it checks.
+# The guards installed on each group while it checks, outermost first.
 _installed = {}
+
+# Each group's side backend (_side_backend), and how many it has had.
+_sides = {}
+_side_counts = {}
 
 
 # The guard's own connection to each group's store, made once per group:
@@ -459,6 +506,15 @@ class _BoundedStore:
             fn, args, box, done = self._jobs.get()
             try:
                 box["value"] = fn(*args)
+            except dist.DistStoreError as e:
+                # torch raises a wait's timeout as a DistStoreError, whose
+                # text alone says so.
+                text = str(e).lower()
+                box["error"] = (TimeoutError if "timeout" in text or
+                                "timed out" in text else ConnectionError)(
+                                    str(e))
+            except dist.DistError as e:  # the host gone, a broken pipe
+                box["error"] = ConnectionError(str(e))
             except BaseException as e:  # handed to the caller
                 box["error"] = e
             done.set()
@@ -470,13 +526,13 @@ class _BoundedStore:
 
     def _call(self, name, *args):
         if self._stuck is not None:
-            raise dist.DistStoreError(self._stuck)
+            raise ConnectionError(self._stuck)
         box, done = {}, threading.Event()
         self._jobs.put((getattr(self._store, name), args, box, done))
         if not done.wait(self.limit):
             self._stuck = ("the store did not answer within %g s: this host "
                            "may be cut off from the store's host" % self.limit)
-            raise dist.DistStoreError(self._stuck)
+            raise ConnectionError(self._stuck)
         if "error" in box:
             raise box["error"]
         return box["value"]
@@ -519,9 +575,30 @@ def _own_connection(group, store, timeout):
     return connection
 
 
+def _side_backend(group, store, timeout):
+    """The guard's own Gloo backend over `group`'s ranks, on which the
+    fingerprints travel (its own connections: they never queue behind the
+    group's ops). Made once per group, by every rank at the same point
+    (a rendezvous on the group's store), and kept across guards; a guard
+    that refused leaves it behind, since an exchange may still be posted on
+    it."""
+    side = _sides.get(group)
+    if side is None:
+        n = _side_counts.get(group, 0)
+        _side_counts[group] = n + 1
+        side = dist.ProcessGroupGloo(
+            dist.PrefixStore("dloss/guard/side/%d/" % n, store),
+            group.rank(), group.size(), timedelta(seconds=max(timeout, 30)))
+        _sides[group] = side
+    return side
+
+
 class Guard:
     """An installed guard (see guard()): ``group`` is the guarded group,
-    ``close()`` (or the end of a ``with`` block) removes it."""
+    ``close()`` (or the end of a ``with`` block) removes it.
+
+    Guards of one group nest: an inner guard's deadline holds until it
+    closes, then the outer one's again."""
 
     def __init__(self, group, timeout):
         if not (isinstance(timeout, (int, float)) and timeout > 0):
@@ -530,43 +607,67 @@ class Guard:
                              "Pass timeout=30, say")
         group = _require_group(group)
         self.group = None
-        existing = _installed.get(group)
-        if existing is not None:
-            # Guarded already (a Lightning setup() runs once per stage):
-            # the new deadline applies; the first guard keeps ownership.
-            existing._checker.timeout = float(timeout)
-            _own_connection(group, None, timeout)
-            return
         store = _store_of(group)
         if store is None:
             raise make_error(
                 "dloss.guard: torch keeps no store for this group",
                 "Guard a group made by torch.distributed.init_process_group "
                 "or new_group")
-        label = "the default group" if \
-            group is dist.distributed_c10d._get_default_group() else \
-            "group %s" % group.group_name
+        self.timeout = float(timeout)
         communicator(group)  # its exit hooks record why a rank left
-        self._checker = _Checker(group, _own_connection(group, store, timeout),
-                                 float(timeout), label)
-        _C.guard_group(group, self._checker)
-        _installed[group] = self
+        _hook_lightning()
+        _hook_fsdp()
+        stack = _installed.setdefault(group, [])
+        stack.append(self)
         self.group = group
+        _install(group, store)
 
     def close(self):
-        """Stops checking: the group gets its own backends back."""
-        if self.group is None:
+        """Stops checking (the group gets its own backends back), or, for a
+        guard inside another of the same group, gives the outer one's
+        deadline back."""
+        group, self.group = self.group, None
+        if group is None:
             return
-        self._checker.enabled = False
-        _C.unguard_group(self.group)
-        _installed.pop(self.group, None)
-        self.group = None
+        stack = _installed.get(group, [])
+        if self in stack:
+            stack.remove(self)
+        if stack:
+            _install(group, _store_of(group))
+            return
+        _installed.pop(group, None)
+        checker = _checkers.pop(group, None)
+        if checker is not None and checker._broken is not None:
+            _sides.pop(group, None)
+        _C.unguard_group(group)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *_):
         self.close()
+
+
+# What checks each guarded group now.
+_checkers = {}
+
+
+def _install(group, store):
+    """Guards `group` with the deadline of its innermost guard: a new
+    checker (its records under a new prefix; a refusal carries over) and
+    a new config in the group's backend (GuardedBackend.h)."""
+    timeout = _installed[group][-1].timeout
+    label = "the default group" if \
+        group is dist.distributed_c10d._get_default_group() else \
+        "group %s" % group.group_name
+    previous = _checkers.get(group)
+    checker = _Checker(group, _own_connection(group, store, timeout),
+                       timeout, label,
+                       previous._broken if previous is not None else None)
+    side = _side_backend(group, store, timeout)
+    _C.guard_group(group, checker, side, timeout, checker.poll,
+                   checker._broken is not None)
+    _checkers[group] = checker
 
 
 def guard(group=None, timeout=_DEFAULT_TIMEOUT):
