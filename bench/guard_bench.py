@@ -14,7 +14,7 @@ unguarded:
 The numbers go to docs/Lightning.md.
 
     python bench/guard_bench.py [--ranks 4] [--steps 40] [--collectives 400]
-                                [--worlds 2,4,8,16,32]
+                                [--worlds 2,4,8,16,32] [--only-collectives]
 """
 
 import argparse
@@ -109,9 +109,23 @@ def _run(world, args, only_collectives):
              for r in range(world)]
     for p in procs:
         p.start()
-    results = dict(queue.get(timeout=1200) for _ in procs)
-    for p in procs:
-        p.join()
+    results = {}
+    try:
+        while len(results) < world:
+            try:
+                rank, out = queue.get(timeout=1)
+                results[rank] = out
+            except Exception:  # queue.Empty: is a rank dead?
+                failed = [p for p in procs if p.exitcode not in (None, 0)]
+                if failed:
+                    raise SystemExit("guard_bench: a rank failed (exit code "
+                                     "%s); see its output above" %
+                                     failed[0].exitcode)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
     return results[0]
 
 
@@ -121,8 +135,16 @@ def main():
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--collectives", type=int, default=400)
     parser.add_argument("--worlds", default="2,4,8,16,32")
+    parser.add_argument("--only-collectives", action="store_true",
+                        help="the per-collective sweep alone")
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
+    if not args.only_collectives:
+        _steps_table(args)
+    _sweep_table(args)
+
+
+def _steps_table(args):
     out = _run(args.ranks, args, False)
     print("%d ranks, best of 2 alternating runs" % args.ranks)
     print("| figure | unguarded (ms) | guarded (ms) | added (ms) | ratio |")
@@ -135,6 +157,9 @@ def main():
               (name, plain, guarded, guarded - plain, guarded / plain),
               flush=True)
     print()
+
+
+def _sweep_table(args):
     print("per collective (all_reduce of one float), best of 2")
     print("| ranks | unguarded (ms) | guarded (ms) | added (ms) | "
           "added / unguarded |")

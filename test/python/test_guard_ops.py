@@ -5,10 +5,14 @@ on rank 0, or a rank that skips FSDP2's step, ends every rank within the
 deadline naming the stray line and the FSDP2 all-gather it met; each op of
 c10d's backend interface with a mismatched shape on one rank is refused on
 every rank; a send and its recv that disagree are refused on both ends, and
-a send with no recv at the deadline. Each scenario's time to fail is
-printed."""
+a send with no recv at the deadline. Guards nest: an inner guard's
+deadline ends with it. Guards installed and closed on one thread while
+another runs collectives change nothing those collectives compute. Each
+scenario's time to fail is printed."""
 
 import os
+import threading
+import time
 import unittest
 
 import torch
@@ -121,6 +125,40 @@ def _pairs(rank, world, fault):
     return None, 0.0
 
 
+def _nested(rank, world):
+    """An inner guard with a long deadline, then, under the outer guard
+    again, a barrier that rank 2 skips."""
+    import dloss
+    dloss.guard(timeout=DEADLINE)
+    with dloss.guard(timeout=600):
+        dist.all_reduce(torch.ones(1))
+    if rank == 2:
+        return None, 0.0
+    return _refused(lambda: dist.barrier())  # after-nested
+
+
+def _reguard(rank, world):
+    """100 all_reduces on a thread of their own while the main thread
+    installs and closes an inner guard 30 times (the same number on every
+    rank); the sums."""
+    import dloss
+    dloss.guard(timeout=30)
+    sums = []
+
+    def ops():
+        for i in range(100):
+            t = torch.tensor([float(rank + i)])
+            dist.all_reduce(t)
+            sums.append(t.item())
+    thread = threading.Thread(target=ops)
+    thread.start()
+    for _ in range(30):
+        with dloss.guard(timeout=20):
+            time.sleep(0.002)
+    thread.join()
+    return sums
+
+
 class GuardOpsTest(unittest.TestCase):
 
     def _same_everywhere(self, messages):
@@ -201,6 +239,24 @@ class GuardOpsTest(unittest.TestCase):
         print("send with no recv: failed after %.2f s (deadline %g s)" %
               (seconds, DEADLINE))
         self.assertGreaterEqual(seconds, DEADLINE * 0.95)
+
+    def test_nested_guard_gives_the_outer_deadline_back(self):
+        results = multiproc.run(WORLD, _nested)
+        body = self._same_everywhere([m for m, _ in results[:2]])
+        self.assertIn("rank 2 never reached it within %g s, while ranks 0, "
+                      "1: barrier at %s" % (DEADLINE, _where("after-nested")),
+                      body)
+        seconds = max(s for _, s in results[:2])
+        print("missing rank after a nested guard closed: failed after "
+              "%.2f s (outer deadline %g s, inner 600 s)" %
+              (seconds, DEADLINE))
+        self.assertLess(seconds, 60)
+
+    def test_reguard_while_another_thread_runs_collectives(self):
+        results = multiproc.run(WORLD, _reguard)
+        expected = [float(sum(range(WORLD)) + WORLD * i) for i in range(100)]
+        for sums in results:
+            self.assertEqual(sums, expected)
 
 
 if __name__ == "__main__":

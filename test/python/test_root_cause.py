@@ -64,7 +64,7 @@ def report(kind, **fields):
 
 
 def check_batch(i):
-    if not scenario.startswith(("healthy", "stray", "frozen")) \
+    if not scenario.startswith(("healthy", "stray", "frozen", "storekill")) \
             and rank == leaver \
             and i == FAILING_STEP:
         if scenario == "silent":
@@ -83,6 +83,8 @@ def step(i):
         while 1 not in dloss.group.peer_exits() and time.monotonic() < until:
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGKILL)
+    if scenario.startswith("storekill") and rank == 0 and i == FAILING_STEP:
+        os.kill(os.getpid(), signal.SIGKILL)  # the store's host, at once
     if scenario.startswith("frozen") and rank == 0 and i == FAILING_STEP:
         # Its connections stay open and silent, as across a partition.
         with open(os.path.join(out, "rank0.pid"), "w") as f:
@@ -112,7 +114,7 @@ for i in range(FAILING_STEP + 3):
         seconds = time.monotonic() - start
         # With the store frozen, reading the records waits for dloss's
         # deadline (30 s) once before the mirror answers: not asked there.
-        frozen = scenario.startswith("frozen")
+        frozen = scenario.startswith(("frozen", "storekill"))
         report("error", message=str(e), problem=e.problem,
                location=e.location, seconds=seconds, step=i,
                exits=None if frozen else dloss.group.peer_exits(),
@@ -318,6 +320,30 @@ class RootCauseTest(unittest.TestCase):
             self.assertLess(times[r], 5 + 10)  # 10 s for a loaded machine
         self.assertEqual(codes[0], -9)
         TIMES.append(("frozen-host-guarded", times))
+
+    def test_the_store_host_is_killed_under_the_guard(self):
+        """Rank 0, which hosts the group's store, is SIGKILLed at the
+        failing step under DLOSS_GUARD=3, and every connection to it is
+        reset: ranks 1-3 each raise the guard's explanatory error (the
+        store's host has exited), not torch's raw DistNetworkError."""
+        script, codes, reports, _, stderr = _run("storekill-guarded")
+        loss_call = "%s:%d" % (script, _line("# LOSS CALL"))
+        times = {}
+        for r in (1, 2, 3):
+            self.assertIn(r, reports, "rank %d reported nothing (exit code "
+                          "%s): %s" % (r, codes[r], stderr[r][-3000:]))
+            report = reports[r]
+            self.assertEqual(report["kind"], "error", report)
+            self.assertEqual(report["step"], FAILING_STEP, report)
+            self.assertEqual(report["location"], loss_call, report)
+            self.assertIn("the group's store stopped answering while this "
+                          "rank checked collective #", report["problem"])
+            self.assertIn("has exited, or this host is cut off from it",
+                          report["problem"])
+            times[r] = report["seconds"]
+            self.assertLess(times[r], 3 + 10)  # 10 s for a loaded machine
+        self.assertEqual(codes[0], -9)
+        TIMES.append(("store-killed-guarded", times))
 
     def test_the_store_host_fails_in_cascade(self):
         """Rank 1 raises; rank 0, which hosts the store, fails in dloss's
