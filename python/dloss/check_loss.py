@@ -205,6 +205,24 @@ def _watch_collectives(seen):
             setattr(dist, name, wrap(name, original))
 
 
+def _name_the_backward(fn):
+    """Makes dloss.guard name a collective of the backward pass, which this
+    module's _rank_main starts, after the loss: the stack holds no line of
+    the user's there, and the frame above this module's is
+    multiprocessing's."""
+    from .guard import site_hooks
+    code = getattr(fn, "__code__", None)
+    where = " at %s:%d" % (code.co_filename, code.co_firstlineno) \
+        if code is not None else ""
+    text = "the backward of %s%s (run by dloss.check_loss)" % (
+        getattr(fn, "__qualname__", repr(fn)), where)
+
+    def hook(inner):
+        return text if any(f.f_code is _rank_main.__code__
+                           for f in inner) else None
+    site_hooks.append(hook)
+
+
 def _grads(values):
     return [None if v.grad is None else v.grad.detach().clone()
             for v in values]
@@ -235,6 +253,7 @@ def _rank_main(fn, rank, world, port, shards, params, timeout, queue, done):
             args = [p.detach().clone().requires_grad_(p.is_floating_point())
                     for p in params]
             tracked = args
+        _name_the_backward(fn)
         with dloss.guard(timeout=timeout):
             loss = fn(*leaves, *args)
             if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
