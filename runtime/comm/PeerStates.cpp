@@ -2,16 +2,14 @@
 // them, reading the peers', naming them (root cause first) in an error.
 #include "runtime/comm/PeerStates.h"
 
+#include "runtime/comm/BoundedStore.h"
 #include "runtime/comm/StoreRendezvous.h"
 #include "runtime/support/Format.h"
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
-#include <condition_variable>
-#include <deque>
 #include <functional>
-#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -136,182 +134,6 @@ std::string truncated(const std::string &text, size_t limit) {
 
 } // namespace
 
-/// A store whose every operation ends within a limit: each runs on a
-/// worker thread of its own, and one that has not answered by the limit
-/// fails, as does every later one (the worker is stuck on a connection that
-/// no longer answers; it is left to the process's end).
-///
-/// The worker also makes the connection (`connect`, its first job), so that
-/// no rank waits for it: a TCPStore connection costs a name lookup at each
-/// end (torch names the peer address in its logs), which a resolver that
-/// drops the query stretches to its timeout, 5 s. `post` queues a write
-/// without waiting for it (a later post of the same key replaces a queued
-/// one); a waited-for operation runs after every queued post.
-class BoundedStore {
-public:
-  /// Makes the connection; its argument says whether the store is being
-  /// destroyed (a connect that waits for something should give up then).
-  using Connect = std::function<c10::intrusive_ptr<c10d::Store>(
-      const std::function<bool()> &stopping)>;
-
-  BoundedStore(Connect connect, std::chrono::milliseconds limit,
-               std::string what)
-      : state(std::make_shared<State>()), limit(limit), what(std::move(what)) {
-    worker = std::thread([state = state, connect = std::move(connect)] {
-      serve(*state, connect);
-    });
-  }
-  /// Lets the worker end its queued posts; one still connecting, or stuck,
-  /// is left behind (its peer may be gone: the connection would wait for it
-  /// until the deadline).
-  ~BoundedStore() {
-    bool leave;
-    {
-      std::lock_guard<std::mutex> lock(state->mutex);
-      state->stop = true;
-      leave = state->stuck || state->connecting;
-    }
-    state->changed.notify_all();
-    if (leave)
-      worker.detach();
-    else
-      worker.join();
-  }
-  BoundedStore(const BoundedStore &) = delete;
-  BoundedStore &operator=(const BoundedStore &) = delete;
-
-  void set(const std::string &key, const std::string &value) {
-    run([key, value](c10d::Store &s) { s.set(key, toBytes(value)); });
-  }
-  bool check(const std::string &key) {
-    auto out = std::make_shared<bool>(false);
-    run([out, key](c10d::Store &s) { *out = s.check({key}); });
-    return *out;
-  }
-  std::string get(const std::string &key) {
-    auto out = std::make_shared<std::string>();
-    run([out, key](c10d::Store &s) { *out = fromBytes(s.get(key)); });
-    return *out;
-  }
-  /// Whether the connection is made, answers, and every queued operation
-  /// ran.
-  bool settled() {
-    std::lock_guard<std::mutex> lock(state->mutex);
-    return !state->connecting && !state->busy && !state->stuck &&
-           !state->failure && state->jobs.empty();
-  }
-  /// Whether the worker is still making the connection.
-  bool connecting() {
-    std::lock_guard<std::mutex> lock(state->mutex);
-    return state->connecting;
-  }
-  /// Queues `key` = `value` and returns; throws only when an earlier
-  /// operation failed or did not answer in time.
-  void post(const std::string &key, const std::string &value) {
-    auto op = [key, value](c10d::Store &s) { s.set(key, toBytes(value)); };
-    std::lock_guard<std::mutex> lock(state->mutex);
-    throwIfFailed();
-    for (auto &job : state->jobs)
-      if (job->postedKey == key) {
-        job->op = op;
-        return;
-      }
-    auto job = std::make_shared<Job>();
-    job->postedKey = key;
-    job->op = op;
-    state->jobs.push_back(std::move(job));
-    state->changed.notify_all();
-  }
-
-private:
-  struct Job {
-    std::function<void(c10d::Store &)> op;
-    /// The key of a post (nobody waits for it); empty otherwise.
-    std::string postedKey;
-    bool done = false;
-    std::exception_ptr error;
-  };
-  struct State {
-    std::mutex mutex;
-    std::condition_variable changed;
-    std::deque<std::shared_ptr<Job>> jobs;
-    bool stop = false;
-    bool stuck = false;
-    bool connecting = true;
-    bool busy = false; // running a job
-    /// Why the connection or a post failed: every later operation fails.
-    std::exception_ptr failure;
-  };
-
-  static void serve(State &state, const Connect &connect) {
-    c10::intrusive_ptr<c10d::Store> store;
-    try {
-      store = connect([&state] {
-        std::lock_guard<std::mutex> lock(state.mutex);
-        return state.stop;
-      });
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(state.mutex);
-      state.failure = std::current_exception();
-    }
-    std::unique_lock<std::mutex> lock(state.mutex);
-    state.connecting = false;
-    while (true) {
-      state.changed.wait(lock,
-                         [&] { return state.stop || !state.jobs.empty(); });
-      if (state.jobs.empty())
-        return;
-      std::shared_ptr<Job> job = state.jobs.front();
-      state.jobs.pop_front();
-      std::exception_ptr error = state.failure;
-      if (!error) {
-        state.busy = true;
-        lock.unlock();
-        try {
-          job->op(*store);
-        } catch (...) {
-          error = std::current_exception();
-        }
-        lock.lock();
-        state.busy = false;
-      }
-      if (error && !job->postedKey.empty() && !state.failure)
-        state.failure = error;
-      job->error = error;
-      job->done = true;
-      state.changed.notify_all();
-    }
-  }
-
-  void throwIfFailed() {
-    if (state->stuck)
-      throw std::runtime_error(what + " stopped answering earlier");
-    if (state->failure)
-      std::rethrow_exception(state->failure);
-  }
-
-  void run(std::function<void(c10d::Store &)> op) {
-    auto job = std::make_shared<Job>();
-    job->op = std::move(op);
-    std::unique_lock<std::mutex> lock(state->mutex);
-    throwIfFailed();
-    state->jobs.push_back(job);
-    state->changed.notify_all();
-    if (!state->changed.wait_for(lock, limit, [&] { return job->done; })) {
-      state->stuck = true;
-      throw std::runtime_error(what + " did not answer within " +
-                               seconds(limit));
-    }
-    if (job->error)
-      std::rethrow_exception(job->error);
-  }
-
-  std::shared_ptr<State> state;
-  std::chrono::milliseconds limit;
-  std::string what;
-  std::thread worker;
-};
-
 PeerStates::PeerStates(c10::intrusive_ptr<c10d::Store> groupStore,
                        const RendezvousOptions &options, bool ownStore)
     : mirrored(options.worldSize > 1 && !options.agentStore &&
@@ -325,24 +147,20 @@ PeerStates::PeerStates(c10::intrusive_ptr<c10d::Store> groupStore,
       storeAt(options.masterPort > 0
                   ? "the rendezvous store at " + storeAddress(options)
                   : std::string("the process group's store")) {
-  // A store of dloss's own is used as it is. The user's gets a connection of
-  // dloss's own with dloss's deadline, so that the group's connection and
-  // timeout stay the user's (the group's own where it has no clone: a
-  // HashStore).
-  std::chrono::milliseconds limit = deadline;
-  store = std::make_shared<BoundedStore>(
-      [groupStore, ownStore, limit](const std::function<bool()> &) {
-        if (ownStore)
-          return groupStore;
-        try {
-          c10::intrusive_ptr<c10d::Store> own = groupStore->clone();
-          own->setTimeout(limit);
-          return own;
-        } catch (const std::exception &) {
-          return groupStore;
-        }
-      },
-      deadline, storeAt);
+  // A store of dloss's own is used as it is (the group uses it too: its
+  // timeout stays). The user's gets a connection of dloss's own with
+  // dloss's deadline, so that the group's connection and timeout stay the
+  // user's (the group's own where it has no clone: a HashStore). No margin:
+  // the records are read only once check() found them, so no operation
+  // waits on the server, and a rank cut off from the store's host fails
+  // within the deadline.
+  store = ownStore ? std::make_shared<BoundedStore>(
+                         [groupStore](const std::function<bool()> &) {
+                           return BoundedStore::Connection{groupStore, false};
+                         },
+                         deadline, storeAt, BoundedStore::Margin::None)
+                   : BoundedStore::over(groupStore, /*clone=*/true, deadline,
+                                        storeAt, BoundedStore::Margin::None);
   if (mirrored)
     mirror = makeMirror();
 }
@@ -374,9 +192,9 @@ std::shared_ptr<BoundedStore> PeerStates::makeMirror() {
           primary->set(kMirrorKey, address);
           if (!server)
             throw std::runtime_error("no mirror could be made");
-          return server;
+          return BoundedStore::Connection{server, /*own=*/true};
         },
-        deadline, what);
+        deadline, what, BoundedStore::Margin::None);
   return std::make_shared<BoundedStore>(
       [primary, limit](const std::function<bool()> &stopping) {
         // The last rank leaves the mirror's address once it listens.
@@ -394,11 +212,11 @@ std::shared_ptr<BoundedStore> PeerStates::makeMirror() {
         options.port = static_cast<std::uint16_t>(
             std::strtol(address.c_str() + space + 1, nullptr, 10));
         options.timeout = limit;
-        return c10::intrusive_ptr<c10d::Store>(
-            c10::make_intrusive<c10d::TCPStore>(address.substr(0, space),
-                                                options));
+        return BoundedStore::Connection{c10::make_intrusive<c10d::TCPStore>(
+                                            address.substr(0, space), options),
+                                        /*own=*/true};
       },
-      deadline, what);
+      deadline, what, BoundedStore::Margin::None);
 }
 
 bool PeerStates::mirrorUpToDate() { return mirror && mirror->settled(); }
@@ -427,6 +245,11 @@ std::string PeerStates::lostStoreClause() const {
          "there";
 }
 
+std::string PeerStates::primaryFailure() const {
+  std::string reason = store->failure();
+  return reason.empty() ? storeAt + " stopped answering" : reason;
+}
+
 template <typename Fn> auto PeerStates::firstAnswer(Fn &&fn) {
   if (!primaryLost) {
     try {
@@ -438,10 +261,15 @@ template <typename Fn> auto PeerStates::firstAnswer(Fn &&fn) {
     }
   }
   if (!mirror || mirror->connecting())
-    throw std::runtime_error(storeAt + " stopped answering");
-  auto answer = fn(*mirror);
-  readMirror = true;
-  return answer;
+    throw StoreLost(primaryFailure() +
+                    (mirror ? "; and its mirror is still connecting" : ""));
+  try {
+    auto answer = fn(*mirror);
+    readMirror = true;
+    return answer;
+  } catch (const std::exception &e) {
+    throw StoreLost(primaryFailure() + "; and " + describeError(e));
+  }
 }
 
 void PeerStates::put(const std::string &key, const std::string &value) {
@@ -465,19 +293,22 @@ void PeerStates::write(const std::string &key, const std::string &value,
       loseStore();
     }
   }
-  if (mirror) {
-    // A mirror still connecting gets the write queued: its host may be gone
-    // already, and the connection would wait for it until the deadline.
-    bool waitMirror = wait && (!stored || !mirror->connecting());
-    try {
-      waitMirror ? mirror->set(key, value) : mirror->post(key, value);
-      stored = true;
-    } catch (const std::exception &) {
-      mirror.reset();
-      mirrored = false;
-      if (!stored)
-        throw;
-    }
+  if (!mirror) {
+    if (!stored)
+      throw StoreLost(primaryFailure());
+    return;
+  }
+  // A mirror still connecting gets the write queued: its host may be gone
+  // already, and the connection would wait for it until the deadline.
+  bool waitMirror = wait && (!stored || !mirror->connecting());
+  try {
+    waitMirror ? mirror->set(key, value) : mirror->post(key, value);
+  } catch (const std::exception &e) {
+    mirror.reset();
+    mirrored = false;
+    if (!stored)
+      throw StoreLost((primaryLost ? primaryFailure() + "; and " : "") +
+                      describeError(e));
   }
 }
 
@@ -489,10 +320,15 @@ std::string PeerStates::fetch(const std::string &key) {
   return firstAnswer([&](BoundedStore &s) { return s.get(key); });
 }
 
+void PeerStates::disable(const std::exception &e) {
+  if (unusable.empty())
+    unusable = describeError(e);
+}
+
 void PeerStates::publish(int64_t seq, const std::string &state,
                          const std::string &collective, const CallSite &site,
                          int64_t unixMs, const std::string &detail) {
-  if (!usable)
+  if (!usable())
     return;
   // Entering a collective is posted, not waited for: it is the hot path,
   // and every later read or failure record queues behind it.
@@ -504,20 +340,20 @@ void PeerStates::publish(int64_t seq, const std::string &state,
       post(key, record);
     else
       put(key, record);
-  } catch (const std::exception &) {
-    usable = false;
+  } catch (const std::exception &e) {
+    disable(e);
   }
   if (state == "failed" && !collective.empty())
     raiseAlarm();
 }
 
 void PeerStates::raiseAlarm() {
-  if (!usable)
+  if (!usable())
     return;
   try {
     put(kAlarmKey, "1");
-  } catch (const std::exception &) {
-    usable = false;
+  } catch (const std::exception &e) {
+    disable(e);
   }
 }
 
@@ -546,9 +382,8 @@ PeerState PeerStates::readPeer(int r) {
 std::vector<PeerState> PeerStates::read(std::chrono::milliseconds grace,
                                         std::string &storeProblem) {
   std::vector<PeerState> peers;
-  if (!usable) {
-    storeProblem = storeAt + " could not be reached earlier: rank 0, which "
-                             "hosts it, has probably exited or died";
+  if (!usable()) {
+    storeProblem = "an earlier store operation failed: " + unusable;
     return peers;
   }
   Clock::time_point end = Clock::now() + grace;
@@ -569,9 +404,8 @@ std::vector<PeerState> PeerStates::read(std::chrono::milliseconds grace,
       std::this_thread::sleep_for(kStorePoll);
     }
   } catch (const std::exception &e) {
-    usable = false;
-    storeProblem = storeAt + " cannot be read (" + describeError(e) +
-                   "): rank 0, which hosts it, has probably exited or died";
+    disable(e);
+    storeProblem = unusable;
     peers.clear();
     return peers;
   }
@@ -584,11 +418,11 @@ std::vector<PeerState> PeerStates::failed(const Call &call,
   failedSeq = call.seq;
   publish(call.seq, "failed", call.name, call.site, unixMillis(), detail);
   std::vector<PeerState> peers = read(grace, storeProblem);
-  if (usable) {
+  if (usable()) {
     try {
       put(kDonePrefix + std::to_string(rank), "1");
-    } catch (const std::exception &) {
-      usable = false;
+    } catch (const std::exception &e) {
+      disable(e);
     }
   }
   return peers;
@@ -684,7 +518,7 @@ std::string PeerStates::describe(const PeerState &peer) {
 
 void PeerStates::recordExit(int64_t seq, const std::string &reason, bool raised,
                             bool afterFailure) {
-  if (!usable)
+  if (!usable())
     return;
   std::string record;
   for (const std::string &field :
@@ -696,35 +530,35 @@ void PeerStates::recordExit(int64_t seq, const std::string &reason, bool raised,
   }
   try {
     put(kLeftPrefix + std::to_string(rank), record);
-  } catch (const std::exception &) {
-    usable = false;
+  } catch (const std::exception &e) {
+    disable(e);
   }
   raiseAlarm();
 }
 
 std::vector<PeerState> PeerStates::current() {
   std::vector<PeerState> peers;
-  if (!usable)
+  if (!usable())
     return peers;
   try {
     for (int r = 0; r < worldSize; ++r)
       if (r != rank)
         peers.push_back(readPeer(r));
-  } catch (const std::exception &) {
-    usable = false;
+  } catch (const std::exception &e) {
+    disable(e);
     peers.clear();
   }
   return peers;
 }
 
 std::string PeerStates::doomed(const Call &call) {
-  if (!usable)
+  if (!usable())
     return "";
   try {
     if (!has(kAlarmKey))
       return "";
-  } catch (const std::exception &) {
-    usable = false;
+  } catch (const std::exception &e) {
+    disable(e);
     return "";
   }
   for (const PeerState &peer : current()) {
@@ -793,7 +627,7 @@ RootCause PeerStates::rootCause(const Call *call,
 
 std::vector<Communicator::PeerExit> PeerStates::exits() {
   std::vector<Communicator::PeerExit> out;
-  if (!usable)
+  if (!usable())
     return out;
   try {
     for (int r = 0; r < worldSize; ++r) {
@@ -801,8 +635,8 @@ std::vector<Communicator::PeerExit> PeerStates::exits() {
       if (peer.exited)
         out.push_back(peer.exit);
     }
-  } catch (const std::exception &) {
-    usable = false;
+  } catch (const std::exception &e) {
+    disable(e);
     out.clear();
   }
   std::stable_sort(
@@ -821,7 +655,7 @@ PeerStates::~PeerStates() {
 void PeerStates::keepStoreForPeers(int64_t started) {
   // The last rank hosts the mirror, which peers read once rank 0 left.
   bool hosts = hostsStore || (hostsMirror() && mirror);
-  if (!hosts || !usable || keptStore)
+  if (!hosts || !usable() || keptStore)
     return;
   keptStore = true;
   // Rank 0 hosts the store: keep it up while peers that were in the failed

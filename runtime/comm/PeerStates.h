@@ -8,8 +8,9 @@
 // collective checks now and then, so that it stops waiting for a peer that
 // will never come. A rank that hits a failure reads its peers' records to
 // name them, leading with the root cause: the first rank that left or
-// failed on its own. Store failures only turn the bookkeeping off: the
-// collective itself reports a dead peer.
+// failed on its own. Store failures only turn the bookkeeping off (keeping
+// the first one's reason for the report): the collective itself reports a
+// dead peer.
 //
 // The records are kept twice, so that they outlive the exit of the store's
 // host (rank 0 for env:// groups, mp.spawn and Lightning's launcher, which
@@ -18,14 +19,14 @@
 // it leaves in the group's store). The records are lost only when both
 // rank 0 and the last rank leave before a peer reads them. Every record
 // goes to both; a read goes to the group's store until it stops answering,
-// then to the mirror. A peer
-// that reaches its failure after rank 0 left still reads why everyone
-// left. Every store operation ends within dloss's deadline (BoundedStore):
-// the group's store waits the user's timeout, often 30 minutes, and a
-// TCPStore's check waits for its reply with no timeout at all, so a rank
-// cut off from the store's host would otherwise hang. No rank waits on its
-// way into a collective: the connections are made, and the record of
-// entering a collective is written, by the store's worker thread.
+// then to the mirror. A peer that reaches its failure after rank 0 left
+// still reads why everyone left. Every store operation ends within dloss's
+// deadline (BoundedStore.h): the group's store waits the user's timeout,
+// often 30 minutes, and a TCPStore's check waits for its reply with no
+// timeout at all, so a rank cut off from the store's host would otherwise
+// hang. No rank waits on its way into a collective: the connections are
+// made, and the record of entering a collective is written, by the store's
+// worker thread.
 #ifndef DLOSS_RUNTIME_COMM_PEERSTATES_H
 #define DLOSS_RUNTIME_COMM_PEERSTATES_H
 
@@ -158,6 +159,11 @@ private:
   template <typename Fn> auto firstAnswer(Fn &&fn);
   /// Marks the group's store as no longer answering.
   void loseStore();
+  /// Why the group's store stopped answering.
+  std::string primaryFailure() const;
+  /// Turns the bookkeeping off, keeping the first failure's reason.
+  void disable(const std::exception &e);
+  bool usable() const { return unusable.empty(); }
   bool hostsMirror() const { return mirrored && rank == worldSize - 1; }
 
   std::vector<PeerState> read(std::chrono::milliseconds grace,
@@ -189,8 +195,9 @@ private:
   std::string storeAt;
   /// The number of the collective that failed; -1 while healthy.
   int64_t failedSeq = -1;
-  /// False once a store operation failed: the bookkeeping stops.
-  bool usable = true;
+  /// The first store failure's reason, after which the bookkeeping stops;
+  /// empty while none.
+  std::string unusable;
   /// Whether keepStoreForPeers has run.
   bool keptStore = false;
 };
