@@ -13,6 +13,7 @@
 #include "frontend/Jit.h"
 #include "frontend/Losses.h"
 #include "runtime/autograd/CompiledLoss.h"
+#include "runtime/comm/BoundedStore.h"
 #include "runtime/comm/CallSite.h"
 #include "runtime/comm/Engines.h"
 #include "runtime/comm/GuardedBackend.h"
@@ -26,6 +27,9 @@
 #include "runtime/support/Error.h"
 
 #include <torch/csrc/utils/pybind.h>
+
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
 
 #include <chrono>
 #include <map>
@@ -818,6 +822,136 @@ void bindGuard(py::module_ &m) {
         "described as `call`.");
 }
 
+/// Seconds as the milliseconds the runtime counts in, or a clear error.
+std::chrono::milliseconds storeSeconds(double seconds, const char *what) {
+  if (!(seconds > 0))
+    throw Error(std::string("BoundedStore: ") + what +
+                    " must be a positive number of seconds, got " +
+                    std::to_string(seconds),
+                "Pass seconds, such as 30");
+  return std::chrono::milliseconds(
+      static_cast<int64_t>(seconds * 1000.0 + 0.5));
+}
+
+void bindBoundedStore(py::module_ &m) {
+  using comm::BoundedStore;
+  // The builtin classes, so that callers need no torch or dloss class to
+  // tell a wait that ran out from a store that is gone.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p)
+        std::rethrow_exception(p);
+    } catch (const comm::StoreTimeout &e) {
+      PyErr_SetString(PyExc_TimeoutError, e.what());
+    } catch (const comm::StoreLost &e) {
+      PyErr_SetString(PyExc_ConnectionError, e.what());
+    }
+  });
+  // Every method waits on the store's worker with the GIL released; values
+  // become bytes once it is held again.
+  py::class_<BoundedStore, std::shared_ptr<BoundedStore>>(
+      m, "BoundedStore",
+      "A connection to a torch.distributed Store whose every operation ends "
+      "within the deadline plus a margin (max(2 s, half of it)), or within a "
+      "wait's own timeout plus that margin (runtime/comm/BoundedStore.h). "
+      "A wait that runs out raises TimeoutError; any other failure (the "
+      "store's host gone, broken pipe, connection reset, no answer in time) "
+      "raises ConnectionError with the first failure's reason, and so does "
+      "every later operation.")
+      .def(py::init(
+               [](const py::object &store, double deadlineSeconds, bool clone) {
+                 auto s = borrowTorch<c10d::Store>(store, "Store");
+                 std::chrono::milliseconds deadline =
+                     storeSeconds(deadlineSeconds, "deadline_seconds");
+                 return BoundedStore::over(std::move(s), clone, deadline,
+                                           "the store");
+               }),
+           py::arg("store"), py::arg("deadline_seconds"),
+           py::arg("clone") = true,
+           "clone=True: a clone of `store` of its own (the caller's "
+           "connection and timeout stay theirs; the deadline becomes the "
+           "clone's timeout), `store` itself where it has no clone.")
+      .def(
+          "set_deadline",
+          [](BoundedStore &s, double seconds) {
+            s.setDeadline(storeSeconds(seconds, "the deadline"));
+          },
+          py::arg("seconds"))
+      .def(
+          "set",
+          [](BoundedStore &s, const std::string &key,
+             const std::string &value) {
+            py::gil_scoped_release release;
+            s.set(key, value);
+          },
+          py::arg("key"), py::arg("value"))
+      .def(
+          "get",
+          [](BoundedStore &s, const std::string &key) {
+            std::string value;
+            {
+              py::gil_scoped_release release;
+              value = s.get(key);
+            }
+            return py::bytes(value);
+          },
+          py::arg("key"))
+      .def(
+          "check",
+          [](BoundedStore &s, const std::vector<std::string> &keys) {
+            py::gil_scoped_release release;
+            return s.check(keys);
+          },
+          py::arg("keys"), "Whether every key is set.")
+      .def(
+          "wait",
+          [](BoundedStore &s, const std::vector<std::string> &keys,
+             std::chrono::duration<double> timeout) {
+            std::chrono::milliseconds bound =
+                storeSeconds(timeout.count(), "timeout_seconds");
+            py::gil_scoped_release release;
+            s.wait(keys, bound);
+          },
+          py::arg("keys"), py::arg("timeout_seconds"),
+          "Waits until every key is set; TimeoutError after timeout_seconds "
+          "(a number or a datetime.timedelta).")
+      .def(
+          "multi_get",
+          [](BoundedStore &s, const std::vector<std::string> &keys) {
+            std::vector<std::string> values;
+            {
+              py::gil_scoped_release release;
+              values = s.multiGet(keys);
+            }
+            py::list out;
+            for (const std::string &value : values)
+              out.append(py::bytes(value));
+            return out;
+          },
+          py::arg("keys"))
+      .def(
+          "compare_set",
+          [](BoundedStore &s, const std::string &key,
+             const std::string &expected, const std::string &desired) {
+            std::string value;
+            {
+              py::gil_scoped_release release;
+              value = s.compareSet(key, expected, desired);
+            }
+            return py::bytes(value);
+          },
+          py::arg("key"), py::arg("expected"), py::arg("desired"),
+          "Sets key to desired where it holds expected (\"\": unset); "
+          "returns the value it holds after.")
+      .def(
+          "delete_key",
+          [](BoundedStore &s, const std::string &key) {
+            py::gil_scoped_release release;
+            return s.deleteKey(key);
+          },
+          py::arg("key"));
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -900,6 +1034,7 @@ PYBIND11_MODULE(_C, m) {
       "is.");
   bindCommunicator(m);
   bindGuard(m);
+  bindBoundedStore(m);
   bindGraph(m);
   bindLosses(m);
   bindJit(m);
