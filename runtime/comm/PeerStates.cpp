@@ -36,14 +36,21 @@ const char *const kDonePrefix = "dloss/done/";
 // Why a rank's process exited ("<seq>\x1f<unixMs>\x1f<afterFailure>\x1f
 // <raised>\x1f<reason>\x1f"), written on its way out.
 const char *const kLeftPrefix = "dloss/left/";
-// Set by every failure and exit record: a rank waiting in a collective
-// reads the records only once it exists.
+// Set once a rank has made its communicator for the group: a store's host
+// waits for the exit record of every rank that did.
+const char *const kJoinedPrefix = "dloss/joined/";
+// Set by every failure record and every exit after an exception: a rank
+// waiting in a collective reads the records only once it exists.
 const char *const kAlarmKey = "dloss/alarm";
 // Where the last rank's mirror of the records listens ("<host> <port>"), in the
 // group's store.
 const char *const kMirrorKey = "dloss/mirror";
 // How long a failed rank 0 keeps the store up for the peers' diagnosis.
 constexpr std::chrono::milliseconds kFailureLinger{3000};
+// How long a store's host, on its way out, waits for the peers' exit
+// records: ranks that end together write theirs within a second; one that
+// works on for longer finds the host gone (torch then logs a broken pipe).
+constexpr std::chrono::milliseconds kExitLinger{3000};
 // Peers named one by one in an error; the rest are counted.
 constexpr size_t kMaxPeerClauses = 8;
 
@@ -163,6 +170,11 @@ PeerStates::PeerStates(c10::intrusive_ptr<c10d::Store> groupStore,
                                         storeAt, BoundedStore::Margin::None);
   if (mirrored)
     mirror = makeMirror();
+  try {
+    post(kJoinedPrefix + std::to_string(rank), "1");
+  } catch (const std::exception &e) {
+    disable(e);
+  }
 }
 
 std::shared_ptr<BoundedStore> PeerStates::makeMirror() {
@@ -312,11 +324,15 @@ void PeerStates::write(const std::string &key, const std::string &value,
   }
 }
 
-bool PeerStates::has(const std::string &key) {
+bool PeerStates::has(const std::string &key, BoundedStore *from) {
+  if (from)
+    return from->check(key);
   return firstAnswer([&](BoundedStore &s) { return s.check(key); });
 }
 
-std::string PeerStates::fetch(const std::string &key) {
+std::string PeerStates::fetch(const std::string &key, BoundedStore *from) {
+  if (from)
+    return from->get(key);
   return firstAnswer([&](BoundedStore &s) { return s.get(key); });
 }
 
@@ -357,15 +373,15 @@ void PeerStates::raiseAlarm() {
   }
 }
 
-PeerState PeerStates::readPeer(int r) {
+PeerState PeerStates::readPeer(int r, BoundedStore *from) {
   PeerState peer;
   peer.rank = r;
   std::string key = kSeqPrefix + std::to_string(r);
-  if (has(key))
-    peer = decodeState(r, fetch(key));
+  if (has(key, from))
+    peer = decodeState(r, fetch(key, from));
   std::string left = kLeftPrefix + std::to_string(r);
-  if (has(left)) {
-    std::vector<std::string> fields = splitFields(fetch(left));
+  if (has(left, from)) {
+    std::vector<std::string> fields = splitFields(fetch(left, from));
     if (fields.size() >= 5) {
       peer.exited = true;
       peer.exit.rank = r;
@@ -528,12 +544,20 @@ void PeerStates::recordExit(int64_t seq, const std::string &reason, bool raised,
     record += field;
     record += kFieldSeparator;
   }
+  // Peers waiting in a collective need the alarm only for an exit that is
+  // a root cause: a plain end is not one (a peer still waiting for this
+  // rank fails when its connection closes, and reads this record then), and
+  // an exit after a failed collective follows an alarm raised already.
+  if (raised && !afterFailure)
+    raiseAlarm();
+  // The exit record is this rank's last write: the store hosts wait for it
+  // (keepStoreForPeers), so that nothing is sent to a host that has left.
+  exitRecorded = true;
   try {
     put(kLeftPrefix + std::to_string(rank), record);
   } catch (const std::exception &e) {
     disable(e);
   }
-  raiseAlarm();
 }
 
 std::vector<PeerState> PeerStates::current() {
@@ -653,33 +677,57 @@ PeerStates::~PeerStates() {
 }
 
 void PeerStates::keepStoreForPeers(int64_t started) {
-  // The last rank hosts the mirror, which peers read once rank 0 left.
+  // Rank 0 hosts the group's store; the last rank hosts the mirror, which
+  // peers read once rank 0 left.
   bool hosts = hostsStore || (hostsMirror() && mirror);
   if (!hosts || !usable() || keptStore)
     return;
   keptStore = true;
-  // Rank 0 hosts the store: keep it up while peers that were in the failed
-  // collective (or, after a healthy rank 0 left, in one it never joined)
-  // still read their peers' states. A peer that has recorded its failure is
-  // reading (for at most kReportGrace); one that has not may yet fail (its
-  // wait checks the alarm), or may be dead, so it gets about that long too.
+  // The store this rank hosts, read directly: the other one's host may have
+  // left already, and a send to it makes torch log a broken pipe.
+  BoundedStore *own = hostsStore ? store.get() : mirror.get();
+  // Keep the store up while peers that were in the failed collective (or,
+  // after a healthy rank 0 left, in one it never joined) still read their
+  // peers' states. A peer that has recorded its failure is reading (for at
+  // most kReportGrace); one that has not may yet fail (its wait checks the
+  // alarm), or may be dead, so it gets about that long too. On the way out
+  // of the process, also until every peer that uses this group's records
+  // has written its exit record (its last write), for kExitLinger at most.
   int64_t due = failedSeq >= 0 ? failedSeq : started + 1;
   Clock::time_point start = Clock::now();
-  Clock::time_point end = start + kFailureLinger;
-  auto silentEnd = start + kReportGrace + std::chrono::milliseconds(500);
+  Clock::time_point end = start + std::max(kFailureLinger, kExitLinger);
+  Clock::time_point failureEnd = start + kFailureLinger;
+  Clock::time_point silentEnd =
+      start + kReportGrace + std::chrono::milliseconds(500);
+  Clock::time_point exitEnd = start + kExitLinger;
+  std::vector<std::string> allLeft;
+  for (int r = 0; r < worldSize; ++r)
+    if (r != rank)
+      allLeft.push_back(kLeftPrefix + std::to_string(r));
   try {
     while (Clock::now() < end) {
-      bool diagnosing = false, silent = false;
+      // Every peer has left: nobody reads or writes any more.
+      if (own->check(allLeft))
+        return;
+      Clock::time_point now = Clock::now();
+      bool diagnosing = false, silent = false, exiting = false;
       for (int r = 0; r < worldSize; ++r) {
-        if (r == rank || has(kDonePrefix + std::to_string(r)))
+        if (r == rank)
           continue;
-        PeerState peer = readPeer(r);
-        if (peer.exited || !peer.known || peer.seq < due)
+        std::string who = std::to_string(r);
+        bool left = has(kLeftPrefix + who, own);
+        // A rank that made no communicator for this group writes nothing.
+        exiting |= exitRecorded && !left && has(kJoinedPrefix + who, own);
+        if (left || has(kDonePrefix + who, own) || now >= failureEnd)
+          continue;
+        PeerState peer = readPeer(r, own);
+        if (!peer.known || peer.seq < due)
           continue;
         diagnosing |= peer.state == "failed";
         silent |= peer.state != "failed";
       }
-      if (!diagnosing && (!silent || Clock::now() >= silentEnd))
+      if (!diagnosing && (!silent || now >= silentEnd) &&
+          (!exiting || now >= exitEnd))
         return;
       std::this_thread::sleep_for(kStorePoll);
     }

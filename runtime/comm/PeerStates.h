@@ -4,13 +4,15 @@
 // Before entering a collective a rank records its number under
 // dloss/seq/<rank> ("started"), and its failure when one fails ("failed");
 // a process that exits records why under dloss/left/<rank> (dloss/group.py
-// hooks Python's exit). Both also set dloss/alarm, which a rank waiting in a
-// collective checks now and then, so that it stops waiting for a peer that
-// will never come. A rank that hits a failure reads its peers' records to
-// name them, leading with the root cause: the first rank that left or
-// failed on its own. Store failures only turn the bookkeeping off (keeping
-// the first one's reason for the report): the collective itself reports a
-// dead peer.
+// hooks Python's exit). A failure, and an exit by an exception, also set
+// dloss/alarm, which a rank waiting in a collective checks now and then, so
+// that it stops waiting for a peer that will never come. On its way out,
+// a store's host waits (a few seconds at most) for the peers' exit records,
+// each peer's last write, so that no peer sends to a host that has left. A
+// rank that hits a failure reads its peers' records to name them, leading
+// with the root cause: the first rank that left or failed on its own. Store
+// failures only turn the bookkeeping off (keeping the first one's reason for
+// the report): the collective itself reports a dead peer.
 //
 // The records are kept twice, so that they outlive the exit of the store's
 // host (rank 0 for env:// groups, mp.spawn and Lightning's launcher, which
@@ -138,9 +140,12 @@ public:
   /// The peers' states as recorded now (no grace); empty on a store
   /// failure.
   std::vector<PeerState> current();
-  /// Rank 0 hosts the store: keeps it up, for kFailureLinger at most, while
-  /// peers that are failing (or will, waiting for a collective this rank,
-  /// which has started `started`, never joins) still read it. Once.
+  /// A rank that hosts a store (rank 0 the group's, the last rank the
+  /// mirror) keeps it up, for kFailureLinger at most, while peers that are
+  /// failing (or will, waiting for a collective this rank, which has
+  /// started `started`, never joins) still read it; after recordExit, also
+  /// until the peers have written their exit records, for kExitLinger at
+  /// most, so that none writes to a host that has left. Once.
   void keepStoreForPeers(int64_t started);
 
 private:
@@ -150,8 +155,10 @@ private:
   void put(const std::string &key, const std::string &value);
   void post(const std::string &key, const std::string &value);
   void write(const std::string &key, const std::string &value, bool wait);
-  bool has(const std::string &key);
-  std::string fetch(const std::string &key);
+  /// Reads: from `from` where given (the store this rank hosts), else from
+  /// the first copy that answers.
+  bool has(const std::string &key, BoundedStore *from = nullptr);
+  std::string fetch(const std::string &key, BoundedStore *from = nullptr);
   /// The mirror: the last rank hosts it and leaves its address in the
   /// group's store; the others connect once it is there. Both in the
   /// mirror's worker, so that no rank waits for it.
@@ -170,8 +177,9 @@ private:
                               std::string &storeProblem);
   /// Sets kAlarmKey: some rank failed in a collective or exited.
   void raiseAlarm();
-  /// Peer `r`'s records; throws on a store failure.
-  PeerState readPeer(int r);
+  /// Peer `r`'s records (from `from`, as has()); throws on a store
+  /// failure.
+  PeerState readPeer(int r, BoundedStore *from = nullptr);
 
   /// The group's store (with dloss's deadline) and the mirror (null where
   /// there is none or it failed); `primaryLost` once the group's store
@@ -198,6 +206,8 @@ private:
   /// The first store failure's reason, after which the bookkeeping stops;
   /// empty while none.
   std::string unusable;
+  /// Whether this rank has written its exit record.
+  bool exitRecorded = false;
   /// Whether keepStoreForPeers has run.
   bool keptStore = false;
 };
