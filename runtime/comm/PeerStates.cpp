@@ -552,7 +552,7 @@ void PeerStates::recordExit(int64_t seq, const std::string &reason, bool raised,
     raiseAlarm();
   // The exit record is this rank's last write: the store hosts wait for it
   // (keepStoreForPeers), so that nothing is sent to a host that has left.
-  exitRecorded = true;
+  plainExit = !raised && !afterFailure;
   try {
     put(kLeftPrefix + std::to_string(rank), record);
   } catch (const std::exception &e) {
@@ -690,9 +690,12 @@ void PeerStates::keepStoreForPeers(int64_t started) {
   // after a healthy rank 0 left, in one it never joined) still read their
   // peers' states. A peer that has recorded its failure is reading (for at
   // most kReportGrace); one that has not may yet fail (its wait checks the
-  // alarm), or may be dead, so it gets about that long too. On the way out
-  // of the process, also until every peer that uses this group's records
-  // has written its exit record (its last write), for kExitLinger at most.
+  // alarm), or may be dead, so it gets about that long too. After a plain
+  // exit, also until every peer that uses this group's records and has no
+  // collective left to run with this rank has written its exit record (its
+  // last write), for kExitLinger at most. Not after a failure: there the
+  // host's exit, closing its connections, is what frees peers stuck in a
+  // collective with it.
   int64_t due = failedSeq >= 0 ? failedSeq : started + 1;
   Clock::time_point start = Clock::now();
   Clock::time_point end = start + std::max(kFailureLinger, kExitLinger);
@@ -712,16 +715,17 @@ void PeerStates::keepStoreForPeers(int64_t started) {
       Clock::time_point now = Clock::now();
       bool diagnosing = false, silent = false, exiting = false;
       for (int r = 0; r < worldSize; ++r) {
-        if (r == rank)
-          continue;
         std::string who = std::to_string(r);
-        bool left = has(kLeftPrefix + who, own);
-        // A rank that made no communicator for this group writes nothing.
-        exiting |= exitRecorded && !left && has(kJoinedPrefix + who, own);
-        if (left || has(kDonePrefix + who, own) || now >= failureEnd)
+        if (r == rank || has(kLeftPrefix + who, own))
           continue;
         PeerState peer = readPeer(r, own);
-        if (!peer.known || peer.seq < due)
+        // A rank that made no communicator for this group writes nothing; one
+        // in a collective this rank never joins fails rather than exits (the
+        // rule below keeps the store up for it).
+        exiting |= plainExit && (!peer.known || peer.seq <= started) &&
+                   has(kJoinedPrefix + who, own);
+        if (has(kDonePrefix + who, own) || now >= failureEnd || !peer.known ||
+            peer.seq < due)
           continue;
         diagnosing |= peer.state == "failed";
         silent |= peer.state != "failed";

@@ -143,9 +143,10 @@ public:
   /// A rank that hosts a store (rank 0 the group's, the last rank the
   /// mirror) keeps it up, for kFailureLinger at most, while peers that are
   /// failing (or will, waiting for a collective this rank, which has
-  /// started `started`, never joins) still read it; after recordExit, also
-  /// until the peers have written their exit records, for kExitLinger at
-  /// most, so that none writes to a host that has left. Once.
+  /// started `started`, never joins) still read it; after a plain exit
+  /// (recordExit), also until the peers that are done with their
+  /// collectives have written their exit records, for kExitLinger at most,
+  /// so that none writes to a host that has left. Once.
   void keepStoreForPeers(int64_t started);
 
 private:
@@ -206,8 +207,9 @@ private:
   /// The first store failure's reason, after which the bookkeeping stops;
   /// empty while none.
   std::string unusable;
-  /// Whether this rank has written its exit record.
-  bool exitRecorded = false;
+  /// Whether this rank has recorded a plain exit (no exception, no failed
+  /// collective).
+  bool plainExit = false;
   /// Whether keepStoreForPeers has run.
   bool keptStore = false;
 };
