@@ -40,7 +40,6 @@ import importlib.abc
 import importlib.util
 import itertools
 import os
-import queue
 import sys
 import threading
 import time
@@ -483,93 +482,16 @@ _side_counts = {}
 _connections = {}
 
 
-class _BoundedStore:
-    """The guard's connection to a group's store, each operation of which
-    ends in time: it runs on the connection's worker thread, and one that
-    has not answered within the guard's deadline (plus a margin, since a
-    wait's own timeout is the store server's to report) fails, as does every
-    later one. torch's store client waits for each reply with no limit of its
-    own, so a rank cut off from the store's host (a partition, a frozen
-    host) would hang in the guard."""
-
-    def __init__(self, store, owned):
-        self._store = store
-        self._owned = owned  # a clone of the guard's own: its timeout too
-        self._jobs = queue.SimpleQueue()
-        self._stuck = None
-        self.limit = None
-        threading.Thread(target=self._serve, name="dloss-guard-store",
-                         daemon=True).start()
-
-    def _serve(self):
-        while True:
-            fn, args, box, done = self._jobs.get()
-            try:
-                box["value"] = fn(*args)
-            except dist.DistStoreError as e:
-                # torch raises a wait's timeout as a DistStoreError, whose
-                # text alone says so.
-                text = str(e).lower()
-                box["error"] = (TimeoutError if "timeout" in text or
-                                "timed out" in text else ConnectionError)(
-                                    str(e))
-            except dist.DistError as e:  # the host gone, a broken pipe
-                box["error"] = ConnectionError(str(e))
-            except BaseException as e:  # handed to the caller
-                box["error"] = e
-            done.set()
-
-    def set_deadline(self, seconds):
-        if self._owned:
-            self._store.set_timeout(timedelta(seconds=seconds))
-        self.limit = seconds + max(2.0, seconds / 2)
-
-    def _call(self, name, *args):
-        if self._stuck is not None:
-            raise ConnectionError(self._stuck)
-        box, done = {}, threading.Event()
-        self._jobs.put((getattr(self._store, name), args, box, done))
-        if not done.wait(self.limit):
-            self._stuck = ("the store did not answer within %g s: this host "
-                           "may be cut off from the store's host" % self.limit)
-            raise ConnectionError(self._stuck)
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
-
-    def set(self, key, value):
-        return self._call("set", key, value)
-
-    def get(self, key):
-        return self._call("get", key)
-
-    def wait(self, keys, timeout):
-        return self._call("wait", keys, timeout)
-
-    def check(self, keys):
-        return self._call("check", keys)
-
-    def multi_get(self, keys):
-        return self._call("multi_get", keys)
-
-    def compare_set(self, key, expected, desired):
-        return self._call("compare_set", key, expected, desired)
-
-    def delete_key(self, key):
-        return self._call("delete_key", key)
-
-
 def _own_connection(group, store, timeout):
     """The guard's connection to `group`'s `store` (a clone of its own, so
     that the group's connection and timeout stay the user's; the store
     itself where it has no clone), every operation of which ends within
-    `timeout` and a margin."""
+    `timeout` and a margin (runtime/comm/BoundedStore.h): a wait that runs
+    out raises TimeoutError, a store that stopped answering
+    ConnectionError."""
     connection = _connections.get(group)
     if connection is None:
-        try:
-            connection = _BoundedStore(store.clone(), owned=True)
-        except (RuntimeError, AttributeError, NotImplementedError):
-            connection = _BoundedStore(store, owned=False)
+        connection = _C.BoundedStore(store, timeout)
         _connections[group] = connection
     connection.set_deadline(timeout)
     return connection
