@@ -1,10 +1,14 @@
-// FingerprintExchange (FingerprintExchange.h): recursive doubling of a MAX
-// over two int64, on a thread of its own.
+// FingerprintExchange (FingerprintExchange.h): a MAX over two int64, by
+// Gloo's ring or by recursive doubling on a thread of its own.
 #include "runtime/comm/FingerprintExchange.h"
 
 #include <ATen/ATen.h>
 
+#include "runtime/support/Error.h"
+
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -17,8 +21,28 @@ struct FingerprintExchange::State {
   std::condition_variable changed;
   std::deque<std::shared_ptr<Request>> queue;
   bool stop = false;
-  bool busy = false;
+  bool doubling = false;
 };
+
+namespace {
+
+/// Whether `world` ranks exchange by recursive doubling: past the ring's
+/// size, or as DLOSS_GUARD_EXCHANGE says.
+bool useDoubling(int world) {
+  const char *forced = std::getenv("DLOSS_GUARD_EXCHANGE");
+  if (!forced || !*forced)
+    return world > FingerprintExchange::kRingWorld;
+  if (std::strcmp(forced, "ring") == 0)
+    return false;
+  if (std::strcmp(forced, "doubling") == 0)
+    return true;
+  throw Error("DLOSS_GUARD_EXCHANGE is '" + std::string(forced) +
+                  "', not 'ring' or 'doubling'",
+              "Unset it (dloss.guard then picks by the world size), or set "
+              "it to ring or doubling");
+}
+
+} // namespace
 
 bool FingerprintExchange::Request::waitUntil(
     std::chrono::steady_clock::time_point until) {
@@ -29,8 +53,12 @@ bool FingerprintExchange::Request::waitUntil(
 FingerprintExchange::FingerprintExchange(c10::intrusive_ptr<c10d::Backend> side)
     : state(std::make_shared<State>()) {
   state->side = std::move(side);
-  std::thread([state = state] { serve(state); }).detach();
+  state->doubling = useDoubling(state->side->getSize());
+  if (state->doubling)
+    std::thread([state = state] { serve(state); }).detach();
 }
+
+bool FingerprintExchange::doubling() const { return state->doubling; }
 
 FingerprintExchange::~FingerprintExchange() {
   {
@@ -44,6 +72,35 @@ std::shared_ptr<FingerprintExchange::Request>
 FingerprintExchange::start(std::array<int64_t, 2> values) {
   auto request = std::make_shared<Request>();
   request->values = values;
+  if (!state->doubling) {
+    at::Tensor both = at::empty({2}, at::kLong);
+    std::memcpy(both.data_ptr<int64_t>(), values.data(), sizeof(values));
+    std::vector<at::Tensor> tensors{both};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::MAX;
+    auto end = [request, both](const std::string &failure) {
+      {
+        std::lock_guard<std::mutex> lock(request->mutex);
+        request->failure = failure;
+        std::memcpy(request->values.data(), both.data_ptr<int64_t>(),
+                    sizeof(request->values));
+        request->ended = true;
+      }
+      request->changed.notify_all();
+    };
+    try {
+      state->side->allreduce(tensors, opts)
+          ->getFuture()
+          ->addCallback([end](c10::ivalue::Future &future) {
+            end(future.hasError() ? "the side all-reduce failed: " +
+                                        future.tryRetrieveErrorMessage()
+                                  : "");
+          });
+    } catch (const std::exception &e) {
+      end(e.what()); // a peer's side connection is closed
+    }
+    return request;
+  }
   {
     std::lock_guard<std::mutex> lock(state->mutex);
     state->queue.push_back(request);

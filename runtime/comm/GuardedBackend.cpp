@@ -172,8 +172,12 @@ void keepForever(c10::intrusive_ptr<c10d::Backend> side) {
 /// Who calls `call` when it is not the user's own code: dloss's runtime,
 /// FSDP2 (a Python hook names the module), or DDP's reducer (an all-reduce
 /// from an AccumulateGrad's hook, or a final callback, of a backward pass).
-/// Part of what the ranks must agree on.
-std::string originOf(const std::string &call, Guard &guard) {
+/// Part of what the ranks must agree on. `follows`: the op follows from
+/// the last one checked (DDP's buckets after the first of a backward pass
+/// go in the order of DDP's bucket plan, the same on every rank, while
+/// the user's thread waits in backward()), so checking it would add an
+/// exchange and catch nothing more.
+std::string originOf(const std::string &call, Guard &guard, bool &follows) {
   if (const CallSite *site = currentCallSite())
     return " (dloss @" + site->function + ", " +
            (site->op.empty() ? site->phase : site->op) + ")";
@@ -197,6 +201,7 @@ std::string originOf(const std::string &call, Guard &guard) {
   int64_t bucket = guard.ddpTask == task ? guard.ddpBucket : 0;
   guard.ddpTask = task;
   guard.ddpBucket = bucket + 1;
+  follows = bucket > 0;
   return " (DDP gradient all-reduce, bucket " + std::to_string(bucket) + ")";
 }
 
@@ -570,7 +575,10 @@ private:
         return s;
     Guard &guard = *s->guard;
     std::lock_guard<std::mutex> lock(guard.checking);
-    call += originOf(call, guard);
+    bool follows = false;
+    call += originOf(call, guard, follows);
+    if (follows && !guard.broken)
+      return s;
     if (guard.broken) {
       // The ranks disagree on the order from here on: any collective would
       // pair with the wrong one or hang.

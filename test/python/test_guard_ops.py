@@ -159,6 +159,22 @@ def _reguard(rank, world):
     return sums
 
 
+def _doubling(rank, world):
+    """Ten agreeing all_reduces, then one whose size differs on the last
+    rank; the sums, and what the last op raised."""
+    import dloss
+    dloss.guard(timeout=DEADLINE)
+    sums = []
+    for i in range(10):
+        t = torch.tensor([float(rank * i)])
+        dist.all_reduce(t)
+        sums.append(t.item())
+    n = 2 + (rank == world - 1)
+    refused = _refused(
+        lambda: dist.all_reduce(torch.ones(n)))  # doubling-mismatch
+    return sums, refused
+
+
 class GuardOpsTest(unittest.TestCase):
 
     def _same_everywhere(self, messages):
@@ -257,6 +273,20 @@ class GuardOpsTest(unittest.TestCase):
         expected = [float(sum(range(WORLD)) + WORLD * i) for i in range(100)]
         for sums in results:
             self.assertEqual(sums, expected)
+
+    def test_recursive_doubling_on_five_ranks(self):
+        os.environ["DLOSS_GUARD_EXCHANGE"] = "doubling"
+        try:
+            results = multiproc.run(5, _doubling)
+        finally:
+            del os.environ["DLOSS_GUARD_EXCHANGE"]
+        expected = [float(sum(range(5)) * i) for i in range(10)]
+        for sums, _ in results:
+            self.assertEqual(sums, expected)
+        body = self._same_everywhere([r[1][0] for r in results])
+        self.assertIn("ranks 0, 1, 2, 3: all_reduce float32[2] SUM at %s" %
+                      _where("doubling-mismatch"), body)
+        self.assertIn("rank 4: all_reduce float32[3] SUM at", body)
 
 
 if __name__ == "__main__":
