@@ -294,56 +294,47 @@ class RootCauseTest(unittest.TestCase):
             times[r] = report["seconds"]
         TIMES.append(("stray-guarded", times))
 
+    def _store_lost(self, scenario, reason, bound):
+        """Runs `scenario`, in which rank 0 (the store's host) stops at the
+        failing step under DLOSS_GUARD=3: ranks 1-3 must each raise the
+        guard's lost-store error with `reason`, in their loss call, within
+        `bound` seconds (and 10 s for a loaded machine)."""
+        script, codes, reports, _, stderr = _run(scenario)
+        loss_call = "%s:%d" % (script, _line("# LOSS CALL"))
+        times = {}
+        for r in (1, 2, 3):
+            self.assertIn(r, reports, "rank %d reported nothing (exit code "
+                          "%s): %s" % (r, codes[r], stderr[r][-3000:]))
+            report = reports[r]
+            self.assertEqual(report["kind"], "error", report)
+            self.assertEqual(report["step"], FAILING_STEP, report)
+            self.assertEqual(report["location"], loss_call, report)
+            self.assertIn("the group's store stopped answering while this "
+                          "rank checked collective #", report["problem"])
+            self.assertIn(reason, report["problem"])
+            self.assertIn("network between the hosts", report["message"])
+            times[r] = report["seconds"]
+            self.assertLess(times[r], bound + 10)
+        self.assertEqual(codes[0], -9)
+        TIMES.append((scenario, times))
+
     def test_the_store_host_freezes_under_the_guard(self):
         """Rank 0, which hosts the store, freezes (SIGSTOP: its connections
         stay open and silent, as across a network partition) before its
         loss call. Under DLOSS_GUARD=3 the guard's store operations of ranks
         1-3 never get an answer; each ends after the guard's 3 s and a 2 s
         margin, saying that the store stopped answering."""
-        script, codes, reports, _, stderr = _run("frozen-host-guarded")
-        loss_call = "%s:%d" % (script, _line("# LOSS CALL"))
-        times = {}
-        for r in (1, 2, 3):
-            self.assertIn(r, reports, "rank %d reported nothing (exit code "
-                          "%s): %s" % (r, codes[r], stderr[r][-3000:]))
-            report = reports[r]
-            self.assertEqual(report["kind"], "error", report)
-            self.assertEqual(report["step"], FAILING_STEP, report)
-            self.assertEqual(report["location"], loss_call, report)
-            self.assertIn("the group's store stopped answering while this "
-                          "rank checked collective #", report["problem"])
-            self.assertIn("the store did not answer within 5 s: this host "
-                          "may be cut off from the store's host",
-                          report["problem"])
-            self.assertIn("network between the hosts", report["message"])
-            times[r] = report["seconds"]
-            self.assertLess(times[r], 5 + 10)  # 10 s for a loaded machine
-        self.assertEqual(codes[0], -9)
-        TIMES.append(("frozen-host-guarded", times))
+        self._store_lost("frozen-host-guarded", "the store did not answer "
+                         "within 5 s: this host may be cut off from the "
+                         "store's host", 5)
 
     def test_the_store_host_is_killed_under_the_guard(self):
         """Rank 0, which hosts the group's store, is SIGKILLed at the
         failing step under DLOSS_GUARD=3, and every connection to it is
         reset: ranks 1-3 each raise the guard's explanatory error (the
         store's host has exited), not torch's raw DistNetworkError."""
-        script, codes, reports, _, stderr = _run("storekill-guarded")
-        loss_call = "%s:%d" % (script, _line("# LOSS CALL"))
-        times = {}
-        for r in (1, 2, 3):
-            self.assertIn(r, reports, "rank %d reported nothing (exit code "
-                          "%s): %s" % (r, codes[r], stderr[r][-3000:]))
-            report = reports[r]
-            self.assertEqual(report["kind"], "error", report)
-            self.assertEqual(report["step"], FAILING_STEP, report)
-            self.assertEqual(report["location"], loss_call, report)
-            self.assertIn("the group's store stopped answering while this "
-                          "rank checked collective #", report["problem"])
-            self.assertIn("has exited, or this host is cut off from it",
-                          report["problem"])
-            times[r] = report["seconds"]
-            self.assertLess(times[r], 3 + 10)  # 10 s for a loaded machine
-        self.assertEqual(codes[0], -9)
-        TIMES.append(("store-killed-guarded", times))
+        self._store_lost("storekill-guarded",
+                         "has exited, or this host is cut off from it", 3)
 
     def test_the_store_host_fails_in_cascade(self):
         """Rank 1 raises; rank 0, which hosts the store, fails in dloss's
