@@ -508,9 +508,14 @@ def _side_backend(group, store, timeout):
     if side is None:
         n = _side_counts.get(group, 0)
         _side_counts[group] = n + 1
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timedelta(seconds=max(timeout, 30))
+        options._devices = [dist.ProcessGroupGloo.create_default_device()]
+        # One op at a time: one worker thread is all it needs.
+        options._threads = 1
         side = dist.ProcessGroupGloo(
             dist.PrefixStore("dloss/guard/side/%d/" % n, store),
-            group.rank(), group.size(), timedelta(seconds=max(timeout, 30)))
+            group.rank(), group.size(), options)
         _sides[group] = side
     return side
 
