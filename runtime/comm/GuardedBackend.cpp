@@ -584,7 +584,9 @@ private:
       // pair with the wrong one or hang.
       guard.config->hooks.refused(call);
       throw Error("dloss.guard refused an earlier collective of this group",
-                  "");
+                  "The ranks disagree on the order of its collectives from "
+                  "there on: fix the first refusal (its error named each "
+                  "rank's line)");
     }
     int64_t seq = guard.seq++;
     try {
@@ -608,7 +610,10 @@ private:
       std::lock_guard<std::mutex> lock(guard.checking);
       if (guard.broken) {
         guard.config->hooks.refused(call);
-        throw Error("dloss.guard refused an earlier op of this group", "");
+        throw Error("dloss.guard refused an earlier op of this group",
+                    "The ranks disagree on the order of its ops from there "
+                    "on: fix the first refusal (its error named each rank's "
+                    "line)");
       }
     }
     return guard.config->hooks.post(call, peer, send, tag);
