@@ -197,6 +197,15 @@ public:
   // failed rank 0's store up) makes peers still blocked on this rank fail
   // now rather than at their deadline. The NCCL backend of a group built
   // for this communicator is shut down (aborted after a failure).
+  //
+  // Except after a Gloo collective was abandoned (awaitOnCpu stopped
+  // waiting for it because a peer failed): its work still runs on the
+  // group's worker thread, blocked on a live peer that left the collective,
+  // until Gloo's own timeout; ProcessGroupGloo's destructor joins that
+  // thread, so destroying the group would hold this rank (and every peer
+  // blocked on it) for the whole deadline. A group of connectProcessGroup's
+  // is then left to the process's exit, which closes its connections. A
+  // user's group is only released: its owner decides.
   ~ProcessGroupCommunicator() override {
     posted.clear();
     if (ownGroup && broken.empty() &&
@@ -206,6 +215,8 @@ public:
       } catch (...) { // A destructor reports nothing; the process goes on.
       }
     }
+    if (ownGroup && abandonedWork)
+      (void)group.release(); // Deliberately never destroyed: see above.
     group.reset();
   }
 
@@ -372,6 +383,9 @@ private:
   bool ownGroup;
   /// Whether a deadline aborted the group's NCCL backend.
   bool gpuAborted = false;
+  /// Whether a Gloo collective was left running (awaitOnCpu stopped waiting
+  /// for it): see the destructor.
+  bool abandonedWork = false;
   /// Whether the ranks met before NCCL's start (meetBeforeNccl).
   bool ncclStarted = false;
   /// CUDA transfers posted and not issued yet.
@@ -489,7 +503,12 @@ void ProcessGroupCommunicator::awaitOnCpu(
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         until - Clock::now());
     if (left <= kWatchPeriod) {
-      work->wait(std::max(left, std::chrono::milliseconds(1)));
+      try {
+        work->wait(std::max(left, std::chrono::milliseconds(1)));
+      } catch (...) {
+        abandonedWork |= !work->isCompleted();
+        throw;
+      }
       return;
     }
     // c10d's Work::wait(timeout) throws when the slice ends before the
@@ -506,7 +525,12 @@ void ProcessGroupCommunicator::awaitOnCpu(
         return;
       }
     }
-    watchPeers();
+    try {
+      watchPeers();
+    } catch (...) {
+      abandonedWork = true;
+      throw;
+    }
   }
 }
 

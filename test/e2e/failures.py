@@ -160,6 +160,19 @@ def main():
     else:
         os.kill(proc.pid, signal.SIGKILL)
 
+    # When each rank process ended, so that a slow end names the rank that
+    # lingered (a rank may end long after printing its error).
+    ended = {}
+
+    def watch_ranks():
+        while len(ended) < len(ranks) and time.monotonic() - t0 < HARD_KILL:
+            for r, p in ranks.items():
+                if r not in ended and not alive(p):
+                    ended[r] = time.monotonic() - t0
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch_ranks, daemon=True)
+    watcher.start()
     hung = False
     try:
         proc.wait(timeout=HARD_KILL)
@@ -178,6 +191,9 @@ def main():
     while any(alive(p) for p in ranks.values()) and time.monotonic() - t0 < HARD_KILL:
         time.sleep(0.05)
     wall = time.monotonic() - t0
+    watcher.join(1)
+    for r in sorted(ended):
+        print(f"rank {r} process ended after {ended[r]:.2f} s")
     leftovers = [p for p in ranks.values() if alive(p)]
     for p in leftovers:
         os.kill(p, signal.SIGKILL)
