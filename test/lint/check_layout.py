@@ -1,6 +1,6 @@
-"""The `layout` test: the README's layout table names every source file's job.
+"""The `layout` test: CONTRIBUTING.md's layout table names every source file's job.
 
-The table (README.md, `## Layout`) has one row per folder, `| \\`folder/\\` | what |`.
+The table (CONTRIBUTING.md, `## Layout`) has one row per folder, `| \\`folder/\\` | what |`.
 Each source file git tracks under the code folders must be named, in backticks,
 in the row of the deepest folder that holds it: by its name (`Plan.fbs`), its
 stem (`Executor` for Executor.h and Executor.cpp), brace form
@@ -20,16 +20,18 @@ CODE = ("dialect/", "passes/", "driver/", "compiler/", "report/", "runtime/",
         "frontend/", "python/", "tools/", "cmake/", "scripts/")
 SUFFIXES = (".cpp", ".h", ".cu", ".cuh", ".py", ".td", ".fbs", ".sh", ".cmake",
             ".inc", ".in")
+# The document that holds the table.
+TABLE = "CONTRIBUTING.md"
 # Build glue, not a job of its own.
 EXEMPT = ("CMakeLists.txt",)
 
 
 def table():
-    """{folder: row text} from README.md's layout table."""
-    text = (ROOT / "README.md").read_text()
+    """{folder: row text} from CONTRIBUTING.md's layout table."""
+    text = (ROOT / TABLE).read_text()
     start = text.find("\n## Layout")
     if start < 0:
-        sys.exit("layout: README.md has no `## Layout` section")
+        sys.exit("layout: %s has no `## Layout` section" % TABLE)
     end = text.find("\n## ", start + 1)
     rows = {}
     for line in text[start:end].splitlines():
@@ -38,8 +40,8 @@ def table():
             continue
         folders = re.findall(r"`([^`]+/)`", cells[1])
         if len(folders) != 1:
-            sys.exit("layout: README.md's row `%s` must name one folder, as `folder/`"
-                     % cells[1].strip())
+            sys.exit("layout: %s's row `%s` must name one folder, as `folder/`"
+                     % (TABLE, cells[1].strip()))
         rows[folders[0]] = "|".join(cells[2:])
     return rows
 
@@ -95,9 +97,9 @@ def main():
                                 "fix or remove it" % (folder, name, folder))
     if problems:
         print("\n".join("layout: " + p for p in problems))
-        print("layout: %d problem(s) in README.md's layout table" % len(problems))
+        print("layout: %d problem(s) in %s's layout table" % (len(problems), TABLE))
         return 1
-    print("layout: README.md's layout table names all %d files of its %d folders"
+    print("layout: " + TABLE + "'s layout table names all %d files of its %d folders"
           % (sum(1 for p in files if p.startswith(CODE)), len(rows)))
     return 0
 
