@@ -22,11 +22,41 @@
 #include <iostream>
 #include <memory>
 #include <sstream>
+#include <string>
+#include <thread>
 
 #include <unistd.h>
 
 namespace dloss {
 namespace tools {
+
+namespace {
+
+/// How long a failed rank's teardown may take: the store's host keeps it up
+/// for its peers' diagnosis for 3 s at most (PeerStates), plus a margin.
+constexpr std::chrono::seconds kFailedTeardownLimit{6};
+
+/// Ends the process once `limit` has passed, whatever the teardown still
+/// waits for. After a failure nothing is left to do but the peers' diagnosis,
+/// and a teardown can wait on a peer: a Gloo operation the rank stopped
+/// waiting for still runs until Gloo's own timeout, and a group that owns it
+/// joins it. A rank that outlives its error by the whole deadline holds its
+/// peers' connections open and its launcher waiting.
+void endTeardownAfter(int rank, std::chrono::seconds limit) {
+  std::thread([rank, limit] {
+    std::this_thread::sleep_for(limit);
+    std::string line = "dloss-run: the teardown of rank " +
+                       std::to_string(rank) + " after its failure took over " +
+                       std::to_string(limit.count()) +
+                       " s (a collective it stopped waiting for may still wait "
+                       "on a peer): ending it\n";
+    ssize_t written = ::write(2, line.data(), line.size());
+    (void)written;
+    _exit(1);
+  }).detach();
+}
+
+} // namespace
 
 int runRank(const Options &o, const std::string &planPath) {
   RendezvousOptions rendezvous = RendezvousOptions::fromEnvironment();
@@ -142,6 +172,7 @@ int runRank(const Options &o, const std::string &planPath) {
         "dloss-run: rank " + std::to_string(rank) + ": " + e.what() + "\n";
     ssize_t written = ::write(2, line.data(), line.size());
     (void)written;
+    endTeardownAfter(rank, kFailedTeardownLimit);
     return 1;
   }
 }
