@@ -33,8 +33,8 @@ Error loadError(const std::string &problem) {
   return Error("the dloss compiler library could not be loaded (" + problem +
                    ")",
                "Install the dloss-compiler wheel built from the same sources "
-               "as dloss (pip wheel packaging/compiler; README: Install with "
-               "pip), build dloss from source with DLOSS_BUILD_COMPILER=ON, "
+               "as dloss (pip wheel packaging/compiler; docs/Install.md), "
+               "build dloss from source with DLOSS_BUILD_COMPILER=ON, "
                "or point DLOSS_COMPILER_LIBRARY at the libdloss_compiler.so "
                "of the same dloss sources");
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The compiler-level demo (README, "The two commands"): install, build, then
+# The compiler-level demo (docs/Building.md): install, build, then
 # show what dlossc derives and runs for examples/clip.mlir: the fused
 # backward (excerpt), the memory/communication report, the fused plan run by
 # dloss-run on 4 local ranks (processes, Gloo on loopback) with uneven batches

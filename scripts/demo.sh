@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine (README, "The two commands"): install,
+# The demo on a fresh machine (README, "Install", way (a)): install,
 # build, then train with `import dloss` on 4 local processes (DDP over Gloo on
 # loopback), uneven batches at every step:
 #   1. a two-tower CLIP model with dloss.ClipLoss,
