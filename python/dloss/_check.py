@@ -56,7 +56,7 @@ def check_compiler_pair():
     if os.path.realpath(_C.compiler_library_path()) != os.path.realpath(theirs):
         return  # Not the wheel's: a build tree, a prefix, or the user's choice.
     installed = wheel.version
-    want = _C.compiler_identity[:12]
+    want = _C.compiler_label
     have = installed.partition("+")[2]
     if have != want:
         try:

@@ -70,9 +70,12 @@ compiler_wheels=("$work"/dist/dloss_compiler-*.whl)
 [[ ${#compiler_wheels[@]} -eq 1 ]] || { tail -40 "$work/compiler-wheel.log"; fail "no dloss-compiler wheel was built"; }
 wheels=("$work"/dist/dloss-*.whl)
 [[ ${#wheels[@]} -eq 1 ]] || { tail -40 "$work/wheel.log"; fail "no dloss wheel was built"; }
-identity=$(cmake -DSOURCE_DIR="$source" -P "$source/cmake/DlossCompilerIdentity.cmake")
-[[ $(basename "${compiler_wheels[0]}") == dloss_compiler-*+${identity:0:12}-py3-none-linux_x86_64.whl ]] ||
-  fail "$(basename "${compiler_wheels[0]}") is not version <project>+${identity:0:12}, tag py3-none-linux_x86_64"
+label=$(cmake -DSOURCE_DIR="$source" -DLABEL=ON -P "$source/cmake/DlossCompilerIdentity.cmake")
+project=$(sed -n 's/^project(dloss VERSION \([0-9.]*\).*/\1/p' "$source/CMakeLists.txt")
+[[ $(basename "${compiler_wheels[0]}") == dloss_compiler-$project+$label-py3-none-linux_x86_64.whl ]] ||
+  fail "$(basename "${compiler_wheels[0]}") is not version $project+$label (CMakeLists.txt's project() and the compiler's label), tag py3-none-linux_x86_64"
+[[ $(basename "${wheels[0]}") == dloss-$project-* ]] ||
+  fail "$(basename "${wheels[0]}") is not version $project, CMakeLists.txt's project()"
 for wheel in "${compiler_wheels[0]}" "${wheels[0]}"; do
   echo "wheel: $(basename "$wheel"), $(du -k "$wheel" | cut -f1) KiB"
 done

@@ -45,7 +45,7 @@ class CompilerPairTest(unittest.TestCase):
             f.write(f"Metadata-Version: 2.1\nName: dloss-compiler\nVersion: {version}\n")
 
     def test_a_wheel_of_other_sources_fails_at_import_naming_both(self):
-        own = _C.compiler_identity[:12]
+        own = _C.compiler_label
         other = "0123456789ab" if own != "0123456789ab" else "ba9876543210"
         self.install(f"0.1.0+{other}")
         with self.assertRaises(ImportError) as caught:
@@ -63,8 +63,15 @@ class CompilerPairTest(unittest.TestCase):
             _check.check_compiler_pair()
 
     def test_the_wheel_of_these_sources_passes(self):
-        self.install(f"0.1.0+{_C.compiler_identity[:12]}")
+        self.install(f"0.1.0+{_C.compiler_label}")
         _check.check_compiler_pair()
+
+    def test_the_label_is_the_identitys_start(self):
+        # The wheel's label and the loader's identity are one hash
+        # (cmake/DlossCompilerIdentity.cmake cuts the one from the other).
+        self.assertRegex(_C.compiler_label, r"^[0-9a-f]+$")
+        self.assertTrue(_C.compiler_identity.startswith(_C.compiler_label),
+                        (_C.compiler_label, _C.compiler_identity))
 
     def test_no_wheel_passes(self):
         # Cached plans still run; the first compile names what to install.
