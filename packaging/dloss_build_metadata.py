@@ -9,9 +9,9 @@ ties the pair:
 - ``version``: the project's, ``0.1.0`` (dloss); with ``compiler-label =
   true`` in the settings, the identity's label as its local label,
   ``0.1.0+6faee17dffa7`` (dloss-compiler);
-- ``dependencies`` (dloss): the settings' ``requires`` plus
-  ``dloss-compiler==`` that compiler's version, so that pip installs no
-  other compiler beside this runtime.
+- ``dependencies`` (dloss): ``torch==`` the release the extension is built
+  against, and ``dloss-compiler==`` that compiler's version, so that pip
+  installs no other torch or compiler beside this runtime.
 """
 
 import os
@@ -59,9 +59,24 @@ def compiler_version():
     return f"{project_version()}+{compiler_label()}"
 
 
+def torch_requirement():
+    """torch of the release the extension builds against (the build is
+    --no-build-isolation: this Python's torch is CMake's, cmake/DlossTorch.cmake).
+    The release without its local label: PEP 440 then matches every build of
+    it (2.13.0+cpu, 2.13.0+cu128), which share the C++ ABI; `import dloss`
+    compares the same release (python/dloss/_check.py)."""
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError as e:
+        sys.exit(f"dloss: building needs torch in the building Python ({sys.executable}: {e}). "
+                 f"dloss's extension builds against the torch it will run with: install "
+                 f"torch, then build without isolation: pip install --no-build-isolation .")
+    return f"torch=={torch.__version__.partition('+')[0]}"
+
+
 def dynamic_metadata(field, settings):
     if field == "version":
         return compiler_version() if settings.get("compiler-label") else project_version()
     if field == "dependencies":
-        return [*settings.get("requires", []), f"dloss-compiler=={compiler_version()}"]
+        return [torch_requirement(), f"dloss-compiler=={compiler_version()}"]
     raise RuntimeError(f"dloss_build_metadata provides version and dependencies, not {field}")

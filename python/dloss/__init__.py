@@ -12,9 +12,11 @@ returns the global loss on every rank, and is exact for uneven batches. See
 README.md and docs/Migration.md.
 """
 
+from ._check import check_built_torch as _check_built_torch
 from ._check import check_compiler_pair as _check_compiler_pair
 from ._check import check_torch_objects_cross as _check_torch_objects_cross
 
+_check_built_torch()
 _check_torch_objects_cross()
 _check_compiler_pair()
 

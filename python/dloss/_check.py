@@ -1,10 +1,13 @@
-"""The import-time checks: torch's ProcessGroup and Store cross into dloss's
-C++, and the dloss-compiler wheel is the one of dloss's own sources.
+"""The import-time checks: dloss._C is built against the running torch's
+release, torch's ProcessGroup and Store cross into dloss's C++, and the
+dloss-compiler wheel is the one of dloss's own sources.
 
-dloss._C must share pybind11's internals with torch's libtorch_python. When it
-does not (dloss built against another torch, or another pybind11), torch's
-objects reach C++ as foreign types and every loss on the user's group would
-fail later, far from the cause. This check makes that an ImportError now.
+dloss._C links torch's C++ ABI, which changes between torch releases, and must
+share pybind11's internals with torch's libtorch_python. When it does not
+(dloss built against another torch, or another pybind11), _C fails to load
+with an undefined symbol, or torch's objects reach C++ as foreign types and
+every loss on the user's group would fail later, far from the cause. These
+checks make that an ImportError now, naming what to install.
 """
 
 import importlib.metadata
@@ -13,14 +16,38 @@ import os
 import torch
 import torch.distributed as dist
 
-from . import _C
+from ._built_against import TORCH_VERSION as BUILT_TORCH
 
 # The library inside the dloss-compiler wheel (packaging/compiler).
 WHEEL_LIBRARY = "dloss_compiler/lib/libdloss_compiler.so"
 
 
+def release(version):
+    """A torch version's release, without its local label (2.13.0+cpu:
+    2.13.0): what dloss's wheel pins (packaging/dloss_build_metadata.py),
+    as PEP 440 matches torch==2.13.0 with every build of that release."""
+    return version.partition("+")[0]
+
+
+def check_built_torch():
+    """The torch release dloss._C is built against (dloss/_built_against.py,
+    python/CMakeLists.txt) is the running one's. Runs before _C loads: under
+    another torch, loading it may fail with a bare undefined symbol."""
+    if release(BUILT_TORCH) != release(torch.__version__):
+        raise ImportError(
+            f"dloss was built against torch {BUILT_TORCH}, but this "
+            f"environment runs torch {torch.__version__} (at "
+            f"{os.path.dirname(torch.__file__)}): dloss's extension needs "
+            f"the C++ ABI of the torch release it was built against. Install "
+            f"that torch (pip install \"torch=={release(BUILT_TORCH)}\"), or "
+            f"rebuild dloss against this one (pip install "
+            f"--no-build-isolation . or scripts/build.sh)")
+
+
 def check_torch_objects_cross():
     """Passes a fresh one-rank ProcessGroup and a HashStore to C++ and back."""
+    from . import _C  # noqa: PLC0415 - after check_built_torch
+
     if not dist.is_available():
         raise ImportError(
             f"dloss needs torch.distributed, which this torch "
@@ -48,6 +75,8 @@ def check_compiler_pair():
     that identity (packaging/dloss_build_metadata.py). Another one would be
     refused at the first compile, far from the cause; this makes it an
     ImportError now, naming both versions."""
+    from . import _C  # noqa: PLC0415 - after check_built_torch
+
     try:
         wheel = importlib.metadata.distribution("dloss-compiler")
     except importlib.metadata.PackageNotFoundError:

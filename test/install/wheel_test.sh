@@ -3,7 +3,7 @@
 # scikit-build-core): dloss-compiler (packaging/compiler: the compiler alone,
 # no torch) and dloss (the runtime, against the build's torch). Install both
 # into a fresh venv that holds only torch (pip check: dloss requires exactly
-# this dloss-compiler), then from a folder outside the source tree: 2 Gloo
+# this dloss-compiler, and the torch release it is built against), then from a folder outside the source tree: 2 Gloo
 # ranks of dloss.ClipLoss against one process, a C++ consumer through
 # find_package(dloss) and dloss.cmake_prefix_path, the console scripts
 # (dloss-run compiling a loss with the compiler wheel's library), and ldd:
@@ -85,6 +85,10 @@ wait "$venv_pid" || { cat "$work/venv.log"; fail "making the venv failed"; }
 cat "$work/venv.log"
 "$venv_python" -m pip install --progress-bar off -q --no-deps "${compiler_wheels[0]}" "${wheels[0]}"
 "$venv_python" -m pip check || fail "pip check: the installed pair does not meet dloss's requirements"
+# The extension links this torch release's C++ ABI: the wheel pins it.
+requires=$("$venv_python" -c 'import importlib.metadata as m; print("\n".join(m.requires("dloss")))')
+grep -qx "torch==$torch_version" <<< "$requires" ||
+  fail "dloss requires $(grep '^torch' <<< "$requires" || echo 'no torch'), not torch==$torch_version, the release it was built against"
 site=$("$venv_python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
 package=$site/dloss
 compiler_package=$site/dloss_compiler
