@@ -65,6 +65,7 @@ separate_arguments(DLOSS_LLVM_DEFINITIONS NATIVE_COMMAND ${LLVM_DEFINITIONS})
 add_definitions(${DLOSS_LLVM_DEFINITIONS})
 
 # Debian's package names a lit that does not exist; docs/Building.md passes this one.
-if(NOT LLVM_EXTERNAL_LIT OR NOT EXISTS "${LLVM_EXTERNAL_LIT}")
+# Only the tests run lit: the compiler alone (the dloss-compiler wheel) needs none.
+if(DLOSS_BUILD_TESTS AND (NOT LLVM_EXTERNAL_LIT OR NOT EXISTS "${LLVM_EXTERNAL_LIT}"))
   find_program(LLVM_EXTERNAL_LIT NAMES lit llvm-lit PATHS "${LLVM_TOOLS_BINARY_DIR}" NO_DEFAULT_PATH)
 endif()
