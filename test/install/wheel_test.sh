@@ -89,6 +89,32 @@ cat "$work/venv.log"
 requires=$("$venv_python" -c 'import importlib.metadata as m; print("\n".join(m.requires("dloss")))')
 grep -qx "torch==$torch_version" <<< "$requires" ||
   fail "dloss requires $(grep '^torch' <<< "$requires" || echo 'no torch'), not torch==$torch_version, the release it was built against"
+# Both wheels declare Apache-2.0 (PEP 639) and carry the repository's LICENSE
+# in their .dist-info/licenses.
+"$venv_python" - "$source/LICENSE" << 'PY' || fail "the wheels' license metadata is wrong (above)"
+import importlib.metadata as m
+import sys
+
+want = open(sys.argv[1], "rb").read()
+bad = []
+for name in ("dloss", "dloss-compiler"):
+    meta = m.metadata(name)
+    expression = meta.get("License-Expression")
+    if expression != "Apache-2.0":
+        bad.append(f"{name} declares License-Expression {expression!r}, not 'Apache-2.0'")
+    if "LICENSE" not in (meta.get_all("License-File") or []):
+        bad.append(f"{name} names no License-File LICENSE: {meta.get_all('License-File')}")
+    found = [f for f in m.files(name) or []
+             if f.parts[-2:] == ("licenses", "LICENSE") and f.parts[0].endswith(".dist-info")]
+    if not found:
+        bad.append(f"{name} installed no .dist-info/licenses/LICENSE")
+    elif found[0].read_binary() != want:
+        bad.append(f"{name}'s {found[0]} is not the repository's LICENSE")
+    else:
+        print(f"{name}: License-Expression {expression}, {found[0]} is the repository's LICENSE")
+print("\n".join(bad), file=sys.stderr)
+sys.exit(1 if bad else 0)
+PY
 site=$("$venv_python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
 package=$site/dloss
 compiler_package=$site/dloss_compiler
