@@ -16,7 +16,7 @@
 // The gather's backward is torch.distributed.nn's: all_reduce(sum) of the
 // gradient of the gathered tensor, then this rank's rows.
 //
-// usage: RANK=r WORLD_SIZE=N MASTER_ADDR=127.0.0.1 MASTER_PORT=P \
+// usage: RANK=r WORLD_SIZE=N MASTER_ADDR=127.0.0.1 MASTER_PORT=P
 //          dloss-bench-eager-clip [--b-local B] [--dim D] [--iters K]
 //                                 [--warmup W] [--out FILE.json] [--threads T]
 // Or: dloss-bench-eager-clip --world N ... (forks N local ranks; rank r

@@ -74,9 +74,9 @@ enum class Result { Tensor, Size, None };
 static std::string recordOf(const Call &call, SourceLoc at) {
   std::string line = call.method;
   auto list = [&](const char *tag, const auto &values) {
-    line += std::string(" ") + tag;
+    line.append(" ").append(tag);
     for (const auto &v : values)
-      line += " " + std::to_string(v);
+      line.append(" ").append(std::to_string(v));
   };
   list("t", call.tensors);
   list("s", call.sizes);

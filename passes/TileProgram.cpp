@@ -66,7 +66,7 @@ unsigned terminalResults(Operation *op, Value tile) {
 }
 
 std::string describe(Operation *op) {
-  return "`" + op->getName().getStringRef().str() + "`";
+  return ("`" + op->getName().getStringRef() + "`").str();
 }
 
 /// The analysis of one similarity.
@@ -662,7 +662,7 @@ std::string mlir::dloss::tileProgramText(ArrayRef<int64_t> program,
   for (size_t t = 0; t + 3 < program.size(); t += 4) {
     auto op = static_cast<ep::Op>(program[t]);
     const char *name = ep::opName(op);
-    text += "%" + std::to_string(t / 4) + " = " + (name ? name : "?");
+    text += ("%" + Twine(t / 4) + " = " + (name ? name : "?")).str();
     switch (op) {
     case ep::Op::Const:
       text += " " + std::to_string(ep::bitsToDouble(program[t + 1]));

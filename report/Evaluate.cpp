@@ -58,8 +58,9 @@ std::string valueLabel(Value value) {
     auto func = cast<func::FuncOp>(arg.getOwner()->getParentOp());
     auto name = func.getArgAttrOfType<StringAttr>(arg.getArgNumber(),
                                                   DlossDialect::kNameAttrName);
-    return "argument " + (name ? name.getValue().str()
-                               : "#" + std::to_string(arg.getArgNumber()));
+    if (name)
+      return ("argument " + name.getValue()).str();
+    return ("argument #" + Twine(arg.getArgNumber())).str();
   }
   Operation *op = value.getDefiningOp();
   std::string label = op->getName().getStringRef().str();

@@ -101,8 +101,9 @@ bool mlir::dloss::parseArgumentShape(StringRef spec, ReportOptions &options,
       int64_t size;
       if (part.getAsInteger(10, size) || size < 0) {
         error =
-            "'" + part.str() + "' in '" + spec.str() +
-            "' is not a size (expected NAME=AxB..., e.g. weights=25000x256)";
+            ("'" + part + "' in '" + spec +
+             "' is not a size (expected NAME=AxB..., e.g. weights=25000x256)")
+                .str();
         return false;
       }
       shape.push_back(size);

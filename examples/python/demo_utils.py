@@ -1,6 +1,7 @@
 """What train_clip.py and train_arcface.py share and a real training script
 would not need: the synthetic data's uneven batch schedule, parameter
-comparisons against the single-process run, the progress line and the plot.
+comparisons against the single-process run, the progress line, the line on
+timing and the plot.
 """
 
 import argparse
@@ -74,6 +75,24 @@ def progress(label, step, steps, loss, sizes, seconds, diff):
           "max|param - 1 process| %.1e" %
           (label, step + 1, steps, loss, "+".join(str(n) for n in sizes),
            sum(sizes), seconds * 1e3, diff), flush=True)
+
+
+def timing_note(schedule, world):
+    """Prints, under the step lines, why dloss's step times can exceed the
+    hand-written loss's at the demo's size (bench/README.md has the
+    measurements at small and large batches)."""
+    per_rank = sum(len(idx) for step in schedule for idx in step) / (
+        world * len(schedule))
+    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+             else os.cpu_count())
+    print("timing: at this size (about %d samples per process, %d processes "
+          "on %d cores) a dloss step can take longer than a hand-written "
+          "one: each dloss call first checks that every process passes "
+          "matching sizes and types (so that a mistake stops them all with "
+          "one error instead of a hang), then exchanges its data; these "
+          "fixed costs dominate small batches, and dloss's fused kernels pay "
+          "off at large ones (bench/README.md)" %
+          (round(per_rank), world, cores), flush=True)
 
 
 def plot(path, title, steps, losses, diffs):

@@ -168,6 +168,7 @@ def main():
 
     if rank != 0:
         return 0
+    demo_utils.timing_note(schedule, world)
     print("dloss.assert_grads_synced on the hand-written loss: " + caught)
     path = "%s/loss_arcface.png" % args.out
     demo_utils.plot(path, "ArcFace, %d ranks" % world, len(schedule),

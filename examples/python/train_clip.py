@@ -170,6 +170,7 @@ def main():
 
     if rank != 0:
         return 0
+    demo_utils.timing_note(schedule, world)
     path = "%s/loss_clip.png" % args.out
     demo_utils.plot(path, "CLIP, %d ranks" % world, len(schedule),
                     {"dloss.ClipLoss (global loss)": exact.losses,

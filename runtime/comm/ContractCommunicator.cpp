@@ -220,7 +220,8 @@ ContractCommunicator::allGatherIntsFolding(const std::vector<int64_t> &values,
   std::vector<int64_t> frame(static_cast<size_t>(words), 0);
   frame[0] = length;
   const bool fits = length <= kIntsFrame - kIntsFrameHeader;
-  const bool folds = payload.defined() && payload.nbytes() <= room * 8;
+  const bool folds =
+      payload.defined() && payload.nbytes() <= static_cast<size_t>(room) * 8;
   frame[1] = folds ? static_cast<int64_t>(payload.nbytes()) : -1;
   frame[2] = proposal;
   if (fits)

@@ -263,8 +263,11 @@ Executor::RankShapes Executor::preflight(const std::string &name,
   if (byMagic.size() > 1) {
     std::string problem = "ranks run different dloss runtime versions:";
     for (const auto &group : byMagic)
-      problem += " " + rankList(group.second) + " preflight format " +
-                 hex(group.first) + ";";
+      problem.append(" ")
+          .append(rankList(group.second))
+          .append(" preflight format ")
+          .append(hex(group.first))
+          .append(";");
     problem.pop_back();
     throw raiseAnonymous(problem, "Install the same dloss on every rank");
   }

@@ -40,8 +40,10 @@ struct KernelRule {
   ShapeFlow shapeFlow = ShapeFlow::None;
   /// A fused op's operands whose every-rank rows its gather schedule
   /// gathers (by operand key, fused::gatheredOperand): the preflight may
-  /// carry them when the op is a call's first collective (Executor).
-  std::vector<int> foldOperands;
+  /// carry them when the op is a call's first collective (Executor). The
+  /// initialiser lets a rule's braces leave it out under
+  /// -Wmissing-field-initializers (the runtime's -Wextra).
+  std::vector<int> foldOperands = {};
 };
 
 /// A step's kernel, bound to its attributes.

@@ -19,6 +19,7 @@
 #include <iostream>
 #include <iterator>
 #include <mutex>
+#include <string_view>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -43,14 +44,19 @@ uint64_t fnv1a(const void *bytes, size_t size, uint64_t seed) {
   return hash;
 }
 
-/// Everything the key stands for, in one string.
+/// Everything the key stands for, in one string: `key=value` fields, each
+/// ended by a NUL, then the source.
 std::string requestText(const PlanRequest &request) {
-  std::string text =
-      std::string("plan-version=") + std::to_string(kPlanVersion) + '\0' +
-      "compiler=" + kCompilerIdentity + '\0' + "name=" + request.name + '\0' +
-      "grad-mode=" + request.gradMode + '\0' +
-      "fuse=" + (request.fuse ? "1" : "0") + '\0' +
-      "general-only=" + (request.generalOnly ? "1" : "0") + '\0';
+  std::string text;
+  auto field = [&text](std::string_view key, std::string_view value) {
+    text.append(key).append("=").append(value).push_back('\0');
+  };
+  field("plan-version", std::to_string(kPlanVersion));
+  field("compiler", kCompilerIdentity);
+  field("name", request.name);
+  field("grad-mode", request.gradMode);
+  field("fuse", request.fuse ? "1" : "0");
+  field("general-only", request.generalOnly ? "1" : "0");
   return text + request.source;
 }
 

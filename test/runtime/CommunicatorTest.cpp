@@ -764,8 +764,9 @@ void expectCollectiveFailure(
   });
   ASSERT_EQ(outcomes.size(), 3u);
   expectAllSucceeded({outcomes[0], outcomes[1]}, "survivor");
-  if (rank2Signal)
+  if (rank2Signal) {
     EXPECT_EQ(outcomes[2].signal, rank2Signal) << describe(outcomes[2]);
+  }
 }
 
 void dieAbruptly() {

@@ -60,8 +60,11 @@ std::vector<Layout> layouts(int worldSize) {
 std::string describe(const Layout &layout) {
   auto list = [](const std::vector<int64_t> &sizes) {
     std::string out;
-    for (int64_t size : sizes)
-      out += (out.empty() ? "" : ",") + std::to_string(size);
+    for (int64_t size : sizes) {
+      if (!out.empty())
+        out += ',';
+      out += std::to_string(size);
+    }
     return out;
   };
   return "rows {" + list(layout.rows) + "} cols {" + list(layout.cols) + "}";

@@ -20,6 +20,7 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <stdexcept>
 #include <tuple>
 
 namespace {
@@ -192,6 +193,8 @@ std::vector<at::Tensor> interpret(const Program &program, const at::Tensor &S,
     case Op::StopGradient:
       v = A().detach();
       break;
+    case Op::Element: // a leaf of element-wise programs only
+      throw std::logic_error("interpret: Op::Element in a similarity program");
     }
     reg.push_back(v);
   }

@@ -3,11 +3,8 @@
 
 #include "runtime/support/Error.h"
 
-#include <cerrno>
-#include <cstring>
-#include <sstream>
-
-#include <sys/stat.h>
+#include <filesystem>
+#include <system_error>
 
 namespace dloss {
 namespace tools {
@@ -18,20 +15,12 @@ bool endsWith(const std::string &s, const std::string &suffix) {
 }
 
 void makeDirectories(const std::string &path) {
-  std::string partial;
-  std::stringstream ss(path);
-  std::string piece;
-  if (!path.empty() && path[0] == '/')
-    partial = "/";
-  while (std::getline(ss, piece, '/')) {
-    if (piece.empty())
-      continue;
-    partial += piece + "/";
-    if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST)
-      throw Error("cannot create the directory '" + partial +
-                      "': " + std::strerror(errno),
-                  "Choose an --out directory you can write to");
-  }
+  std::error_code error;
+  std::filesystem::create_directories(path, error);
+  if (error)
+    throw Error("cannot create the directory '" + path +
+                    "': " + error.message(),
+                "Choose an --out directory you can write to");
 }
 
 std::string rankDir(const Options &o, int rank) {
