@@ -13,6 +13,7 @@ Links inside fenced code blocks and inline code are not links.
 
     python test/lint/check_links.py
 """
+import functools
 import re
 import sys
 from urllib.parse import unquote
@@ -56,19 +57,18 @@ def slug(heading):
     return text.replace(" ", "-")
 
 
-def anchors(path, cache={}):
+@functools.lru_cache(maxsize=None)
+def anchors(path):
     """The anchors of a Markdown file's headings, repeats numbered."""
-    if path not in cache:
-        found, seen = set(), {}
-        for _, line in outside_fences(path.read_text()):
-            match = HEADING.match(line)
-            if match:
-                base = slug(match.group(2))
-                count = seen.get(base, 0)
-                seen[base] = count + 1
-                found.add(base if count == 0 else "%s-%d" % (base, count))
-        cache[path] = found
-    return cache[path]
+    found, seen = set(), {}
+    for _, line in outside_fences(path.read_text()):
+        match = HEADING.match(line)
+        if match:
+            base = slug(match.group(2))
+            count = seen.get(base, 0)
+            seen[base] = count + 1
+            found.add(base if count == 0 else "%s-%d" % (base, count))
+    return found
 
 
 def problems_in(doc):
