@@ -6,6 +6,7 @@
 #include "runtime/plan/TileEncoding.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/TypeSwitch.h"
@@ -142,8 +143,27 @@ bool fuseGroup(Group &group) {
                                                     : ep::Op::Scalar;
     return leafReg[key] = emit(opcode, index);
   };
+  // The members the results need: the sums, the values read outside the
+  // group, and what they read. A value whose readers all recompute it
+  // (rematerialize) is computed here only if a sum needs it.
+  llvm::SmallPtrSet<Operation *, 16> live;
+  for (Operation *op : llvm::reverse(group.ops)) {
+    bool needed = summedRows(op) || live.contains(op) ||
+                  llvm::any_of(op->getUsers(), [&](Operation *user) {
+                    return !group.members.contains(user);
+                  });
+    if (!needed)
+      continue;
+    live.insert(op);
+    for (Value operand : op->getOperands())
+      if (Operation *def = operand.getDefiningOp();
+          def && group.members.contains(def))
+        live.insert(def);
+  }
   SmallVector<Operation *> sums; // the group's sums over the batch
   for (Operation *op : group.ops) {
+    if (!live.contains(op))
+      continue;
     if (summedRows(op)) {
       sums.push_back(op);
       continue;
@@ -159,7 +179,8 @@ bool fuseGroup(Group &group) {
   SmallVector<Value> outputs;
   SmallVector<int64_t> outputRegs, sumRegs;
   for (Operation *op : group.ops)
-    if (!summedRows(op) && llvm::any_of(op->getUsers(), [&](Operation *user) {
+    if (live.contains(op) && !summedRows(op) &&
+        llvm::any_of(op->getUsers(), [&](Operation *user) {
           return !group.members.contains(user);
         })) {
       outputs.push_back(op->getResult(0));
@@ -199,7 +220,137 @@ bool fuseGroup(Group &group) {
   return true;
 }
 
+/// Moves each sum over the batch of a value that may join a group to just
+/// after that value's definition. A sum is pure, and where autodiff put it
+/// (after a reader of the chain's other sums, say: batch norm's backward
+/// sums g and g * x-hat apart) it could not join the chain it ends.
+void hoistColumnSums(Block &block) {
+  for (Operation &op : llvm::make_early_inc_range(block))
+    if (Value input = summedRows(&op))
+      if (Operation *def = input.getDefiningOp();
+          def && def->getBlock() == &block && spaceOf(def))
+        op.moveAfter(def);
+}
+
+/// The element leaves (full-size operands from outside) of the ops
+/// `ops` of a group over `space`.
+llvm::SmallSetVector<Value, 4>
+elementLeaves(ArrayRef<Operation *> ops,
+              llvm::function_ref<bool(Operation *)> member,
+              RankedTensorType space) {
+  llvm::SmallSetVector<Value, 4> leaves;
+  for (Operation *op : ops) {
+    if (summedRows(op))
+      continue;
+    for (Value operand : op->getOperands()) {
+      Operation *def = operand.getDefiningOp();
+      if (def && member(def))
+        continue;
+      if (auto leaf = leafOf(operand, space);
+          leaf && leaf->second == LeafKind::Element)
+        leaves.insert(leaf->first);
+    }
+  }
+  return leaves;
+}
+
+/// Recomputes a group's value in the other groups that read it, where
+/// that costs at most one more read of memory in all than writing the
+/// value and reading it back: the value then never reaches memory (batch
+/// norm's x - mean, read again after the variance's all-reduce, is
+/// recomputed from x). Each reader clones the ops of the group the value
+/// is computed from, just before its first op that reads the value.
+/// A value read by any other op (an op no group holds) stays a result.
+void rematerialize(std::vector<Group> &groups,
+                   llvm::DenseMap<Operation *, size_t> &groupOf) {
+  for (size_t p = 0; p < groups.size(); ++p) {
+    for (Operation *def : SmallVector<Operation *>(groups[p].ops)) {
+      if (summedRows(def))
+        continue;
+      Value value = def->getResult(0);
+      // The groups that read the value; none if another op must.
+      llvm::SmallSetVector<size_t, 4> readers;
+      bool stored = false;
+      for (OpOperand &use : value.getUses()) {
+        Operation *user = use.getOwner();
+        if (groups[p].members.contains(user))
+          continue;
+        if (auto it = groupOf.find(user); it != groupOf.end()) {
+          readers.insert(it->second);
+          continue;
+        }
+        // An expand reads only its `like` operand's shape: it goes when
+        // the groups that read it fuse.
+        auto expand = dyn_cast<ExpandOp>(user);
+        if (expand && use.getOperandNumber() == 1 &&
+            llvm::all_of(expand->getUsers(), [&](Operation *reader) {
+              return groupOf.contains(reader);
+            }))
+          continue;
+        stored = true;
+      }
+      if (stored || readers.empty())
+        continue;
+      // The value's ops within its group, in block order.
+      llvm::SetVector<Operation *> chain;
+      SmallVector<Operation *> work = {def};
+      while (!work.empty()) {
+        Operation *op = work.pop_back_val();
+        if (!chain.insert(op))
+          continue;
+        for (Value operand : op->getOperands())
+          if (Operation *d = operand.getDefiningOp();
+              d && groups[p].members.contains(d))
+            work.push_back(d);
+      }
+      SmallVector<Operation *> ordered(chain.begin(), chain.end());
+      llvm::sort(ordered, [](Operation *a, Operation *b) {
+        return a->isBeforeInBlock(b);
+      });
+      llvm::SmallSetVector<Value, 4> needs = elementLeaves(
+          ordered, [&](Operation *op) { return chain.contains(op); },
+          groups[p].space);
+      // Reads added, in all, less the reads of the value saved.
+      int64_t added = 0;
+      for (size_t g : readers) {
+        const Group &reader = groups[g];
+        llvm::SmallSetVector<Value, 4> has = elementLeaves(
+            reader.ops,
+            [&](Operation *op) { return reader.members.contains(op); },
+            reader.space);
+        added +=
+            llvm::count_if(needs, [&](Value v) { return !has.contains(v); });
+        added -= 1;
+      }
+      if (added > 1)
+        continue;
+      for (size_t g : readers) {
+        Group &group = groups[g];
+        Operation *first = *llvm::find_if(group.ops, [&](Operation *op) {
+          return llvm::is_contained(op->getOperands(), value);
+        });
+        OpBuilder builder(first);
+        IRMapping map;
+        for (Operation *op : ordered) {
+          Operation *copy = builder.clone(*op, map);
+          group.ops.push_back(copy);
+          group.members.insert(copy);
+          groupOf[copy] = g;
+        }
+        Value copy = map.lookup(value);
+        value.replaceUsesWithIf(copy, [&](OpOperand &use) {
+          return group.members.contains(use.getOwner());
+        });
+        llvm::sort(group.ops, [](Operation *a, Operation *b) {
+          return a->isBeforeInBlock(b);
+        });
+      }
+    }
+  }
+}
+
 void fuseBlock(Block &block) {
+  hoistColumnSums(block);
   std::vector<Group> groups;
   llvm::DenseMap<Operation *, size_t> groupOf;
   for (Operation &op : block) {
@@ -267,10 +418,21 @@ void fuseBlock(Block &block) {
       return static_cast<bool>(operand.getDefiningOp<ExpandOp>());
     });
   };
+  rematerialize(groups, groupOf);
+  // The latest group first: a group's expand that only lends its shape
+  // (`like`) to a later group's leaf has gone by the time the group that
+  // computes that shape's value decides its results.
+  std::vector<Group *> order;
   for (Group &group : groups)
-    if (group.ops.size() > 1 ||
-        (group.ops.size() == 1 && readsExpand(group.ops.front())))
-      fuseGroup(group);
+    if (!group.ops.empty())
+      order.push_back(&group);
+  llvm::sort(order, [](Group *a, Group *b) {
+    return b->ops.back()->isBeforeInBlock(a->ops.back());
+  });
+  for (Group *group : order)
+    if (group->ops.size() > 1 ||
+        (group->ops.size() == 1 && readsExpand(group->ops.front())))
+      fuseGroup(*group);
 }
 
 struct FuseElementwisePass

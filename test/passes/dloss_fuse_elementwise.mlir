@@ -52,11 +52,15 @@ func.func @outputs(%x: tensor<?x8xf32>, %y: tensor<?x8xf32>, %r: tensor<?xf32>) 
 // -----
 
 // A sum over the batch whose result the chain reads on (batch norm: the
-// mean, then x - mean) ends the chain: the rest is a chain of its own,
-// reading the first one's value (a full result) and its sum.
+// mean, then x - mean) ends the chain: the rest is a chain of its own. It
+// recomputes the first chain's value from x (one read of x, as reading the
+// value back would be), so the first chain writes only its sum.
 // CHECK-LABEL: func.func @sum_read_by_the_chain(
-// CHECK: %[[A:.*]]:2 = dloss.fused_elementwise %{{.*}} {col_leaves = 0 : i64, col_sums = array<i64: 1>, elements = 1 : i64, outputs = array<i64: 1>,
-// CHECK: %[[E:.*]] = dloss.fused_elementwise %[[A]]#0, %[[A]]#1 {col_leaves = 1 : i64, elements = 1 : i64,
+// CHECK-SAME: %[[X:[^:]*]]: tensor<?x8xf32>
+// CHECK: %[[S:.*]] = dloss.fused_elementwise %[[X]] {col_leaves = 0 : i64, col_sums = array<i64: 1>, elements = 1 : i64, outputs = array<i64>,
+// CHECK-SAME: -> tensor<8xf32>
+// CHECK: %[[E:.*]] = dloss.fused_elementwise %[[X]], %[[S]] {col_leaves = 1 : i64, elements = 1 : i64, outputs = array<i64: 3>,
+// CHECK-SAME: program = array<i64: 25, 0, 0, 0, 8, 0, 0, 0, 3, 0, 0, 0, 7, 1, 2, 0>
 // CHECK-NOT: dloss.reduce
 // CHECK: return %[[E]]
 func.func @sum_read_by_the_chain(%x: tensor<?x8xf32>) -> tensor<?x8xf32> {
@@ -122,4 +126,75 @@ func.func @lone_op_reading_an_expand(%x: tensor<?x8xf32>, %v: tensor<8xf32>, %s:
   %se = dloss.expand %s axes [0, 1] like %x : tensor<f32>, tensor<?x8xf32>
   %m = dloss.mul %x, %se : tensor<?x8xf32>, tensor<?x8xf32>
   return %d, %r, %m : tensor<?x8xf32>, tensor<f32>, tensor<?x8xf32>
+}
+
+// -----
+
+// Batch norm's forward and the sums of its backward, as autodiff writes
+// them: x - mean is read after the variance's all-reduce (and as the
+// `like` of an expand); g / s is summed after a reader of the other sum.
+// That sum moves up to join its chain, x - mean is recomputed where it is
+// read, and nothing but the normalised value and the sums reaches memory.
+// CHECK-LABEL: func.func @batch_norm_and_backward_sums(
+// CHECK-SAME: %[[X:[^:]*]]: tensor<?x8xf32>, %[[M:[^:]*]]: tensor<8xf32>, %[[G:[^:]*]]: tensor<?x8xf32>
+// CHECK: %[[V:.*]] = dloss.fused_elementwise %[[X]], %[[M]] {{{.*}}outputs = array<i64>,
+// CHECK-SAME: -> tensor<8xf32>
+// CHECK: %[[R:.*]] = dloss.all_reduce sum %[[V]]
+// CHECK: %[[B:.*]]:3 = dloss.fused_elementwise %[[X]], %[[G]], %[[M]], %[[R]] {{{.*}}col_sums = array<i64: 6, 7>, elements = 2 : i64, outputs = array<i64: 4>,
+// CHECK-SAME: -> (tensor<?x8xf32>, tensor<8xf32>, tensor<8xf32>)
+// CHECK: %[[A:.*]] = dloss.all_reduce sum %[[B]]#2
+// CHECK: %[[C:.*]] = dloss.all_reduce sum %[[B]]#1
+// CHECK-NOT: dloss.reduce
+// CHECK-NOT: dloss.expand
+// CHECK: return %[[B]]#0, %[[A]], %[[C]]
+func.func @batch_norm_and_backward_sums(%x: tensor<?x8xf32>, %m: tensor<8xf32>, %g: tensor<?x8xf32>) -> (tensor<?x8xf32>, tensor<8xf32>, tensor<8xf32>) {
+  %me = dloss.expand %m axes [0] like %x : tensor<8xf32>, tensor<?x8xf32>
+  %d = dloss.sub %x, %me : tensor<?x8xf32>, tensor<?x8xf32>
+  %sq = dloss.mul %d, %d : tensor<?x8xf32>, tensor<?x8xf32>
+  %v = dloss.reduce sum %sq axes [0] : tensor<?x8xf32>
+  %r = dloss.all_reduce sum %v : tensor<8xf32>
+  %re = dloss.expand %r axes [0] like %d : tensor<8xf32>, tensor<?x8xf32>
+  %y = dloss.div %d, %re : tensor<?x8xf32>, tensor<?x8xf32>
+  %q = dloss.div %g, %re : tensor<?x8xf32>, tensor<?x8xf32>
+  %p = dloss.mul %q, %y : tensor<?x8xf32>, tensor<?x8xf32>
+  %sp = dloss.reduce sum %p axes [0] : tensor<?x8xf32>
+  %a = dloss.all_reduce sum %sp : tensor<8xf32>
+  %sq2 = dloss.reduce sum %q axes [0] : tensor<?x8xf32>
+  %b = dloss.all_reduce sum %sq2 : tensor<8xf32>
+  return %y, %a, %b : tensor<?x8xf32>, tensor<8xf32>, tensor<8xf32>
+}
+
+// -----
+
+// A value read by an op outside every chain (here a matmul) stays a
+// result: recomputing it elsewhere would not save its write.
+// CHECK-LABEL: func.func @read_by_another_op(
+// CHECK: %[[S:.*]]:2 = dloss.fused_elementwise %{{.*}} {{{.*}}col_sums = array<i64: 1>{{.*}}outputs = array<i64: 1>,
+// CHECK: dloss.matmul %[[S]]#0
+// CHECK: dloss.fused_elementwise %[[S]]#0, %[[S]]#1
+func.func @read_by_another_op(%x: tensor<?x8xf32>) -> (tensor<?x8xf32>, tensor<8x8xf32>) {
+  %sq = dloss.mul %x, %x : tensor<?x8xf32>, tensor<?x8xf32>
+  %s = dloss.reduce sum %sq axes [0] : tensor<?x8xf32>
+  %mm = dloss.matmul %sq, %sq transpose_lhs : tensor<?x8xf32>, tensor<?x8xf32>
+  %se = dloss.expand %s axes [0] like %x : tensor<8xf32>, tensor<?x8xf32>
+  %d = dloss.sub %sq, %se : tensor<?x8xf32>, tensor<?x8xf32>
+  return %d, %mm : tensor<?x8xf32>, tensor<8x8xf32>
+}
+
+// -----
+
+// A value of two full-size leaves read by two later chains that read
+// neither: recomputing it would read four buffers where writing it and
+// reading it twice costs three, so it stays a result.
+// CHECK-LABEL: func.func @too_costly_to_recompute(
+// CHECK: %[[P:.*]]:2 = dloss.fused_elementwise %{{.*}}, %{{.*}} {{{.*}}col_sums = array<i64: 2>{{.*}}elements = 2 : i64, outputs = array<i64: 2>,
+// CHECK: dloss.fused_elementwise %[[P]]#0, %[[P]]#1 {
+// CHECK: dloss.fused_elementwise %[[P]]#0, %[[P]]#1 {
+func.func @too_costly_to_recompute(%x: tensor<?x8xf32>, %y: tensor<?x8xf32>) -> (tensor<?x8xf32>, tensor<?x8xf32>) {
+  %p = dloss.mul %x, %y : tensor<?x8xf32>, tensor<?x8xf32>
+  %s = dloss.reduce sum %p axes [0] : tensor<?x8xf32>
+  %se = dloss.expand %s axes [0] like %x : tensor<8xf32>, tensor<?x8xf32>
+  %a = dloss.sub %p, %se : tensor<?x8xf32>, tensor<?x8xf32>
+  %b = dloss.add %p, %se : tensor<?x8xf32>, tensor<?x8xf32>
+  return %a, %b : tensor<?x8xf32>, tensor<?x8xf32>
 }
