@@ -199,8 +199,12 @@ class _EagerLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, *state_grads):
         result = [None] * ctx.count
+        # loss.backward()'s gradient of 1 on the CPU (read without a device
+        # sync) leaves the call's gradients as they are: no pass over each.
+        one = grad.device.type == "cpu" and grad.dim() == 0 and \
+            bool(grad == 1)
         for i, gradient in zip(ctx.indices, ctx.saved_tensors):
-            result[i] = gradient * grad.to(gradient.dtype)
+            result[i] = gradient if one else gradient * grad.to(gradient.dtype)
         return (None, None, None, None, *result)
 
 

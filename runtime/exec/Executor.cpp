@@ -30,8 +30,10 @@ public:
   using KnownShapes = const std::vector<std::vector<int64_t>> *;
 
   StepContext(Communicator &comm, std::vector<Value> &registers,
-              std::vector<KnownShapes> &known, at::Device device)
-      : comm(comm), registers(registers), known(known), callDevice(device) {}
+              std::vector<KnownShapes> &known, const std::vector<char> &kept,
+              at::Device device)
+      : comm(comm), registers(registers), known(known), kept(kept),
+        callDevice(device) {}
 
   void begin(const BoundStep &next) {
     step = &next;
@@ -87,6 +89,27 @@ public:
                   kPlanBugHint);
     return value;
   }
+  at::Tensor consumable(size_t i) const override {
+    if (i >= step->operands.size())
+      return {};
+    const int32_t reg = step->operands[i];
+    // Freed after this step (and not kept for a step after the flush),
+    // read by no other operand of it, and referenced by nothing else.
+    if (kept[reg] ||
+        std::find(step->free.begin(), step->free.end(), reg) ==
+            step->free.end() ||
+        std::count(step->operands.begin(), step->operands.end(), reg) != 1)
+      return {};
+    const Value &value = registers[reg];
+    if (!value.isTensor())
+      return {};
+    const at::Tensor &tensor = value.tensor();
+    if (tensor.use_count() != 1 || !tensor.has_storage() ||
+        tensor.storage().use_count() != 1 || !tensor.is_contiguous() ||
+        tensor.storage_offset() != 0)
+      return {};
+    return tensor;
+  }
   void setResult(size_t i, Value value) override {
     if (i >= pending.size())
       throw Error("the kernel wrote result " + std::to_string(i) +
@@ -112,6 +135,7 @@ private:
   Communicator &comm;
   std::vector<Value> &registers;
   std::vector<KnownShapes> &known;
+  const std::vector<char> &kept;
   at::Device callDevice;
   const BoundStep *step = nullptr;
   std::vector<Value> pending;
@@ -287,7 +311,11 @@ std::vector<at::Tensor> Executor::run(const std::string &name,
       known[i] = &shapes[i];
   }
 
-  StepContext context(comm, registers, known,
+  // What waits for the deferred reductions: the registers they and the
+  // steps after them will fill, those steps, and the registers those steps
+  // read (kept until they run, whatever the plan's frees say).
+  std::vector<char> waiting(registers.size(), 0), kept(registers.size(), 0);
+  StepContext context(comm, registers, known, kept,
                       preflight::callDevice(function, inputs));
   // Reductions deferred by a call that fails are not this call's.
   struct DropDeferred {
@@ -321,10 +349,6 @@ std::vector<at::Tensor> Executor::run(const std::string &name,
       throw failed(Error(ErrorInfo{error.what(), "", rank, step.op, step.loc}));
     }
   };
-  // What waits for the deferred reductions: the registers they and the
-  // steps after them will fill, those steps, and the registers those steps
-  // read (kept until they run, whatever the plan's frees say).
-  std::vector<char> waiting(registers.size(), 0), kept(registers.size(), 0);
   std::vector<const BoundStep *> late;
   auto runNow = [&](const BoundStep &step) {
     runStep(step, [&] {

@@ -33,6 +33,9 @@ constexpr int64_t kChunk = 2048;
 /// The operands of one step, checked against the program.
 struct ElementwiseOperands {
   std::vector<at::Tensor> elements, rows, cols, scalars;
+  /// Per element leaf: its buffer, where this step may write a result
+  /// into it (KernelContext::consumable), else undefined.
+  std::vector<at::Tensor> reusable;
   std::vector<Instr> program;
   std::vector<int64_t> space;
   int64_t numRows = 0, numCols = 0; ///< the space as rows x columns
@@ -59,6 +62,8 @@ ElementwiseOperands checkOperands(KernelContext &ctx,
                               : problem),
          kPlanBugHint);
   ElementwiseOperands ops;
+  for (int64_t k = 0; k < p.elements; ++k)
+    ops.reusable.push_back(ctx.consumable(k));
   for (int64_t k = 0; k < count; ++k) {
     const at::Tensor &t = ctx.tensor(k);
     (k < p.elements                               ? ops.elements
@@ -128,9 +133,29 @@ std::vector<at::Tensor> runCpu(const ElementwiseOperands &ops,
                                const std::vector<int64_t> &outputs,
                                const std::vector<int64_t> &colSums) {
   const at::Tensor &first = ops.elements.front();
+  const int64_t count = static_cast<int64_t>(ops.program.size());
+  // A result goes into the buffer of an element leaf that dies here (the
+  // fresh pages of a new buffer cost several passes over it), unless its
+  // register is itself a leaf or names another result too. Such a result
+  // is computed into a register and copied out once the chunk's leaves have
+  // been read.
+  std::vector<char> reused(outputs.size(), 0);
   std::vector<at::Tensor> results;
-  for (size_t k = 0; k < outputs.size(); ++k)
-    results.push_back(at::empty(ops.space, first.options()));
+  size_t spare = 0;
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    while (spare < ops.reusable.size() && !ops.reusable[spare].defined())
+      ++spare;
+    const Op op = ops.program[outputs[k]].op;
+    const bool single =
+        std::count(outputs.begin(), outputs.end(), outputs[k]) == 1;
+    if (spare < ops.reusable.size() && single &&
+        epilogue::isElementwiseArithmetic(op)) {
+      results.push_back(ops.reusable[spare++]);
+      reused[k] = 1;
+    } else {
+      results.push_back(at::empty(ops.space, first.options()));
+    }
+  }
   // Without per-row or per-column values the rows do not matter: one row.
   const bool flat = ops.rows.empty() && ops.cols.empty() && colSums.empty();
   const int64_t numRows = flat ? 1 : ops.numRows;
@@ -138,13 +163,12 @@ std::vector<at::Tensor> runCpu(const ElementwiseOperands &ops,
   const int64_t width = std::max<int64_t>(1, std::min(numCols, kChunk));
   const int64_t blocksPerRow = numCols == 0 ? 0 : (numCols + width - 1) / width;
   const int64_t chunks = numRows * blocksPerRow;
-  const int64_t count = static_cast<int64_t>(ops.program.size());
 
   // The first result naming each register is written in place; any other
   // result naming it is copied from there.
   std::vector<int64_t> target(count, -1);
   for (size_t k = 0; k < outputs.size(); ++k)
-    if (target[outputs[k]] < 0)
+    if (target[outputs[k]] < 0 && !reused[k])
       target[outputs[k]] = static_cast<int64_t>(k);
   std::vector<T *> out;
   for (const at::Tensor &r : results)
@@ -210,11 +234,16 @@ std::vector<at::Tensor> runCpu(const ElementwiseOperands &ops,
         similarity::applyInstructionRow<T>(ins, o, a, b, c, w);
         reg[t] = o;
       }
+      // Results into leaves' buffers last: until then the chunk's leaves
+      // may still be read (a result naming a leaf, a sum of one).
       for (size_t k = 0; k < outputs.size(); ++k)
-        if (reg[outputs[k]] != out[k] + base)
+        if (!reused[k] && reg[outputs[k]] != out[k] + base)
           std::copy_n(reg[outputs[k]], w, out[k] + base);
       for (size_t k = 0; k < colSums.size(); ++k)
         addToColumns(partial.data() + k * numCols + col, reg[colSums[k]], w);
+      for (size_t k = 0; k < outputs.size(); ++k)
+        if (reused[k])
+          std::copy_n(reg[outputs[k]], w, out[k] + base);
     }
     if (sumSize == 0)
       return;

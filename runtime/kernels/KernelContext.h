@@ -77,6 +77,16 @@ public:
   /// the other kind (or nothing) there.
   const at::Tensor &tensor(size_t i) const;
   int64_t index(size_t i) const;
+
+  /// Operand `i`'s tensor when this step is its last reader and the call
+  /// holds the only reference to it and to its storage (an intermediate,
+  /// never a caller's input): the kernel may write a result of its size
+  /// and type into its buffer instead of allocating a fresh one. Else an
+  /// undefined tensor.
+  virtual at::Tensor consumable(size_t i) const {
+    (void)i;
+    return {};
+  }
 };
 
 } // namespace dloss

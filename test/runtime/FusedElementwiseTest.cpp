@@ -143,6 +143,60 @@ TEST(FusedElementwiseTest, ResultsOfLeavesAndRepeatedRegisters) {
   EXPECT_NE(out[0].data_ptr(), out[2].data_ptr());
 }
 
+/// f(x, m) = fused(neg(x), m) when `consumed`, else fused(x, m) (x a
+/// caller's input); the fused step is the last reader of its first operand,
+/// and its program reads that leaf again after computing the result.
+std::vector<at::Tensor> runOnIntermediate(const at::Tensor &x,
+                                          const at::Tensor &m, bool consumed) {
+  Program p;
+  int64_t e = p(Op::Element, 0), c = p(Op::ColLeaf, 0);
+  int64_t d = p(Op::Sub, e, c);
+  int64_t sq = p(Op::Mul, e, e);
+  FunctionSpec f;
+  f.args = {tensorArg("x", x, {0}), tensorArg("m", m)};
+  StepSpec fused;
+  fused.op = "dloss.fused_elementwise";
+  fused.attrs = {intAttr("elements", 1),   intAttr("row_leaves", 0),
+                 intAttr("col_leaves", 1), intsAttr("program", p.code),
+                 intsAttr("outputs", {d}), intsAttr("col_sums", {sq})};
+  fused.operands = {consumed ? 2 : 0, 1};
+  fused.results = {3, 4};
+  fused.free = {fused.operands[0]};
+  if (consumed) {
+    StepSpec neg;
+    neg.op = "dloss.neg";
+    neg.operands = {0};
+    neg.results = {2};
+    f.steps.push_back(neg);
+  }
+  f.steps.push_back(fused);
+  f.results = {3, 4};
+  f.numRegisters = 5;
+  auto comm = dloss::makeSingleProcessCommunicator();
+  dloss::Executor executor(buildPlan({f}), *comm);
+  return executor.run("f", {x, m});
+}
+
+// A result may go into the buffer of an intermediate that dies at the
+// step (KernelContext::consumable): written once the chunk's reads of
+// that leaf are done, so the sum of its square, read after the result is
+// computed, still sees the leaf. A caller's input is never written.
+TEST(FusedElementwiseTest, ResultIntoADyingIntermediate) {
+  at::manual_seed(8);
+  at::Tensor x = at::randn({37, 3000}), m = at::randn({3000});
+  const at::Tensor before = x.clone();
+  for (bool consumed : {true, false}) {
+    SCOPED_TRACE(consumed ? "an intermediate" : "the caller's input");
+    const at::Tensor leaf = consumed ? -x : x;
+    std::vector<at::Tensor> out = runOnIntermediate(x, m, consumed);
+    ASSERT_EQ(out.size(), 2u);
+    expectSame(out[0], leaf - m);
+    EXPECT_TRUE(at::allclose(out[1], (leaf * leaf).sum(0), 1e-5, 1e-4));
+    EXPECT_TRUE(at::equal(x, before));
+    EXPECT_NE(out[0].data_ptr(), x.data_ptr());
+  }
+}
+
 std::string errorOf(const std::function<void()> &fn) {
   try {
     fn();
