@@ -91,8 +91,11 @@ FailureOr<std::string> dloss::compileToPlan(ModuleOp module, StringRef source,
   PassManager pm(module.getContext());
   buildDeriveBackwardPipeline(pm, fuse, dedicated);
   // After autodiff: the chains it derives (batch norm's backward) fuse too.
-  if (fuse)
+  // Then independent small all-reduces run as one collective each.
+  if (fuse) {
     pm.addPass(createFuseElementwisePass());
+    pm.addPass(createCoalesceAllReducesPass());
+  }
   if (failed(pm.run(module)))
     return failure();
   return lowerToPlan(module, source);

@@ -101,12 +101,39 @@ def FuseElementwisePass : Pass<"dloss-fuse-elementwise", "ModuleOp"> {
     only the values used outside the group. An op joins the group of its
     operands only when no op outside the group reads the group's values
     before it, so the fused op can take the place of the group's last op
-    and no op moves (collectives keep their order). A group of one op
-    fuses only when it reads an expanded vector (the expand then never
+    and no other op moves (collectives keep their order). A group of one
+    op fuses only when it reads an expanded vector (the expand then never
     reaches memory). A sum over the batch (`reduce sum axes [0]` of a
     matrix) of a group's value joins it as a column sum, under the same
-    rule; other reductions stay separate ops.
+    rule, after moving up to just after its operand; other reductions stay
+    separate ops. A value read only by other groups is recomputed in them
+    where that costs at most one more read of memory in all, and is then
+    never written.
   }];
+  let dependentDialects = ["::mlir::dloss::DlossDialect"];
+}
+
+def CoalesceAllReducesPass : Pass<"dloss-coalesce-all-reduces", "ModuleOp"> {
+  let summary = "Runs independent small all-reduces as one collective";
+  let description = [{
+    Runs last before dloss-lower-to-plan (after dloss-fuse-elementwise).
+    A small collective's cost is its round trip, and on ranks that share
+    cores its wait for the slowest peer: Barlow Twins' batch norm makes
+    four O(d) all-reduces per view and direction, two of which are
+    independent of the other view's two. For each `dloss.all_reduce` of at
+    most `max-bytes` (a static shape), every later one of the same kind and
+    element type that does not depend on it (nor on one joined to it) joins
+    it: the ops it reads that come after the first one move above it
+    (never a collective, nor an op with a result over `max-bytes`: the
+    order of collectives and the peak memory stay), and it moves to just
+    after the group's last one. The first of a group of n carries
+    `coalesce = n`; the runtime runs the n adjacent all-reduces as one
+    (their operands flattened into one buffer).
+  }];
+  let options = [
+    Option<"maxBytes", "max-bytes", "int64_t", /*default=*/"1048576",
+           "The largest operand (in bytes) that joins a group">,
+  ];
   let dependentDialects = ["::mlir::dloss::DlossDialect"];
 }
 

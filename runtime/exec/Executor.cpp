@@ -10,6 +10,8 @@
 #include "runtime/support/Error.h"
 #include "runtime/support/Format.h"
 
+#include <ATen/record_function.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -187,6 +189,7 @@ Executor::Executor(std::shared_ptr<const PlanFile> planFile,
 
     BoundFunction bound;
     bound.function = function;
+    std::vector<std::optional<Reduction>> kinds;
     if (function->steps()) {
       for (const plan::Step *step : *function->steps()) {
         BoundStep boundStep;
@@ -201,15 +204,64 @@ Executor::Executor(std::shared_ptr<const PlanFile> planFile,
         }
         boundStep.kernel = bindKernel(*step);
         boundStep.site = CallSite{name, boundStep.op, boundStep.loc, ""};
-        if (boundStep.op == "dloss.all_reduce")
-          boundStep.deferred = reductionFromName(StepAttrs(*step).text("kind"));
+        kinds.emplace_back();
+        if (boundStep.op == "dloss.all_reduce") {
+          StepAttrs attrs(*step);
+          kinds.back() = reductionFromName(attrs.text("kind"));
+          boundStep.deferred = kinds.back();
+          std::optional<int64_t> group = attrs.optionalInteger("coalesce");
+          if (group && *group < 2)
+            throw fail("all_reduce's coalesce = " + std::to_string(*group) +
+                       " (a group has at least 2)")
+                .withOp(boundStep.op)
+                .withLocation(boundStep.loc);
+          boundStep.coalesce = static_cast<size_t>(group.value_or(1));
+        }
         bound.steps.push_back(std::move(boundStep));
       }
+    }
+    try {
+      markCoalesced(bound.steps, kinds);
+    } catch (const Error &error) {
+      throw fail(error.what());
     }
     markDeferred(bound.steps, numRegisters);
     bound.indexUses = preflight::indexUses(*function);
     bound.foldRegisters = foldRegisters(bound.steps, *function);
     functions.emplace(std::move(name), std::move(bound));
+  }
+}
+
+void Executor::markCoalesced(
+    std::vector<BoundStep> &steps,
+    const std::vector<std::optional<Reduction>> &kinds) {
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const size_t n = steps[i].coalesce;
+    if (n < 2)
+      continue;
+    if (i + n > steps.size())
+      throw Error("all_reduce at step " + std::to_string(i) + " coalesces " +
+                  std::to_string(n) + " steps, past the function's end");
+    std::vector<int32_t> written;
+    for (size_t k = i; k < i + n; ++k) {
+      BoundStep &step = steps[k];
+      if (!kinds[k] || kinds[k] != kinds[i] || step.operands.size() != 1 ||
+          step.results.size() != 1 || (k > i && step.coalesce != 1))
+        throw Error("step " + std::to_string(k) + " (" + step.op +
+                    ") is in the group of all_reduces at step " +
+                    std::to_string(i) +
+                    " but is no all_reduce of its kind, of one operand");
+      if (std::find(written.begin(), written.end(), step.operands[0]) !=
+          written.end())
+        throw Error("all_reduce at step " + std::to_string(k) +
+                    " reads the result of one of its group");
+      written.push_back(step.results[0]);
+      // One collective for the group: none rides on a later gather.
+      step.deferred.reset();
+      step.coalesceKind = *kinds[i];
+      step.joined = k > i;
+    }
+    i += n - 1;
   }
 }
 
@@ -352,6 +404,9 @@ std::vector<at::Tensor> Executor::run(const std::string &name,
   std::vector<const BoundStep *> late;
   auto runNow = [&](const BoundStep &step) {
     runStep(step, [&] {
+      // Each step a row of torch.profiler's tables, named by its op (a
+      // collective's row holds its wait for the peers).
+      RECORD_FUNCTION(step.op, std::vector<c10::IValue>());
       context.begin(step);
       step.kernel.run(context);
       context.commit();
@@ -368,7 +423,54 @@ std::vector<at::Tensor> Executor::run(const std::string &name,
       fused::forgetGathered(reg);
     }
   };
+  // A group of all-reduces: one collective over their operands, flattened
+  // into one buffer (all read before any result is written: a result may
+  // take the register of an operand freed in the group).
+  auto runCoalesced = [&](const BoundStep *first) {
+    runStep(*first, [&] {
+      RECORD_FUNCTION(first->op, std::vector<c10::IValue>());
+      const size_t n = first->coalesce;
+      std::vector<at::Tensor> parts;
+      for (size_t k = 0; k < n; ++k) {
+        const Value &value = registers[first[k].operands[0]];
+        if (!value.isTensor())
+          throw Error("all_reduce " + std::to_string(k) +
+                          " of a group reads no tensor",
+                      kPlanBugHint);
+        parts.push_back(value.tensor().reshape(-1));
+      }
+      for (size_t k = 1; k < n; ++k)
+        if (parts[k].scalar_type() != parts[0].scalar_type() ||
+            parts[k].device() != parts[0].device())
+          throw Error("the all_reduces of a group hold " +
+                          std::string(c10::toString(parts[0].scalar_type())) +
+                          " on " + parts[0].device().str() + " and " +
+                          c10::toString(parts[k].scalar_type()) + " on " +
+                          parts[k].device().str(),
+                      kPlanBugHint);
+      at::Tensor reduced = comm.allReduce(at::cat(parts), first->coalesceKind);
+      int64_t offset = 0;
+      std::vector<at::Tensor> results;
+      for (size_t k = 0; k < n; ++k) {
+        const at::Tensor &input = registers[first[k].operands[0]].tensor();
+        results.push_back(
+            reduced.narrow(0, offset, input.numel()).view(input.sizes()));
+        offset += input.numel();
+      }
+      for (size_t k = 0; k < n; ++k) {
+        const int32_t reg = first[k].results[0];
+        known[reg] = known[first[k].operands[0]];
+        registers[reg] = std::move(results[k]);
+      }
+    });
+  };
   for (const BoundStep &step : bound->steps) {
+    if (step.coalesce > 1 || step.joined) {
+      if (step.coalesce > 1)
+        runCoalesced(&step);
+      release(step);
+      continue;
+    }
     const Value *input =
         step.deferred ? &registers[step.operands.front()] : nullptr;
     bool waits = false;

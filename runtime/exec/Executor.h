@@ -112,6 +112,14 @@ private:
     /// A local step that reads a deferred reduction's value: it runs once
     /// the reductions are complete, at the end of the call.
     bool afterFlush = false;
+    /// The first of n adjacent all_reduce steps that the compiler marked
+    /// to run as one collective (`coalesce = n`, dloss-coalesce-all-
+    /// reduces): n. The others of the group are `joined`: the first step
+    /// runs them.
+    size_t coalesce = 1;
+    bool joined = false;
+    /// The group's reduction (its first step's).
+    Reduction coalesceKind = Reduction::Sum;
   };
   struct BoundFunction {
     const plan::Function *function = nullptr;
@@ -133,6 +141,11 @@ private:
   /// Marks the all_reduce steps that may be deferred and the local steps
   /// that then run after them (BoundStep::deferred, afterFlush).
   static void markDeferred(std::vector<BoundStep> &steps, int64_t numRegisters);
+  /// Checks and marks the groups of adjacent all-reduces the plan says to
+  /// run as one (`coalesce`); a dloss::Error when a group is malformed.
+  /// `kinds`: each step's reduction (an all_reduce's), else nullopt.
+  static void markCoalesced(std::vector<BoundStep> &steps,
+                            const std::vector<std::optional<Reduction>> &kinds);
   /// BoundFunction::foldRegisters of `steps`.
   static std::vector<int32_t> foldRegisters(const std::vector<BoundStep> &steps,
                                             const plan::Function &function);

@@ -13,7 +13,6 @@
 #include "runtime/support/Error.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/record_function.h>
 
 #include <algorithm>
 #include <mutex>
@@ -335,8 +334,6 @@ std::vector<at::Tensor> runAten(const ElementwiseOperands &ops,
 } // namespace
 
 void fusedElementwise(KernelContext &ctx, const ElementwiseProgram &program) {
-  // Named in torch.profiler's tables, as ATen's own ops are.
-  RECORD_FUNCTION("dloss::fused_elementwise", std::vector<c10::IValue>());
   ElementwiseOperands ops = checkOperands(ctx, program);
   const at::Tensor &first = ops.elements.front();
   std::vector<at::Tensor> results;

@@ -846,6 +846,70 @@ TEST(ExecutorThreadTest, PreflightMismatchRaisesTheSameErrorOnEveryRank) {
 // an input that requires grad but gets no gradient, a device it cannot
 // compute on) fails every rank in the same preflight, with the same message;
 // the ranks can go on together afterwards.
+/// f(x [2], y [3] (, w)) = the all_reduce sums of x and y, marked to run
+/// as one collective (dloss-coalesce-all-reduces): the first carries
+/// `coalesce = group`; `between` puts a step between them.
+FunctionSpec coalescedFunction(int64_t group, bool between = false) {
+  FunctionSpec f;
+  f.args = {tensorArg("x", at::zeros({2})), tensorArg("y", at::zeros({2, 3}))};
+  StepSpec first, second;
+  first.op = second.op = "dloss.all_reduce";
+  first.attrs = {textAttr("kind", "sum"), intAttr("coalesce", group)};
+  second.attrs = {textAttr("kind", "sum")};
+  first.operands = {0};
+  first.results = {2};
+  second.operands = {1};
+  second.results = {3};
+  f.steps.push_back(first);
+  if (between) {
+    StepSpec neg;
+    neg.op = "dloss.neg";
+    neg.operands = {0};
+    neg.results = {4};
+    f.steps.push_back(neg);
+  }
+  f.steps.push_back(second);
+  f.results = {2, 3};
+  f.numRegisters = 5;
+  return f;
+}
+
+// Two all-reduces marked as a group run as one collective over both
+// operands (flattened, reduced, split back to their shapes): each rank gets
+// each sum, as two collectives would give.
+TEST(ExecutorThreadTest, CoalescedAllReducesGiveEachSum) {
+  auto plan = buildPlan({coalescedFunction(2)});
+  auto outcomes = runRanks(3, [&](int rank, Communicator &comm) {
+    Executor executor(plan, comm);
+    return executor.run("f", {at::full({2}, rank + 1.0),
+                              at::arange(6, at::kFloat).view({2, 3}) * rank});
+  });
+  for (const RankOutcome &outcome : outcomes) {
+    ASSERT_EQ(outcome.error, "");
+    ASSERT_EQ(outcome.results.size(), 2u);
+    EXPECT_TRUE(at::equal(outcome.results[0], at::full({2}, 6.0)));
+    EXPECT_TRUE(at::equal(outcome.results[1],
+                          at::arange(6, at::kFloat).view({2, 3}) * 3));
+  }
+}
+
+// A group that is not n adjacent all-reduces is a plan bug, named when the
+// plan is loaded.
+TEST(ExecutorTest, MalformedCoalescedGroupsAreRefused) {
+  auto comm = dloss::makeSingleProcessCommunicator();
+  EXPECT_CONTAINS(errorOf([&] {
+                    Executor(buildPlan({coalescedFunction(2, true)}), *comm);
+                  }),
+                  "is in the group of all_reduces at step 0 but is no "
+                  "all_reduce of its kind");
+  EXPECT_CONTAINS(
+      errorOf([&] { Executor(buildPlan({coalescedFunction(3)}), *comm); }),
+      "coalesces 3 steps, past the function's end");
+  EXPECT_CONTAINS(
+      errorOf([&] { Executor(buildPlan({coalescedFunction(1)}), *comm); }),
+      "coalesce = 1 (a group has at least 2)");
+}
+
 TEST(ExecutorThreadTest, OneRanksLocalCheckFailsEveryRank) {
   auto plan = buildPlan(labelledFunctions());
   auto inputsOf = [](int rank) {
