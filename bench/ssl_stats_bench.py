@@ -19,12 +19,16 @@ grad), for each B_local these rows run forward + backward:
   dloss-vicreg          dloss.lightly.VICRegLoss(gather_distributed=True)
                         (O(d) and O(d^2) all-reduces; no row moves)
 
-Reported per row: the median time of one call (the ranks line up before
-each timed call, so a call's time is its own), the loss's memory per rank
-(peak RSS minus the RSS right before the first call, the peak reset through
-/proc/self/clear_refs), both the worst rank's, and their ratios against the
-baseline of the same loss and B_local. Targets (#48): memory O(d^2)
-whatever the world size, and no slower than lightly's form.
+Reported per row: the median time of one call, from one run of both rows
+on the same ranks, calls alternating (the ranks line up before each timed
+call, so a call's time is its own; rows launched apart drift with the
+machine's state by more than the difference measured), the loss's memory
+per rank (peak RSS minus the RSS right before the first call, the peak
+reset through /proc/self/clear_refs), from a launch of the row alone, both
+the worst rank's, and their ratios against the baseline of the same loss
+and B_local. `alone_ms` is the row's time in its own launch. Targets
+(#48): memory O(d^2) whatever the world size, and no slower than lightly's
+form.
 
 Runs where lightly imports (it needs torchvision): the CUDA torch's venv,
 .venv-cuda, with the CUDA build's dloss, e.g.
@@ -40,7 +44,9 @@ usage: bench/ssl_stats_bench.py [--world 4] [--b-local 256,1024,4096]
 """
 import argparse
 import os
+import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from python_clip_bench import (join_ranks, measure, run_ranks,  # noqa: E402
@@ -49,11 +55,10 @@ from python_clip_bench import (join_ranks, measure, run_ranks,  # noqa: E402
 CLASSES = {"barlowtwins": "BarlowTwinsLoss", "vicreg": "VICRegLoss"}
 
 
-def rank_main(row, rank, world, port, b_local, dim, iters, warmup, queue):
+def make_step(impl, loss, rank, b_local, dim):
+    """One call of `impl`'s loss (forward + backward) on this rank's two
+    views, returning the loss value."""
     import torch
-    import torch.distributed as dist
-    join_ranks(rank, world, port)
-    impl, loss = row.split("-")
     if impl == "dloss":
         import dloss.lightly as module
     else:
@@ -69,7 +74,36 @@ def rank_main(row, rank, world, port, b_local, dim, iters, warmup, queue):
         value = fn(a, b)
         value.backward()
         return value.item()
+    return step
 
+
+def paired_main(loss, rank, world, port, b_local, dim, iters, warmup, queue):
+    """Both rows on the same ranks, calls alternating (which goes first
+    alternates too): the median time of each."""
+    import torch.distributed as dist
+    join_ranks(rank, world, port)
+    steps = {impl: make_step(impl, loss, rank, b_local, dim)
+             for impl in ("lightly", "dloss")}
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    times = {impl: [] for impl in steps}
+    for i in range(iters):
+        for impl in (("lightly", "dloss") if i % 2 == 0
+                     else ("dloss", "lightly")):
+            dist.barrier()
+            start = time.perf_counter()
+            steps[impl]()
+            times[impl].append((time.perf_counter() - start) * 1000.0)
+    queue.put({"rank": rank, **{impl: statistics.median(t)
+                                for impl, t in times.items()}})
+
+
+def rank_main(row, rank, world, port, b_local, dim, iters, warmup, queue):
+    import torch.distributed as dist
+    join_ranks(rank, world, port)
+    impl, loss = row.split("-")
+    step = make_step(impl, loss, rank, b_local, dim)
     value, median_ms, loss_mem_mb, reset = measure(step, iters, warmup,
                                                    dist.barrier)
     values = [None] * world
@@ -94,6 +128,16 @@ def main():
     for b_local in [int(v) for v in args.b_local.split(",")]:
         for loss in args.losses.split(","):
             base = None
+            try:
+                paired = run_ranks(paired_main, args.world, args.timeout,
+                                   lambda r, port, queue: (
+                                       loss, r, args.world, port, b_local,
+                                       args.dim, args.iters, args.warmup,
+                                       queue))
+            except RuntimeError as e:
+                print("%s B_local=%d, both rows: failed: %s" % (
+                    loss, b_local, e))
+                paired = None
             for impl in ("lightly", "dloss"):
                 row = "%s-%s" % (impl, loss)
                 try:
@@ -107,28 +151,31 @@ def main():
                     table.append({"loss": loss, "impl": impl,
                                   "world": args.world, "b_local": b_local,
                                   "dim": args.dim, "median_ms": "",
+                                  "alone_ms": "",
                                   "loss_mem_mb": "", "time_ratio": "",
                                   "mem_ratio": "", "loss_value": "",
                                   "status": "failed"})
                     continue
-                ms = max(r["median_ms"] for r in ranks)
+                alone = max(r["median_ms"] for r in ranks)
+                ms = max(r[impl] for r in paired) if paired else alone
                 mem = max(r["loss_mem_mb"] for r in ranks)
                 if impl == "lightly":
                     base = (ms, mem)
                 entry = {"loss": loss, "impl": impl, "world": args.world,
                          "b_local": b_local, "dim": args.dim,
                          "median_ms": "%.1f" % ms,
+                         "alone_ms": "%.1f" % alone,
                          "loss_mem_mb": "%.1f" % mem,
                          "time_ratio": "%.2f" % (ms / base[0]) if base
                          else "",
                          "mem_ratio": "%.3f" % (mem / base[1])
                          if base and base[1] > 0 else "",
                          "loss_value": "%.6g" % ranks[0]["loss"],
-                         "status": "ok"}
+                         "status": "ok" if paired else "failed"}
                 table.append(entry)
-                print("%-20s B_local %5d: %8.1f ms  %8.1f MB  time x%s  "
-                      "memory x%s  loss %s" % (
-                          row, b_local, ms, mem, entry["time_ratio"],
+                print("%-20s B_local %5d: %8.1f ms (alone %8.1f)  %8.1f MB  "
+                      "time x%s  memory x%s  loss %s" % (
+                          row, b_local, ms, alone, mem, entry["time_ratio"],
                           entry["mem_ratio"], entry["loss_value"]),
                       flush=True)
                 os.makedirs(args.out, exist_ok=True)
