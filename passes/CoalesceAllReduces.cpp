@@ -30,10 +30,13 @@ std::optional<int64_t> staticBytes(Type type) {
 
 /// Whether an all-reduce's operand is small enough that its collective's
 /// cost is its latency: joining it to another costs a copy of it and saves
-/// a round trip.
+/// a round trip. Not a 0-d one: the runtime already defers those to ride
+/// on the call's next gather, or flushes them together at its end
+/// (Communicator::deferReduction).
 bool small(AllReduceOp op, int64_t limit) {
-  std::optional<int64_t> bytes = staticBytes(op.getInput().getType());
-  return bytes && *bytes <= limit;
+  auto type = cast<RankedTensorType>(op.getInput().getType());
+  std::optional<int64_t> bytes = staticBytes(type);
+  return type.getRank() > 0 && bytes && *bytes <= limit;
 }
 
 /// The ops after `after` in its block that `value` is computed from, in

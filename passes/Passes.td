@@ -121,7 +121,8 @@ def CoalesceAllReducesPass : Pass<"dloss-coalesce-all-reduces", "ModuleOp"> {
     cores its wait for the slowest peer: Barlow Twins' batch norm makes
     four O(d) all-reduces per view and direction, two of which are
     independent of the other view's two. For each `dloss.all_reduce` of at
-    most `max-bytes` (a static shape), every later one of the same kind and
+    most `max-bytes` (a static shape, not 0-d: the runtime defers those to
+    ride on a later gather), every later one of the same kind and
     element type that does not depend on it (nor on one joined to it) joins
     it: the ops it reads that come after the first one move above it
     (never a collective, nor an op with a result over `max-bytes`: the

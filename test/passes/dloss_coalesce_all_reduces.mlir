@@ -35,14 +35,15 @@ func.func @two_views(%a: tensor<?x8xf32>, %b: tensor<?x8xf32>) -> (tensor<8xf32>
 
 // -----
 
-// Other kinds and element types, a dynamic shape (its size unknown) and a
+// Other kinds and element types, a dynamic shape (its size unknown), a
+// 0-d value (the runtime defers those to ride on a later gather) and a
 // dependent all-reduce stay apart; an all-reduce whose operand needs
 // another collective (the gather) is not joined either, as the gather
 // would have to move.
 // CHECK-LABEL: func.func @left_apart(
 // CHECK-NOT: coalesce
 // CHECK: return
-func.func @left_apart(%x: tensor<8xf32>, %y: tensor<8xf64>, %z: tensor<?xf32>, %w: tensor<?x8xf32>) -> (tensor<8xf32>, tensor<8xf32>, tensor<8xf64>, tensor<?xf32>, tensor<8xf32>, tensor<8xf32>) {
+func.func @left_apart(%x: tensor<8xf32>, %y: tensor<8xf64>, %z: tensor<?xf32>, %w: tensor<?x8xf32>) -> (tensor<8xf32>, tensor<8xf32>, tensor<8xf64>, tensor<?xf32>, tensor<8xf32>, tensor<8xf32>, tensor<f32>) {
   %a = dloss.all_reduce sum %x : tensor<8xf32>
   %b = dloss.all_reduce max %x : tensor<8xf32>
   %c = dloss.all_reduce sum %y : tensor<8xf64>
@@ -51,7 +52,9 @@ func.func @left_apart(%x: tensor<8xf32>, %y: tensor<8xf64>, %z: tensor<?xf32>, %
   %g = dloss.all_gather %w axis 0 : tensor<?x8xf32>
   %s = dloss.reduce sum %g axes [0] : tensor<?x8xf32>
   %f = dloss.all_reduce sum %s : tensor<8xf32>
-  return %a, %b, %c, %d, %e, %f : tensor<8xf32>, tensor<8xf32>, tensor<8xf64>, tensor<?xf32>, tensor<8xf32>, tensor<8xf32>
+  %t = dloss.reduce sum %x axes [0] : tensor<8xf32>
+  %u = dloss.all_reduce sum %t : tensor<f32>
+  return %a, %b, %c, %d, %e, %f, %u : tensor<8xf32>, tensor<8xf32>, tensor<8xf64>, tensor<?xf32>, tensor<8xf32>, tensor<8xf32>, tensor<f32>
 }
 
 // -----
