@@ -128,12 +128,17 @@ def main():
     for b_local in [int(v) for v in args.b_local.split(",")]:
         for loss in args.losses.split(","):
             base = None
+
+            def launch(target, what):
+                """`target(what, rank, ...)` on the ranks, for this
+                B_local."""
+                return run_ranks(target, args.world, args.timeout,
+                                 lambda r, port, queue: (
+                                     what, r, args.world, port, b_local,
+                                     args.dim, args.iters, args.warmup,
+                                     queue))
             try:
-                paired = run_ranks(paired_main, args.world, args.timeout,
-                                   lambda r, port, queue: (
-                                       loss, r, args.world, port, b_local,
-                                       args.dim, args.iters, args.warmup,
-                                       queue))
+                paired = launch(paired_main, loss)
             except RuntimeError as e:
                 print("%s B_local=%d, both rows: failed: %s" % (
                     loss, b_local, e))
@@ -141,11 +146,7 @@ def main():
             for impl in ("lightly", "dloss"):
                 row = "%s-%s" % (impl, loss)
                 try:
-                    ranks = run_ranks(rank_main, args.world, args.timeout,
-                                      lambda r, port, queue: (
-                                          row, r, args.world, port, b_local,
-                                          args.dim, args.iters, args.warmup,
-                                          queue))
+                    ranks = launch(rank_main, row)
                 except RuntimeError as e:
                     print("%s B_local=%d failed: %s" % (row, b_local, e))
                     table.append({"loss": loss, "impl": impl,
