@@ -316,8 +316,9 @@ Executor::foldRegisters(const std::vector<BoundStep> &steps,
       if (static_cast<size_t>(reg) >= numArgs)
         continue;
       const plan::Argument *argument = function.arguments()->Get(reg);
+      // At most 62, for the preflight's FoldMask (a fused op has 2).
       if (argument->type()->kind() == plan::RegisterKind::tensor &&
-          !argument->replicated() &&
+          !argument->replicated() && registers.size() < 62 &&
           std::find(registers.begin(), registers.end(), reg) == registers.end())
         registers.push_back(reg);
     }
@@ -329,7 +330,7 @@ Executor::foldRegisters(const std::vector<BoundStep> &steps,
 std::vector<at::Tensor> Executor::run(const std::string &name,
                                       const std::vector<at::Tensor> &inputs) {
   auto found = functions.find(name);
-  const BoundFunction *bound =
+  BoundFunction *bound =
       found == functions.end() ? nullptr : &found->second;
   // Nothing may raise before the preflight: the other ranks would wait in it
   // until their deadline instead of hearing what went wrong.
@@ -502,6 +503,11 @@ std::vector<at::Tensor> Executor::run(const std::string &name,
     runStep(*flush, [&] { comm.flushReductions(); });
   for (const BoundStep *step : late)
     runNow(*step);
+  // What the next call's preflight folds: what this call's gathers read.
+  bound->foldWanted = 0;
+  for (size_t k = 0; k < bound->foldRegisters.size(); ++k)
+    if (fused::gatherWanted(bound->foldRegisters[k]))
+      bound->foldWanted |= int64_t{1} << k;
 
   std::vector<at::Tensor> results;
   if (function.results()) {

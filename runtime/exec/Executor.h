@@ -87,7 +87,7 @@ public:
   /// plans still meet in a well-formed collective and report the mismatch.
   static constexpr size_t kPreflightArgs = 32;
   static constexpr size_t kPreflightDims = 8;
-  static constexpr size_t kPreflightHeader = 16;
+  static constexpr size_t kPreflightHeader = 17;
   /// Per input: dtype, number of dims, device, then kPreflightDims sizes.
   static constexpr size_t kPreflightSlotFields = 3;
   static constexpr size_t kPreflightLength =
@@ -130,6 +130,10 @@ private:
     /// communicator's fold capacity: the rows the call's first collective
     /// (a fused op) gathers, which then skips its own gather.
     std::vector<int32_t> foldRegisters;
+    /// Which of foldRegisters (bit k for the k-th) the last call's gathers
+    /// asked for (fused::gatherWanted); -1 before the first call. The
+    /// preflight folds only those: a one-sided gather never reads the rows.
+    int64_t foldWanted = -1;
   };
   /// A folded argument's every-rank rows, by register
   /// (fused::keepGathered).

@@ -215,22 +215,30 @@ Executor::RankShapes Executor::preflight(const std::string &name,
       static_cast<int64_t>(schedule), comm.collectivesStarted(), localError);
   // The fold: the rows the call's first fused op gathers travel with the
   // record, when every rank's fit the frame's room (the last call's
-  // proposal). The next call's room is this call's rows, or none where the
+  // proposal). Only the registers the last call's gathers asked for (all
+  // before the first call): a one-sided gather reads the columns alone.
+  // The next call's room is this call's folded rows, or none where the
   // call cannot fold (a ring setting, GPU tensors, a rank's bad input).
   fused::Tensors foldRows;
-  int64_t foldBytes = 0;
+  std::vector<int32_t> foldRegisters;
+  int64_t foldBytes = 0, foldMask = 0;
   bool foldable = bound && !bound->foldRegisters.empty() &&
                   comm.worldSize() > 1 && schedule != fused::Schedule::Ring &&
                   localError.empty() && Record{mine.data()}[Status] == Ok;
   for (size_t k = 0; foldable && k < bound->foldRegisters.size(); ++k) {
-    const size_t reg = static_cast<size_t>(bound->foldRegisters[k]);
-    foldable = reg < inputs.size() && inputs[reg].defined() &&
-               inputs[reg].device().is_cpu() && inputs[reg].dim() >= 1;
-    if (foldable) {
-      foldRows.push_back(inputs[reg].detach());
-      foldBytes += static_cast<int64_t>(inputs[reg].nbytes());
+    const int32_t reg = bound->foldRegisters[k];
+    const size_t i = static_cast<size_t>(reg);
+    foldable = i < inputs.size() && inputs[i].defined() &&
+               inputs[i].device().is_cpu() && inputs[i].dim() >= 1;
+    if (foldable && (bound->foldWanted < 0 || (bound->foldWanted >> k) & 1)) {
+      foldRows.push_back(inputs[i].detach());
+      foldRegisters.push_back(reg);
+      foldBytes += static_cast<int64_t>(inputs[i].nbytes());
+      foldMask |= int64_t{1} << k;
     }
   }
+  foldable = foldable && foldMask != 0;
+  mine[FoldMask] = foldable ? foldMask : 0;
   at::Tensor payload;
   if (foldable && foldBytes <= comm.foldCapacity())
     payload = fused::packRows(foldRows);
@@ -482,8 +490,11 @@ Executor::RankShapes Executor::preflight(const std::string &name,
                       "dimension 0 (the batch)"
                     : "Ranks may differ only in dimension 0 (the batch) of "
                       "an argument");
-  if (foldable && !exchanged.payloads.empty())
-    folded = unfold(bound->foldRegisters, foldRows, shapes, exchanged.payloads);
+  bool sameFold = foldable && !exchanged.payloads.empty();
+  for (int r = 0; sameFold && r < worldSize; ++r)
+    sameFold = record(r)[FoldMask] == foldMask;
+  if (sameFold)
+    folded = unfold(foldRegisters, foldRows, shapes, exchanged.payloads);
   return shapes;
 }
 

@@ -58,6 +58,7 @@ std::vector<int64_t> newRecord(const PlanFile &plan, const std::string &name,
   record[CollectiveSeq] = collectiveSeq;
   record[CheckMode] = check ? 1 : 0;
   record[ScheduleSetting] = schedule;
+  record[FoldMask] = 0;
   record[Detail0] = 0;
   record[Detail1] = 0;
   record[Detail2] = 0;

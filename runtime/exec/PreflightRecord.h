@@ -16,8 +16,8 @@
 namespace dloss::preflight {
 
 /// Identifies the preflight layout, so that runtimes of different versions
-/// report the difference instead of misreading each other ("DLPF" v3).
-inline constexpr int64_t kPreflightMagic = 0x444c504600000004;
+/// report the difference instead of misreading each other ("DLPF" v5).
+inline constexpr int64_t kPreflightMagic = 0x444c504600000005;
 
 enum PreflightStatus : int64_t {
   Ok = 0,
@@ -56,6 +56,10 @@ enum PreflightField : size_t {
   // The fused ops' schedule setting (fused::Schedule): auto chooses from
   // sizes every rank knows, so equal settings give equal choices.
   ScheduleSetting,
+  // Which of the function's fold registers (Executor::BoundFunction::
+  // foldRegisters, bit k for the k-th) this rank's payload carries, in that
+  // order: the payload is read only where every rank carries the same.
+  FoldMask,
   // What the status found in argument StatusArgument. NonFinite: the NaN
   // and infinite counts. IndexOutOfRange: the value, its flat position and
   // the size of the dimension it indexes.

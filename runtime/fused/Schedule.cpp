@@ -4,6 +4,7 @@
 
 #include "runtime/support/Error.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -97,6 +98,8 @@ at::Tensor gatheredOperand(int64_t key, const at::Tensor &like,
                            int64_t globalRows) {
   if (!haveCallSetting || key < 0)
     return {};
+  if (!gatherWanted(key))
+    callKept.wanted.push_back(key);
   auto found = callKept.gathered.find(key);
   if (found == callKept.gathered.end())
     return {};
@@ -112,6 +115,11 @@ at::Tensor gatheredOperand(int64_t key, const at::Tensor &like,
 void keepGathered(int64_t key, at::Tensor gathered) {
   if (haveCallSetting && key >= 0)
     callKept.gathered[key] = std::move(gathered);
+}
+
+bool gatherWanted(int64_t key) {
+  const std::vector<int64_t> &wanted = callKept.wanted;
+  return std::find(wanted.begin(), wanted.end(), key) != wanted.end();
 }
 
 void forgetGathered(int64_t key) {

@@ -25,6 +25,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace dloss::fused {
 
@@ -61,6 +62,8 @@ public:
   struct Kept {
     std::unordered_map<int64_t, at::Tensor> gathered;
     std::map<std::pair<int64_t, int64_t>, at::Tensor> similarities;
+    /// Every key a gather pass asked gatheredOperand for (gatherWanted).
+    std::vector<int64_t> wanted;
   };
 
 private:
@@ -79,6 +82,10 @@ private:
 at::Tensor gatheredOperand(int64_t key, const at::Tensor &like,
                            int64_t globalRows);
 void keepGathered(int64_t key, at::Tensor gathered);
+/// Whether a gather pass of the current call asked for operand `key`,
+/// whether it was kept or not: what the call's gathers needed. The
+/// executor folds only those into the next call's preflight.
+bool gatherWanted(int64_t key);
 /// Forgets what the call keeps of register `key`: its gathered rows and
 /// the similarities it is a side of.
 void forgetGathered(int64_t key);

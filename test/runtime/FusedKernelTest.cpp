@@ -588,6 +588,53 @@ TEST(ScheduleTest, ThePreflightCarriesTheFirstGatherFromTheSecondCall) {
   });
 }
 
+// SigLIP's one-sided gather reads only the columns, so from the second call
+// on the preflight carries them alone (the last call's gathers say what they read)
+// and the room it makes is the columns' bytes: folding the rows too would
+// move bytes no pass reads. Results are the ring's every time.
+TEST(ScheduleTest, ThePreflightCarriesOnlyWhatTheLastCallsGathersRead) {
+  runGloo(2, [](Communicator &comm) {
+    // 1000 and 1100 rows of width 6: auto's one-sided gather (both sides
+    // would compute more than they save; see the test below).
+    const std::vector<int64_t> sizes = {1000, 1100};
+    const int64_t n = sizes[comm.rank()];
+    at::manual_seed(70 + comm.rank());
+    const std::vector<at::Tensor> operands = {
+        at::randn({n, kWidth}, at::kDouble), at::randn({n, kWidth}, at::kDouble),
+        at::scalar_tensor(2.0, at::kDouble), at::scalar_tensor(-1.0, at::kDouble),
+        at::arange(n, at::kLong) + (comm.rank() ? sizes[0] : 0)};
+    std::vector<at::Tensor> byRing;
+    {
+      fused::ScheduleScope scope(fused::Schedule::Ring);
+      byRing = runFused(comm, "dloss.ring_sigmoid_pairs", operands, 2);
+    }
+    fused::ScheduleScope scope(fused::Schedule::Auto);
+    std::unique_ptr<Executor> executor =
+        fusedExecutor(comm, "dloss.ring_sigmoid_pairs", operands, 2);
+    const int64_t rowBytes = kWidth * 8, largest = 1100;
+    // The first call folds nothing (the ring call left no room) and makes
+    // room for rows and columns; the second carries the columns only, its
+    // gather moves nothing, and it makes room for them alone.
+    const std::vector<std::pair<int64_t, int64_t>> calls = {
+        {2 * largest * rowBytes, -1}, {largest * rowBytes, 1},
+        {largest * rowBytes, 1}};
+    int64_t first = 0;
+    for (size_t c = 0; c < calls.size(); ++c) {
+      const int64_t before = comm.collectivesStarted();
+      std::vector<at::Tensor> results = executor->run("f", operands);
+      const int64_t made = comm.collectivesStarted() - before;
+      if (c == 0)
+        first = made;
+      else
+        EXPECT_EQ(made, first - calls[c].second) << "call " << c;
+      EXPECT_EQ(comm.foldCapacity(), calls[c].first) << "call " << c;
+      for (size_t k = 0; k < byRing.size(); ++k)
+        expectClose(results[k], byRing[k], 1e-13, kF64,
+                    "call " + std::to_string(c) + " against the ring");
+    }
+  });
+}
+
 // The room the fold makes is in every allGatherInts frame, so a rank whose
 // call differs from its peers' (a loss where they exchange a size) still
 // sends a transfer of their size, and every rank fails with a dloss error

@@ -213,11 +213,11 @@ int64_t runIndexOp(const std::string &op, const std::vector<Operand> &operands,
   return result.item<int64_t>();
 }
 
-std::vector<at::Tensor> runFused(Communicator &comm, const std::string &op,
-                                 const std::vector<at::Tensor> &operands,
-                                 int numResults,
-                                 const std::vector<size_t> &replicated,
-                                 const std::vector<AttrSpec> &attrs) {
+std::unique_ptr<Executor>
+fusedExecutor(Communicator &comm, const std::string &op,
+              const std::vector<at::Tensor> &operands, int numResults,
+              const std::vector<size_t> &replicated,
+              const std::vector<AttrSpec> &attrs) {
   FunctionSpec function;
   StepSpec step;
   step.op = op;
@@ -238,8 +238,16 @@ std::vector<at::Tensor> runFused(Communicator &comm, const std::string &op,
   function.results = step.results;
   function.numRegisters = static_cast<int32_t>(operands.size()) + numResults;
   function.steps = {step};
-  dloss::Executor executor(buildPlan({function}), comm);
-  return executor.run("f", operands);
+  return std::make_unique<Executor>(buildPlan({function}), comm);
+}
+
+std::vector<at::Tensor> runFused(Communicator &comm, const std::string &op,
+                                 const std::vector<at::Tensor> &operands,
+                                 int numResults,
+                                 const std::vector<size_t> &replicated,
+                                 const std::vector<AttrSpec> &attrs) {
+  return fusedExecutor(comm, op, operands, numResults, replicated, attrs)
+      ->run("f", operands);
 }
 
 int64_t total(const std::vector<int64_t> &sizes) {

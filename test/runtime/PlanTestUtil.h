@@ -115,6 +115,13 @@ at::Tensor runOp(const std::string &op, const std::vector<Operand> &operands,
 /// Runs one fused step `op` with `numResults` results through a plan and an
 /// Executor over `comm`. Operands listed in `replicated` are the same on
 /// every rank; the others may differ along axis 0.
+/// The Executor runFused calls once; for tests whose calls build on the
+/// ones before (the preflight's fold).
+std::unique_ptr<Executor>
+fusedExecutor(Communicator &comm, const std::string &op,
+              const std::vector<at::Tensor> &operands, int numResults,
+              const std::vector<size_t> &replicated = {},
+              const std::vector<AttrSpec> &attrs = {});
 std::vector<at::Tensor> runFused(Communicator &comm, const std::string &op,
                                  const std::vector<at::Tensor> &operands,
                                  int numResults,
