@@ -60,22 +60,26 @@ public:
   allGatherInts(const std::vector<int64_t> &values) = 0;
 
   /// allGatherInts whose one transfer also carries each rank's `payload`
-  /// (CPU bytes; undefined: none): the preflight's fold of the call's first
+  /// (CPU tensors whose elements travel densely, one after another, as
+  /// fused::packRows lays them out; empty: none): the preflight's fold of
+  /// the call's first
   /// gather into its agreement. Every allGatherInts frame has room for
   /// foldCapacity() bytes, the same on every rank, so ranks in different
   /// calls still send transfers of one size. `payloads` holds every rank's
   /// bytes only when every rank's fit; else it is empty. `proposal` >= 0
   /// sets the capacity of the exchanges after this one: the largest rank's
   /// (0 above kFoldLimit); -1 leaves it as it is. An engine without the
-  /// fold returns no payloads and keeps no capacity.
+  /// fold returns no payloads and keeps no capacity. A payload is a view of
+  /// the received frame: nothing is copied out of it.
   struct FoldedInts {
     std::vector<int64_t> values;
     std::vector<at::Tensor> payloads;
   };
   static constexpr int64_t kFoldLimit = 1 << 20;
-  virtual FoldedInts allGatherIntsFolding(const std::vector<int64_t> &values,
-                                          const at::Tensor &payload,
-                                          int64_t proposal) {
+  virtual FoldedInts
+  allGatherIntsFolding(const std::vector<int64_t> &values,
+                       const std::vector<at::Tensor> &payload,
+                       int64_t proposal) {
     (void)payload;
     (void)proposal;
     return {allGatherInts(values), {}};

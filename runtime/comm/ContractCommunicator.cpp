@@ -195,13 +195,34 @@ at::Tensor ContractCommunicator::ringShift(const at::Tensor &input,
 
 std::vector<int64_t>
 ContractCommunicator::allGatherInts(const std::vector<int64_t> &values) {
-  return allGatherIntsFolding(values, at::Tensor(), -1).values;
+  return allGatherIntsFolding(values, {}, -1).values;
 }
 
-Communicator::FoldedInts
-ContractCommunicator::allGatherIntsFolding(const std::vector<int64_t> &values,
-                                           const at::Tensor &payload,
-                                           int64_t proposal) {
+namespace {
+
+/// The elements of `parts`, densely and one after another, into `bytes`
+/// (fused::packRows' layout) without an intermediate copy.
+void writeDense(const std::vector<at::Tensor> &parts, const at::Tensor &bytes) {
+  int64_t offset = 0;
+  for (const at::Tensor &part : parts) {
+    const int64_t size = part.numel() * part.element_size();
+    at::Tensor into = bytes.narrow(0, offset, size);
+    if ((into.storage_offset() % part.element_size()) == 0) {
+      into.view(part.scalar_type()).view(part.sizes()).copy_(part);
+    } else {
+      at::Tensor dense = at::empty(part.sizes(), part.options());
+      dense.copy_(part);
+      std::memcpy(into.data_ptr(), dense.data_ptr(), static_cast<size_t>(size));
+    }
+    offset += size;
+  }
+}
+
+} // namespace
+
+Communicator::FoldedInts ContractCommunicator::allGatherIntsFolding(
+    const std::vector<int64_t> &values, const std::vector<at::Tensor> &payload,
+    int64_t proposal) {
   Call call{"allGatherInts", ""};
   int64_t length = static_cast<int64_t>(values.size());
   begin(call, nullptr, length);
@@ -217,24 +238,32 @@ ContractCommunicator::allGatherIntsFolding(const std::vector<int64_t> &values,
   // every rank: it changes only here, from what every rank received.
   const int n = options.worldSize;
   const int64_t room = capacity / 8, words = kIntsFrame + room;
-  std::vector<int64_t> frame(static_cast<size_t>(words), 0);
-  frame[0] = length;
+  int64_t payloadBytes = 0;
+  for (const at::Tensor &part : payload)
+    payloadBytes += part.numel() * part.element_size();
   const bool fits = length <= kIntsFrame - kIntsFrameHeader;
-  const bool folds =
-      payload.defined() && payload.nbytes() <= static_cast<size_t>(room) * 8;
-  frame[1] = folds ? static_cast<int64_t>(payload.nbytes()) : -1;
-  frame[2] = proposal;
+  const bool folds = !payload.empty() && payloadBytes <= room * 8;
+  // The header and values zeroed, then the payload written in place, the
+  // rest of the room zeroed: no byte of this process's memory goes out
+  // unwritten.
+  at::Tensor frame = at::empty({words}, at::kLong);
+  int64_t *head = frame.data_ptr<int64_t>();
+  std::fill(head, head + kIntsFrame, int64_t{0});
+  head[0] = length;
+  head[1] = folds ? payloadBytes : -1;
+  head[2] = proposal;
   if (fits)
-    std::copy(values.begin(), values.end(), frame.begin() + kIntsFrameHeader);
-  if (folds && payload.nbytes() > 0)
-    std::memcpy(frame.data() + kIntsFrame,
-                payload.contiguous().data_ptr<uint8_t>(), payload.nbytes());
+    std::copy(values.begin(), values.end(), head + kIntsFrameHeader);
+  at::Tensor roomBytes = frame.narrow(0, kIntsFrame, room).view(at::kByte);
+  const int64_t written = folds ? payloadBytes : 0;
+  if (folds)
+    writeDense(payload, roomBytes);
+  roomBytes.narrow(0, written, room * 8 - written).zero_();
   Call first = call;
   first.transfer = "the frame of lengths and values";
-  std::vector<int64_t> frames = transferAllGatherInts(first, frame);
-  auto at = [&](int r, int64_t k) {
-    return frames[static_cast<size_t>(r * words + k)];
-  };
+  at::Tensor frames = transferAllGatherInts(first, frame);
+  const int64_t *all = frames.data_ptr<int64_t>();
+  auto at = [&](int r, int64_t k) { return all[r * words + k]; };
   std::vector<int64_t> counts(n);
   for (int r = 0; r < n; ++r)
     counts[r] = at(r, 0);
@@ -259,16 +288,12 @@ ContractCommunicator::allGatherIntsFolding(const std::vector<int64_t> &values,
   FoldedInts out;
   bool allFit = true;
   for (int r = 0; r < n; ++r)
-    allFit = allFit && at(r, 1) >= 0;
-  if (allFit) {
-    at::Tensor bytes = at::empty({n, room * 8}, at::kByte);
-    for (int r = 0; r < n; ++r) {
-      std::memcpy(bytes[r].data_ptr<uint8_t>(),
-                  frames.data() + static_cast<size_t>(r * words + kIntsFrame),
-                  static_cast<size_t>(room * 8));
-      out.payloads.push_back(bytes[r].narrow(0, 0, at(r, 1)));
-    }
-  }
+    allFit = allFit && at(r, 1) >= 0 && at(r, 1) <= room * 8;
+  if (allFit)
+    for (int r = 0; r < n; ++r)
+      out.payloads.push_back(frames.narrow(0, r * words + kIntsFrame, room)
+                                 .view(at::kByte)
+                                 .narrow(0, 0, at(r, 1)));
   // The next frames' room: the largest proposal, in whole int64 words,
   // none above the limit; a rank that proposes nothing keeps it.
   bool proposed = true;
@@ -280,13 +305,16 @@ ContractCommunicator::allGatherIntsFolding(const std::vector<int64_t> &values,
   if (proposed)
     capacity = largest > kFoldLimit ? 0 : (largest + 7) / 8 * 8;
   if (!fits) {
-    out.values = transferAllGatherInts(call, values);
+    at::Tensor mine = at::empty({length}, at::kLong);
+    std::copy(values.begin(), values.end(), mine.data_ptr<int64_t>());
+    at::Tensor gathered = transferAllGatherInts(call, mine);
+    out.values.assign(gathered.data_ptr<int64_t>(),
+                      gathered.data_ptr<int64_t>() + gathered.numel());
     return out;
   }
   out.values.reserve(static_cast<size_t>(length) * n);
   for (int r = 0; r < n; ++r) {
-    auto start =
-        frames.begin() + static_cast<ptrdiff_t>(r * words) + kIntsFrameHeader;
+    const int64_t *start = all + r * words + kIntsFrameHeader;
     out.values.insert(out.values.end(), start, start + length);
   }
   complete(call);

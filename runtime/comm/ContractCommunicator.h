@@ -83,7 +83,7 @@ public:
   at::Tensor ringShift(const at::Tensor &input, int64_t shift) final;
   std::vector<int64_t> allGatherInts(const std::vector<int64_t> &values) final;
   FoldedInts allGatherIntsFolding(const std::vector<int64_t> &values,
-                                  const at::Tensor &payload,
+                                  const std::vector<at::Tensor> &payload,
                                   int64_t proposal) final;
   int64_t foldCapacity() const final { return capacity; }
   std::unique_ptr<Request> send(const at::Tensor &tensor, int peer,
@@ -137,8 +137,10 @@ protected:
   };
   virtual at::Tensor transferRingShift(Call &call, const at::Tensor &input,
                                        const ShiftPeers &peers) = 0;
-  virtual std::vector<int64_t>
-  transferAllGatherInts(Call &call, const std::vector<int64_t> &values) = 0;
+  /// `values`: a CPU int64 vector of the same length on every rank; returns
+  /// every rank's, rank by rank, as one CPU int64 vector.
+  virtual at::Tensor transferAllGatherInts(Call &call,
+                                           const at::Tensor &values) = 0;
   /// `call` is the open exchange's (with its number) or the transfer's own.
   virtual std::unique_ptr<Request>
   transferSend(Call &call, const at::Tensor &tensor, int peer, int tag) = 0;

@@ -304,9 +304,8 @@ protected:
                                int root) override;
   at::Tensor transferRingShift(Call &call, const at::Tensor &input,
                                const ShiftPeers &ring) override;
-  std::vector<int64_t>
-  transferAllGatherInts(Call &call,
-                        const std::vector<int64_t> &values) override;
+  at::Tensor transferAllGatherInts(Call &call,
+                                   const at::Tensor &values) override;
   std::unique_ptr<Request> transferSend(Call &call, const at::Tensor &tensor,
                                         int peer, int tag) override;
   std::unique_ptr<Request> transferRecv(Call &call, at::Tensor &tensor,
@@ -813,31 +812,27 @@ at::Tensor ProcessGroupCommunicator::transferRingShift(Call &call,
   });
 }
 
-std::vector<int64_t> ProcessGroupCommunicator::transferAllGatherInts(
-    Call &call, const std::vector<int64_t> &values) {
-  if (values.empty()) {
+at::Tensor
+ProcessGroupCommunicator::transferAllGatherInts(Call &call,
+                                                const at::Tensor &values) {
+  if (values.numel() == 0) {
     complete(call);
-    return {};
+    return values;
   }
   if (alone())
     return communicate(call, [&] { return values; });
-  at::Tensor host = at::empty({static_cast<int64_t>(values.size())}, at::kLong);
-  std::copy(values.begin(), values.end(), host.data_ptr<int64_t>());
-  at::Tensor local = host.to(smallExchange(at::kLong));
+  // Each rank's piece lands in a row of one tensor: the frames (up to a
+  // MiB each with the fold) are not copied again on the way out.
+  at::Tensor local = values.to(smallExchange(at::kLong));
   return communicate(call, [&] {
     std::vector<at::Tensor> inputs{local};
+    at::Tensor gathered =
+        at::empty({options.worldSize, local.numel()}, local.options());
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int r = 0; r < options.worldSize; ++r)
-      outputs[0].push_back(at::empty_like(local));
+      outputs[0].push_back(gathered[r]);
     awaitCollective(group->allgather(outputs, inputs), local);
-    std::vector<int64_t> gathered;
-    gathered.reserve(values.size() * options.worldSize);
-    for (const at::Tensor &piece : outputs[0]) {
-      at::Tensor values = piece.cpu();
-      gathered.insert(gathered.end(), values.data_ptr<int64_t>(),
-                      values.data_ptr<int64_t>() + values.numel());
-    }
-    return gathered;
+    return gathered.view({-1}).cpu();
   });
 }
 

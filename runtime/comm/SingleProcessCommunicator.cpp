@@ -59,9 +59,8 @@ protected:
                                const ShiftPeers &) override {
     return identity(call, input);
   }
-  std::vector<int64_t>
-  transferAllGatherInts(Call &call,
-                        const std::vector<int64_t> &values) override {
+  at::Tensor transferAllGatherInts(Call &call,
+                                   const at::Tensor &values) override {
     complete(call);
     return values;
   }

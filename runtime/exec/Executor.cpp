@@ -330,8 +330,7 @@ Executor::foldRegisters(const std::vector<BoundStep> &steps,
 std::vector<at::Tensor> Executor::run(const std::string &name,
                                       const std::vector<at::Tensor> &inputs) {
   auto found = functions.find(name);
-  BoundFunction *bound =
-      found == functions.end() ? nullptr : &found->second;
+  BoundFunction *bound = found == functions.end() ? nullptr : &found->second;
   // Nothing may raise before the preflight: the other ranks would wait in it
   // until their deadline instead of hearing what went wrong.
   // The schedule setting is read once: the preflight agrees on it, and the

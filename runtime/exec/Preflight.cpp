@@ -239,9 +239,10 @@ Executor::RankShapes Executor::preflight(const std::string &name,
   }
   foldable = foldable && foldMask != 0;
   mine[FoldMask] = foldable ? foldMask : 0;
-  at::Tensor payload;
-  if (foldable && foldBytes <= comm.foldCapacity())
-    payload = fused::packRows(foldRows);
+  // The communicator writes the rows straight into its frame.
+  static const fused::Tensors kNoPayload;
+  const fused::Tensors &payload =
+      foldable && foldBytes <= comm.foldCapacity() ? foldRows : kNoPayload;
   Communicator::FoldedInts exchanged =
       comm.allGatherIntsFolding(mine, payload, foldable ? foldBytes : 0);
   std::vector<int64_t> &all = exchanged.values;

@@ -42,7 +42,7 @@ public:
     return inner->allGatherInts(values);
   }
   FoldedInts allGatherIntsFolding(const std::vector<int64_t> &values,
-                                  const at::Tensor &payload,
+                                  const std::vector<at::Tensor> &payload,
                                   int64_t proposal) override {
     return inner->allGatherIntsFolding(values, payload, proposal);
   }

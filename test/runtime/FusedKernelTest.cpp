@@ -589,8 +589,8 @@ TEST(ScheduleTest, ThePreflightCarriesTheFirstGatherFromTheSecondCall) {
 }
 
 // SigLIP's one-sided gather reads only the columns, so from the second call
-// on the preflight carries them alone (the last call's gathers say what they read)
-// and the room it makes is the columns' bytes: folding the rows too would
+// on the preflight carries them alone (the last call's gathers say what they
+// read) and the room it makes is the columns' bytes: folding the rows too would
 // move bytes no pass reads. Results are the ring's every time.
 TEST(ScheduleTest, ThePreflightCarriesOnlyWhatTheLastCallsGathersRead) {
   runGloo(2, [](Communicator &comm) {
@@ -600,8 +600,10 @@ TEST(ScheduleTest, ThePreflightCarriesOnlyWhatTheLastCallsGathersRead) {
     const int64_t n = sizes[comm.rank()];
     at::manual_seed(70 + comm.rank());
     const std::vector<at::Tensor> operands = {
-        at::randn({n, kWidth}, at::kDouble), at::randn({n, kWidth}, at::kDouble),
-        at::scalar_tensor(2.0, at::kDouble), at::scalar_tensor(-1.0, at::kDouble),
+        at::randn({n, kWidth}, at::kDouble),
+        at::randn({n, kWidth}, at::kDouble),
+        at::scalar_tensor(2.0, at::kDouble),
+        at::scalar_tensor(-1.0, at::kDouble),
         at::arange(n, at::kLong) + (comm.rank() ? sizes[0] : 0)};
     std::vector<at::Tensor> byRing;
     {
@@ -616,7 +618,8 @@ TEST(ScheduleTest, ThePreflightCarriesOnlyWhatTheLastCallsGathersRead) {
     // room for rows and columns; the second carries the columns only, its
     // gather moves nothing, and it makes room for them alone.
     const std::vector<std::pair<int64_t, int64_t>> calls = {
-        {2 * largest * rowBytes, -1}, {largest * rowBytes, 1},
+        {2 * largest * rowBytes, -1},
+        {largest * rowBytes, 1},
         {largest * rowBytes, 1}};
     int64_t first = 0;
     for (size_t c = 0; c < calls.size(); ++c) {

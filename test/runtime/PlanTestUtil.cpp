@@ -213,11 +213,12 @@ int64_t runIndexOp(const std::string &op, const std::vector<Operand> &operands,
   return result.item<int64_t>();
 }
 
-std::unique_ptr<Executor>
-fusedExecutor(Communicator &comm, const std::string &op,
-              const std::vector<at::Tensor> &operands, int numResults,
-              const std::vector<size_t> &replicated,
-              const std::vector<AttrSpec> &attrs) {
+std::unique_ptr<Executor> fusedExecutor(Communicator &comm,
+                                        const std::string &op,
+                                        const std::vector<at::Tensor> &operands,
+                                        int numResults,
+                                        const std::vector<size_t> &replicated,
+                                        const std::vector<AttrSpec> &attrs) {
   FunctionSpec function;
   StepSpec step;
   step.op = op;
