@@ -111,11 +111,13 @@ public:
   /// A reduction whose result nobody reads before the call ends (a plan's
   /// loss value, when the plan goes on to derive its gradient): `done`
   /// receives it later, from the bytes it adds to this rank's next allGather
-  /// along axis 0 or, at the latest, from flushReductions, so that it costs
-  /// no round trip of its own. Every rank defers the same reductions in the
-  /// same order, as it makes any collective; their values are reduced in
-  /// rank order, so every rank gets the same bits. The default reduces at
-  /// once.
+  /// along axis 0 or next allReduce of the same reduction and element type
+  /// (a replicated parameter's gradient), or at the latest from
+  /// flushReductions, so that it costs no round trip of its own. Every rank
+  /// defers the same reductions in the same order, as it makes any
+  /// collective; every rank gets the same bits (a gather's values reduced in
+  /// rank order, an all-reduce's as the engine reduces). The default
+  /// reduces at once.
   virtual void deferReduction(const at::Tensor &input, Reduction op,
                               std::function<void(at::Tensor)> done) {
     done(allReduce(input, op));

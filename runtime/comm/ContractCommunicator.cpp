@@ -155,10 +155,34 @@ at::Tensor ContractCommunicator::allReduce(const at::Tensor &input,
   Call call{"allReduce", "dloss.all_reduce"};
   checkTensor(call, input);
   checkReducible(call, input, op);
-  begin(call, &input);
-  if (input.numel() == 0)
-    return nothingToMove(call, input);
-  return transferAllReduce(call, input, op);
+  // The deferred reductions ride along where they reduce alike: their
+  // values after this rank's elements, one transfer. Every rank decides
+  // alike: the same deferred reductions, inputs of the same dtype.
+  bool ride = !deferred.empty() && input.numel() > 0;
+  for (const Deferred &pending : deferred)
+    ride = ride && pending.op == op &&
+           pending.input.scalar_type() == input.scalar_type() &&
+           pending.input.device() == input.device();
+  if (!ride) {
+    begin(call, &input);
+    if (input.numel() == 0)
+      return nothingToMove(call, input);
+    return transferAllReduce(call, input, op);
+  }
+  std::vector<at::Tensor> parts{input.reshape({-1})};
+  for (const Deferred &pending : deferred)
+    parts.push_back(pending.input.reshape({-1}));
+  at::Tensor mine = at::cat(parts);
+  call.irOp = "dloss.all_reduce + deferred dloss.all_reduce";
+  begin(call, &mine);
+  at::Tensor reduced = transferAllReduce(call, mine, op);
+  std::vector<Deferred> pending = std::move(deferred);
+  deferred.clear();
+  for (size_t k = 0; k < pending.size(); ++k)
+    pending[k].done(reduced.narrow(0, input.numel() + k, 1)
+                        .clone()
+                        .view(at::IntArrayRef()));
+  return reduced.narrow(0, 0, input.numel()).view(input.sizes());
 }
 
 at::Tensor

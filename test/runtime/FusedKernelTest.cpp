@@ -750,6 +750,62 @@ TEST(ScheduleTest, ALossAllReduceRidesOnTheNextAllGather) {
   });
 }
 
+// With no all-gather after it, a loss's all_reduce rides on the call's next
+// all_reduce of the same kind and element type (ArcFace's replicated W's
+// gradient): the preflight and that all_reduce are the call's only
+// collectives, and both values are the sums. Of another element type or
+// kind, it waits for the flush at the end of the call: one more.
+TEST(ScheduleTest, ALossAllReduceRidesOnTheNextAllReduceOfItsKind) {
+  auto plan = [](at::ScalarType vectorType, const std::string &kind) {
+    FunctionSpec function;
+    function.args = {tensorArg("x", at::zeros({1, 4}, at::kDouble), {0}),
+                     tensorArg("w", at::zeros({3}, vectorType), {})};
+    function.args[1].replicated = true;
+    function.numRegisters = 6;
+    function.steps = {
+        StepSpec{"dloss.reduce",
+                 {0},
+                 {2},
+                 {textAttr("kind", "sum"), intsAttr("axes", {0, 1})}},
+        StepSpec{"dloss.all_reduce", {2}, {3}, {textAttr("kind", "sum")}},
+        StepSpec{"dloss.mul", {3, 3}, {4}, {}},
+        StepSpec{"dloss.all_reduce", {1}, {5}, {textAttr("kind", kind)}},
+    };
+    function.results = {4, 5};
+    return buildPlan({function});
+  };
+  runGloo(3, [&](Communicator &comm) {
+    const int r = comm.rank();
+    at::Tensor x = at::full({r + 1, 4}, r + 1.0, at::kDouble);
+    const double total = 4.0 * (1 + 4 + 9); // rank q: q+1 rows of q+1
+    struct Case {
+      at::ScalarType type;
+      std::string kind;
+      int64_t collectives;
+    };
+    for (const Case &c : {Case{at::kDouble, "sum", 2},
+                          Case{at::kFloat, "sum", 3},
+                          Case{at::kDouble, "max", 3}}) {
+      at::Tensor w = at::arange(3, c.type) + 1; // 1, 2, 3 on every rank
+      Executor executor(plan(c.type, c.kind), comm);
+      const int64_t before = comm.collectivesStarted();
+      std::vector<at::Tensor> results = executor.run("f", {x, w});
+      const int64_t made = comm.collectivesStarted() - before;
+      const std::string where = std::string(c10::toString(c.type)) + " " +
+                                c.kind + ": ";
+      CHILD_CHECK(made == c.collectives,
+                  where << "the call made " << made << " collectives");
+      CHILD_CHECK(results[0].dim() == 0 &&
+                      results[0].item<double>() == total * total,
+                  where << "the loss is " << results[0]);
+      at::Tensor expected = c.kind == "sum" ? w * 3 : w;
+      CHILD_CHECK(results[1].sizes() == w.sizes() &&
+                      at::equal(results[1], expected),
+                  where << "the vector is " << results[1]);
+    }
+  });
+}
+
 // f32 inputs compute in f32: within 1e-5 of the f64 reference, relative.
 TEST(FusedKernelF32Test, EveryKernelMatchesTheF64Reference) {
   runGloo(3, [](Communicator &comm) {
