@@ -700,6 +700,16 @@ TEST(ScheduleTest, AutoTakesTheOneSidedGatherWhereBothSidesDoNotPay) {
   });
 }
 
+/// The loss value of the two tests below: argument 0 summed into register
+/// 2, then all-reduced into register 3.
+std::vector<StepSpec> summedLoss() {
+  return {StepSpec{"dloss.reduce",
+                   {0},
+                   {2},
+                   {textAttr("kind", "sum"), intsAttr("axes", {0, 1})}},
+          StepSpec{"dloss.all_reduce", {2}, {3}, {textAttr("kind", "sum")}}};
+}
+
 // A plan's all_reduce whose value only local steps and the results read
 // (a loss value) rides on the call's next all-gather: the preflight and
 // that gather are the call's only collectives, and the local step after it
@@ -711,17 +721,13 @@ TEST(ScheduleTest, ALossAllReduceRidesOnTheNextAllGather) {
     function.args = {tensorArg("x", at::zeros({1, 4}, at::kDouble), {0}),
                      tensorArg("y", at::zeros({1, 3}, at::kDouble), {0})};
     function.numRegisters = 6;
-    function.steps = {
-        StepSpec{"dloss.reduce",
-                 {0},
-                 {2},
-                 {textAttr("kind", "sum"), intsAttr("axes", {0, 1})}},
-        StepSpec{"dloss.all_reduce", {2}, {3}, {textAttr("kind", "sum")}},
+    function.steps = summedLoss();
+    function.steps.push_back(
         readByCollective
             ? StepSpec{"dloss.all_reduce", {3}, {4}, {textAttr("kind", "max")}}
-            : StepSpec{"dloss.mul", {3, 3}, {4}, {}},
-        StepSpec{"dloss.all_gather", {1}, {5}, {intAttr("axis", 0)}},
-    };
+            : StepSpec{"dloss.mul", {3, 3}, {4}, {}});
+    function.steps.push_back(
+        StepSpec{"dloss.all_gather", {1}, {5}, {intAttr("axis", 0)}});
     function.results = {4, 5};
     return buildPlan({function});
   };
@@ -762,15 +768,10 @@ TEST(ScheduleTest, ALossAllReduceRidesOnTheNextAllReduceOfItsKind) {
                      tensorArg("w", at::zeros({3}, vectorType), {})};
     function.args[1].replicated = true;
     function.numRegisters = 6;
-    function.steps = {
-        StepSpec{"dloss.reduce",
-                 {0},
-                 {2},
-                 {textAttr("kind", "sum"), intsAttr("axes", {0, 1})}},
-        StepSpec{"dloss.all_reduce", {2}, {3}, {textAttr("kind", "sum")}},
-        StepSpec{"dloss.mul", {3, 3}, {4}, {}},
-        StepSpec{"dloss.all_reduce", {1}, {5}, {textAttr("kind", kind)}},
-    };
+    function.steps = summedLoss();
+    function.steps.push_back(StepSpec{"dloss.mul", {3, 3}, {4}, {}});
+    function.steps.push_back(
+        StepSpec{"dloss.all_reduce", {1}, {5}, {textAttr("kind", kind)}});
     function.results = {4, 5};
     return buildPlan({function});
   };
@@ -783,16 +784,16 @@ TEST(ScheduleTest, ALossAllReduceRidesOnTheNextAllReduceOfItsKind) {
       std::string kind;
       int64_t collectives;
     };
-    for (const Case &c : {Case{at::kDouble, "sum", 2},
-                          Case{at::kFloat, "sum", 3},
-                          Case{at::kDouble, "max", 3}}) {
+    for (const Case &c :
+         {Case{at::kDouble, "sum", 2}, Case{at::kFloat, "sum", 3},
+          Case{at::kDouble, "max", 3}}) {
       at::Tensor w = at::arange(3, c.type) + 1; // 1, 2, 3 on every rank
       Executor executor(plan(c.type, c.kind), comm);
       const int64_t before = comm.collectivesStarted();
       std::vector<at::Tensor> results = executor.run("f", {x, w});
       const int64_t made = comm.collectivesStarted() - before;
-      const std::string where = std::string(c10::toString(c.type)) + " " +
-                                c.kind + ": ";
+      const std::string where =
+          std::string(c10::toString(c.type)) + " " + c.kind + ": ";
       CHILD_CHECK(made == c.collectives,
                   where << "the call made " << made << " collectives");
       CHILD_CHECK(results[0].dim() == 0 &&
