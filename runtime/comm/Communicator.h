@@ -60,10 +60,9 @@ public:
   allGatherInts(const std::vector<int64_t> &values) = 0;
 
   /// allGatherInts whose one transfer also carries each rank's `payload`
-  /// (CPU tensors whose elements travel densely, one after another, as
-  /// fused::packRows lays them out; empty: none): the preflight's fold of
-  /// the call's first
-  /// gather into its agreement. Every allGatherInts frame has room for
+  /// (CPU tensors whose elements travel as writeDense lays them out; empty:
+  /// none): the preflight's fold of the call's first gather into its
+  /// agreement. Every allGatherInts frame has room for
   /// foldCapacity() bytes, the same on every rank, so ranks in different
   /// calls still send transfers of one size. `payloads` holds every rank's
   /// bytes only when every rank's fit; else it is empty. `proposal` >= 0
@@ -187,6 +186,11 @@ public:
 private:
   Communicator &comm;
 };
+
+/// The elements of `parts`, densely and one after another (each row-major),
+/// into `bytes`, a byte tensor on their device of at least their size: the
+/// layout of a preflight's folded payload and of fused::packRows.
+void writeDense(const std::vector<at::Tensor> &parts, const at::Tensor &bytes);
 
 } // namespace dloss
 

@@ -5,7 +5,6 @@
 #include "runtime/support/Format.h"
 
 #include <algorithm>
-#include <cstring>
 #include <numeric>
 
 namespace dloss::comm {
@@ -221,28 +220,6 @@ std::vector<int64_t>
 ContractCommunicator::allGatherInts(const std::vector<int64_t> &values) {
   return allGatherIntsFolding(values, {}, -1).values;
 }
-
-namespace {
-
-/// The elements of `parts`, densely and one after another, into `bytes`
-/// (fused::packRows' layout) without an intermediate copy.
-void writeDense(const std::vector<at::Tensor> &parts, const at::Tensor &bytes) {
-  int64_t offset = 0;
-  for (const at::Tensor &part : parts) {
-    const int64_t size = part.numel() * part.element_size();
-    at::Tensor into = bytes.narrow(0, offset, size);
-    if ((into.storage_offset() % part.element_size()) == 0) {
-      into.view(part.scalar_type()).view(part.sizes()).copy_(part);
-    } else {
-      at::Tensor dense = at::empty(part.sizes(), part.options());
-      dense.copy_(part);
-      std::memcpy(into.data_ptr(), dense.data_ptr(), static_cast<size_t>(size));
-    }
-    offset += size;
-  }
-}
-
-} // namespace
 
 Communicator::FoldedInts ContractCommunicator::allGatherIntsFolding(
     const std::vector<int64_t> &values, const std::vector<at::Tensor> &payload,
@@ -760,3 +737,27 @@ at::Tensor ContractCommunicator::fromShiftHeader(const Call &call,
 }
 
 } // namespace dloss::comm
+
+namespace dloss {
+
+void writeDense(const std::vector<at::Tensor> &parts, const at::Tensor &bytes) {
+  int64_t offset = 0;
+  for (const at::Tensor &part : parts) {
+    const int64_t size = part.numel() * part.element_size();
+    at::Tensor into = bytes.narrow(0, offset, size);
+    // Written in place where the offset suits the element type; otherwise
+    // (a float32 part of odd length before an int64 one) through a dense
+    // copy's bytes. copy_ also expands a broadcast part (stride 0), which no
+    // byte view of it could.
+    if (into.storage_offset() % part.element_size() == 0) {
+      into.view(part.scalar_type()).view(part.sizes()).copy_(part);
+    } else {
+      at::Tensor dense = at::empty(part.sizes(), part.options());
+      dense.copy_(part);
+      into.copy_(dense.view({-1}).view(at::kByte));
+    }
+    offset += size;
+  }
+}
+
+} // namespace dloss

@@ -238,16 +238,15 @@ int64_t rowBytes(const at::Tensor &tensor) {
 }
 
 at::Tensor packRows(const Tensors &features) {
-  std::vector<at::Tensor> mine;
-  for (const at::Tensor &tensor : features) {
-    // A fresh dense copy: contiguous() keeps the stride 0 of an expanded
-    // tensor whose sizes are 0 or 1 (a per-column cotangent broadcast from a
-    // scalar), which view() cannot reinterpret as bytes.
-    at::Tensor dense = at::empty(tensor.sizes(), tensor.options());
-    dense.copy_(tensor);
-    mine.push_back(dense.view({-1}).view(at::kByte));
-  }
-  return mine.empty() ? at::empty({0}, at::kByte) : at::cat(mine);
+  if (features.empty())
+    return at::empty({0}, at::kByte);
+  int64_t bytes = 0;
+  for (const at::Tensor &tensor : features)
+    bytes += tensor.numel() * tensor.element_size();
+  at::Tensor packed =
+      at::empty({bytes}, features.front().options().dtype(at::kByte));
+  writeDense(features, packed);
+  return packed;
 }
 
 Tensors unpackRows(const std::vector<at::Tensor> &packed, const Tensors &like,

@@ -70,8 +70,8 @@ struct RingPass {
 
 /// The bytes of one row of `tensor` (axis 0 is the batch).
 int64_t rowBytes(const at::Tensor &tensor);
-/// `features`' bytes, one after another (each a dense copy, row-major):
-/// what a rank sends in the gather of several operands of any types.
+/// `features`' bytes, one after another (writeDense's layout): what a rank
+/// sends in the gather of several operands of any types.
 at::Tensor packRows(const Tensors &features);
 /// The inverse across ranks: packed[q] is rank q's packRows of tensors shaped
 /// like `like` but with lengths[k][q] rows of feature k; returns each

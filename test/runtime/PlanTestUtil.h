@@ -112,9 +112,6 @@ at::Tensor runOp(const std::string &op, const std::vector<Operand> &operands,
                  const std::vector<AttrSpec> &attrs = {},
                  Communicator *comm = nullptr);
 
-/// Runs one fused step `op` with `numResults` results through a plan and an
-/// Executor over `comm`. Operands listed in `replicated` are the same on
-/// every rank; the others may differ along axis 0.
 /// The Executor runFused calls once; for tests whose calls build on the
 /// ones before (the preflight's fold).
 std::unique_ptr<Executor>
@@ -122,6 +119,9 @@ fusedExecutor(Communicator &comm, const std::string &op,
               const std::vector<at::Tensor> &operands, int numResults,
               const std::vector<size_t> &replicated = {},
               const std::vector<AttrSpec> &attrs = {});
+/// Runs one fused step `op` with `numResults` results through a plan and an
+/// Executor over `comm`. Operands listed in `replicated` are the same on
+/// every rank; the others may differ along axis 0.
 std::vector<at::Tensor> runFused(Communicator &comm, const std::string &op,
                                  const std::vector<at::Tensor> &operands,
                                  int numResults,
