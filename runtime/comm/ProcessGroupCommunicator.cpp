@@ -44,7 +44,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <condition_variable>
 #include <cstdlib>
+#include <functional>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <thread>
@@ -64,6 +67,8 @@ constexpr int kRingShiftHeaderTag = kReservedTagBase;
 constexpr int kRingShiftDataTag = kReservedTagBase + 1;
 // reduceScatter's ring (ProcessGroupGloo 1.13 has no reduce_scatter).
 constexpr int kReduceScatterTag = kReservedTagBase + 2;
+// allGather's direct exchange (exchangeAllGather).
+constexpr int kAllGatherTag = kReservedTagBase + 3;
 // Collectives: Work::wait's own limit is the deadline plus this margin, so
 // that Gloo's deadline (the same timeout, inside the worker thread) fires
 // first and reports more precisely; it only guards against a stuck thread.
@@ -166,6 +171,104 @@ c10d::ReduceOp toC10d(Reduction op) {
 // ProcessGroupCommunicator
 //===----------------------------------------------------------------------===//
 
+/// Watches a Gloo send or recv while the caller waits for it. Gloo's own
+/// timed wait on one fails the whole group when its timeout ends, so a
+/// transfer cannot be waited on in slices between which the peers are
+/// checked, as a collective is (awaitOnCpu). Instead the caller waits
+/// until the deadline, and this thread checks every kWatchPeriod whether
+/// the transfer should be abandoned (`reason`, the peers' states) and, if
+/// so, aborts it (Work::abort: Gloo's wait then returns). The check runs
+/// under the lock the caller takes when its wait ends, so it never overlaps
+/// the caller's own use of the store. The thread starts at the first watched
+/// wait: a process that never waits on a transfer has none.
+class TransferWatch {
+public:
+  using Clock = std::chrono::steady_clock;
+
+  TransferWatch(std::function<std::string()> reason,
+                std::chrono::milliseconds period)
+      : reason(std::move(reason)), period(period) {}
+  ~TransferWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stopping = true;
+    }
+    wake.notify_one();
+    if (thread.joinable())
+      thread.join();
+    // An aborted transfer is still posted in Gloo's transport, which may
+    // write into its buffer when the peer's data comes: never freed.
+    for (c10::intrusive_ptr<c10d::Work> &work : kept)
+      (void)work.release();
+  }
+
+  /// Waits for `work` until `limit`; throws what the work threw, or why the
+  /// watch aborted it. An aborted work is kept (abandoned()): Gloo's
+  /// transport may still write into its buffer.
+  void await(const c10::intrusive_ptr<c10d::Work> &work,
+             std::chrono::milliseconds limit) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      current = work;
+      since = Clock::now();
+      if (!thread.joinable())
+        thread = std::thread([this] { watch(); });
+    }
+    std::exception_ptr failure;
+    try {
+      work->wait(limit);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      current.reset();
+      why.swap(abortedBecause);
+    }
+    if (!why.empty()) {
+      kept.push_back(work);
+      throw std::runtime_error(why);
+    }
+    if (failure)
+      std::rethrow_exception(failure);
+  }
+
+  /// Whether a transfer was abandoned (see ~ProcessGroupCommunicator).
+  bool abandoned() const { return !kept.empty(); }
+
+private:
+  void watch() {
+    std::unique_lock<std::mutex> lock(mutex);
+    while (!stopping) {
+      wake.wait_for(lock, period);
+      if (stopping || !current || Clock::now() - since < period)
+        continue;
+      std::string why;
+      try {
+        why = reason();
+      } catch (...) { // The store failed: keep waiting for the deadline.
+      }
+      if (why.empty())
+        continue;
+      abortedBecause = std::move(why);
+      current->abort();
+      current.reset();
+    }
+  }
+
+  std::function<std::string()> reason;
+  std::chrono::milliseconds period;
+  std::mutex mutex;
+  std::condition_variable wake;
+  c10::intrusive_ptr<c10d::Work> current; ///< The wait in progress.
+  Clock::time_point since;
+  std::string abortedBecause;
+  bool stopping = false;
+  std::vector<c10::intrusive_ptr<c10d::Work>> kept;
+  std::thread thread;
+};
+
 /// A send or recv. A CPU one is issued at once; a CUDA one waits in the
 /// communicator's posted list until its batch is issued (launchPosted).
 struct Transfer {
@@ -215,7 +318,7 @@ public:
       } catch (...) { // A destructor reports nothing; the process goes on.
       }
     }
-    if (ownGroup && abandonedWork)
+    if (ownGroup && (abandonedWork || watch.abandoned()))
       (void)group.release(); // Deliberately never destroyed: see above.
     group.reset();
   }
@@ -247,8 +350,8 @@ public:
                      const at::Tensor &moved) {
     if (moved.is_cuda())
       awaitOnGpu(work);
-    else // Gloo's send/recv works fail for good when a wait's timeout ends.
-      work->wait(options.timeout);
+    else
+      watch.await(work, options.timeout);
   }
   /// Issues the posted CUDA transfers as one coalesced batch.
   void launchPosted();
@@ -319,6 +422,13 @@ private:
   void checkDevice(const Call &call, const at::Tensor &tensor) const override;
   /// Issues a CPU transfer now; posts a CUDA one for launchPosted().
   void post(Call &call, const std::shared_ptr<Transfer> &transfer);
+  /// allGather on Gloo's CPU backend as a direct exchange with every peer:
+  /// Gloo's own all-gather runs on its worker thread in N - 1 ring steps,
+  /// and costs 1.5-2x the exchange at 2 ranks and 4x at 4 ranks on two
+  /// cores (docs/Fusion.md, "Direct exchanges"). The waits are watched
+  /// (TransferWatch), as a collective's are.
+  at::Tensor exchangeAllGather(Call &call, const at::Tensor &input, int64_t dim,
+                               const std::vector<int64_t> &sizes);
   /// The summed/maxed/minned tensor; Mean is left to the caller to divide.
   at::Tensor reduce(Call &call, const at::Tensor &input, Reduction op);
 
@@ -391,6 +501,10 @@ private:
   std::vector<std::shared_ptr<Transfer>> posted;
   /// The call being waited for (communicate()); null between calls.
   const Call *inFlight = nullptr;
+  /// Watches the waits on Gloo's sends and receives (awaitTransfer).
+  TransferWatch watch{
+      [this] { return inFlight ? abandonReason(*inFlight) : std::string(); },
+      kWatchPeriod};
 };
 
 // A send or recv in flight. It refers to its communicator, which must outlive
@@ -600,8 +714,10 @@ ProcessGroupCommunicator::transferAllGather(Call &call, const at::Tensor &input,
     return communicate(call, [&] { return ownCopy(input); });
   if (stagedOnHost(input))
     return transferAllGather(call, input.cpu(), dim, sizes).to(input.device());
+  if (!input.is_cuda() && onGloo(input))
+    return exchangeAllGather(call, input, dim, sizes);
 
-  // Gloo gathers equal shapes: pad every piece to the largest size.
+  // NCCL gathers equal shapes: pad every piece to the largest size.
   int64_t maxSize = *std::max_element(sizes.begin(), sizes.end());
   int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
   std::vector<int64_t> paddedShape = input.sizes().vec();
@@ -630,6 +746,62 @@ ProcessGroupCommunicator::transferAllGather(Call &call, const at::Tensor &input,
       pieces.push_back(fromWire(outputs[0][r], input.scalar_type(), paddedShape)
                            .narrow(dim, 0, sizes[r]));
     return at::cat(pieces, dim);
+  });
+}
+
+at::Tensor
+ProcessGroupCommunicator::exchangeAllGather(Call &call, const at::Tensor &input,
+                                            int64_t dim,
+                                            const std::vector<int64_t> &sizes) {
+  const int n = options.worldSize, rank = options.rank;
+  std::vector<int64_t> offsets(n, 0);
+  for (int r = 1; r < n; ++r)
+    offsets[r] = offsets[r - 1] + sizes[r - 1];
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape[dim] = offsets[n - 1] + sizes[n - 1];
+  at::Tensor result = at::empty(shape, input.options());
+  auto piece = [&](int r) { return result.narrow(dim, offsets[r], sizes[r]); };
+  at::Tensor mine = toWire(input.contiguous());
+
+  return communicate(call, [&] {
+    // Rank r's piece lands in place where its slice of the result is
+    // contiguous (dim 0), else in a buffer copied in after the wait.
+    struct Incoming {
+      at::Tensor wire, target;
+      c10::intrusive_ptr<c10d::Work> work;
+    };
+    std::vector<Incoming> incoming;
+    std::vector<c10::intrusive_ptr<c10d::Work>> outgoing;
+    // Every receive is posted before any send, each rank's k-th send going
+    // to the rank whose k-th receive expects it. Every rank knows every
+    // size, so both ends of a pair skip an empty piece.
+    for (int k = 1; k < n; ++k) {
+      int src = (rank - k + n) % n;
+      at::Tensor target = piece(src);
+      if (target.numel() == 0)
+        continue;
+      at::Tensor wire = toWire(
+          target.is_contiguous() ? target
+                                 : at::empty(target.sizes(), input.options()));
+      std::vector<at::Tensor> tensors{wire};
+      incoming.push_back(
+          {wire, target, group->recv(tensors, src, kAllGatherTag)});
+    }
+    if (mine.numel() > 0)
+      for (int k = 1; k < n; ++k) {
+        std::vector<at::Tensor> tensors{mine};
+        outgoing.push_back(group->send(tensors, (rank + k) % n, kAllGatherTag));
+      }
+    piece(rank).copy_(input);
+    for (Incoming &in : incoming) {
+      awaitTransfer(in.work, in.wire);
+      if (!in.target.is_contiguous())
+        in.target.copy_(
+            fromWire(in.wire, input.scalar_type(), in.target.sizes()));
+    }
+    for (const c10::intrusive_ptr<c10d::Work> &work : outgoing)
+      awaitTransfer(work, mine);
+    return result;
   });
 }
 

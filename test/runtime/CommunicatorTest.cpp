@@ -845,6 +845,66 @@ TEST(ProcessGroupCommunicatorTest, StalledPeerTimesOutReduceScatter) {
       std::nullopt);
 }
 
+// On Gloo an all-gather is a direct exchange with every peer (sends and
+// receives, not Gloo's collective): a peer that dies, or never comes, ends
+// it as it ends a collective.
+TEST(ProcessGroupCommunicatorTest, PeerDeathFailsAllGatherQuickly) {
+  expectCollectiveFailure(
+      std::chrono::seconds(60), dieAbruptly,
+      [](Communicator &comm) {
+        for (int i = 0; i < 2; ++i)
+          comm.allGather(at::ones({2, 3}), 0, {2, 2, 2});
+      },
+      "allGather", {"other ranks' logs"}, 0.0, 15.0, SIGKILL);
+}
+
+TEST(ProcessGroupCommunicatorTest, StalledPeerTimesOutAllGather) {
+  expectCollectiveFailure(
+      std::chrono::seconds(3),
+      [] { std::this_thread::sleep_for(std::chrono::seconds(6)); },
+      [](Communicator &comm) {
+        comm.allGather(at::ones({2, 3}), 0, {2, 2, 2});
+      },
+      "allGather", {"DLOSS_TIMEOUT_S", "other ranks' logs"}, 2.5, 3.0 + 5.0,
+      std::nullopt);
+}
+
+// A peer that records its exit and then hangs on its way out (as a process
+// whose exit joins a stuck thread does) keeps its connections open, so
+// nothing on the wire tells the ranks waiting for it in an exchange (here
+// the all-gather's sends and receives) to stop: they learn it from the
+// peers' states, checked while they wait, long before their 60 s deadline,
+// and name it.
+TEST(ProcessGroupCommunicatorTest, AnExchangeStopsWaitingForAPeerThatLeft) {
+  int port = freePort();
+  auto outcomes = runChildren({0, 1, 2}, [&](int rank) {
+    auto comm = dloss::connectProcessGroup(
+        loopbackOptions(port, rank, 3, std::chrono::seconds(60)));
+    comm->allReduce(at::ones({4}), Reduction::Sum);
+    if (rank == 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      comm->recordExit("exited after raising ValueError('bad batch')", true);
+      std::this_thread::sleep_for(std::chrono::seconds(12));
+      return;
+    }
+    Clock::time_point start = Clock::now();
+    try {
+      for (int i = 0; i < 2; ++i)
+        comm->allGather(at::ones({2, 3}), 0, {2, 2, 2});
+    } catch (const dloss::Error &e) {
+      double elapsed = secondsSince(start);
+      std::string message = e.what();
+      CHILD_CHECK(message.find("allGather") != std::string::npos &&
+                      message.find("bad batch") != std::string::npos,
+                  "the error names not rank 2's exit: " << message);
+      CHILD_CHECK(elapsed < 10.0, "stopped waiting after " << elapsed << " s");
+      return;
+    }
+    CHILD_CHECK(false, "the all-gather succeeded without rank 2");
+  });
+  expectAllSucceeded(outcomes, "a peer that left");
+}
+
 // Bad arguments are dloss::Errors raised before any communication, so the
 // communicator stays usable.
 TEST(ProcessGroupCommunicatorTest, RejectsBadArgumentsWithoutBreaking) {
