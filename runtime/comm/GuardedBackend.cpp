@@ -734,6 +734,11 @@ bool unguardGroup(c10d::ProcessGroup &group) {
   return true;
 }
 
+bool isGuarded(c10d::ProcessGroup &group) {
+  GuardedBackend *guarded = guardedOf(group);
+  return guarded && guarded->active();
+}
+
 bool hasBackend(const c10d::ProcessGroup &group, c10::DeviceType device) {
   // setBackend records the device type in both of the group's tables.
   for (const c10::Device &known : group.getDeviceTypes())

@@ -104,6 +104,9 @@ void guardGroup(c10d::ProcessGroup &group,
 /// guarded backend stays in the group's table, idle, for a later guard.
 bool unguardGroup(c10d::ProcessGroup &group);
 
+/// Whether a guard checks `group`'s ops now.
+bool isGuarded(c10d::ProcessGroup &group);
+
 /// Whether `group` has a backend for `device`: ProcessGroup's own
 /// hasBackendForDeviceType, which torch 2.11 lacks.
 bool hasBackend(const c10d::ProcessGroup &group, c10::DeviceType device);

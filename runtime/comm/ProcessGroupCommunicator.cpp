@@ -172,15 +172,18 @@ c10d::ReduceOp toC10d(Reduction op) {
 //===----------------------------------------------------------------------===//
 
 /// Watches a Gloo send or recv while the caller waits for it. Gloo's own
-/// timed wait on one fails the whole group when its timeout ends, so a
-/// transfer cannot be waited on in slices between which the peers are
-/// checked, as a collective is (awaitOnCpu). Instead the caller waits
-/// until the deadline, and this thread checks every kWatchPeriod whether
-/// the transfer should be abandoned (`reason`, the peers' states) and, if
-/// so, aborts it (Work::abort: Gloo's wait then returns). The check runs
-/// under the lock the caller takes when its wait ends, so it never overlaps
-/// the caller's own use of the store. The thread starts at the first watched
-/// wait: a process that never waits on a transfer has none.
+/// timed wait on one fails the whole group when its timeout ends (every
+/// connection of the rank closes, so peers waiting in unrelated
+/// collectives fail at once too), and it cannot be waited on in slices
+/// between which the peers are checked, as a collective is (awaitOnCpu).
+/// Instead the caller waits with Gloo's limit past the deadline, and this
+/// thread checks every kWatchPeriod whether the transfer should be abandoned
+/// (`reason`: the peers' states) or its deadline has passed and, if so,
+/// aborts it (Work::abort: Gloo's wait then returns, and the connections
+/// stay as they are). The check runs under the lock the caller takes when
+/// its wait ends, so it never overlaps the caller's own use of the store.
+/// The thread starts at the first watched wait: a process that never waits
+/// on a transfer has none.
 class TransferWatch {
 public:
   using Clock = std::chrono::steady_clock;
@@ -202,21 +205,24 @@ public:
       (void)work.release();
   }
 
-  /// Waits for `work` until `limit`; throws what the work threw, or why the
-  /// watch aborted it. An aborted work is kept (abandoned()): Gloo's
-  /// transport may still write into its buffer.
+  /// Waits for `work` until `limit` (Gloo's own wait until `backstop`,
+  /// later); throws what the work threw, or why the watch aborted it ("timed
+  /// out" at the deadline). An aborted work is kept (see the destructor).
   void await(const c10::intrusive_ptr<c10d::Work> &work,
-             std::chrono::milliseconds limit) {
+             std::chrono::milliseconds limit,
+             std::chrono::milliseconds backstop) {
     {
       std::lock_guard<std::mutex> lock(mutex);
       current = work;
       since = Clock::now();
+      deadline = since + limit;
+      this->limit = limit;
       if (!thread.joinable())
         thread = std::thread([this] { watch(); });
     }
     std::exception_ptr failure;
     try {
-      work->wait(limit);
+      work->wait(backstop);
     } catch (...) {
       failure = std::current_exception();
     }
@@ -241,13 +247,22 @@ private:
   void watch() {
     std::unique_lock<std::mutex> lock(mutex);
     while (!stopping) {
-      wake.wait_for(lock, period);
-      if (stopping || !current || Clock::now() - since < period)
+      Clock::time_point wakeAt = Clock::now() + period;
+      if (current)
+        wakeAt = std::min(wakeAt, deadline);
+      wake.wait_until(lock, wakeAt);
+      Clock::time_point now = Clock::now();
+      if (stopping || !current || now - since < std::min(period, limit))
         continue;
       std::string why;
-      try {
-        why = reason();
-      } catch (...) { // The store failed: keep waiting for the deadline.
+      if (now >= deadline) {
+        why = "timed out: the peer's data had not come at the deadline of " +
+              seconds(limit);
+      } else {
+        try {
+          why = reason();
+        } catch (...) { // The store failed: keep waiting for the deadline.
+        }
       }
       if (why.empty())
         continue;
@@ -262,7 +277,8 @@ private:
   std::mutex mutex;
   std::condition_variable wake;
   c10::intrusive_ptr<c10d::Work> current; ///< The wait in progress.
-  Clock::time_point since;
+  Clock::time_point since, deadline;
+  std::chrono::milliseconds limit{0};
   std::string abortedBecause;
   bool stopping = false;
   std::vector<c10::intrusive_ptr<c10d::Work>> kept;
@@ -351,7 +367,7 @@ public:
     if (moved.is_cuda())
       awaitOnGpu(work);
     else
-      watch.await(work, options.timeout);
+      watch.await(work, options.timeout, options.timeout + kWaitMargin);
   }
   /// Issues the posted CUDA transfers as one coalesced batch.
   void launchPosted();
@@ -427,7 +443,7 @@ private:
   /// and costs 1.5-2x the exchange at 2 ranks and 4x at 4 ranks on two
   /// cores (docs/Fusion.md, "Direct exchanges"). The waits are watched
   /// (TransferWatch), as a collective's are.
-  at::Tensor exchangeAllGather(Call &call, const at::Tensor &input, int64_t dim,
+  at::Tensor exchangeAllGather(const at::Tensor &input, int64_t dim,
                                const std::vector<int64_t> &sizes);
   /// The summed/maxed/minned tensor; Mean is left to the caller to divide.
   at::Tensor reduce(Call &call, const at::Tensor &input, Reduction op);
@@ -715,7 +731,8 @@ ProcessGroupCommunicator::transferAllGather(Call &call, const at::Tensor &input,
   if (stagedOnHost(input))
     return transferAllGather(call, input.cpu(), dim, sizes).to(input.device());
   if (!input.is_cuda() && onGloo(input))
-    return exchangeAllGather(call, input, dim, sizes);
+    return communicate(call,
+                       [&] { return exchangeAllGather(input, dim, sizes); });
 
   // NCCL gathers equal shapes: pad every piece to the largest size.
   int64_t maxSize = *std::max_element(sizes.begin(), sizes.end());
@@ -749,10 +766,8 @@ ProcessGroupCommunicator::transferAllGather(Call &call, const at::Tensor &input,
   });
 }
 
-at::Tensor
-ProcessGroupCommunicator::exchangeAllGather(Call &call, const at::Tensor &input,
-                                            int64_t dim,
-                                            const std::vector<int64_t> &sizes) {
+at::Tensor ProcessGroupCommunicator::exchangeAllGather(
+    const at::Tensor &input, int64_t dim, const std::vector<int64_t> &sizes) {
   const int n = options.worldSize, rank = options.rank;
   std::vector<int64_t> offsets(n, 0);
   for (int r = 1; r < n; ++r)
@@ -762,8 +777,7 @@ ProcessGroupCommunicator::exchangeAllGather(Call &call, const at::Tensor &input,
   at::Tensor result = at::empty(shape, input.options());
   auto piece = [&](int r) { return result.narrow(dim, offsets[r], sizes[r]); };
   at::Tensor mine = toWire(input.contiguous());
-
-  return communicate(call, [&] {
+  {
     // Rank r's piece lands in place where its slice of the result is
     // contiguous (dim 0), else in a buffer copied in after the wait.
     struct Incoming {
@@ -802,7 +816,7 @@ ProcessGroupCommunicator::exchangeAllGather(Call &call, const at::Tensor &input,
     for (const c10::intrusive_ptr<c10d::Work> &work : outgoing)
       awaitTransfer(work, mine);
     return result;
-  });
+  }
 }
 
 at::Tensor ProcessGroupCommunicator::reduce(Call &call, const at::Tensor &input,
@@ -996,6 +1010,16 @@ ProcessGroupCommunicator::transferAllGatherInts(Call &call,
   // Each rank's piece lands in a row of one tensor: the frames (up to a
   // MiB each with the fold) are not copied again on the way out.
   at::Tensor local = values.to(smallExchange(at::kLong));
+  // On Gloo, the direct exchange of exchangeAllGather. Not under dloss.guard,
+  // which checks collectives, not sends and receives: the preflight, a
+  // call's first transfer, is the collective it checks for the whole call
+  // (GuardedBackend's post()).
+  if (!local.is_cuda() && onGloo(local) && !isGuarded(*group))
+    return communicate(call, [&] {
+      return exchangeAllGather(local.view({1, -1}), 0,
+                               std::vector<int64_t>(options.worldSize, 1))
+          .view({-1});
+    });
   return communicate(call, [&] {
     std::vector<at::Tensor> inputs{local};
     at::Tensor gathered =
