@@ -587,9 +587,19 @@ std::string PeerStates::doomed(const Call &call) {
   }
   for (const PeerState &peer : current()) {
     std::string who = "rank " + std::to_string(peer.rank);
-    if (peer.known && peer.state == "failed" && !peer.collective.empty())
-      return "stopped waiting: " + who + " failed in collective #" +
-             std::to_string(peer.seq) + " " + peer.collective;
+    if (peer.known && peer.state == "failed" && !peer.collective.empty()) {
+      std::string reason = "stopped waiting: " + who +
+                           " failed in collective #" +
+                           std::to_string(peer.seq) + " " + peer.collective;
+      // A peer whose deadline passed in this very collective, entered about
+      // when this rank entered it: this rank's has as good as passed too,
+      // and the call fails as a timeout (diagnose names the ranks that never
+      // came, not the peer that gave up first). Its record says "timed out
+      // after ..." (ContractCommunicator::diagnose).
+      if (peer.seq == call.seq && peer.detail.rfind("timed out", 0) == 0)
+        reason += " (" + peer.detail + ")";
+      return reason;
+    }
     // A rank that exited after entering this collective had finished it.
     if (peer.exited && peer.exitSeq < call.seq)
       return "stopped waiting: " + who + " exited before reaching it";
