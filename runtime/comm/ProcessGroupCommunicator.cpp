@@ -154,6 +154,14 @@ at::Tensor fromWire(const at::Tensor &wire, at::ScalarType type,
   return wire.view(type).view(shape);
 }
 
+/// Where each rank's block starts along the gathered or scattered axis.
+std::vector<int64_t> offsetsOf(const std::vector<int64_t> &sizes) {
+  std::vector<int64_t> offsets(sizes.size(), 0);
+  for (size_t r = 1; r < sizes.size(); ++r)
+    offsets[r] = offsets[r - 1] + sizes[r - 1];
+  return offsets;
+}
+
 c10d::ReduceOp toC10d(Reduction op) {
   switch (op) {
   case Reduction::Max:
@@ -769,54 +777,50 @@ ProcessGroupCommunicator::transferAllGather(Call &call, const at::Tensor &input,
 at::Tensor ProcessGroupCommunicator::exchangeAllGather(
     const at::Tensor &input, int64_t dim, const std::vector<int64_t> &sizes) {
   const int n = options.worldSize, rank = options.rank;
-  std::vector<int64_t> offsets(n, 0);
-  for (int r = 1; r < n; ++r)
-    offsets[r] = offsets[r - 1] + sizes[r - 1];
+  const std::vector<int64_t> offsets = offsetsOf(sizes);
   std::vector<int64_t> shape = input.sizes().vec();
   shape[dim] = offsets[n - 1] + sizes[n - 1];
   at::Tensor result = at::empty(shape, input.options());
   auto piece = [&](int r) { return result.narrow(dim, offsets[r], sizes[r]); };
   at::Tensor mine = toWire(input.contiguous());
-  {
-    // Rank r's piece lands in place where its slice of the result is
-    // contiguous (dim 0), else in a buffer copied in after the wait.
-    struct Incoming {
-      at::Tensor wire, target;
-      c10::intrusive_ptr<c10d::Work> work;
-    };
-    std::vector<Incoming> incoming;
-    std::vector<c10::intrusive_ptr<c10d::Work>> outgoing;
-    // Every receive is posted before any send, each rank's k-th send going
-    // to the rank whose k-th receive expects it. Every rank knows every
-    // size, so both ends of a pair skip an empty piece.
-    for (int k = 1; k < n; ++k) {
-      int src = (rank - k + n) % n;
-      at::Tensor target = piece(src);
-      if (target.numel() == 0)
-        continue;
-      at::Tensor wire = toWire(
-          target.is_contiguous() ? target
+  // Rank r's piece lands in place where its slice of the result is
+  // contiguous (dim 0), else in a buffer copied in after the wait.
+  struct Incoming {
+    at::Tensor wire, target;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  std::vector<Incoming> incoming;
+  std::vector<c10::intrusive_ptr<c10d::Work>> outgoing;
+  // Every receive is posted before any send, each rank's k-th send going
+  // to the rank whose k-th receive expects it. Every rank knows every
+  // size, so both ends of a pair skip an empty piece.
+  for (int k = 1; k < n; ++k) {
+    int src = (rank - k + n) % n;
+    at::Tensor target = piece(src);
+    if (target.numel() == 0)
+      continue;
+    at::Tensor wire = toWire(target.is_contiguous()
+                                 ? target
                                  : at::empty(target.sizes(), input.options()));
-      std::vector<at::Tensor> tensors{wire};
-      incoming.push_back(
-          {wire, target, group->recv(tensors, src, kAllGatherTag)});
-    }
-    if (mine.numel() > 0)
-      for (int k = 1; k < n; ++k) {
-        std::vector<at::Tensor> tensors{mine};
-        outgoing.push_back(group->send(tensors, (rank + k) % n, kAllGatherTag));
-      }
-    piece(rank).copy_(input);
-    for (Incoming &in : incoming) {
-      awaitTransfer(in.work, in.wire);
-      if (!in.target.is_contiguous())
-        in.target.copy_(
-            fromWire(in.wire, input.scalar_type(), in.target.sizes()));
-    }
-    for (const c10::intrusive_ptr<c10d::Work> &work : outgoing)
-      awaitTransfer(work, mine);
-    return result;
+    std::vector<at::Tensor> tensors{wire};
+    incoming.push_back(
+        {wire, target, group->recv(tensors, src, kAllGatherTag)});
   }
+  if (mine.numel() > 0)
+    for (int k = 1; k < n; ++k) {
+      std::vector<at::Tensor> tensors{mine};
+      outgoing.push_back(group->send(tensors, (rank + k) % n, kAllGatherTag));
+    }
+  piece(rank).copy_(input);
+  for (Incoming &in : incoming) {
+    awaitTransfer(in.work, in.wire);
+    if (!in.target.is_contiguous())
+      in.target.copy_(
+          fromWire(in.wire, input.scalar_type(), in.target.sizes()));
+  }
+  for (const c10::intrusive_ptr<c10d::Work> &work : outgoing)
+    awaitTransfer(work, mine);
+  return result;
 }
 
 at::Tensor ProcessGroupCommunicator::reduce(Call &call, const at::Tensor &input,
@@ -861,9 +865,7 @@ at::Tensor ProcessGroupCommunicator::transferReduceScatter(
   int n = options.worldSize;
   int rank = options.rank;
   // Block b is rank b's slice [offsets[b], offsets[b] + sizes[b]) of `dim`.
-  std::vector<int64_t> offsets(n, 0);
-  for (int b = 1; b < n; ++b)
-    offsets[b] = offsets[b - 1] + sizes[b - 1];
+  const std::vector<int64_t> offsets = offsetsOf(sizes);
   auto block = [&](int b) { return input.narrow(dim, offsets[b], sizes[b]); };
   auto shapeOf = [&](int b) {
     std::vector<int64_t> shape = input.sizes().vec();
