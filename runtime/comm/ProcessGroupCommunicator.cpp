@@ -448,7 +448,7 @@ private:
   void post(Call &call, const std::shared_ptr<Transfer> &transfer);
   /// allGather on Gloo's CPU backend as a direct exchange with every peer:
   /// Gloo's own all-gather runs on its worker thread in N - 1 ring steps,
-  /// and costs 1.5-2x the exchange at 2 ranks and 4x at 4 ranks on two
+  /// and costs 1.4-2.1x the exchange at 2 ranks and 3-6x at 4 ranks on two
   /// cores (docs/Fusion.md, "Direct exchanges"). The waits are watched
   /// (TransferWatch), as a collective's are.
   at::Tensor exchangeAllGather(const at::Tensor &input, int64_t dim,
